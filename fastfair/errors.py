@@ -1,0 +1,5 @@
+"""The one exception type for bad user input: the CLI prints its message (which names the fix)."""
+
+
+class UserError(Exception):
+    """Bad input from the user (unknown name, missing data, bad config key)."""

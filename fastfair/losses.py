@@ -1,0 +1,88 @@
+"""Per-row classification losses: the one place where fastfair's loss maths is written in PyTorch.
+
+Every method and attack builds its objective from :func:`row_loss`, a weighted sum of a few
+terms computed from natural and/or adversarial logits. The weights are floats or per-sample
+``(N,)`` tensors (per-class vectors gathered by label), which is how CFA's CCR, class-wise
+beta, FRL and cost-sensitive training all fit one call. ``fastfair.kernels`` provides a fused
+Triton implementation of exactly this function; this module is its reference.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Weight = float | torch.Tensor
+
+
+def cross_entropy(z: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """Per-row CE against q = (1 - a) onehot(y) + a / C (Szegedy et al. 2016, Eq. in Sec. 7; ME paper Sec. 3.1)."""
+    logp = F.log_softmax(z.float(), dim=1)
+    nll = -logp.gather(1, y[:, None]).squeeze(1)
+    if smoothing == 0.0:
+        return nll
+    return (1.0 - smoothing) * nll - smoothing * logp.mean(dim=1)
+
+
+def entropy(z: torch.Tensor) -> torch.Tensor:
+    """Per-row H(p) = -sum_i p_i log p_i of p = softmax(z) (ME paper Sec. 3.2.1, ME learning)."""
+    logp = F.log_softmax(z.float(), dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+def trades_kl(z_nat: torch.Tensor, z_adv: torch.Tensor) -> torch.Tensor:
+    """Per-row KL(p(x) || p(x')) = sum_i p_i(x) (log p_i(x) - log p_i(x')) (TRADES, Zhang et al. 2019, Eq. 5)."""
+    logp_nat = F.log_softmax(z_nat.float(), dim=1)
+    logp_adv = F.log_softmax(z_adv.float(), dim=1)
+    return (logp_nat.exp() * (logp_nat - logp_adv)).sum(dim=1)
+
+
+def cw_margin(z: torch.Tensor, y: torch.Tensor, kappa: float = math.inf) -> torch.Tensor:
+    """Per-row min(max_{j != y} z_j - z_y, kappa): the CW-inf margin an attacker maximises (Carlini & Wagner 2017, Eq. f_6)."""
+    z = z.float()
+    z_y = z.gather(1, y[:, None]).squeeze(1)
+    others = z.masked_fill(F.one_hot(y, z.shape[1]).bool(), -math.inf)
+    return (others.amax(dim=1) - z_y).clamp(max=kappa)
+
+
+def row_loss(
+    z_nat: torch.Tensor | None,
+    z_adv: torch.Tensor | None,
+    y: torch.Tensor,
+    *,
+    ce_nat: Weight = 0.0,
+    ce_adv: Weight = 0.0,
+    kl: Weight = 0.0,
+    ent_nat: Weight = 0.0,
+    ent_adv: Weight = 0.0,
+    cw_adv: Weight = 0.0,
+    smoothing: float = 0.0,
+    temperature: float = 1.0,
+    kappa: float = math.inf,
+) -> torch.Tensor:
+    """Per-row weighted sum of the terms above, all on logits / temperature.
+
+    loss_i = ce_nat_i CE(z_nat) + ce_adv_i CE(z_adv) + kl_i KL(p(z_nat) || p(z_adv))
+             - ent_nat_i H(p(z_nat)) - ent_adv_i H(p(z_adv)) + cw_adv_i margin(z_adv)
+
+    (the entropy weights are *subtracted*: ME-AT/ME-TRADES maximise entropy). Label smoothing
+    applies to both CE terms. Terms whose weight is the float 0 are skipped, so an unused logits
+    argument may be ``None``. Computed in fp32 whatever the input dtype.
+    """
+    out = torch.zeros(y.shape[0], device=y.device, dtype=torch.float32)
+    if temperature != 1.0:
+        z_nat = None if z_nat is None else z_nat.float() / temperature
+        z_adv = None if z_adv is None else z_adv.float() / temperature
+    terms = (
+        (ce_nat, lambda: cross_entropy(z_nat, y, smoothing)),
+        (ce_adv, lambda: cross_entropy(z_adv, y, smoothing)),
+        (kl, lambda: trades_kl(z_nat, z_adv)),
+        (ent_nat, lambda: -entropy(z_nat)),
+        (ent_adv, lambda: -entropy(z_adv)),
+        (cw_adv, lambda: cw_margin(z_adv, y, kappa)),
+    )
+    for weight, term in terms:
+        if isinstance(weight, torch.Tensor) or weight != 0.0:
+            out = out + weight * term()
+    return out

@@ -1,0 +1,48 @@
+"""Named registries (timm style): methods, models, data sets, attacks, selection policies."""
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from .errors import UserError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps a name to an object and a one-line description (what it is, which paper)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, tuple[T, str]] = {}
+
+    def register(self, name: str, doc: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = (obj, doc)
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            close = difflib.get_close_matches(name, self._items, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise UserError(
+                f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items))}"
+            )
+        return self._items[name][0]
+
+    def doc(self, name: str) -> str:
+        self.get(name)
+        return self._items[name][1]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def table(self) -> list[tuple[str, str]]:
+        return [(n, self._items[n][1]) for n in self]
