@@ -1,0 +1,267 @@
+"""Data sets as uint8 tensors, the CFA validation split, and the device-resident loader.
+
+Every data set loads into one :class:`DataBundle` (uint8 NCHW images, int64 labels, class
+names). :func:`split` carves the validation split from train by CFA's rule (the first N images
+of each class), and :class:`DeviceLoader` keeps a whole split on the device, shuffles it there
+and applies random crop with zero padding and horizontal flip per batch there (no workers,
+no host copies).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import UserError
+from .registry import Registry
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+@dataclass
+class DataBundle:
+    name: str
+    x_train: torch.Tensor  # uint8 (N, C, H, W)
+    y_train: torch.Tensor  # int64 (N,)
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    classes: list[str]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.x_train.shape[1:])
+
+    def mean_std(self) -> tuple[list[float], list[float]]:
+        """Per-channel mean and std of the training images in [0, 1] (used inside the model)."""
+        x = self.x_train.float().div_(255)
+        return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).tolist()
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    load: Callable[[Path | None], DataBundle]
+    val_per_class: int  # CFA: 100 per class on CIFAR-10 (2% of train)
+    crop_padding: int  # 0 = no random crop
+    flip: bool
+    download_hint: str
+
+
+DATASETS: Registry[DatasetSpec] = Registry("data set")
+
+
+def _as_nchw(x: np.ndarray) -> torch.Tensor:
+    x = np.asarray(x)
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = x.transpose(0, 3, 1, 2)
+    if x.dtype != np.uint8:
+        raise UserError(f"images must be uint8 in [0, 255], got {x.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _labels(y) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(y), dtype=torch.int64)
+
+
+def _torchvision(cls_name: str, train_kw, test_kw, label_attr: str, hint: str, classes=None):
+    def load(data_dir: Path | None) -> DataBundle:
+        import torchvision.datasets as tvd
+
+        root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
+        cls = getattr(tvd, cls_name)
+        sets = []
+        for kw in (train_kw, test_kw):
+            try:
+                sets.append(cls(str(root), download=False, **kw))
+            except (RuntimeError, FileNotFoundError):
+                try:
+                    sets.append(cls(str(root), download=True, **kw))
+                except Exception as err:  # no network, bad mirror, disk full: all need the same fix
+                    raise UserError(
+                        f"{cls_name} is not under {root} and could not be downloaded ({type(err).__name__}: "
+                        f"{str(err)[:120]}). Download it from {hint}, "
+                        f"put it under a folder and pass --data-dir FOLDER; or run the offline demo: "
+                        f"fastfair train --config demo"
+                    ) from None
+        tr, te = sets
+        names = classes or list(getattr(tr, "classes", [])) or [str(i) for i in range(int(max(getattr(tr, label_attr))) + 1)]
+        return DataBundle(
+            cls_name.lower(), _as_nchw(np.asarray(tr.data)), _labels(getattr(tr, label_attr)),
+            _as_nchw(np.asarray(te.data)), _labels(getattr(te, label_attr)), names,
+        )
+
+    return load
+
+
+def _register_tv(name, doc, cls_name, train_kw, test_kw, label_attr, val, pad, flip, hint, classes=None):
+    load = _torchvision(cls_name, train_kw, test_kw, label_attr, hint, classes)
+    DATASETS.register(name, doc)(DatasetSpec(load, val, pad, flip, hint))
+
+
+_register_tv("cifar10", "CIFAR-10, 50k/10k 32x32 RGB (Krizhevsky 2009); torchvision", "CIFAR10",
+             {"train": True}, {"train": False}, "targets", 100, 4, True,
+             "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz")
+_register_tv("cifar100", "CIFAR-100, 50k/10k 32x32 RGB (Krizhevsky 2009); torchvision", "CIFAR100",
+             {"train": True}, {"train": False}, "targets", 10, 4, True,
+             "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz")
+_register_tv("svhn", "SVHN digits, 73k/26k 32x32 RGB (Netzer et al. 2011); torchvision", "SVHN",
+             {"split": "train"}, {"split": "test"}, "labels", 100, 4, False,
+             "http://ufldl.stanford.edu/housenumbers/ (train_32x32.mat, test_32x32.mat)",
+             classes=[str(i) for i in range(10)])
+_register_tv("stl10", "STL-10, 5k/8k 96x96 RGB labelled splits (Coates et al. 2011); torchvision", "STL10",
+             {"split": "train"}, {"split": "test"}, "labels", 50, 12, True,
+             "http://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz")
+_register_tv("mnist", "MNIST, 60k/10k 28x28 grey (LeCun et al. 1998); torchvision", "MNIST",
+             {"train": True}, {"train": False}, "targets", 100, 0, False,
+             "https://ossci-datasets.s3.amazonaws.com/mnist/ (the four *-ubyte.gz files)",
+             classes=[str(i) for i in range(10)])
+
+
+def _load_npz(path: Path | None) -> DataBundle:
+    if path is None or not Path(path).is_file():
+        raise UserError(
+            f"the npz data set needs --data-dir FILE.npz (arrays x_train, y_train, x_test, y_test; "
+            f"uint8 images, int labels); got {path!r}"
+        )
+    with np.load(path, allow_pickle=False) as f:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(f.files)
+        if missing:
+            raise UserError(f"{path} lacks arrays {sorted(missing)}; it needs x_train, y_train, x_test, y_test")
+        y_train = _labels(f["y_train"])
+        classes = [str(c) for c in f["class_names"]] if "class_names" in f.files else None
+        bundle = DataBundle(Path(path).stem, _as_nchw(f["x_train"]), y_train, _as_nchw(f["x_test"]),
+                            _labels(f["y_test"]), classes or [str(i) for i in range(int(y_train.max()) + 1)])
+    return bundle
+
+
+DATASETS.register("npz", "any .npz with uint8 x_train/x_test and int y_train/y_test (--data-dir FILE.npz)")(
+    DatasetSpec(_load_npz, 50, 4, True, "your own file")
+)
+
+
+def _load_digits(_: Path | None) -> DataBundle:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)
+    y = d.target.astype(np.int64)
+    n_train = 1437  # the first 80% train, the last 360 images test
+    return DataBundle("digits", _as_nchw(x[:n_train]), _labels(y[:n_train]), _as_nchw(x[n_train:]),
+                      _labels(y[n_train:]), [str(i) for i in range(10)])
+
+
+DATASETS.register("digits", "offline demo: scikit-learn's 1797 8x8 handwritten digits (UCI), ships inside scikit-learn")(
+    DatasetSpec(_load_digits, 10, 0, False, "nowhere: it ships inside scikit-learn")
+)
+
+
+def _load_tiny_imagenet(root: Path | None) -> DataBundle:
+    from PIL import Image
+
+    root = Path(root or "")
+    if not (root / "wnids.txt").is_file():
+        raise UserError(
+            f"Tiny-ImageNet needs --data-dir pointing at the unpacked tiny-imagenet-200 folder "
+            f"(with wnids.txt, train/, val/); {root} has no wnids.txt. Download: "
+            f"{DATASETS.get('tiny-imagenet').download_hint}"
+        )
+    wnids = (root / "wnids.txt").read_text().split()
+    index = {w: i for i, w in enumerate(wnids)}
+
+    def read(paths):
+        return np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])
+
+    train = sorted((root / "train").glob("*/images/*.JPEG"))
+    y_train = [index[p.parts[-3]] for p in train]
+    ann = [line.split("\t")[:2] for line in (root / "val" / "val_annotations.txt").read_text().splitlines()]
+    val = [root / "val" / "images" / name for name, _ in ann]
+    y_val = [index[w] for _, w in ann]
+    return DataBundle("tiny-imagenet", _as_nchw(read(train)), _labels(y_train), _as_nchw(read(val)),
+                      _labels(y_val), wnids)
+
+
+DATASETS.register("tiny-imagenet", "Tiny-ImageNet-200, 100k/10k 64x64 RGB, standard folder layout (Le & Yang 2015)")(
+    DatasetSpec(_load_tiny_imagenet, 10, 4, True, "http://cs231n.stanford.edu/tiny-imagenet-200.zip")
+)
+
+
+def load(name: str, data_dir: str | Path | None = None) -> DataBundle:
+    return DATASETS.get(name).load(Path(data_dir).expanduser() if data_dir else None)
+
+
+def split(bundle: DataBundle, val_per_class: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """train / val / test; val = the first ``val_per_class`` training images of each class (CFA, Sec. 5.1)."""
+    y = bundle.y_train
+    is_val = torch.zeros_like(y, dtype=torch.bool)
+    for c in range(bundle.num_classes):
+        is_val[(y == c).nonzero().flatten()[:val_per_class]] = True
+    return {
+        "train": (bundle.x_train[~is_val], y[~is_val]),
+        "val": (bundle.x_train[is_val], y[is_val]),
+        "test": (bundle.x_test, bundle.y_test),
+    }
+
+
+def random_crop_flip(x: torch.Tensor, padding: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
+    """Per-image random crop of a zero-padded batch and random horizontal flip (p = 0.5), on x's device."""
+    b, _, h, w = x.shape
+    if padding:
+        padded = F.pad(x, (padding,) * 4)
+        dy = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
+        dx = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, :]
+        x = padded[torch.arange(b, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
+    if flip:
+        mask = torch.rand(b, device=x.device, generator=gen) < 0.5
+        x = torch.where(mask[:, None, None, None], x.flip(3), x)
+    return x
+
+
+class DeviceLoader:
+    """A whole split as uint8 on ``device``; yields ``(x in [0,1] float32, y)`` batches.
+
+    Training loaders shuffle and augment on the device with a generator reseeded from
+    ``(seed, epoch)`` by :meth:`set_epoch`, so a resumed run sees the same batches.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
+                 crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False):
+        self.x = x.to(device)
+        self.y = y.to(device)
+        self.batch_size = batch_size
+        self.train = train
+        self.crop_padding, self.flip = crop_padding, flip
+        self.seed = seed
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.gen = torch.Generator(device=self.x.device)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.gen.manual_seed(self.seed * 100_003 + epoch)
+
+    def __len__(self) -> int:
+        n = len(self.y)
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.y)
+        order = torch.randperm(n, device=self.x.device, generator=self.gen) if self.train else None
+        for i in range(len(self)):
+            sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
+            idx = order[sl] if order is not None else sl
+            xb, yb = self.x[idx], self.y[idx]
+            if self.train:
+                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen)
+            xb = xb.float().div_(255).contiguous(memory_format=self.memory_format)
+            yield xb, yb
