@@ -10,14 +10,23 @@ import os
 import torch
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels in its NumPy interpreter (CPU tensors, no bf16)."""
+def _read_interpret() -> bool:
     try:
         from triton import knobs
 
         return bool(knobs.runtime.interpret)
     except Exception:  # older triton: the environment variable is the switch
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Read once, when the kernels are decorated (what triton.jit itself does); a plain constant
+# also keeps torch.compile from tracing into triton's C getenv (a graph break).
+_INTERPRET = _read_interpret()
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its NumPy interpreter (CPU tensors, no bf16)."""
+    return _INTERPRET
 
 
 def can_launch(t: torch.Tensor) -> bool:
@@ -41,3 +50,22 @@ def kernel_dtype(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.bfloat16 and interpreting() and t.device.type == "cpu":
         return t.float()
     return t
+
+
+def keep_opaque_when_interpreting(op) -> None:
+    """Under the interpreter, make AOT tracing keep a ``triton_op`` as one opaque node.
+
+    ``triton_op`` decomposes itself when traced under ``FunctionalTensorMode`` so Inductor sees
+    the kernel; but with ``TRITON_INTERPRET=1`` ``wrap_triton`` returns the raw interpreted
+    kernel, which cannot be traced (it would run on fake tensors). Here the op stays a call to
+    ``fastfair::...`` in the graph (what ``torch.export`` does too) and runs eagerly at run
+    time, so ``torch.compile(..., backend="aot_eager")`` works on CPU for tests.
+    """
+    if not interpreting():
+        return
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    def opaque(mode, func, types, args, kwargs):
+        return mode.__torch_dispatch__(func, types, args, kwargs)
+
+    op.register_torch_dispatch(FunctionalTensorMode, opaque)

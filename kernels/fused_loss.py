@@ -33,7 +33,7 @@ from torch.library import triton_op, wrap_triton
 
 from fastfair import losses
 
-from ._launch import can_launch, interpreting, is_fake, kernel_dtype
+from ._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
 # Term bits, in the order of the rows of the stacked weight tensor.
 TERMS = ("ce_nat", "ce_adv", "kl", "ent_nat", "ent_adv", "cw_adv")
@@ -234,6 +234,7 @@ def _backward(ctx, grad_loss, _g_nat, _g_adv):
 
 
 row_loss_op.register_autograd(_backward, setup_context=_setup_context)
+keep_opaque_when_interpreting(row_loss_op)
 
 
 def _needs_grad(z: torch.Tensor | None) -> bool:

@@ -18,7 +18,7 @@ from torch.library import triton_op, wrap_triton
 
 from fastfair import attacks
 
-from ._launch import can_launch, interpreting, is_fake, kernel_dtype
+from ._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
 _BLOCK = 1024
 
@@ -124,6 +124,10 @@ def random_start_op(x: torch.Tensor, y: torch.Tensor, eps_c: torch.Tensor, seed:
     if res is not out:
         out.copy_(res)
     return out
+
+
+keep_opaque_when_interpreting(pgd_step_op)
+keep_opaque_when_interpreting(random_start_op)
 
 
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
