@@ -43,7 +43,7 @@ _ADV_TERMS = CE_ADV | KL | ENT_ADV | CW_ADV
 
 # Elements of one (rows x BLOCK_C) tile: registers on a GPU; under the interpreter every
 # program costs Python overhead, so fewer, bigger tiles are faster there.
-_TILE_GPU = 4096
+_TILE_GPU = 2048
 _TILE_INTERPRET = 1 << 16
 
 
@@ -148,7 +148,8 @@ def _blocks(n: int, c: int) -> tuple[int, int, int]:
     block_c = triton.next_power_of_2(max(c, 2))
     tile = _TILE_INTERPRET if interpreting() else _TILE_GPU
     block_r = max(1, min(tile // block_c, triton.next_power_of_2(max(n, 1))))
-    num_warps = 4 if block_r * block_c <= 2048 else 8
+    # About 8 fp32 elements per thread and tile array (a dozen arrays live at once).
+    num_warps = max(4, min(16, block_r * block_c // 256))
     return block_r, block_c, num_warps
 
 
