@@ -306,8 +306,7 @@ def test_pgd_step_matches_reference(layout, dtype, shape):
 def test_pgd_step_mixed_layouts_and_fp16_budgets():
     gen = torch.Generator().manual_seed(21)
     x_adv, grad, x, y, eps_c, alpha_c = _batch((4, 3, 6, 6), "channels_last", torch.float32, gen)
-    x = x.contiguous()
-    grad = grad.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)[:, :, :, :]  # NHWC view
+    x, grad = x.contiguous(), grad.contiguous()  # x_adv channels_last, the others NCHW: copied to its layout
     sliced = torch.rand(4, 3, 6, 12, generator=gen).to(DEV)[..., ::2]  # not dense: made contiguous
     out = K.pgd_step(x_adv, grad, x, y, eps_c.half(), alpha_c)
     torch.testing.assert_close(out, attacks.pgd_step_reference(x_adv, grad, x, y, eps_c.half(), alpha_c), atol=0, rtol=0)
