@@ -1,0 +1,1 @@
+"""Config presets (TOML), installed as ``fastfair.presets`` so ``--config NAME`` works from any install."""

@@ -1,0 +1,83 @@
+"""From a config to the objects a run needs: device, data splits, loaders, model."""
+from __future__ import annotations
+
+import torch
+
+from . import data, models
+from .config import Config
+from .errors import UserError
+
+
+def device(cfg: Config) -> torch.device:
+    name = cfg.train.device
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"train.device={name} but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(cfg: Config, dev: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA by default; fp32 on CPU (``train.amp``: auto | bf16 | off)."""
+    choice = cfg.train.amp
+    if choice not in ("auto", "bf16", "off"):
+        raise UserError(f"train.amp must be auto, bf16 or off; got {choice!r}")
+    if choice == "off" or (choice == "auto" and dev.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def channels_last(cfg: Config, dev: torch.device) -> bool:
+    return _auto_switch(cfg.model.channels_last, "model.channels_last", dev)
+
+
+def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
+    """Everything needed to rebuild the model from a checkpoint alone."""
+    mean, std = bundle.mean_std()
+    return {"name": cfg.model.name, "norm": cfg.model.norm, "width": cfg.model.width,
+            "num_classes": bundle.num_classes, "in_channels": bundle.shape[0], "mean": mean, "std": std,
+            "classes": list(bundle.classes)}
+
+
+def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifier:
+    m = models.build(spec["name"], num_classes=spec["num_classes"], in_channels=spec["in_channels"],
+                     mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"])
+    m = m.to(dev)
+    return m.to(memory_format=torch.channels_last) if cl else m
+
+
+def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
+    bundle = data.load(cfg.data.dataset, cfg.data.data_dir or None)
+    return bundle, data.split(bundle, cfg.data.val_per_class)
+
+
+def eval_loader(cfg: Config, split, dev, cl: bool) -> data.DeviceLoader:
+    x, y = split
+    return data.DeviceLoader(x, y, cfg.data.eval_batch_size, device=dev, train=False, channels_last=cl)
+
+
+def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
+    if cfg_value not in ("auto", "on", "off"):
+        raise UserError(f"{key} must be auto, on or off; got {cfg_value!r}")
+    return cfg_value == "on" or (cfg_value == "auto" and dev.type == "cuda")
+
+
+def kernels(cfg: Config, dev: torch.device) -> str:
+    """The ops backend: fused Triton kernels on CUDA by default, the PyTorch reference elsewhere."""
+    from .ops import BACKENDS
+
+    choice = cfg.train.kernels
+    if choice == "auto":
+        return "triton" if dev.type == "cuda" else "torch"
+    BACKENDS.get(choice)
+    return choice
+
+
+def compiler(cfg: Config, dev: torch.device):
+    """``torch.compile`` configured for the run, or ``None`` when compilation is off."""
+    if not _auto_switch(cfg.train.compile, "train.compile", dev):
+        if cfg.train.cudagraphs:
+            raise UserError("train.cudagraphs needs train.compile on")
+        return None
+    mode = "reduce-overhead" if cfg.train.cudagraphs else None
+    return lambda fn: torch.compile(fn, mode=mode)

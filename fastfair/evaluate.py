@@ -1,0 +1,91 @@
+"""Per-class evaluation under named attacks: confusion matrices on the device, metrics on the host."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import metrics
+from .attacks import EvalAttack, parse_attack, per_class
+
+
+def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
+              amp_dtype: torch.dtype | None = None, progress=None) -> torch.Tensor:
+    """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``."""
+    model.eval()
+    dev = eps_c.device
+    conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
+    cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+    for x, y in loader:
+        with cast:
+            x_adv = attack(model, x, y, eps_c, alpha_c)
+            with torch.no_grad():
+                pred = model(x_adv).argmax(1)
+        conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
+        if progress is not None:
+            progress()
+    return conf.view(num_classes, num_classes)
+
+
+def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
+             amp_dtype=None, progress=None) -> dict[str, dict]:
+    """{attack: {per_class, summary, confusion}} with accuracies in percent."""
+    dev = next(model.parameters()).device
+    c = len(classes)
+    eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
+    out = {}
+    for name in attack_names:
+        conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress).cpu()
+        acc = metrics.per_class_accuracy(conf.numpy())
+        out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist()}
+    return out
+
+
+def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
+                        device: str = "auto", batch_size: int | None = None, amp: bool = False,
+                        quiet: bool = False) -> dict:
+    """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table."""
+    import json
+    from pathlib import Path
+
+    from . import build, checkpoint
+    from .config import apply, flatten, load_saved_text
+    from .errors import UserError
+    from .progress import Progress
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+    if split not in ("test", "val"):
+        raise UserError(f"--split must be test or val; got {split!r}")
+    ck = checkpoint.load(path)
+    cfg = apply(load_saved_text(ck["config"]), {"train.device": device}, "eval")
+    if data_dir:
+        apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
+    if batch_size:
+        apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
+    dev = build.device(cfg)
+    cl = build.channels_last(cfg, dev)
+    model = build.model_from_spec(ck["spec"], dev, cl)
+    model.load_state_dict(ck["model"])
+    bundle, sp = build.splits(cfg)
+    loader = build.eval_loader(cfg, sp[split], dev, cl)
+    for name in attacks:
+        parse_attack(name)
+    prog = Progress(enabled=not quiet)
+    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * len(attacks)) as advance:
+        results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
+                           cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance)
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
+              "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
+              "results": results}
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    (run_dir / "eval").mkdir(exist_ok=True)
+    out = run_dir / "eval" / f"{path.stem}-{split}.json"
+    out.write_text(json.dumps(record, indent=1))
+    record["path"] = str(out)
+    if not quiet:
+        print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")
+        print(metrics.markdown_table(results, bundle.classes))
+        print(f"\nwritten: {out}")
+    return record

@@ -1,0 +1,9 @@
+"""Model registry. Every model is a :class:`Classifier`: normalisation inside, penultimate
+features from :meth:`Classifier.forward_features`, and a linear ``head`` that methods such as
+HE may replace."""
+from __future__ import annotations
+
+from .base import MODELS, NORMS, Classifier, build
+from . import resnet, preact_resnet, wide_resnet, small_cnn  # noqa: F401  (register models)
+
+__all__ = ["MODELS", "NORMS", "Classifier", "build"]

@@ -1,0 +1,45 @@
+"""The classifier wrapper shared by all models, and the model and norm-layer registries."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..registry import Registry
+
+MODELS: Registry[Callable[..., tuple[nn.Module, int]]] = Registry("model")
+"""name -> builder(in_channels, norm, width) returning (body producing (N, D) features, D)."""
+
+NORMS: Registry[Callable[[int], nn.Module]] = Registry("norm layer")
+NORMS.register("bn", "BatchNorm2d (Ioffe & Szegedy 2015)")(nn.BatchNorm2d)
+
+
+class Classifier(nn.Module):
+    """x in [0, 1] -> normalise -> body -> penultimate features -> linear head -> logits."""
+
+    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, mean, std):
+        super().__init__()
+        c = len(mean)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1))
+        self.body = body
+        self.feature_dim = feature_dim
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body((x - self.mean) / self.std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(x))
+
+
+def build(name: str, *, num_classes: int, in_channels: int, mean, std, norm: str = "bn",
+          width: int = 0) -> Classifier:
+    """Build a registered model; ``width`` 0 keeps the paper's width."""
+    body, dim = MODELS.get(name)(in_channels=in_channels, norm=NORMS.get(norm), width=width)
+    return Classifier(body, dim, num_classes, mean, std)
+
+
+def pooled() -> nn.Sequential:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())

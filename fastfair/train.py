@@ -1,0 +1,196 @@
+"""The training loop: one data flow for every method (see the README's design section).
+
+Per step: method.perturb -> method.loss -> optimiser step -> per-class counting on the device.
+Per epoch: read the counters once, let the method update its per-class vectors, validate per
+class, keep the best checkpoints by each selection policy, write the last checkpoint atomically
+and append one line to ``metrics.jsonl``. A killed run continues exactly with ``--resume``
+because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds all state.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from . import build, checkpoint, ops
+from .attacks import parse_attack
+from .classwise import ClassState
+from .config import Config
+from .data import DeviceLoader
+from .errors import UserError
+from .evaluate import evaluate
+from .methods import METHODS
+from .progress import Progress
+from .registry import Registry
+
+SELECTION: Registry = Registry("selection policy")
+SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")(
+    lambda avg, worst: avg)
+SELECTION.register("fair", "best average + worst-class robust accuracy on the validation split (CFA's choice)")(
+    lambda avg, worst: avg + worst)
+SELECTION.register("last", "the last epoch")(None)
+
+
+def _seed(cfg: Config, epoch: int) -> None:
+    torch.manual_seed(cfg.train.seed * 100_003 + epoch + 1)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, out: str | Path, resume: bool = False, quiet: bool = False):
+        self.cfg, self.out = cfg, Path(out)
+        self.progress = Progress(enabled=cfg.train.progress and not quiet)
+        self.log = self.progress.print
+        SELECTION.get(cfg.train.select)
+        parse_attack(cfg.train.val_attack)
+        self.dev = build.device(cfg)
+        self.amp = build.autocast_dtype(cfg, self.dev)
+        self.cl = build.channels_last(cfg, self.dev)
+        self.bundle, sp = build.splits(cfg)
+        self.spec = build.model_spec(cfg, self.bundle)
+        x, y = sp["train"]
+        if len(y) < cfg.data.batch_size:
+            raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")
+        self.train_loader = DeviceLoader(x, y, cfg.data.batch_size, device=self.dev, train=True,
+                                         crop_padding=cfg.data.crop_padding, flip=cfg.data.flip,
+                                         seed=cfg.train.seed, channels_last=self.cl)
+        self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl)
+        self.test_split = sp
+
+        ops.use(build.kernels(cfg, self.dev))
+        torch.manual_seed(cfg.train.seed)
+        self.model = build.model_from_spec(self.spec, self.dev, self.cl)
+        self.method = METHODS.get(cfg.method.name)(cfg)
+        # The attack's autograd.grad must stay outside compiled code, so the model is compiled
+        # on its own (attack forwards) and the method's loss with the model inside it (one
+        # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
+        compile_ = build.compiler(cfg, self.dev)
+        self.net = compile_(self.model) if compile_ else self.model
+        self.loss_fn = compile_(self.method.loss) if compile_ else self.method.loss
+        self.state = ClassState(self.bundle.num_classes, self.dev)
+        self.method.setup(self.state)
+        t = cfg.train
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
+                                   weight_decay=t.weight_decay, nesterov=t.nesterov)
+        self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
+        self.start_epoch = 0
+        self.best = {"pgd": -1.0, "fair": -1.0}
+        self._prepare_dir(resume)
+
+    # ---- run directory ------------------------------------------------------------------
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def _prepare_dir(self, resume: bool) -> None:
+        last = self.ckpt_dir / "last.pt"
+        if resume:
+            if not last.is_file():
+                raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
+            self._load(checkpoint.load(last))
+            self._truncate_metrics()
+            self.log(f"resuming {self.out} at epoch {self.start_epoch}")
+        elif last.is_file():
+            raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
+
+    def _truncate_metrics(self) -> None:
+        path = self.out / "metrics.jsonl"
+        if path.is_file():
+            keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["epoch"] < self.start_epoch]
+            checkpoint.write_text_atomic("".join(l + "\n" for l in keep), path)
+
+    def _state(self, epoch: int) -> dict:
+        return {
+            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "class_state": self.state.state_dict(),
+            "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
+        }
+
+    def _load(self, ck: dict) -> None:
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.sched.load_state_dict(ck["scheduler"])
+        self.state.load_state_dict(ck["class_state"])
+        self.best = dict(ck["best"])
+        self.start_epoch = ck["epoch"] + 1
+
+    # ---- the loop -------------------------------------------------------------------------
+    def _autocast(self):
+        return torch.autocast(self.dev.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One step; no host sync (counters stay on the device)."""
+        with self._autocast():
+            x_adv = self.method.perturb(self.net, x, y, self.state)
+            self.model.train()
+            loss, logits = self.loss_fn(self.model, x, x_adv, y, self.state)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.state.count(logits, y, loss)
+
+    def validate(self) -> dict:
+        c = self.cfg
+        return evaluate(self.net, self.val_loader, ["clean", c.train.val_attack], eps=c.eval.eps,
+                        alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
+
+    def run_epoch(self, epoch: int) -> dict:
+        _seed(self.cfg, epoch)
+        self.train_loader.set_epoch(epoch)
+        lr = self.opt.param_groups[0]["lr"]
+        t0 = time.perf_counter()
+        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader)) as advance:
+            for x, y in self.train_loader:
+                self.train_step(x, y)
+                advance()
+        stats = self.state.read()  # the epoch's one host sync
+        seconds = time.perf_counter() - t0
+        self.sched.step()
+        self.method.end_epoch(self.state, epoch, stats)
+        val = self.validate()
+        va = val[self.cfg.train.val_attack]["summary"]
+        record = {
+            "epoch": epoch, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
+            "train_robust_acc_per_class": stats["train_acc_per_class"],
+            "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
+                    for k, v in val.items()},
+            "vectors": stats["vectors"], "epoch_time_s": seconds,
+            "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
+        }
+        # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
+        # and resuming drops the metrics lines of epochs the checkpoint does not hold.
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._checkpoint(epoch, va["avg"], va["worst"])
+        self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
+                 f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
+                 f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
+        return record
+
+    def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
+        weights = {"epoch": epoch, "model": self.model.state_dict(), "spec": self.spec,
+                   "config": self.cfg.to_toml(), "val_robust": {"avg": avg, "worst": worst}}
+        for policy in ("pgd", "fair"):
+            score = SELECTION.get(policy)(avg, worst)
+            if score > self.best[policy]:
+                self.best[policy] = score
+                checkpoint.save_atomic(weights, self.ckpt_dir / f"best_{policy}.pt")
+        checkpoint.save_atomic(self._state(epoch), self.ckpt_dir / "last.pt")
+
+    def fit(self) -> Path:
+        for epoch in range(self.start_epoch, self.cfg.train.epochs):
+            self.run_epoch(epoch)
+        return self.out
+
+
+def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
+    """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it."""
+    from .evaluate import evaluate_checkpoint
+
+    name = "last" if cfg.train.select == "last" else f"best_{cfg.train.select}"
+    return evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,
+                               split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
