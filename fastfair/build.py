@@ -51,9 +51,29 @@ def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
     return bundle, data.split(bundle, cfg.data.val_per_class)
 
 
-def eval_loader(cfg: Config, split, dev, cl: bool) -> data.DeviceLoader:
+def _loader_options(cfg: Config) -> dict:
+    d = cfg.data
+    if d.loader == "device":
+        return {}
+    return {"beton_dir": d.beton_dir, "os_cache": d.os_cache, "dataset": d.dataset, "val_per_class": d.val_per_class}
+
+
+def train_loader(cfg: Config, split, dev, cl: bool):
+    """The training loader named by ``data.loader`` (``data.LOADERS``): shuffled, augmented, drop_last."""
     x, y = split
-    return data.DeviceLoader(x, y, cfg.data.eval_batch_size, device=dev, train=False, channels_last=cl)
+    return data.LOADERS.get(cfg.data.loader)(
+        "train", x, y, cfg.data.batch_size, device=dev, train=True, crop_padding=cfg.data.crop_padding,
+        flip=cfg.data.flip, seed=cfg.train.seed, channels_last=cl, order=cfg.data.order, **_loader_options(cfg))
+
+
+def eval_loader(cfg: Config, split, dev, cl: bool, name: str | None = None):
+    """Evaluation batches in split order; through ``data.loader`` when the split's ``name`` is given
+    (the trainer's validation), else on the device (evaluating a checkpoint needs no .beton files)."""
+    x, y = split
+    kind = cfg.data.loader if name else "device"
+    opts = _loader_options(cfg) if name else {}
+    return data.LOADERS.get(kind)(name, x, y, cfg.data.eval_batch_size, device=dev, train=False,
+                                  channels_last=cl, **opts)
 
 
 def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:

@@ -1,4 +1,4 @@
-"""``fastfair`` command line: train, eval, and listings of what exists."""
+"""``fastfair`` command line: train, eval, data convert, and listings of what exists."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +46,7 @@ def cmd_train(args) -> None:
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
              "train.seed": args.seed, "train.kernels": args.kernels,
              "train.compile": {True: "on", False: "off", None: None}[args.compile],
-             "train.cudagraphs": args.cudagraphs}
+             "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir}
     saved = Path(args.out or "") / "config.toml" if args.out else None
     if args.resume:
         if not saved or not saved.is_file():
@@ -58,6 +58,18 @@ def cmd_train(args) -> None:
     trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
     trainer.fit()
     final_evaluation(out, cfg, quiet=args.quiet)
+
+
+def cmd_data_convert(args) -> None:
+    from . import ffcv_loader
+
+    paths = ffcv_loader.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
+                                        jpeg=args.jpeg, jpeg_quality=args.jpeg_quality, num_workers=args.workers)
+    meta = ffcv_loader.read_meta(args.out)
+    for split, path in paths.items():
+        print(f"{split:5s} {meta['splits'][split]['n']:7d} images  {path}")
+    print(f"train with: fastfair train --dataset {args.dataset} --loader ffcv --beton-dir {args.out}"
+          + (f" --data-dir {args.data_dir}" if args.data_dir else ""))
 
 
 def cmd_eval(args) -> None:
@@ -95,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model and loss (default: on for CUDA)")
     t.add_argument("--cudagraphs", action="store_true", default=None, help="CUDA graphs via torch.compile reduce-overhead")
+    t.add_argument("--loader", help="training/validation batches: device (default) | ffcv (needs --beton-dir)")
+    t.add_argument("--beton-dir", help="folder of .beton files from `fastfair data convert` (for --loader ffcv)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.lr=0.05 (repeatable)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -112,6 +126,18 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--bf16", action="store_true", help="attack and predict under bf16 autocast (default fp32)")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("data", help="data preparation").add_subparsers(dest="data_command", required=True)
+    c = d.add_parser("convert", help="write train/val/test .beton files for --loader ffcv (needs fastfair[ffcv])")
+    c.add_argument("--dataset", required=True, help="data set (fastfair datasets)")
+    c.add_argument("--data-dir", help="folder (or .npz file) holding the data set")
+    c.add_argument("--out", required=True, help="folder for train.beton, val.beton, test.beton and meta.json")
+    c.add_argument("--val-per-class", type=int,
+                   help="validation images per class, as data.val_per_class of the runs (default: the data set's)")
+    c.add_argument("--jpeg", action="store_true", help="store RGB images as JPEG (large images; lossy)")
+    c.add_argument("--jpeg-quality", type=int, default=90)
+    c.add_argument("--workers", type=int, help="writer processes (default: up to 8 CPUs)")
+    c.set_defaults(func=cmd_data_convert)
 
     for name, func, helptext in (("methods", cmd_methods, "list training methods"),
                                  ("models", cmd_models, "list models"),

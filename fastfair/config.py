@@ -36,7 +36,10 @@ class DataConfig:
     flip: bool = True
     batch_size: int = 128
     eval_batch_size: int = 500
-    loader: str = "device"
+    loader: str = "device"  # device | ffcv (fastfair data convert, then --loader ffcv --beton-dir DIR)
+    beton_dir: str = ""  # ffcv: folder with train/val/test.beton and meta.json
+    os_cache: bool = True  # ffcv: let the OS page cache hold the .beton file (false: FFCV reads pages)
+    order: str = "random"  # ffcv training order: random (the device loader's) | quasi_random | sequential
 
 
 @dataclass

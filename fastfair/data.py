@@ -265,3 +265,25 @@ class DeviceLoader:
                 xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen)
             xb = xb.float().div_(255).contiguous(memory_format=self.memory_format)
             yield xb, yb
+
+
+LOADERS: Registry[Callable] = Registry("loader")
+
+
+@LOADERS.register("device", "the whole split on the device; shuffle, crop and flip there (default)")
+def _device_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
+                   crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False, **_):
+    return DeviceLoader(x, y, batch_size, device=device, train=train, crop_padding=crop_padding, flip=flip,
+                        seed=seed, channels_last=channels_last)
+
+
+@LOADERS.register("ffcv", "FFCV .beton files (fastfair data convert); same batches as device; needs fastfair[ffcv]")
+def _ffcv_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, beton_dir: str = "",
+                 dataset: str | None = None, val_per_class: int | None = None, **kw):
+    from . import ffcv_loader
+
+    if not beton_dir:
+        raise UserError("--loader ffcv needs --beton-dir DIR (data.beton_dir), made by "
+                        "`fastfair data convert --dataset D --out DIR`")
+    ffcv_loader.check_meta(beton_dir, dataset=dataset, val_per_class=val_per_class, split=split, n=len(y))
+    return ffcv_loader.loader_for(beton_dir, split, batch_size, **kw)

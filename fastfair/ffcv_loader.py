@@ -157,14 +157,20 @@ def read_meta(beton_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def check_meta(beton_dir: str | Path, *, dataset: str | None = None, val_per_class: int | None = None) -> dict:
-    """meta.json, after checking the files were made from this data set with this validation split."""
+def check_meta(beton_dir: str | Path, *, dataset: str | None = None, val_per_class: int | None = None,
+               split: str | None = None, n: int | None = None) -> dict:
+    """meta.json, after checking the files hold this data set, validation size and split size."""
     meta = read_meta(beton_dir)
+    redo = (f"convert again: fastfair data convert --dataset {dataset or meta.get('dataset', 'D')} "
+            f"--out {beton_dir}" + (f" --val-per-class {val_per_class}" if val_per_class is not None else ""))
     for key, want in (("dataset", dataset), ("val_per_class", val_per_class)):
         if want is not None and key in meta and meta[key] != want:
-            raise UserError(f"{beton_dir} holds {key}={meta[key]!r} but the run asks for {key}={want!r}; "
-                            f"convert again: fastfair data convert --dataset {dataset or meta.get('dataset')} "
-                            f"--out DIR (with the same --set data.val_per_class)")
+            raise UserError(f"{beton_dir} holds {key}={meta[key]!r} but the run asks for {key}={want!r}; {redo}")
+    if split is not None and n is not None:
+        have = meta.get("splits", {}).get(split, {}).get("n")
+        if have != n:
+            raise UserError(f"{beton_dir}: the {split} split has {have} images in meta.json but {n} in the "
+                            f"data set as the run loads it (another --data-dir?); {redo}")
     return meta
 
 

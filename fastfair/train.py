@@ -19,7 +19,6 @@ from . import build, checkpoint, ops
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
-from .data import DeviceLoader
 from .errors import UserError
 from .evaluate import evaluate
 from .methods import METHODS
@@ -53,10 +52,8 @@ class Trainer:
         x, y = sp["train"]
         if len(y) < cfg.data.batch_size:
             raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")
-        self.train_loader = DeviceLoader(x, y, cfg.data.batch_size, device=self.dev, train=True,
-                                         crop_padding=cfg.data.crop_padding, flip=cfg.data.flip,
-                                         seed=cfg.train.seed, channels_last=self.cl)
-        self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl)
+        self.train_loader = build.train_loader(cfg, sp["train"], self.dev, self.cl)
+        self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl, name="val")
         self.test_split = sp
 
         ops.use(build.kernels(cfg, self.dev))
