@@ -9,6 +9,9 @@ import pytest
 from fastfair import ffcv_loader as fl
 from fastfair.errors import UserError
 
+# numba's dispatcher finaliser raises a harmless KeyError when FFCV's generated pipelines are freed
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 
 @pytest.fixture
 def no_ffcv(monkeypatch):
