@@ -163,9 +163,11 @@ class Trainer:
         }
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
-        self._checkpoint(epoch, va["avg"], va["worst"])
+        # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
+        # and resuming drops the metrics lines of epochs the checkpoint does not hold.
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._checkpoint(epoch, va["avg"], va["worst"])
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
