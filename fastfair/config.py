@@ -80,7 +80,7 @@ class MethodConfig:
     calibrate_begin: int = 10  # first epoch whose eps_k / beta_k use A_k (CFA code's --begin; the paper gives none)
     class_weights: list[float] = field(default_factory=list)  # cost-sensitive per-class loss weights w_y (Benz et al.)
     class_weights_auto: bool = False  # derive w_k from train robust accuracy each epoch (fastfair's rule, docs/methods.md)
-    adv_classes: list[int] = field(default_factory=list)  # ME paper single AT: adversarial examples only for these classes
+    adv_classes: list[int] = field(default_factory=list)  # ME paper single AT: adversarial examples only for these classes (indices after data.classes)
     he_margin: float = 0.0  # HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = "cosine"
     he_schedule: str = "fixed"  # HE scale schedule: fixed | lis | cmp (Tian ICLR App. G)
     he_scale_end: float = 75.0  # LIS: 1/T at the last epoch (Tian: 1 -> 75)

@@ -38,38 +38,45 @@ def max_probability(scale: float, gram: np.ndarray) -> float:
     return float((np.diag(p) / p.sum(axis=1)).max())
 
 
-def cmp_scale(target: float, gram: np.ndarray, guess: float) -> float:
+def cmp_scale(target: float, gram: np.ndarray) -> float:
     """s with max_probability(s) = target, solved with MINPACK's hybrid Powell method (Tian et al.: Powell's dogleg).
 
-    A probability of exactly 1 needs s = infinity; targets are capped at 1 - 1e-6 (s about 16 for
-    ten orthogonal classes, close to HE's fixed s = 15).
+    Solved on log-odds in log s, which is well scaled from p near 1/C to p near 1, starting from
+    the closed form for orthogonal class weights, s = log(p (C - 1) / (1 - p)). A probability of
+    exactly 1 needs s = infinity: targets are capped at 1 - 1e-6 (s about 16 for ten orthogonal
+    classes, close to HE's fixed s = 15).
     """
     c = gram.shape[0]
-    target = min(max(target, 1.0 / c + 1e-6), 1.0 - 1e-6)
-    # Solve in log s so the root stays positive and the function is well scaled.
-    sol = root(lambda t: [max_probability(math.exp(t[0]), gram) - target], [math.log(max(guess, 1e-3))], method="hybr")
+    target = min(max(target, 1.0 / c + 1e-3), 1.0 - 1e-6)
+    goal = math.log(target) - math.log1p(-target)
+
+    def gap(t):
+        p = max_probability(math.exp(t[0]), gram)
+        return [math.log(p) - math.log1p(-p) - goal]
+
+    sol = root(gap, [math.log(math.log(target * (c - 1) / (1 - target)))], method="hybr")
     if not sol.success:
-        raise RuntimeError(f"HE-CMP: no scale reaches max probability {target:.4f} ({sol.message})")
+        raise RuntimeError(f"HE-CMP: no scale reaches max probability {target:.6f} ({sol.message})")
     return math.exp(sol.x[0])
 
 
 @SCHEDULES.register("fixed", "HE's constant s = model.head_scale (Pang et al. 2020: 15 TRADES-HE, 10 PGD-HE)")
-def _fixed(cfg, epoch, head, current):
+def _fixed(cfg, epoch, head):
     return cfg.model.head_scale
 
 
 @SCHEDULES.register("lis", "Linear Interpolation Schedule: s from model.head_scale to method.he_scale_end (Tian: 1 -> 75)")
-def _lis(cfg, epoch, head, current):
+def _lis(cfg, epoch, head):
     return lis_scale(epoch, cfg.train.epochs, cfg.model.head_scale, cfg.method.he_scale_end)
 
 
 @SCHEDULES.register("cmp", "Control Maximum Probability: s solved each epoch so max prob follows 0.2 -> 1 by epoch 90 (Tian)")
-def _cmp(cfg, epoch, head, current):
+def _cmp(cfg, epoch, head):
     m = cfg.method
     with torch.no_grad():
         w = torch.nn.functional.normalize(head.weight.float(), dim=1)
         gram = (w @ w.T).cpu().numpy().astype(np.float64)  # once per epoch, outside the step
-    return cmp_scale(cmp_target(epoch, m.he_pmax_start, m.he_pmax_end, m.he_pmax_epoch), gram, current)
+    return cmp_scale(cmp_target(epoch, m.he_pmax_start, m.he_pmax_end, m.he_pmax_epoch), gram)
 
 
 @OPTIONS.register("he", "HE: cosine head with scale s and margin m (Pang et al. 2020); LIS/CMP schedules for s (Tian et al.)")
@@ -89,5 +96,4 @@ class HE(Option):
                             "or set method.he_margin=0")
 
     def begin_epoch(self, model, epoch):
-        head = model.head
-        head.scale.fill_(self.schedule(self.cfg, epoch, head, float(head.scale)))
+        model.head.scale.fill_(self.schedule(self.cfg, epoch, model.head))
