@@ -1,5 +1,6 @@
 """Short end-to-end runs of the fairness methods on the real CIFAR-10 subset (tiny CNN, a few hundred images)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ from fastfair import checkpoint, config
 from fastfair.train import Trainer, final_evaluation
 
 from helpers import cifar_subset_npz
+
+pytestmark = pytest.mark.slow  # each run trains and evaluates: 5-40 s on 2 busy CPU cores
 
 BASE = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
         "train.epochs=2", "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]",
@@ -74,3 +77,20 @@ def test_other_methods_train_and_evaluate(npz, tmp_path, method, sets):
     if "data.classes=[3, 5]" in sets:
         assert result["classes"] == ["cat", "dog"]
         assert records[0]["vectors"]["eps"] == [pytest.approx(8 / 255), 0.0]  # adversarial cats, clean dogs
+
+
+def test_resume_restores_the_averaged_model_and_the_calibrated_vectors(tmp_path):
+    sets = ["train.epochs=2", "train.progress=false", "attack.steps=2", "train.val_attack=pgd2", "model.width=8",
+            "train.averaging=ema", "train.avg_begin=0", "method.ccm=true", "method.calibrate_begin=0"]
+    demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.toml")
+    Trainer(config.resolve(demo, None, sets), tmp_path / "a", quiet=True).fit()
+    killed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", quiet=True)
+    killed.run_epoch(0)
+    resumed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", resume=True, quiet=True)
+    assert resumed.averager.started
+    resumed.fit()
+    a, b = (checkpoint.load(p / "checkpoints" / "last.pt") for p in (tmp_path / "a", tmp_path / "b"))
+    assert torch.equal(a["class_state"]["eps"], b["class_state"]["eps"])
+    for k, v in a["average"]["model"].items():
+        assert torch.allclose(v.float(), b["average"]["model"][k].float(), atol=1e-6), k
+

@@ -44,3 +44,16 @@ def test_cli_shorthands_set_the_config_keys():
     assert (plain.method.ccm, plain.train.averaging, plain.data.classes) == (False, "none", [])
     with pytest.raises(SystemExit):
         cli.parser().parse_args(["train", "--ema", "--fawa"])
+
+
+def test_methods_listing_names_every_method_option_and_paper(capsys):
+    from fastfair import cli
+
+    assert cli.main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fat", "mart", "frl", "frl-rw", "frl-rm", "ccm", "ccr", "cost-sensitive", "he", "adv-classes",
+                 "fawa", "ema"):
+        assert f"\n{name} " in out or out.startswith(f"{name} ")
+    for paper in ("Wei et al. 2023", "Xu et al. 2021", "Zhang et al. 2020", "Wang et al. 2020", "Pang et al. 2020",
+                  "Benz et al.", "Tian et al."):
+        assert paper in out
