@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import averaging, build, checkpoint
+from . import averaging, build, checkpoint, ops
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
@@ -59,11 +59,18 @@ class Trainer:
         self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl)
         self.test_split = sp
 
+        ops.use(build.kernels(cfg, self.dev))
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         if cfg.train.init_from:
             checkpoint.init_model(self.model, cfg.train.init_from)
         self.method = METHODS.get(cfg.method.name)(cfg)
+        # The attack's autograd.grad must stay outside compiled code, so the model is compiled
+        # on its own (attack forwards) and the method's loss with the model inside it (one
+        # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
+        compile_ = build.compiler(cfg, self.dev)
+        self.net = compile_(self.model) if compile_ else self.model
+        self.loss_fn = compile_(self.method.loss) if compile_ else self.method.loss
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         t = cfg.train
@@ -124,9 +131,9 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One step; no host sync (counters stay on the device)."""
         with self._autocast():
-            x_adv = self.method.perturb(self.model, x, y, self.state)
+            x_adv = self.method.perturb(self.net, x, y, self.state)
             self.model.train()
-            loss, logits = self.method.loss(self.model, x, x_adv, y, self.state)
+            loss, logits = self.loss_fn(self.model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -134,8 +141,8 @@ class Trainer:
 
     def validate(self, model=None) -> dict:
         c = self.cfg
-        return evaluate(self.model if model is None else model, self.val_loader, ["clean", c.train.val_attack], eps=c.eval.eps,
-                        alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
+        return evaluate(self.net if model is None else model, self.val_loader, ["clean", c.train.val_attack],
+                        eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
 
     def run_epoch(self, epoch: int) -> dict:
         _seed(self.cfg, epoch)
