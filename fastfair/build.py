@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import data, models
+from . import class_subset, data, models
 from .config import Config
 from .errors import UserError
 
@@ -36,18 +36,19 @@ def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
     mean, std = bundle.mean_std()
     return {"name": cfg.model.name, "norm": cfg.model.norm, "width": cfg.model.width,
             "num_classes": bundle.num_classes, "in_channels": bundle.shape[0], "mean": mean, "std": std,
-            "classes": list(bundle.classes)}
+            "classes": list(bundle.classes), "head": cfg.model.head, "head_scale": cfg.model.head_scale}
 
 
 def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifier:
     m = models.build(spec["name"], num_classes=spec["num_classes"], in_channels=spec["in_channels"],
-                     mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"])
+                     mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"],
+                     head=spec.get("head", "linear"), head_scale=spec.get("head_scale", 15.0))
     m = m.to(dev)
     return m.to(memory_format=torch.channels_last) if cl else m
 
 
 def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
-    bundle = data.load(cfg.data.dataset, cfg.data.data_dir or None)
+    bundle = class_subset.select(data.load(cfg.data.dataset, cfg.data.data_dir or None), cfg.data.classes)
     return bundle, data.split(bundle, cfg.data.val_per_class)
 
 

@@ -34,3 +34,18 @@ def write_text_atomic(text: str, path: str | Path) -> None:
 def load(path: str | Path, map_location="cpu") -> dict:
     """Load a fastfair checkpoint without unpickling arbitrary objects."""
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def init_model(model, path: str | Path) -> None:
+    """Start training from another run's model weights (``train.init_from``; FRL fine-tunes a robust model)."""
+    from .errors import UserError
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"train.init_from: no checkpoint at {path}; pass a .pt file written by fastfair train")
+    ck = load(path)
+    try:
+        model.load_state_dict(ck["model"])
+    except RuntimeError as err:
+        raise UserError(f"train.init_from: {path} holds a different model ({str(err).splitlines()[0]}); "
+                        "use the same model.name, width, norm, head and classes as that run") from None

@@ -15,9 +15,14 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 def cmd_methods(args) -> None:
-    from .methods import METHODS
+    from .averaging import AVERAGING
+    from .methods import METHODS, OPTIONS
 
     _listing(METHODS.table())
+    print("\noptions that combine with the methods above:")
+    _listing(OPTIONS.table())
+    print("\nweight averaging (train.averaging):")
+    _listing(AVERAGING.table())
 
 
 def cmd_models(args) -> None:
@@ -46,7 +51,8 @@ def cmd_train(args) -> None:
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
              "train.seed": args.seed, "train.kernels": args.kernels,
              "train.compile": {True: "on", False: "off", None: None}[args.compile],
-             "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir}
+             "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir,
+             **_fairness_flags(args)}
     saved = Path(args.out or "") / "config.toml" if args.out else None
     if args.resume:
         if not saved or not saved.is_file():
@@ -89,6 +95,33 @@ def cmd_eval(args) -> None:
                         batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet)
 
 
+# ---- fairness-method flags (shorthands for config keys) ---------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated class indices such as 3,5; got {text!r}") from None
+
+
+def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
+    g = t.add_argument_group("fairness options (shorthands for --set keys)")
+    g.add_argument("--ccm", action="store_const", const=True, help="CFA class-wise calibrated margin (method.ccm)")
+    g.add_argument("--ccr", action="store_const", const=True, help="CFA class-wise calibrated TRADES beta (method.ccr)")
+    avg = g.add_mutually_exclusive_group()
+    avg.add_argument("--ema", dest="averaging", action="store_const", const="ema", help="EMA of weights per epoch")
+    avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",
+                     help="CFA fairness-aware weight averaging (train.averaging=fawa)")
+    g.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's model weights (train.init_from)")
+    g.add_argument("--classes", type=_int_list, metavar="I,J", help="train and test on these classes only (data.classes)")
+    g.add_argument("--adv-classes", type=_int_list, metavar="I,J",
+                   help="adversarial examples only for these classes (method.adv_classes)")
+
+
+def _fairness_flags(args) -> dict:
+    return {"method.ccm": args.ccm, "method.ccr": args.ccr, "train.averaging": args.averaging,
+            "train.init_from": args.init_from, "data.classes": args.classes, "method.adv_classes": args.adv_classes}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastfair", description="Fast class-wise fair adversarial training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -113,6 +146,7 @@ def parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set train.lr=0.05 (repeatable)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     t.add_argument("--quiet", action="store_true")
+    _add_fairness_flags(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="per-class evaluation of a run or checkpoint")

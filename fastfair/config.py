@@ -40,6 +40,9 @@ class DataConfig:
     beton_dir: str = ""  # ffcv: folder with train/val/test.beton and meta.json
     os_cache: bool = True  # ffcv: let the OS page cache hold the .beton file (false: FFCV reads pages)
     order: str = "random"  # ffcv training order: random (the device loader's) | quasi_random | sequential
+    # ME paper Sec. 2.2 binary/subset experiments: keep only these classes, relabelled 0..k-1 in
+    # the order given (e.g. [3, 5] = cat vs dog); empty keeps all
+    classes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -48,6 +51,8 @@ class ModelConfig:
     norm: str = "bn"
     width: int = 0  # 0: the paper's width; smaller for quick experiments
     channels_last: str = "auto"  # auto (on for CUDA) | on | off
+    head: str = "linear"  # linear | cosine (HE, Pang et al. 2020: normalised features and class weights)
+    head_scale: float = 15.0  # HE scale s (1/T in Tian et al.); the start value when a schedule moves it
 
 
 @dataclass
@@ -68,6 +73,30 @@ class MethodConfig:
     smoothing: float = 0.0  # label smoothing alpha, any method (ME paper Table 1: 0.1)
     kl_weight: float = 6.0  # TRADES regulariser: lambda in the ME paper, beta in TRADES/CFA
     entropy_weight: float = 0.0  # ME-AT/ME-TRADES beta
+    # --- class-wise options shared by methods (fastfair/methods/options.py, cfa.py, ...) ---
+    kl_weight_per_class: list[float] = field(default_factory=list)  # class-wise beta (Tian KDD Eq. 5); empty: kl_weight for all
+    kl_normalize: bool = False  # divide the TRADES loss by (1 + beta_y), as CFA's code does even without CCR
+    ccm: bool = False  # CFA Class-wise Calibrated Margin: eps_k = (ccm_lambda + A_k) eps (CFA Eq. 6)
+    ccm_lambda: float = 0.5  # CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (CFA Sec. 5.1)
+    ccr: bool = False  # CFA Class-wise Calibrated Regularisation: beta_k = (ccr_lambda + A_k) beta (CFA Eq. 7-8)
+    ccr_lambda: float = 0.5  # CFA lambda_2
+    calibrate_begin: int = 10  # first epoch whose eps_k / beta_k use A_k (CFA code's --begin; the paper gives none)
+    class_weights: list[float] = field(default_factory=list)  # cost-sensitive per-class loss weights w_y (Benz et al.)
+    class_weights_auto: bool = False  # derive w_k from train robust accuracy each epoch (fastfair's rule, docs/methods.md)
+    adv_classes: list[int] = field(default_factory=list)  # ME paper single AT: adversarial examples only for these classes (indices after data.classes)
+    he_margin: float = 0.0  # HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = "cosine"
+    he_schedule: str = "fixed"  # HE scale schedule: fixed | lis | cmp (Tian ICLR App. G)
+    he_scale_end: float = 75.0  # LIS: 1/T at the last epoch (Tian: 1 -> 75)
+    he_pmax_start: float = 0.2  # CMP: controlled maximum probability at epoch 0 (Tian: 0.2)
+    he_pmax_end: float = 1.0  # CMP: ... reached at he_pmax_epoch (Tian: 1)
+    he_pmax_epoch: int = 90  # CMP: end of the interpolation (Tian: 90 of 100)
+    fat_tau: int = 0  # FAT: extra misclassified PGD steps allowed before a sample stops (Zhang et al. 2020)
+    fat_tau_milestones: list[int] = field(default_factory=list)  # FAT dynamic tau: +1 at each of these epochs
+    frl_bound: float = 0.1  # FRL: tolerance of class error above average (code: bound0 = bound1 = 0.1)
+    frl_rate_weight: float = 0.05  # FRL: multiplier step of the reweight terms (code: rate1)
+    frl_rate_margin: float = 0.1  # FRL: multiplier step of the remargin term (code: rate2)
+    frl_lim: float = 0.5  # FRL: reweight multipliers are rescaled to sum <= lim
+    frl_halve_every: int = 40  # FRL code halves rate1 every 40 epochs
 
 
 @dataclass
@@ -88,6 +117,11 @@ class TrainConfig:
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
     progress: bool = True
+    averaging: str = "none"  # weight averaging per epoch: none | ema | fawa (CFA Sec. 4.3); see fastfair/averaging.py
+    avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
+    avg_threshold: float = 0.2  # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
+    avg_begin: int = 50  # first epoch averaged in (CFA paper 50, code 0)
+    init_from: str = ""  # checkpoint whose model weights start training (FRL fine-tunes a robust model)
 
 
 @dataclass

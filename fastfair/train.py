@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import build, checkpoint, ops
+from . import averaging, build, checkpoint, ops
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
@@ -59,6 +59,8 @@ class Trainer:
         ops.use(build.kernels(cfg, self.dev))
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
+        if cfg.train.init_from:
+            checkpoint.init_model(self.model, cfg.train.init_from)
         self.method = METHODS.get(cfg.method.name)(cfg)
         # The attack's autograd.grad must stay outside compiled code, so the model is compiled
         # on its own (attack forwards) and the method's loss with the model inside it (one
@@ -73,7 +75,8 @@ class Trainer:
                                    weight_decay=t.weight_decay, nesterov=t.nesterov)
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
         self.start_epoch = 0
-        self.best = {"pgd": -1.0, "fair": -1.0}
+        self.best = {"pgd": -1.0, "fair": -1.0, "pgd_avg": -1.0, "fair_avg": -1.0}
+        self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
         self._prepare_dir(resume)
 
     # ---- run directory ------------------------------------------------------------------
@@ -105,6 +108,7 @@ class Trainer:
             "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "class_state": self.state.state_dict(),
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
+            "average": self.averager.state_dict() if self.averager else None,
         }
 
     def _load(self, ck: dict) -> None:
@@ -113,6 +117,8 @@ class Trainer:
         self.sched.load_state_dict(ck["scheduler"])
         self.state.load_state_dict(ck["class_state"])
         self.best = dict(ck["best"])
+        if self.averager:
+            self.averager.load_state_dict(ck["average"])
         self.start_epoch = ck["epoch"] + 1
 
     # ---- the loop -------------------------------------------------------------------------
@@ -130,13 +136,14 @@ class Trainer:
         self.opt.step()
         self.state.count(logits, y, loss)
 
-    def validate(self) -> dict:
+    def validate(self, model=None) -> dict:
         c = self.cfg
-        return evaluate(self.net, self.val_loader, ["clean", c.train.val_attack], eps=c.eval.eps,
-                        alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
+        return evaluate(self.net if model is None else model, self.val_loader, ["clean", c.train.val_attack],
+                        eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
 
     def run_epoch(self, epoch: int) -> dict:
         _seed(self.cfg, epoch)
+        self.method.begin_epoch(self.model, epoch)
         self.train_loader.set_epoch(epoch)
         lr = self.opt.param_groups[0]["lr"]
         t0 = time.perf_counter()
@@ -147,9 +154,9 @@ class Trainer:
         stats = self.state.read()  # the epoch's one host sync
         seconds = time.perf_counter() - t0
         self.sched.step()
-        self.method.end_epoch(self.state, epoch, stats)
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
+        self.method.end_epoch(self.state, epoch, {**stats, "val": val})
         record = {
             "epoch": epoch, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
             "train_robust_acc_per_class": stats["train_acc_per_class"],
@@ -158,6 +165,8 @@ class Trainer:
             "vectors": stats["vectors"], "epoch_time_s": seconds,
             "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
         }
+        if self.averager:
+            record["average"] = self._average(epoch, va["worst"])
         # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
         # and resuming drops the metrics lines of epochs the checkpoint does not hold.
         with open(self.out / "metrics.jsonl", "a") as f:
@@ -168,17 +177,35 @@ class Trainer:
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
         return record
 
-    def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
-        weights = {"epoch": epoch, "model": self.model.state_dict(), "spec": self.spec,
+    def _average(self, epoch: int, worst: float) -> dict:
+        """Average the epoch in (EMA/FAWA), then validate and keep the averaged model's checkpoints."""
+        accepted = self.averager.update(self.model, epoch, worst / 100.0)
+        if not self.averager.started:
+            return {"accepted": accepted}
+        val = self.validate(self.averager.model)
+        va = val[self.cfg.train.val_attack]["summary"]
+        self._keep_best(self.averager.model, epoch, va["avg"], va["worst"], "_avg")
+        return {"accepted": accepted, "val": {k: {"per_class": v["per_class"], "avg": v["summary"]["avg"],
+                                                  "worst": v["summary"]["worst"]} for k, v in val.items()}}
+
+    def _keep_best(self, model, epoch: int, avg: float, worst: float, suffix: str = "") -> None:
+        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec,
                    "config": self.cfg.to_toml(), "val_robust": {"avg": avg, "worst": worst}}
         for policy in ("pgd", "fair"):
             score = SELECTION.get(policy)(avg, worst)
-            if score > self.best[policy]:
-                self.best[policy] = score
-                checkpoint.save_atomic(weights, self.ckpt_dir / f"best_{policy}.pt")
+            if score > self.best[policy + suffix]:
+                self.best[policy + suffix] = score
+                checkpoint.save_atomic(weights, self.ckpt_dir / f"best_{policy}{suffix}.pt")
+        if suffix:
+            checkpoint.save_atomic(weights, self.ckpt_dir / f"last{suffix}.pt")
+
+    def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
+        self._keep_best(self.model, epoch, avg, worst)
         checkpoint.save_atomic(self._state(epoch), self.ckpt_dir / "last.pt")
 
     def fit(self) -> Path:
+        if self.start_epoch == 0 and self.method.needs_initial_validation:
+            self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
         for epoch in range(self.start_epoch, self.cfg.train.epochs):
             self.run_epoch(epoch)
         return self.out
@@ -189,5 +216,10 @@ def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     from .evaluate import evaluate_checkpoint
 
     name = "last" if cfg.train.select == "last" else f"best_{cfg.train.select}"
-    return evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,
-                               split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
+    result = evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,
+                                 split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
+    averaged = out / "checkpoints" / f"{name}_avg.pt"  # EMA/FAWA model, when one was averaged in
+    if averaged.is_file():
+        result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
+                                                device=cfg.train.device, quiet=quiet)
+    return result

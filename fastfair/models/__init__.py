@@ -4,6 +4,7 @@ HE may replace."""
 from __future__ import annotations
 
 from .base import MODELS, NORMS, Classifier, build
-from . import resnet, preact_resnet, wide_resnet, small_cnn  # noqa: F401  (register models)
+from .heads import HEADS
+from . import resnet, preact_resnet, wide_resnet, small_cnn, bin_norm  # noqa: F401  (register models, norms)
 
-__all__ = ["MODELS", "NORMS", "Classifier", "build"]
+__all__ = ["MODELS", "NORMS", "HEADS", "Classifier", "build"]

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..registry import Registry
+from .heads import HEADS
 
 MODELS: Registry[Callable[..., tuple[nn.Module, int]]] = Registry("model")
 """name -> builder(in_channels, norm, width) returning (body producing (N, D) features, D)."""
@@ -18,14 +19,15 @@ NORMS.register("bn", "BatchNorm2d (Ioffe & Szegedy 2015)")(nn.BatchNorm2d)
 class Classifier(nn.Module):
     """x in [0, 1] -> normalise -> body -> penultimate features -> linear head -> logits."""
 
-    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, mean, std):
+    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, mean, std,
+                 head: str = "linear", head_scale: float = 15.0):
         super().__init__()
         c = len(mean)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1))
         self.body = body
         self.feature_dim = feature_dim
-        self.head = nn.Linear(feature_dim, num_classes)
+        self.head = HEADS.get(head)(feature_dim, num_classes, head_scale)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body((x - self.mean) / self.std)
@@ -35,10 +37,10 @@ class Classifier(nn.Module):
 
 
 def build(name: str, *, num_classes: int, in_channels: int, mean, std, norm: str = "bn",
-          width: int = 0) -> Classifier:
-    """Build a registered model; ``width`` 0 keeps the paper's width."""
+          width: int = 0, head: str = "linear", head_scale: float = 15.0) -> Classifier:
+    """Build a registered model; ``width`` 0 keeps the paper's width; ``head`` from :data:`HEADS`."""
     body, dim = MODELS.get(name)(in_channels=in_channels, norm=NORMS.get(norm), width=width)
-    return Classifier(body, dim, num_classes, mean, std)
+    return Classifier(body, dim, num_classes, mean, std, head=head, head_scale=head_scale)
 
 
 def pooled() -> nn.Sequential:

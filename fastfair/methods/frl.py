@@ -1,0 +1,129 @@
+"""FRL: Fair Robust Learning (Xu et al. 2021, ICML), fine-tuning a robust model with TRADES.
+
+Before each epoch, on the validation split (PGD-20): class clean error e_k and boundary error
+b_k = clean acc - robust acc. Multipliers grow where a class is worse than the average by more
+than ``bound``; the reweight multipliers are clipped at 0 and rescaled to sum <= ``lim``; the
+rates are halved every ``frl_halve_every`` epochs (FRL code). Update formulas follow the
+authors' code (``frl_train``, ``cost_sensitive``, ``normalize_lambda``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..errors import UserError
+from .base import METHODS, Method
+
+FRL_DEFAULTS = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
+                "train.val_attack": "pgd20", "train.lr": 0.001, "train.lr_milestones": [40, 80],
+                "train.epochs": 120, "method.frl_bound": 0.1, "method.frl_lim": 0.5}
+
+
+def normalize_multipliers(lam: torch.Tensor, lim: float) -> torch.Tensor:
+    """Clip at 0; rescale to sum lim when the sum exceeds it (Xu et al. 2021, Alg. 1; code's normalize_lambda)."""
+    lam = lam.clamp(min=0.0)
+    total = lam.sum()
+    return torch.where(total > lim, lam * (lim / total.clamp(min=1e-12)), lam)
+
+
+def class_weights(lam: torch.Tensor) -> torch.Tensor:
+    """w_k = 1/C + lam_k - (1/C) sum_j lam_j: the Lagrangian's per-class cost (Xu et al. 2021, Sec. 4; code's cost_sensitive)."""
+    c = lam.shape[0]
+    return 1.0 / c + lam - lam.sum() / c
+
+
+def margin_factor(lam: torch.Tensor) -> torch.Tensor:
+    """eps_k / eps = clamp(exp(2 lam_k), 0.98, 3) (FRL code's remargin, utils_frl2.cost_sensitive)."""
+    return torch.exp(2.0 * lam).clamp(0.98, 3.0)
+
+
+def update_multipliers(lam_nat, lam_bndy, lam_margin, clean_acc, robust_acc, *, bound, rate_weight, rate_margin,
+                       lim, reweight: bool, remargin: bool):
+    """One multiplier step from per-class validation accuracies in [0, 1] (Xu et al. 2021, Alg. 1 step 3).
+
+    gamma_nat_k = e_k - mean e - bound, gamma_bndy_k = b_k - mean b - bound; the boundary
+    multiplier moves at twice the rate of the natural one (code's ``rate1 * 2``).
+    """
+    err = 1.0 - clean_acc
+    bndy = clean_acc - robust_acc
+    gamma_nat = err - err.mean() - bound
+    gamma_bndy = bndy - bndy.mean() - bound
+    if reweight:
+        lam_nat = normalize_multipliers(lam_nat + rate_weight * gamma_nat, lim)
+        lam_bndy = normalize_multipliers(lam_bndy + 2 * rate_weight * gamma_bndy, lim)
+    if remargin:
+        lam_margin = lam_margin + rate_margin * gamma_bndy
+    return lam_nat, lam_bndy, lam_margin
+
+
+class FRLBase(Method):
+    """sum_i (w_nat_y CE(f(x_i)) + beta w_bndy_y KL(p(x_i)||p(x'_i))) / sum_i (w_nat_y + w_bndy_y) (FRL code's train_model),
+    x' from TRADES-PGD in the ball eps * margin_y."""
+
+    reweight: bool = True
+    remargin: bool = True
+    needs_initial_validation = True
+    defaults = FRL_DEFAULTS
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if not cfg.train.init_from:
+            raise UserError(f"{cfg.method.name} fine-tunes a robust model: pass --init-from CHECKPOINT.pt "
+                            "(for example a pgd-at or trades run's checkpoints/best_pgd.pt)")
+        self.eps_factors.append("eps_frl")
+
+    def setup(self, state):
+        for name in ("frl_lam_nat", "frl_lam_bndy", "frl_lam_margin"):
+            state.add_vector(name, 0.0)
+        state.add_vector("frl_w_nat", 1.0 / state.num_classes)
+        state.add_vector("frl_w_bndy", 1.0 / state.num_classes)
+        state.add_vector("eps_frl", 1.0)
+        super().setup(state)
+
+    def _update(self, state, val: dict, next_epoch: int) -> None:
+        """Multipliers for 0-based epoch ``next_epoch`` from a validation of the current model."""
+        m = self.cfg.method
+        clean = torch.tensor(val["clean"]["per_class"], device=state.device) / 100.0
+        robust = torch.tensor(val[self.cfg.train.val_attack]["per_class"], device=state.device) / 100.0
+        # FRL code: rate1 halves before each 1-based epoch divisible by frl_halve_every.
+        halving = 0.5 ** ((next_epoch + 1) // m.frl_halve_every) if m.frl_halve_every else 1.0
+        lams = update_multipliers(state["frl_lam_nat"], state["frl_lam_bndy"], state["frl_lam_margin"], clean, robust,
+                                  bound=m.frl_bound, rate_weight=m.frl_rate_weight * halving,
+                                  rate_margin=m.frl_rate_margin, lim=m.frl_lim,
+                                  reweight=self.reweight, remargin=self.remargin)
+        for name, lam in zip(("frl_lam_nat", "frl_lam_bndy", "frl_lam_margin"), lams):
+            state.set(name, lam)
+        state.set("frl_w_nat", class_weights(lams[0]))
+        state.set("frl_w_bndy", class_weights(lams[1]))
+        state.set("eps_frl", margin_factor(lams[2]))
+
+    def before_training(self, state, val):
+        self._update(state, val, 0)
+        self.refresh_eps(state)
+
+    def end_epoch(self, state, epoch, stats):
+        self._update(state, stats["val"], epoch + 1)
+        super().end_epoch(state, epoch, stats)
+
+    def loss(self, model, x, x_adv, y, state):
+        z_nat, z_adv = model(x), model(x_adv)
+        w_nat, w_bndy = state["frl_w_nat"][y], state["frl_w_bndy"][y]
+        rows = ops.get().row_loss(z_nat, z_adv, y, ce_nat=w_nat, kl=self.cfg.method.kl_weight * w_bndy)
+        return rows.sum() / (w_nat + w_bndy).sum(), z_adv
+
+
+@METHODS.register("frl-rw", "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5 (Xu et al. 2021)")
+class FRLReweight(FRLBase):
+    remargin = False
+    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.5}
+
+
+@METHODS.register("frl-rm", "FRL remargin: TRADES fine-tuning with per-class eps multipliers, beta 1.0 (Xu et al. 2021)")
+class FRLRemargin(FRLBase):
+    reweight = False
+    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.0}
+
+
+@METHODS.register("frl", "FRL reweight + remargin, beta 1.0, bound 0.1, lim 0.5 (Xu et al. 2021; CFA's FRL baseline)")
+class FRLBoth(FRLBase):
+    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.0}

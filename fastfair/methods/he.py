@@ -1,0 +1,99 @@
+"""HE (Pang et al. 2020) and its temperature schedules LIS and CMP (Tian et al., ICLR sub., App. G).
+
+The cosine head itself is ``model.head = "cosine"`` (:mod:`fastfair.models.heads`); the margin
+m is applied to the CE terms by :meth:`Method.ce_logits`. This option moves the head's scale
+s = 1/T once per epoch, before the epoch's first step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import root
+
+from ..errors import UserError
+from ..registry import Registry
+from .options import OPTIONS, Option
+
+SCHEDULES: Registry = Registry("HE scale schedule")
+
+
+def lis_scale(epoch: int, epochs: int, start: float, end: float) -> float:
+    """1/T_n = 1/T_0 + (n / n_FI)(1/T_FI - 1/T_0), n_FI = total epochs (Tian et al. App. G, Eq. 5)."""
+    return start + epoch / epochs * (end - start)
+
+
+def cmp_target(epoch: int, p_start: float, p_end: float, until: int) -> float:
+    """P^max_n = P^max_0 + (n / n_FI)(P^max_FI - P^max_0) for n < n_FI, then P^max_FI (Tian et al. App. G, Eq. 6)."""
+    return p_start + min(epoch, until) / until * (p_end - p_start)
+
+
+def max_probability(scale: float, gram: np.ndarray) -> float:
+    """The largest softmax probability s cos can give: a feature on class l's weight direction has
+    cosines gram[l] (Tian et al. Eq. 3 with FN + WN); the max over l of its class-l probability."""
+    z = scale * gram
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return float((np.diag(p) / p.sum(axis=1)).max())
+
+
+def cmp_scale(target: float, gram: np.ndarray) -> float:
+    """s with max_probability(s) = target, solved with MINPACK's hybrid Powell method (Tian et al.: Powell's dogleg).
+
+    Solved on log-odds in log s, which is well scaled from p near 1/C to p near 1, starting from
+    the closed form for orthogonal class weights, s = log(p (C - 1) / (1 - p)). A probability of
+    exactly 1 needs s = infinity: targets are capped at 1 - 1e-6 (s about 16 for ten orthogonal
+    classes, close to HE's fixed s = 15).
+    """
+    c = gram.shape[0]
+    target = min(max(target, 1.0 / c + 1e-3), 1.0 - 1e-6)
+    goal = math.log(target) - math.log1p(-target)
+
+    def gap(t):
+        p = max_probability(math.exp(t[0]), gram)
+        return [math.log(p) - math.log1p(-p) - goal]
+
+    sol = root(gap, [math.log(math.log(target * (c - 1) / (1 - target)))], method="hybr")
+    if not sol.success:
+        raise RuntimeError(f"HE-CMP: no scale reaches max probability {target:.6f} ({sol.message})")
+    return math.exp(sol.x[0])
+
+
+@SCHEDULES.register("fixed", "HE's constant s = model.head_scale (Pang et al. 2020: 15 TRADES-HE, 10 PGD-HE)")
+def _fixed(cfg, epoch, head):
+    return cfg.model.head_scale
+
+
+@SCHEDULES.register("lis", "Linear Interpolation Schedule: s from model.head_scale to method.he_scale_end (Tian: 1 -> 75)")
+def _lis(cfg, epoch, head):
+    return lis_scale(epoch, cfg.train.epochs, cfg.model.head_scale, cfg.method.he_scale_end)
+
+
+@SCHEDULES.register("cmp", "Control Maximum Probability: s solved each epoch so max prob follows 0.2 -> 1 by epoch 90 (Tian)")
+def _cmp(cfg, epoch, head):
+    m = cfg.method
+    with torch.no_grad():
+        w = torch.nn.functional.normalize(head.weight.float(), dim=1)
+        gram = (w @ w.T).cpu().numpy().astype(np.float64)  # once per epoch, outside the step
+    return cmp_scale(cmp_target(epoch, m.he_pmax_start, m.he_pmax_end, m.he_pmax_epoch), gram)
+
+
+@OPTIONS.register("he", "HE: cosine head with scale s and margin m (Pang et al. 2020); LIS/CMP schedules for s (Tian et al.)")
+class HE(Option):
+    @staticmethod
+    def enabled(cfg) -> bool:
+        m = cfg.method
+        return cfg.model.head == "cosine" or m.he_margin != 0.0 or m.he_schedule != "fixed"
+
+    def __init__(self, cfg, method):
+        super().__init__(cfg, method)
+        self.schedule = SCHEDULES.get(cfg.method.he_schedule)
+        if cfg.model.head != "cosine":
+            raise UserError("method.he_margin and method.he_schedule need the HE head: --set model.head=cosine")
+        if cfg.method.he_margin and not getattr(method, "supports_margin", False):
+            raise UserError(f"method {cfg.method.name} does not apply the HE margin; use pgd-at or trades, "
+                            "or set method.he_margin=0")
+
+    def begin_epoch(self, model, epoch):
+        model.head.scale.fill_(self.schedule(self.cfg, epoch, model.head))

@@ -1,0 +1,31 @@
+"""MART (Wang et al. 2020, ICLR): misclassification-aware adversarial training."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from .base import METHODS, Method
+
+
+def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """-log(1.0001 - max_{k != y} p_k(x')), the margin half of MART's BCE (Wang et al. 2020, Sec. 3.3; code's 1.0001)."""
+    p = F.softmax(z_adv.float(), dim=1)
+    other = p.masked_fill(F.one_hot(y, p.shape[1]).bool(), -1.0).amax(dim=1)
+    return -torch.log(1.0001 - other + 1e-12)
+
+
+@METHODS.register("mart", "MART, BCE(p(x'), y) + beta KL(p(x) || p(x')) (1 - p_y(x)), beta 6 (Wang et al. 2020)")
+class MART(Method):
+    """BCE(p(x'), y) + beta (1/B) sum KL(p(x)||p(x')) (1 - p_y(x)) (Wang et al. 2020, Sec. 3.3, the MART objective)."""
+
+    # MART's code: CE-PGD from x + 0.001 N(0, I), model in eval mode while attacking.
+    defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval",
+                "method.kl_weight": 6.0}
+
+    def loss(self, model, x, x_adv, y, state):
+        z_nat, z_adv = model(x), model(x_adv)
+        # 1 - p_y(x) keeps its gradient, as in MART's code (1.0000001 there; the 1e-7 is below fp32 noise here).
+        p_true = F.softmax(z_nat.float(), dim=1).gather(1, y[:, None]).squeeze(1)
+        rows = ops.get().row_loss(z_nat, z_adv, y, ce_adv=1.0, kl=self.cfg.method.kl_weight * (1.0 - p_true))
+        return self.reduce(rows + boosted_margin(z_adv, y), y, state), z_adv

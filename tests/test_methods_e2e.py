@@ -1,0 +1,96 @@
+"""Short end-to-end runs of the fairness methods on the real CIFAR-10 subset (tiny CNN, a few hundred images)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastfair import checkpoint, config
+from fastfair.train import Trainer, final_evaluation
+
+from helpers import cifar_subset_npz
+
+pytestmark = pytest.mark.slow  # each run trains and evaluates: 5-40 s on 2 busy CPU cores
+
+BASE = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
+        "train.epochs=2", "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]",
+        'eval.attacks=["clean", "pgd2"]']
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory):
+    return cifar_subset_npz(tmp_path_factory.mktemp("data"), n_train=400, n_test=100)
+
+
+def run(npz, out, method, *sets):
+    cfg = config.resolve(None, {"method.name": method, "data.dataset": "npz", "data.data_dir": str(npz)},
+                         BASE + list(sets))
+    Trainer(cfg, out, quiet=True).fit()
+    result = final_evaluation(out, cfg, quiet=True)
+    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()], result
+
+
+@pytest.fixture(scope="module")
+def cfa_run(npz, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cfa")
+    records, result = run(npz, out, "trades", "method.ccm=true", "method.ccr=true", "method.calibrate_begin=1",
+                          "train.averaging=fawa", "train.avg_begin=0", "train.avg_threshold=0.0")
+    return out, records, result
+
+
+def test_trades_cfa_calibrates_eps_and_beta_and_averages(cfa_run):
+    out, records, result = cfa_run
+    first, second = records
+    # each line logs the vectors its epoch trained with: epoch 1's come from epoch 0's A_k
+    assert first["vectors"]["eps"] == [pytest.approx(8 / 255)] * 10
+    acc = torch.tensor(first["train_robust_acc_per_class"]) / 100
+    assert torch.allclose(torch.tensor(second["vectors"]["eps"]), (0.3 + acc) * 8 / 255, atol=1e-6)
+    assert torch.allclose(torch.tensor(second["vectors"]["kl_weight"]), (0.5 + acc) * 6, atol=1e-5)
+    assert second["average"]["accepted"] and "val" in second["average"]
+    for name in ("best_pgd_avg.pt", "best_fair_avg.pt", "last_avg.pt"):
+        assert (out / "checkpoints" / name).is_file()
+    assert set(result["average"]["results"]) == {"clean", "pgd2"}
+    averaged = checkpoint.load(out / "checkpoints" / "last_avg.pt")["model"]
+    trained = checkpoint.load(out / "checkpoints" / "last.pt")["model"]
+    assert not torch.equal(averaged["head.weight"], trained["head.weight"])
+
+
+def test_frl_fine_tunes_from_a_checkpoint(npz, cfa_run, tmp_path):
+    records, _ = run(npz, tmp_path / "frl", "frl", "train.epochs=1", "train.val_attack=pgd2",
+                     f"train.init_from={cfa_run[0] / 'checkpoints' / 'best_pgd.pt'}")
+    v = records[0]["vectors"]  # set before the first epoch from the initial model's validation
+    assert torch.allclose(torch.tensor(v["eps"]), torch.tensor(v["eps_frl"]) * 8 / 255, atol=1e-6)
+    assert sum(v["frl_lam_nat"]) <= 0.5 + 1e-6 and min(v["frl_lam_nat"]) >= 0
+    assert abs(sum(v["frl_w_nat"]) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("method,sets", [
+    ("fat", ["method.ccm=true", "method.calibrate_begin=0", "method.fat_tau=1"]),
+    ("mart", ["method.class_weights_auto=true"]),
+    ("pgd-at", ["model.head=cosine", "method.he_margin=0.2", "method.he_schedule=cmp", "model.norm=bin"]),
+    ("pgd-at", ["method.adv_classes=[0]", "data.classes=[3, 5]", "train.averaging=ema", "train.avg_begin=0"]),
+])
+def test_other_methods_train_and_evaluate(npz, tmp_path, method, sets):
+    records, result = run(npz, tmp_path / "run", method, *sets)
+    assert len(records) == 2 and all(r["loss"] == r["loss"] for r in records)  # finite, not NaN
+    assert set(result["results"]) == {"clean", "pgd2"}
+    if "data.classes=[3, 5]" in sets:
+        assert result["classes"] == ["cat", "dog"]
+        assert records[0]["vectors"]["eps"] == [pytest.approx(8 / 255), 0.0]  # adversarial cats, clean dogs
+
+
+def test_resume_restores_the_averaged_model_and_the_calibrated_vectors(tmp_path):
+    sets = ["train.epochs=2", "train.progress=false", "attack.steps=2", "train.val_attack=pgd2", "model.width=8",
+            "train.averaging=ema", "train.avg_begin=0", "method.ccm=true", "method.calibrate_begin=0"]
+    demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.toml")
+    Trainer(config.resolve(demo, None, sets), tmp_path / "a", quiet=True).fit()
+    killed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", quiet=True)
+    killed.run_epoch(0)
+    resumed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", resume=True, quiet=True)
+    assert resumed.averager.started
+    resumed.fit()
+    a, b = (checkpoint.load(p / "checkpoints" / "last.pt") for p in (tmp_path / "a", tmp_path / "b"))
+    assert torch.equal(a["class_state"]["eps"], b["class_state"]["eps"])
+    for k, v in a["average"]["model"].items():
+        assert torch.allclose(v.float(), b["average"]["model"][k].float(), atol=1e-6), k
+
