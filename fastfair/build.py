@@ -28,10 +28,7 @@ def autocast_dtype(cfg: Config, dev: torch.device) -> torch.dtype | None:
 
 
 def channels_last(cfg: Config, dev: torch.device) -> bool:
-    choice = cfg.model.channels_last
-    if choice not in ("auto", "on", "off"):
-        raise UserError(f"model.channels_last must be auto, on or off; got {choice!r}")
-    return choice == "on" or (choice == "auto" and dev.type == "cuda")
+    return _auto_switch(cfg.model.channels_last, "model.channels_last", dev)
 
 
 def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
@@ -57,3 +54,30 @@ def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
 def eval_loader(cfg: Config, split, dev, cl: bool) -> data.DeviceLoader:
     x, y = split
     return data.DeviceLoader(x, y, cfg.data.eval_batch_size, device=dev, train=False, channels_last=cl)
+
+
+def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
+    if cfg_value not in ("auto", "on", "off"):
+        raise UserError(f"{key} must be auto, on or off; got {cfg_value!r}")
+    return cfg_value == "on" or (cfg_value == "auto" and dev.type == "cuda")
+
+
+def kernels(cfg: Config, dev: torch.device) -> str:
+    """The ops backend: fused Triton kernels on CUDA by default, the PyTorch reference elsewhere."""
+    from .ops import BACKENDS
+
+    choice = cfg.train.kernels
+    if choice == "auto":
+        return "triton" if dev.type == "cuda" else "torch"
+    BACKENDS.get(choice)
+    return choice
+
+
+def compiler(cfg: Config, dev: torch.device):
+    """``torch.compile`` configured for the run, or ``None`` when compilation is off."""
+    if not _auto_switch(cfg.train.compile, "train.compile", dev):
+        if cfg.train.cudagraphs:
+            raise UserError("train.cudagraphs needs train.compile on")
+        return None
+    mode = "reduce-overhead" if cfg.train.cudagraphs else None
+    return lambda fn: torch.compile(fn, mode=mode)

@@ -44,7 +44,9 @@ def cmd_train(args) -> None:
 
     flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
-             "train.seed": args.seed}
+             "train.seed": args.seed, "train.kernels": args.kernels,
+             "train.compile": {True: "on", False: "off", None: None}[args.compile],
+             "train.cudagraphs": args.cudagraphs}
     saved = Path(args.out or "") / "config.toml" if args.out else None
     if args.resume:
         if not saved or not saved.is_file():
@@ -134,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int)
     t.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     t.add_argument("--out", help="run directory (default runs/METHOD-DATASET)")
+    t.add_argument("--kernels", choices=["auto", "triton", "torch"], help="loss/PGD-step ops (default: triton on CUDA)")
+    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model and loss (default: on for CUDA)")
+    t.add_argument("--cudagraphs", action="store_true", default=None, help="CUDA graphs via torch.compile reduce-overhead")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.lr=0.05 (repeatable)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")

@@ -79,6 +79,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    kernels: str = "auto"  # auto (triton on CUDA) | triton | torch: backend of the loss and PGD-step ops
+    compile: str = "auto"  # auto (on for CUDA) | on | off: torch.compile the model and the method's loss
+    cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
     progress: bool = True

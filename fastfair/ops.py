@@ -29,6 +29,13 @@ def _torch_ops() -> Ops:
     return Ops(losses.row_loss, attacks.pgd_step_reference, attacks.random_start_reference)
 
 
+@BACKENDS.register("triton", "fused Triton kernels (fastfair.kernels); PyTorch reference where they cannot launch")
+def _triton_ops() -> Ops:
+    from . import kernels
+
+    return Ops(kernels.row_loss, kernels.pgd_step, kernels.random_start)
+
+
 _active: dict[str, Ops] = {}
 
 

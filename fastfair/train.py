@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import build, checkpoint
+from . import build, checkpoint, ops
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
@@ -59,9 +59,16 @@ class Trainer:
         self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl)
         self.test_split = sp
 
+        ops.use(build.kernels(cfg, self.dev))
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         self.method = METHODS.get(cfg.method.name)(cfg)
+        # The attack's autograd.grad must stay outside compiled code, so the model is compiled
+        # on its own (attack forwards) and the method's loss with the model inside it (one
+        # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
+        compile_ = build.compiler(cfg, self.dev)
+        self.net = compile_(self.model) if compile_ else self.model
+        self.loss_fn = compile_(self.method.loss) if compile_ else self.method.loss
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         t = cfg.train
@@ -118,9 +125,9 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One step; no host sync (counters stay on the device)."""
         with self._autocast():
-            x_adv = self.method.perturb(self.model, x, y, self.state)
+            x_adv = self.method.perturb(self.net, x, y, self.state)
             self.model.train()
-            loss, logits = self.method.loss(self.model, x, x_adv, y, self.state)
+            loss, logits = self.loss_fn(self.model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -128,7 +135,7 @@ class Trainer:
 
     def validate(self) -> dict:
         c = self.cfg
-        return evaluate(self.model, self.val_loader, ["clean", c.train.val_attack], eps=c.eval.eps,
+        return evaluate(self.net, self.val_loader, ["clean", c.train.val_attack], eps=c.eval.eps,
                         alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
 
     def run_epoch(self, epoch: int) -> dict:
@@ -154,9 +161,11 @@ class Trainer:
             "vectors": stats["vectors"], "epoch_time_s": seconds,
             "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
         }
-        self._checkpoint(epoch, va["avg"], va["worst"])
+        # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
+        # and resuming drops the metrics lines of epochs the checkpoint does not hold.
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._checkpoint(epoch, va["avg"], va["worst"])
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")

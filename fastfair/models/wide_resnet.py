@@ -1,24 +1,8 @@
 """WideResNet-depth-k (Zagoruyko & Komodakis 2016), pre-activation blocks as in the TRADES code."""
 from torch import nn
-import torch.nn.functional as F
 
 from .base import MODELS, pooled
-
-
-class WideBlock(nn.Module):
-    def __init__(self, cin, cout, stride, norm):
-        super().__init__()
-        self.bn1 = norm(cin)
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn2 = norm(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.shortcut = None if (cin == cout and stride == 1) else nn.Conv2d(cin, cout, 1, stride, bias=False)
-
-    def forward(self, x):
-        out = F.relu(self.bn1(x))
-        skip = x if self.shortcut is None else self.shortcut(out)
-        out = self.conv2(F.relu(self.bn2(self.conv1(out))))
-        return out + skip
+from .preact_resnet import PreActBlock  # WRN's block is the same pre-activation basic block
 
 
 def wide_resnet(depth, widen, in_channels, norm, width):
@@ -28,7 +12,7 @@ def wide_resnet(depth, widen, in_channels, norm, width):
     layers, cin = [nn.Conv2d(in_channels, base, 3, 1, 1, bias=False)], base
     for i, w in enumerate(widths):
         for j in range(n):
-            layers.append(WideBlock(cin, w, 2 if (j == 0 and i > 0) else 1, norm))
+            layers.append(PreActBlock(cin, w, 2 if (j == 0 and i > 0) else 1, norm))
             cin = w
     layers += [norm(cin), nn.ReLU(), pooled()]
     return nn.Sequential(*layers), cin

@@ -1,0 +1,292 @@
+"""Fused per-row classification loss: one Triton pass computes fastfair.losses.row_loss and its
+gradients w.r.t. both logits.
+
+Per row i (u = z / temperature, fp32 whatever the input dtype, log-sum-exp with the row max
+subtracted so |z| ~ 1e4 stays finite):
+
+    loss_i = ce_nat CE(u_nat) + ce_adv CE(u_adv) + kl KL(p_nat || p_adv)
+             - ent_nat H(p_nat) - ent_adv H(p_adv) + cw_adv min(max_{j!=y} u_adv_j - u_adv_y, kappa)
+
+with the gradients (w.r.t. u; w.r.t. z they are divided by the temperature)
+
+    dCE/du      = p - q,          q = (1 - a) onehot(y) + a / C
+    d(-H)/du    = p (log p + H)
+    dKL/du_adv  = p_adv - p_nat
+    dKL/du_nat  = p_nat (log p_nat - log p_adv - KL)
+    dCW/du_adv  = onehot(argmax_{j!=y}) / #ties - onehot(y)   where margin <= kappa, else 0
+
+The gradients are written in the same pass and saved by the autograd formula, whose backward
+only scales them by ``grad_output`` (each loss row depends on its own logits row only). The
+reference (and the fallback on CPU without the Triton interpreter) is
+:func:`fastfair.losses.row_loss`. Weights are treated as constants: a weight tensor that
+requires grad sends the call to the reference, which differentiates it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from fastfair import losses
+
+from ._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
+
+# Term bits, in the order of the rows of the stacked weight tensor.
+TERMS = ("ce_nat", "ce_adv", "kl", "ent_nat", "ent_adv", "cw_adv")
+CE_NAT, CE_ADV, KL, ENT_NAT, ENT_ADV, CW_ADV = (1 << k for k in range(len(TERMS)))
+_NAT_TERMS = CE_NAT | KL | ENT_NAT
+_ADV_TERMS = CE_ADV | KL | ENT_ADV | CW_ADV
+
+# Elements of one (rows x BLOCK_C) tile: registers on a GPU; under the interpreter every
+# program costs Python overhead, so fewer, bigger tiles are faster there.
+_TILE_GPU = 2048
+_TILE_INTERPRET = 1 << 16
+
+
+@triton.jit
+def _log_softmax(u, cmask):
+    """Row-wise log p and p of a (R, BLOCK_C) tile whose masked columns hold -inf."""
+    m = tl.max(u, axis=1)
+    shifted = u - m[:, None]
+    e = tl.where(cmask, tl.exp(shifted), 0.0)
+    s = tl.sum(e, axis=1)
+    logp = tl.where(cmask, shifted - tl.log(s)[:, None], 0.0)
+    p = e / s[:, None]
+    return logp, p
+
+
+@triton.jit
+def _row_loss_kernel(
+    zn_ptr, za_ptr, y_ptr, w_ptr, loss_ptr, gn_ptr, ga_ptr,
+    N, C, stride_zn, stride_za, stride_w,
+    smoothing, temperature, kappa,
+    TERMS: tl.constexpr, GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    HAS_NAT: tl.constexpr = (TERMS & 13) != 0  # ce_nat | kl | ent_nat
+    HAS_ADV: tl.constexpr = (TERMS & 62) != 0  # ce_adv | kl | ent_adv | cw_adv
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    rmask = rows < N
+    cmask = (cols < C)[None, :]
+    mask = rmask[:, None] & cmask
+    rows64 = rows.to(tl.int64)
+    y = tl.load(y_ptr + rows64, mask=rmask, other=0).to(tl.int32)
+    is_y = cols[None, :] == y[:, None]
+    # Label-smoothed target q (smoothing = 0 gives the one-hot).
+    q = tl.where(is_y, 1.0 - smoothing, 0.0) + tl.where(cmask, smoothing / C, 0.0)
+    loss = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    g_nat = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    g_adv = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+
+    if HAS_NAT:
+        zn = tl.load(zn_ptr + rows64[:, None] * stride_zn + cols[None, :], mask=mask, other=0.0)
+        un = tl.where(cmask, zn.to(tl.float32) / temperature, float("-inf"))
+        logp_n, p_n = _log_softmax(un, cmask)
+    if HAS_ADV:
+        za = tl.load(za_ptr + rows64[:, None] * stride_za + cols[None, :], mask=mask, other=0.0)
+        ua = tl.where(cmask, za.to(tl.float32) / temperature, float("-inf"))
+        logp_a, p_a = _log_softmax(ua, cmask)
+
+    if TERMS & 1:  # ce_nat
+        w = tl.load(w_ptr + 0 * stride_w + rows64, mask=rmask, other=0.0)
+        nll = -tl.sum(tl.where(is_y, logp_n, 0.0), axis=1)
+        mean = tl.sum(logp_n, axis=1) / C
+        loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
+        g_nat += w[:, None] * (p_n - q)
+    if TERMS & 2:  # ce_adv
+        w = tl.load(w_ptr + 1 * stride_w + rows64, mask=rmask, other=0.0)
+        nll = -tl.sum(tl.where(is_y, logp_a, 0.0), axis=1)
+        mean = tl.sum(logp_a, axis=1) / C
+        loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
+        g_adv += w[:, None] * (p_a - q)
+    if TERMS & 4:  # kl(p_nat || p_adv)
+        w = tl.load(w_ptr + 2 * stride_w + rows64, mask=rmask, other=0.0)
+        diff = logp_n - logp_a
+        kl = tl.sum(p_n * diff, axis=1)
+        loss += w * kl
+        g_adv += w[:, None] * (p_a - p_n)
+        g_nat += w[:, None] * (p_n * (diff - kl[:, None]))
+    if TERMS & 8:  # -ent_nat H(p_nat)
+        w = tl.load(w_ptr + 3 * stride_w + rows64, mask=rmask, other=0.0)
+        h = -tl.sum(p_n * logp_n, axis=1)
+        loss -= w * h
+        g_nat += w[:, None] * (p_n * (logp_n + h[:, None]))
+    if TERMS & 16:  # -ent_adv H(p_adv)
+        w = tl.load(w_ptr + 4 * stride_w + rows64, mask=rmask, other=0.0)
+        h = -tl.sum(p_a * logp_a, axis=1)
+        loss -= w * h
+        g_adv += w[:, None] * (p_a * (logp_a + h[:, None]))
+    if TERMS & 32:  # cw margin, clamped at kappa
+        w = tl.load(w_ptr + 5 * stride_w + rows64, mask=rmask, other=0.0)
+        others = tl.where(is_y, float("-inf"), ua)
+        top = tl.max(others, axis=1)
+        u_y = tl.sum(tl.where(is_y, ua, 0.0), axis=1)
+        margin = top - u_y
+        loss += w * tl.minimum(margin, kappa)
+        # amax spreads its gradient evenly over ties, clamp passes it where margin <= kappa.
+        ties = tl.where(cmask & (others == top[:, None]), 1.0, 0.0)
+        n_ties = tl.sum(ties, axis=1)
+        live = tl.where(margin <= kappa, w, 0.0)
+        g_adv += live[:, None] * (ties / n_ties[:, None] - tl.where(is_y, 1.0, 0.0))
+
+    tl.store(loss_ptr + rows64, loss, mask=rmask)
+    if GRAD_NAT:
+        g = g_nat / temperature
+        tl.store(gn_ptr + rows64[:, None] * C + cols[None, :], g.to(gn_ptr.dtype.element_ty), mask=mask)
+    if GRAD_ADV:
+        g = g_adv / temperature
+        tl.store(ga_ptr + rows64[:, None] * C + cols[None, :], g.to(ga_ptr.dtype.element_ty), mask=mask)
+
+
+def _blocks(n: int, c: int) -> tuple[int, int, int]:
+    block_c = triton.next_power_of_2(max(c, 2))
+    tile = _TILE_INTERPRET if interpreting() else _TILE_GPU
+    block_r = max(1, min(tile // block_c, triton.next_power_of_2(max(n, 1))))
+    # About 8 fp32 elements per thread and tile array (a dozen arrays live at once).
+    num_warps = max(4, min(16, block_r * block_c // 256))
+    return block_r, block_c, num_warps
+
+
+def _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv):
+    ref = z_adv if z_adv is not None else z_nat
+    n, c = ref.shape
+    loss = torch.empty(n, device=ref.device, dtype=torch.float32)
+    g_nat = torch.empty((n, c) if grad_nat else (0,), device=ref.device, dtype=ref.dtype if z_nat is None else z_nat.dtype)
+    g_adv = torch.empty((n, c) if grad_adv else (0,), device=ref.device, dtype=ref.dtype)
+    if n == 0 or is_fake(ref) and interpreting():
+        # Under the interpreter wrap_triton hands back the raw kernel, which cannot run on
+        # fake tensors: shapes are all a tracer needs.
+        return loss, g_nat, g_adv
+    zn = kernel_dtype(z_nat if z_nat is not None else ref)
+    za = kernel_dtype(z_adv if z_adv is not None else ref)
+    if zn.stride(1) != 1:
+        zn = zn.contiguous()
+    if za.stride(1) != 1:
+        za = za.contiguous()
+    gn = g_nat if g_nat.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(g_nat, dtype=torch.float32)
+    ga = g_adv if g_adv.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(g_adv, dtype=torch.float32)
+    block_r, block_c, num_warps = _blocks(n, c)
+    grid = (triton.cdiv(n, block_r),)
+    wrap_triton(_row_loss_kernel)[grid](
+        zn, za, y, weights, loss, gn if grad_nat else loss, ga if grad_adv else loss,
+        n, c, zn.stride(0), za.stride(0), weights.stride(0),
+        float(smoothing), float(temperature), float(kappa),
+        TERMS=terms, GRAD_NAT=grad_nat, GRAD_ADV=grad_adv,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,
+    )
+    if gn is not g_nat:
+        g_nat.copy_(gn)
+    if ga is not g_adv:
+        g_adv.copy_(ga)
+    return loss, g_nat, g_adv
+
+
+@triton_op("fastfair::row_loss", mutates_args=())
+def row_loss_op(
+    z_nat: Optional[torch.Tensor],
+    z_adv: Optional[torch.Tensor],
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    terms: int,
+    smoothing: float,
+    temperature: float,
+    kappa: float,
+    grad_nat: bool,
+    grad_adv: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss (N,) fp32, d loss_i / d z_nat_i (N, C) or empty, d loss_i / d z_adv_i (N, C) or empty).
+
+    ``weights`` is a (6, N) fp32 tensor, one row per term in :data:`TERMS`; ``terms`` is the
+    bit mask of the terms to compute (their weights are not all the float 0).
+    """
+    return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
+
+
+@row_loss_op.register_kernel("cpu")
+def _row_loss_cpu(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv):
+    if not interpreting():
+        raise RuntimeError(
+            "fastfair::row_loss on CPU needs TRITON_INTERPRET=1 set before fastfair.kernels is "
+            "imported; fastfair.kernels.row_loss falls back to fastfair.losses.row_loss instead"
+        )
+    return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
+
+
+def _setup_context(ctx, inputs, output):
+    z_nat, z_adv = inputs[0], inputs[1]
+    _, g_nat, g_adv = output
+    ctx.save_for_backward(g_nat, g_adv)
+    ctx.dtypes = (None if z_nat is None else z_nat.dtype, None if z_adv is None else z_adv.dtype)
+    ctx.mark_non_differentiable(g_nat, g_adv)
+
+
+def _backward(ctx, grad_loss, _g_nat, _g_adv):
+    g_nat, g_adv = ctx.saved_tensors
+    scale = grad_loss.float()[:, None]
+    dn = (g_nat.float() * scale).to(ctx.dtypes[0]) if g_nat.numel() else None
+    da = (g_adv.float() * scale).to(ctx.dtypes[1]) if g_adv.numel() else None
+    return dn, da, None, None, None, None, None, None, None, None
+
+
+row_loss_op.register_autograd(_backward, setup_context=_setup_context)
+keep_opaque_when_interpreting(row_loss_op)
+
+
+def _needs_grad(z: torch.Tensor | None) -> bool:
+    return z is not None and z.requires_grad and torch.is_grad_enabled()
+
+
+def row_loss(
+    z_nat: torch.Tensor | None,
+    z_adv: torch.Tensor | None,
+    y: torch.Tensor,
+    *,
+    ce_nat: losses.Weight = 0.0,
+    ce_adv: losses.Weight = 0.0,
+    kl: losses.Weight = 0.0,
+    ent_nat: losses.Weight = 0.0,
+    ent_adv: losses.Weight = 0.0,
+    cw_adv: losses.Weight = 0.0,
+    smoothing: float = 0.0,
+    temperature: float = 1.0,
+    kappa: float = math.inf,
+) -> torch.Tensor:
+    """Drop-in for :func:`fastfair.losses.row_loss` backed by the fused Triton kernel."""
+    given = (ce_nat, ce_adv, kl, ent_nat, ent_adv, cw_adv)
+    ref = z_adv if z_adv is not None else z_nat
+    weight_grad = any(isinstance(w, torch.Tensor) and w.requires_grad for w in given)
+    if ref is None or not can_launch(ref) or weight_grad or ref.dim() != 2:
+        return losses.row_loss(
+            z_nat, z_adv, y, ce_nat=ce_nat, ce_adv=ce_adv, kl=kl, ent_nat=ent_nat,
+            ent_adv=ent_adv, cw_adv=cw_adv, smoothing=smoothing, temperature=temperature, kappa=kappa,
+        )
+    n = y.shape[0]
+    terms = 0
+    rows = []
+    for k, w in enumerate(given):
+        if isinstance(w, torch.Tensor):
+            terms |= 1 << k
+            rows.append(w.to(device=ref.device, dtype=torch.float32).expand(n))
+        else:
+            if w != 0.0:
+                terms |= 1 << k
+            rows.append(torch.full((n,), float(w), device=ref.device, dtype=torch.float32))
+    if terms & _NAT_TERMS and z_nat is None or terms & _ADV_TERMS and z_adv is None:
+        raise ValueError("row_loss: a term with a non-zero weight needs logits that were passed as None")
+    if not terms:
+        return torch.zeros(n, device=ref.device, dtype=torch.float32)
+    weights = torch.stack(rows)
+    loss, _, _ = row_loss_op(
+        z_nat if terms & _NAT_TERMS else None,
+        z_adv if terms & _ADV_TERMS else None,
+        y, weights, terms, float(smoothing), float(temperature), float(kappa),
+        bool(terms & _NAT_TERMS) and _needs_grad(z_nat),
+        bool(terms & _ADV_TERMS) and _needs_grad(z_adv),
+    )
+    return loss

@@ -1,0 +1,35 @@
+"""Test-session setup shared by all test files (keep it minimal).
+
+1. Triton interpreter on machines without CUDA. ``triton.jit`` reads ``TRITON_INTERPRET`` when a
+   kernel is *decorated*, i.e. when ``fastfair.kernels`` is first imported, so setting it here
+   (conftest runs before any test module is imported) is early enough; importing torch first
+   is fine. On a CUDA machine the kernels compile for the GPU instead.
+2. ``fastfair.kernels`` from an un-installed checkout: pyproject maps the top-level folder
+   ``kernels/`` to ``fastfair.kernels``. When the package is not installed (``pip install -e .``)
+   a finder appended to ``sys.meta_path`` maps that one name to the folder, so no top-level
+   ``kernels`` module ever becomes importable.
+"""
+import importlib.abc
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+class _KernelsFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "fastfair.kernels" or not (_KERNELS / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            name, _KERNELS / "__init__.py", submodule_search_locations=[str(_KERNELS)]
+        )
+
+
+sys.meta_path.append(_KernelsFinder())

@@ -1,0 +1,22 @@
+"""Shared test helpers: the real CIFAR-10 subset, cut small for fast CPU runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+CIFAR_SUBSET = SHARED / "cifar10-subset.npz"
+CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def cifar_subset_npz(tmp_path: Path, n_train: int = 600, n_test: int = 200) -> Path:
+    """The first n images of the real CIFAR-10 subset, with class names, as a small npz."""
+    if not CIFAR_SUBSET.is_file():
+        pytest.skip(f"real data not found at {CIFAR_SUBSET}")
+    with np.load(CIFAR_SUBSET) as f:
+        out = tmp_path / "cifar10-small.npz"
+        np.savez(out, x_train=f["x_train"][:n_train], y_train=f["y_train"][:n_train],
+                 x_test=f["x_test"][:n_test], y_test=f["y_test"][:n_test], class_names=np.array(CIFAR10))
+    return out

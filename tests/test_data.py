@@ -1,0 +1,47 @@
+import torch
+
+from fastfair import data
+from helpers import cifar_subset_npz
+
+
+def test_val_split_is_first_n_of_each_class():
+    x = torch.arange(12, dtype=torch.uint8).view(12, 1, 1, 1)
+    y = torch.tensor([0, 1, 0, 1, 0, 1, 2, 2, 2, 0, 1, 2])
+    b = data.DataBundle("t", x, y, x[:2], y[:2], ["a", "b", "c"])
+    sp = data.split(b, 2)
+    assert sp["val"][0].flatten().tolist() == [0, 1, 2, 3, 6, 7]
+    assert sp["train"][0].flatten().tolist() == [4, 5, 8, 9, 10, 11]
+
+
+def test_crop_is_a_shift_of_the_zero_padded_image():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 255, (64, 3, 8, 8), dtype=torch.uint8, generator=g)
+    out = data.random_crop_flip(x, 2, False, torch.Generator().manual_seed(3))
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    offsets = set()
+    for i in range(64):
+        hits = [(dy, dx) for dy in range(5) for dx in range(5) if torch.equal(padded[i, :, dy:dy + 8, dx:dx + 8], out[i])]
+        assert len(hits) == 1
+        offsets.add(hits[0])
+    assert len(offsets) > 12  # offsets spread over the 5x5 grid
+
+
+def test_flip_rate_is_about_half():
+    x = torch.arange(4, dtype=torch.uint8).view(1, 1, 1, 4).repeat(2000, 1, 1, 1)
+    out = data.random_crop_flip(x, 0, True, torch.Generator().manual_seed(0))
+    flipped = (out[:, 0, 0, 0] == 3).float().mean().item()
+    assert 0.45 < flipped < 0.55
+
+
+def test_device_loader_drop_last_and_reseeding(tmp_path):
+    b = data.load("npz", cifar_subset_npz(tmp_path, 130, 10))
+    ld = data.DeviceLoader(b.x_train, b.y_train, 32, device="cpu", train=True, crop_padding=4, flip=True, seed=1)
+    first = [yb.clone() for _, yb in ld]
+    assert len(first) == 4 and all(len(yb) == 32 for yb in first)
+    ld.set_epoch(0)
+    again = [yb for _, yb in ld]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    x, _ = next(iter(ld))
+    assert x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+    test = data.DeviceLoader(b.x_test, b.y_test, 4, device="cpu", train=False)
+    assert len(test) == 3 and sum(len(yb) for _, yb in test) == 10

@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import torch
+
+from fastfair import checkpoint, config
+from fastfair.train import Trainer
+
+
+def digits_cfg(**sets):
+    items = ["train.epochs=3", "train.progress=false", "attack.steps=2", "train.lr_milestones=[2]",
+             "train.val_attack=pgd3", "data.batch_size=128"]
+    return config.resolve("demo", None, items + [f"{k}={v}" for k, v in sets.items()])
+
+
+def metrics(out):
+    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rec):
+    return {k: rec[k] for k in ("epoch", "lr", "loss", "train_robust_acc_per_class", "val", "vectors")}
+
+
+def test_resume_continues_a_killed_run_exactly(tmp_path):
+    cfg = digits_cfg()
+    Trainer(cfg, tmp_path / "straight", quiet=True).fit()
+
+    killed = Trainer(cfg, tmp_path / "resumed", quiet=True)
+    killed.run_epoch(0)
+    killed.run_epoch(1)
+    # a kill after epoch 2's metrics line but before its checkpoint: --resume redoes epoch 2 only
+    with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"epoch": 2, "partial": True}) + "\n")
+    del killed
+    resumed = Trainer(cfg, tmp_path / "resumed", resume=True, quiet=True)
+    assert resumed.start_epoch == 2
+    resumed.fit()
+
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["epoch"] for r in b] == [0, 1, 2]
+    assert [comparable(r) for r in a] == [comparable(r) for r in b]
+    wa = checkpoint.load(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    wb = checkpoint.load(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_run_directory_contract(tmp_path):
+    out = tmp_path / "run"
+    Trainer(digits_cfg(**{"train.epochs": 2}), out, quiet=True).fit()
+    assert config.load_saved_text((out / "config.toml").read_text()).method.name == "me-trades"
+    names = {p.name for p in (out / "checkpoints").iterdir()}
+    assert {"last.pt", "best_pgd.pt", "best_fair.pt"} <= names
+    assert not [n for n in names if n.endswith(".tmp")]
+    rec = metrics(out)[-1]
+    assert len(rec["train_robust_acc_per_class"]) == 10 and len(rec["val"]["pgd3"]["per_class"]) == 10
+    assert rec["vectors"]["eps"] == pytest.approx([0.1] * 10)
+    assert rec["images_per_s"] > 0 and rec["lr"] == pytest.approx(0.05)
+    best = checkpoint.load(out / "checkpoints" / "best_fair.pt")
+    assert best["val_robust"]["avg"] + best["val_robust"]["worst"] == pytest.approx(
+        max(r["val"]["pgd3"]["avg"] + r["val"]["pgd3"]["worst"] for r in metrics(out)))
+
+
+def test_starting_over_an_existing_run_is_refused(tmp_path):
+    from fastfair.errors import UserError
+
+    cfg = digits_cfg(**{"train.epochs": 1})
+    Trainer(cfg, tmp_path / "r", quiet=True).fit()
+    with pytest.raises(UserError, match="--resume"):
+        Trainer(cfg, tmp_path / "r", quiet=True)
