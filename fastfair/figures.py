@@ -4,12 +4,14 @@ Each function takes plain numbers (lists / arrays) and a path, writes one PNG an
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 DPI = 110
@@ -17,9 +19,17 @@ DPI = 110
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")  # keeps legends placed outside the axes and long titles
     plt.close(fig)
     return path
+
+
+def _title(text: str) -> str:
+    return textwrap.fill(text, 70)
+
+
+def _legend_below(ax, n: int) -> None:
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=1 if n > 3 else n, frameon=False)
 
 
 def _class_axis(ax, classes: list[str]) -> None:
@@ -30,16 +40,17 @@ def _class_axis(ax, classes: list[str]) -> None:
 def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,
                    path: Path, ylabel: str = "accuracy (%)") -> Path:
     """Grouped bars per class, one bar per series ``name -> (means, stds or None)``, dashed line at each mean."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(classes) * max(1, len(series)) / 1.5), 3.8))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.3 * len(classes) * (1 + len(series))), 3.8))
     width = 0.8 / len(series)
     x = np.arange(len(classes))
     for i, (name, (mean, std)) in enumerate(series.items()):
         bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=name)
         ax.axhline(float(np.mean(mean)), color=bars.patches[0].get_facecolor(), ls="--", lw=1)
     _class_axis(ax, classes)
+    ax.set_ylim(0, 102)  # accuracies: a +- std bar past 0 or 100 is cut at the axis
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(_title(title))
+    _legend_below(ax, len(series))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -62,7 +73,7 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
     ax.set_yticklabels(classes)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    ax.set_title(title)
+    ax.set_title(_title(title))
     return _save(fig, path)
 
 
@@ -77,8 +88,9 @@ def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | 
         if std is not None:
             ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), alpha=0.2)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(_title(title))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -93,8 +105,9 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
         ax.plot(np.asarray(epochs) + 1, v[:, k], color=cmap(k / max(1, len(classes) - 1)) if len(classes) > 10
                 else cmap(k), label=name if len(classes) <= 10 else None)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(_title(title))
     ax.grid(alpha=0.3)
     if len(classes) <= 10:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -109,7 +122,7 @@ def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str,
         ax.annotate(name, (x[k], y[k]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(_title(title), fontsize=10)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -130,5 +143,5 @@ def tsne(clean, adv, labels, classes: list[str], title: str, path: Path) -> Path
         ax.set_yticks([])
     if len(classes) <= 10:
         axes[1].legend(fontsize=7, markerscale=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(title)
+    fig.suptitle(_title(title))
     return _save(fig, path)

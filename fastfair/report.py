@@ -68,19 +68,24 @@ def _experiment(run: Run) -> tuple:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs whose configs differ only in seed form one group; a group's label names what sets it apart."""
+    """Runs whose configs differ only in seed form one group; a group's label names what sets it apart
+    (leaving out keys that merely follow from a different method's defaults)."""
+    from .methods import METHODS
+
     keyed: dict[tuple, list[Run]] = {}
     for run in runs:
         keyed.setdefault(_experiment(run), []).append(run)
-    configs = [dict(k) for k in keyed]
+    configs = [{k: json.loads(v) for k, v in key} for key in keyed]
     differing = sorted({k for c in configs for k in c if len({json.dumps(d.get(k)) for d in configs}) > 1})
-    groups = []
-    for key, members in keyed.items():
-        cfg = dict(key)
-        label = ", ".join(f"{k}={json.loads(cfg[k]) if k in cfg else '-'}" for k in differing
-                          if k != "data.data_dir") or members[0].path.name
-        groups.append(Group(label, members))
-    return groups
+
+    def implied(k: str) -> bool:
+        names = [c.get("method.name") for c in configs]
+        return k != "method.name" and all(n in METHODS and METHODS.get(n).defaults.get(k, object()) == c.get(k)
+                                           for n, c in zip(names, configs))
+
+    shown = [k for k in differing if k != "data.data_dir" and not implied(k)]
+    return [Group(", ".join(f"{k}={cfg.get(k, '-')}" for k in shown) or members[0].path.name, members)
+            for cfg, members in zip(configs, keyed.values())]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:

@@ -54,6 +54,7 @@ def test_entropy_uniform_and_one_hot():
 def test_rho_relative_worst_gain_plus_relative_average_change():
     assert dg.rho(avg=50.0, worst=30.0, base_avg=40.0, base_worst=20.0) == pytest.approx(0.5 + 0.25)
     assert dg.rho(avg=38.0, worst=20.0, base_avg=40.0, base_worst=20.0) == pytest.approx(-0.05)
+    assert math.isnan(dg.rho(avg=38.0, worst=20.0, base_avg=40.0, base_worst=0.0))
 
 
 def test_tsne_keeps_separated_clusters_apart():
