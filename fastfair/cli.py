@@ -78,9 +78,8 @@ def cmd_data_convert(args) -> None:
           + (f" --data-dir {args.data_dir}" if args.data_dir else ""))
 
 
-def cmd_eval(args) -> None:
-    from .evaluate import evaluate_checkpoint
-
+def _checkpoint_path(args) -> Path:
+    """RUN_DIR -> RUN_DIR/checkpoints/<--checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
     target = Path(args.target)
     if target.is_dir():
         name = args.checkpoint
@@ -90,9 +89,55 @@ def cmd_eval(args) -> None:
             select = load_saved_text((target / "config.toml").read_text()).train.select if (target / "config.toml").is_file() else "pgd"
             name = "last" if select == "last" else f"best_{select}"
         target = target / "checkpoints" / f"{name}.pt"
+    return target
+
+
+def cmd_eval(args) -> None:
+    from .evaluate import evaluate_checkpoint
+
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
-    evaluate_checkpoint(target, attacks=attacks, split=args.split, data_dir=args.data_dir, device=args.device,
-                        batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet)
+    evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
+                        device=args.device, batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet,
+                        aa_backend=args.aa_backend)
+
+
+# ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
+
+def cmd_diagnose(args) -> None:
+    from .diagnose import diagnose_checkpoint
+
+    diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
+                        device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet)
+
+
+def cmd_report(args) -> None:
+    from .report import write_report
+
+    out = Path(args.out or (Path(args.runs[0]) / "report" if len(args.runs) == 1 else "report"))
+    path = write_report(args.runs, out, baseline=args.baseline, attack=args.attack, split=args.split)
+    print(f"written: {path} (figures in {out / 'figures'}, LaTeX tables in {out / 'tables.tex'})")
+
+
+def _add_report_commands(sub) -> None:
+    d = sub.add_parser("diagnose", help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
+    d.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
+    d.add_argument("--attack", default="pgd20", help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
+    d.add_argument("--split", default="test", choices=["test", "val"])
+    d.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last")
+    d.add_argument("--tsne", type=int, default=500, metavar="N", help="images in the t-SNE (0: skip it)")
+    d.add_argument("--data-dir")
+    d.add_argument("--device", default="auto")
+    d.add_argument("--batch-size", type=int)
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=cmd_diagnose)
+
+    r = sub.add_parser("report", help="Markdown report with PNG figures and LaTeX tables of one or more runs")
+    r.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("--out", help="output folder (default RUN_DIR/report for one run, ./report for several)")
+    r.add_argument("--baseline", metavar="RUN_DIR", help="run (or one seed of a group) that rho is measured against")
+    r.add_argument("--attack", help="robust column of the comparison (default: aa when every run has it)")
+    r.add_argument("--split", default="test", choices=["test", "val"])
+    r.set_defaults(func=cmd_report)
 
 
 # ---- fairness-method flags (shorthands for config keys) ---------------------------------------
@@ -151,7 +196,9 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="per-class evaluation of a run or checkpoint")
     e.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
-    e.add_argument("--attacks", default="clean,pgd20,cw20", help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT")
+    e.add_argument("--attacks", default="clean,pgd20,cw20",
+                   help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, tpgdK@grid (1/T in 2,5,10,50), "
+                        "aa (AutoAttack standard)")
     e.add_argument("--split", default="test", choices=["test", "val"])
     e.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last (default: the run's train.select)")
     e.add_argument("--data-dir")
@@ -159,7 +206,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int)
     e.add_argument("--bf16", action="store_true", help="attack and predict under bf16 autocast (default fp32)")
     e.add_argument("--quiet", action="store_true")
+    e.add_argument("--aa-backend", default="auto", help="AutoAttack backend: auto | autoattack | torchattacks")
     e.set_defaults(func=cmd_eval)
+    _add_report_commands(sub)
 
     d = sub.add_parser("data", help="data preparation").add_subparsers(dest="data_command", required=True)
     c = d.add_parser("convert", help="write train/val/test .beton files for --loader ffcv (needs fastfair[ffcv])")

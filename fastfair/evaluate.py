@@ -27,23 +27,53 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     return conf.view(num_classes, num_classes)
 
 
+def progress_units(attack_names: list[str]) -> int:
+    """Progress ticks per loader batch that :func:`evaluate` makes for these attacks."""
+    from . import attack_grid, autoattack
+
+    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in attack_grid.expand(attack_names))
+
+
+def check_attack_names(attack_names: list[str]) -> None:
+    """Raise a UserError for a name that neither parses nor names AutoAttack."""
+    from . import attack_grid, autoattack
+
+    for name in attack_grid.expand(attack_names):
+        if name != autoattack.NAME:
+            parse_attack(name)
+
+
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
-             amp_dtype=None, progress=None) -> dict[str, dict]:
-    """{attack: {per_class, summary, confusion}} with accuracies in percent."""
+             amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", log=None) -> dict[str, dict]:
+    """{attack: {per_class, summary, confusion}} with accuracies in percent.
+
+    ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
+    flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
+    """
+    from . import attack_grid, autoattack
+
     dev = next(model.parameters()).device
     c = len(classes)
     eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
     out = {}
-    for name in attack_names:
-        conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress).cpu()
+    for name in attack_grid.expand(attack_names):
+        extra = {}
+        if name == autoattack.NAME:
+            state = f"{state_prefix}.aa.npz" if state_prefix else None
+            conf, extra["autoattack"] = autoattack.evaluate_split(
+                model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
+                backend=aa_backend, progress=progress, log=log)
+        else:
+            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress).cpu()
         acc = metrics.per_class_accuracy(conf.numpy())
-        out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist()}
+        out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist(), **extra}
+    attack_grid.add_best(out, attack_names)
     return out
 
 
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
-                        quiet: bool = False) -> dict:
+                        quiet: bool = False, aa_backend: str = "auto") -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table."""
     import json
     from pathlib import Path
@@ -70,18 +100,18 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     model.load_state_dict(ck["model"])
     bundle, sp = build.splits(cfg)
     loader = build.eval_loader(cfg, sp[split], dev, cl)
-    for name in attacks:
-        parse_attack(name)
-    prog = Progress(enabled=not quiet)
-    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * len(attacks)) as advance:
-        results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
-                           cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance)
-    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
-              "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
-              "results": results}
+    check_attack_names(attacks)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     (run_dir / "eval").mkdir(exist_ok=True)
     out = run_dir / "eval" / f"{path.stem}-{split}.json"
+    prog = Progress(enabled=not quiet)
+    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
+        results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
+                           cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
+                           state_prefix=out.with_suffix(""), aa_backend=aa_backend, log=prog.print)
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
+              "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
+              "results": _merge_earlier(out, ck["epoch"], cfg.eval.eps, amp, results)}
     out.write_text(json.dumps(record, indent=1))
     record["path"] = str(out)
     if not quiet:
@@ -89,3 +119,16 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
         print(metrics.markdown_table(results, bundle.classes))
         print(f"\nwritten: {out}")
     return record
+
+
+def _merge_earlier(path, epoch: int, eps: float, amp: bool, results: dict) -> dict:
+    """Keep attacks an earlier evaluation of the same weights (epoch, eps, precision) wrote to ``path``;
+    this run's attacks replace theirs, so ``eval --attacks aa`` after training adds AA to PGD/CW."""
+    import json
+
+    if not path.is_file():
+        return results
+    old = json.loads(path.read_text())
+    if (old.get("epoch"), old.get("eps"), old.get("precision")) != (epoch, eps, "bf16" if amp else "fp32"):
+        return results
+    return {**old.get("results", {}), **results}

@@ -1,0 +1,117 @@
+"""Run a model over a split once (clean and attacked) and compute every diagnostic of :mod:`fastfair.diagnostics`.
+
+Writes ``RUN/diagnostics/<checkpoint>-<split>-<attack>.json``, which ``fastfair report`` draws.
+Always fp32, BN in eval mode.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import diagnostics as dg
+from . import metrics
+from .attacks import parse_attack, per_class
+
+
+@torch.no_grad()
+def _forward(model, x) -> tuple[torch.Tensor, torch.Tensor]:
+    feats = model.forward_features(x)
+    return feats.float(), model.head(feats).float().softmax(1)
+
+
+def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0) -> dict:
+    """Labels, and penultimate features and softmax probabilities on clean and attacked inputs (CPU)."""
+    model.eval()
+    dev = next(model.parameters()).device
+    eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
+    attack = parse_attack(attack_name, cw_kappa)
+    out = {k: [] for k in ("y", "feat_clean", "prob_clean", "feat_adv", "prob_adv")}
+    for x, y in loader:
+        x_adv = attack(model, x, y, eps_c, alpha_c)
+        for tag, inp in (("clean", x), ("adv", x_adv)):
+            f, p = _forward(model, inp)
+            out[f"feat_{tag}"].append(f.cpu())
+            out[f"prob_{tag}"].append(p.cpu())
+        out["y"].append(y.cpu())
+    return {k: torch.cat(v).numpy() for k, v in out.items()}
+
+
+def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500, seed: int = 0) -> dict:
+    """Every diagnostic from :func:`collect`'s arrays and the classifier's weight matrix."""
+    y, c = data["y"], num_classes
+    out: dict = {"accuracy": {}, "summary": {}, "cvc": {}, "entropy": {}, "inter_class_similarity": {},
+                 "nearest_class": {}, "intra_class_variance": {}}
+    conf = {}
+    for tag in ("clean", "adv"):
+        pred = data[f"prob_{tag}"].argmax(1)
+        conf[tag] = np.bincount(y * c + pred, minlength=c * c).reshape(c, c)
+        acc = metrics.per_class_accuracy(conf[tag])
+        feats = data[f"feat_{tag}"]
+        sim, nearest = dg.inter_class_similarity(feats, y, c)
+        ent = dg.entropy_per_class(data[f"prob_{tag}"], y, c)
+        out["accuracy"][tag] = acc.tolist()
+        out["summary"][tag] = metrics.summary(acc)
+        out["cvc"][tag] = dg.cvc(data[f"prob_{tag}"], y, c).tolist()
+        out["entropy"][tag] = {"per_class": ent.tolist(), "mean": float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())}
+        out["inter_class_similarity"][tag] = sim.tolist()
+        out["nearest_class"][tag] = nearest.tolist()
+        out["intra_class_variance"][tag] = dg.intra_class_variance(feats, y, c).tolist()
+    norms = dg.weight_norms(head_weight)
+    out["confusion"] = conf["adv"].tolist()
+    out["confusion_percent"] = dg.confusion_percent(conf["adv"]).tolist()
+    out["misclassified_counts"] = dg.misclassified_counts(conf["adv"]).tolist()
+    out["weight_norms"] = norms.tolist()
+    out["weight_norm_rank_correlation"] = {tag: dg.rank_correlation(norms, out["accuracy"][tag])
+                                           for tag in ("clean", "adv")}
+    if tsne_points:
+        pick = np.random.default_rng(seed).permutation(len(y))[:tsne_points]
+        clean, adv = dg.tsne(data["feat_clean"][pick], data["feat_adv"][pick], seed)
+        out["tsne"] = {"labels": y[pick].tolist(), "clean": clean.round(4).tolist(), "adv": adv.round(4).tolist()}
+    return out
+
+
+def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", data_dir: str | None = None,
+                        device: str = "auto", batch_size: int | None = None, tsne_points: int = 500,
+                        quiet: bool = False) -> dict:
+    """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring."""
+    from . import build, checkpoint
+    from .config import apply, load_saved_text
+    from .errors import UserError
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+    if split not in ("test", "val"):
+        raise UserError(f"--split must be test or val; got {split!r}")
+    parse_attack(attack)
+    ck = checkpoint.load(path)
+    cfg = apply(load_saved_text(ck["config"]), {"train.device": device}, "diagnose")
+    if data_dir:
+        apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
+    if batch_size:
+        apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
+    dev = build.device(cfg)
+    model = build.model_from_spec(ck["spec"], dev, False)
+    model.load_state_dict(ck["model"])
+    bundle, sp = build.splits(cfg)
+    loader = build.eval_loader(cfg, sp[split], dev, False)
+    c = bundle.num_classes
+    data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
+                   cw_kappa=cfg.eval.cw_kappa)
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "attack": attack,
+              "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32",
+              **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    (run_dir / "diagnostics").mkdir(exist_ok=True)
+    out = run_dir / "diagnostics" / f"{path.stem}-{split}-{attack}.json"
+    out.write_text(json.dumps(record, indent=1))
+    record["path"] = str(out)
+    if not quiet:
+        s = record["summary"]
+        print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "
+              f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); weight-norm rank correlation "
+              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}")
+    return record

@@ -1,0 +1,109 @@
+"""The papers' per-class diagnostics as pure functions of arrays (methods.md, 'Fairness metrics').
+
+Inputs are numpy arrays or CPU tensors: confusion matrices (rows: true class), softmax
+probabilities ``(N, C)``, penultimate features ``(N, D)``, labels ``(N,)``, classifier weights
+``(C, D)``. Outputs are float64 numpy arrays or floats. :mod:`fastfair.diagnose` runs a model to
+produce the inputs; the report draws the outputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _np(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+
+
+def confusion_percent(confusion) -> np.ndarray:
+    """Row-normalised confusion in percent: entry (i, j) = share of class i predicted as j (Tian et al. KDD 2021, Fig. 2)."""
+    m = _np(confusion).astype(np.float64)
+    return 100.0 * m / np.maximum(m.sum(axis=1, keepdims=True), 1)
+
+
+def misclassified_counts(confusion) -> np.ndarray:
+    """Counts with the diagonal (correct predictions) hidden as 0 (Tian et al. KDD 2021, Fig. 4(a), 'misclassified confusion matrix')."""
+    m = _np(confusion).astype(np.float64).copy()
+    np.fill_diagonal(m, 0)
+    return m
+
+
+def cvc(probs, y, num_classes: int) -> np.ndarray:
+    """CVC_k = (1/(N C)) sum_i sum_c (p_c^i - mean_c p^i)^2 over the N images of class k (Tian et al. KDD 2021, Def. 5.1)."""
+    p, y = _np(probs).astype(np.float64), _np(y)
+    per_image = ((p - p.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
+    return _class_mean(per_image, y, num_classes)
+
+
+def _class_mean(values: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
+    counts = np.bincount(y, minlength=num_classes)
+    return np.bincount(y, weights=values, minlength=num_classes) / np.maximum(counts, 1)
+
+
+def class_means(features, y, num_classes: int) -> np.ndarray:
+    """(C, D) mean penultimate feature of each class."""
+    f, y = _np(features).astype(np.float64), _np(y)
+    return np.stack([f[y == k].mean(axis=0) if (y == k).any() else np.zeros(f.shape[1]) for k in range(num_classes)])
+
+
+def inter_class_similarity(features, y, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(similarity, nearest class): max_{j != k} cos(mu_k, mu_j) of class means, and the j attaining it
+    (ME-AT paper, Sec. 1, Fig. 2a)."""
+    mu = class_means(features, y, num_classes)
+    unit = mu / np.maximum(np.linalg.norm(mu, axis=1, keepdims=True), 1e-12)
+    cos = unit @ unit.T
+    np.fill_diagonal(cos, -np.inf)
+    return cos.max(axis=1), cos.argmax(axis=1)
+
+
+def intra_class_variance(features, y, num_classes: int) -> np.ndarray:
+    """Variance of a class's features: (1/D) sum_d Var_i(h_id), population variance per dimension
+    averaged over dimensions (ME-AT paper, Sec. 1, Fig. 2b; the paper does not say how dimensions combine)."""
+    f, y = _np(features).astype(np.float64), _np(y)
+    return np.array([f[y == k].var(axis=0).mean() if (y == k).any() else 0.0 for k in range(num_classes)])
+
+
+def weight_norms(weight) -> np.ndarray:
+    """||w_k||_2 of each class's row of the linear classifier (Tian et al. ICLR 2021, Sec. 3.4)."""
+    return np.linalg.norm(_np(weight).astype(np.float64), axis=1)
+
+
+def rank_correlation(a, b) -> float:
+    """Spearman's rank correlation (ties get their average rank); NaN when either input is constant."""
+    from scipy.stats import spearmanr
+
+    a, b = _np(a).astype(np.float64), _np(b).astype(np.float64)
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def prediction_entropy(probs) -> np.ndarray:
+    """Per-image H(p) = -sum_c p_c log p_c of the predicted distribution (ME-AT paper, Sec. 3.2, Fig. 7)."""
+    p = _np(probs).astype(np.float64)
+    return -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=1)
+
+
+def entropy_per_class(probs, y, num_classes: int) -> np.ndarray:
+    """Mean prediction entropy over each class's images (ME-AT paper, Fig. 7, split by class)."""
+    return _class_mean(prediction_entropy(probs), _np(y), num_classes)
+
+
+def rho(avg: float, worst: float, base_avg: float, base_worst: float) -> float:
+    """rho = (worst - worst_0) / worst_0 + (avg - avg_0) / avg_0: relative worst-class gain plus relative
+    average change against a baseline (WAT, Li & Liu 2023; DAFA, Lee et al. 2024, Sec. 5). NaN when the
+    baseline's worst class or average is 0 (the relative change is undefined)."""
+    if base_worst == 0 or base_avg == 0:
+        return float("nan")
+    return (worst - base_worst) / base_worst + (avg - base_avg) / base_avg
+
+
+def tsne(clean_features, adv_features, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """2-D t-SNE (van der Maaten & Hinton 2008) of clean and adversarial features embedded together,
+    so both sets share one map: ((N, 2) clean, (N, 2) adversarial)."""
+    from sklearn.manifold import TSNE
+
+    a, b = _np(clean_features).astype(np.float32), _np(adv_features).astype(np.float32)
+    both = np.concatenate([a, b])
+    perplexity = float(min(30.0, max(2.0, (len(both) - 1) / 3)))
+    emb = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(both)
+    return emb[: len(a)].astype(np.float64), emb[len(a):].astype(np.float64)

@@ -1,0 +1,349 @@
+"""``fastfair report RUN_DIR [RUN_DIR ...]``: a Markdown report with PNG figures and LaTeX tables.
+
+Reads run directories only (the contract between train, eval, report and grid): ``config.toml``,
+``metrics.jsonl``, ``eval/*.json`` and ``diagnostics/*.json``. Runs whose configs differ only in
+``train.seed`` (and where they ran) form one group, reported as mean +- std over its seeds.
+:func:`compare` is the comparison table on its own (``fastfair grid`` prints it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import diagnostics, metrics
+from .config import flatten, load_saved
+from .errors import UserError
+
+# Keys that differ between seeds of one experiment, or between machines, without changing it.
+NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
+ATTACK_PREFERENCE = ("aa",)  # the robust column defaults to AutoAttack when every run has it
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    epochs: list[dict]
+    evals: dict[str, dict]  # eval file stem (<checkpoint>-<split>) -> record
+    diagnostics: list[dict]
+
+    def eval_record(self, split: str) -> dict | None:
+        """The evaluation of the checkpoint the run selects (``train.select``) on ``split``, else any on it."""
+        select = self.config.get("train.select", "pgd")
+        chosen = f"{'last' if select == 'last' else 'best_' + select}-{split}"
+        if chosen in self.evals:
+            return self.evals[chosen]
+        return next((r for r in self.evals.values() if r.get("split") == split), None)
+
+
+def load_run(path) -> Run:
+    path = Path(path)
+    if not (path / "config.toml").is_file():
+        raise UserError(f"{path} is not a run directory (no config.toml); pass folders written by fastfair train")
+    epochs = []
+    if (path / "metrics.jsonl").is_file():
+        epochs = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = {p.stem: json.loads(p.read_text()) for p in sorted((path / "eval").glob("*.json"))}
+    diags = [json.loads(p.read_text()) for p in sorted((path / "diagnostics").glob("*.json"))]
+    return Run(path, flatten(load_saved(path / "config.toml")), epochs, evals, diags)
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run]
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.config.get("train.seed", 0) for r in self.runs]
+
+
+def _experiment(run: Run) -> tuple:
+    return tuple(sorted((k, json.dumps(v)) for k, v in run.config.items() if k not in NOT_THE_EXPERIMENT))
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs whose configs differ only in seed form one group; a group's label names what sets it apart
+    (leaving out keys that merely follow from a different method's defaults)."""
+    from .methods import METHODS
+
+    keyed: dict[tuple, list[Run]] = {}
+    for run in runs:
+        keyed.setdefault(_experiment(run), []).append(run)
+    configs = [{k: json.loads(v) for k, v in key} for key in keyed]
+    differing = sorted({k for c in configs for k in c if len({json.dumps(d.get(k)) for d in configs}) > 1})
+
+    def implied(k: str) -> bool:
+        names = [c.get("method.name") for c in configs]
+        return k != "method.name" and all(n in METHODS and METHODS.get(n).defaults.get(k, object()) == c.get(k)
+                                           for n, c in zip(names, configs))
+
+    shown = [k for k in differing if k != "data.data_dir" and not implied(k)]
+    return [Group(", ".join(f"{k}={cfg.get(k, '-')}" for k in shown) or members[0].path.name, members)
+            for cfg, members in zip(configs, keyed.values())]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+
+
+def _fmt(mean: float, std: float | None, latex: bool = False, digits: int = 2) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    if std is None:
+        return f"{mean:.{digits}f}"
+    return f"${mean:.{digits}f} \\pm {std:.{digits}f}$" if latex else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def choose_attack(records: list[dict], attack: str | None) -> str:
+    """The robust attack every record has: ``attack`` if given, else AutoAttack, else the first non-clean one."""
+    common = [n for n in records[0]["results"] if all(n in r["results"] for r in records)]
+    if attack:
+        if attack not in common:
+            raise UserError(f"not every run was evaluated with {attack!r}; attacks all runs have: {', '.join(common)}. "
+                            f"Run: fastfair eval RUN_DIR --attacks {attack}")
+        return attack
+    for name in (*ATTACK_PREFERENCE, *common):
+        if name in common and name != "clean":
+            return name
+    raise UserError("the runs share no robust evaluation; run: fastfair eval RUN_DIR --attacks clean,pgd20")
+
+
+def _records(groups: list[Group], split: str) -> dict[int, list[dict]]:
+    out = {}
+    for i, g in enumerate(groups):
+        recs = [r.eval_record(split) for r in g.runs]
+        missing = [str(r.path) for r, rec in zip(g.runs, recs) if rec is None]
+        if missing:
+            raise UserError(f"no {split} evaluation in {', '.join(missing)}; run: fastfair eval RUN_DIR --split {split}")
+        out[i] = recs
+    return out
+
+
+COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} worst", "CV", "MCD", "rho")
+
+
+def comparison_rows(groups: list[Group], attack: str | None = None, baseline: int | None = None,
+                    split: str = "test") -> tuple[str, list[dict]]:
+    """(attack, per group: label, seeds, and (mean, std) per column); rho against group ``baseline``."""
+    recs = _records(groups, split)
+    attack = choose_attack([r for rs in recs.values() for r in rs], attack)
+    rows = []
+    for i, g in enumerate(groups):
+        values = {c: [] for c in COLUMNS[:-1]}
+        for rec in recs[i]:
+            clean = rec["results"].get("clean", {}).get("summary")
+            rob = rec["results"][attack]["summary"]
+            values["clean avg"].append(clean["avg"] if clean else float("nan"))
+            values["clean worst"].append(clean["worst"] if clean else float("nan"))
+            values["{a} avg"].append(rob["avg"])
+            values["{a} worst"].append(rob["worst"])
+            values["CV"].append(rob["cv"])
+            values["MCD"].append(rob["mcd"])
+        rows.append({"label": g.label, "seeds": g.seeds, "raw": values,
+                     **{c: _mean_std(v) for c, v in values.items()}})
+    for row in rows:
+        if baseline is None:
+            row["rho"] = (float("nan"), None)
+            continue
+        base = rows[baseline]
+        per_seed = [diagnostics.rho(a, w, base["{a} avg"][0], base["{a} worst"][0])
+                    for a, w in zip(row["raw"]["{a} avg"], row["raw"]["{a} worst"])]
+        row["rho"] = _mean_std(per_seed)
+    return attack, rows
+
+
+def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> str:
+    heads = ["run", "seeds"] + [c.format(a=attack) for c in COLUMNS]
+    body = []
+    for i, row in enumerate(rows):
+        label = row["label"] + (" (baseline)" if i == baseline else "")
+        cells = [label, str(len(row["seeds"]))]
+        for c in COLUMNS:
+            mean, std = row[c]
+            cells.append(_fmt(mean, std, latex, 3 if c == "rho" else 2))
+        body.append(cells)
+    if not latex:
+        lines = ["| " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+        return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body])
+    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    lines = [r"\begin{tabular}{l r " + "r " * len(COLUMNS) + "}", r"\toprule",
+             " & ".join(esc(h) for h in heads) + r" \\", r"\midrule"]
+    lines += [" & ".join([esc(cells[0])] + cells[1:]) + r" \\" for cells in body]
+    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
+
+
+def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False) -> str:
+    """The comparison table (clean and robust average and worst class, CV, MCD, rho against ``baseline``)
+    of the runs in ``run_dirs``, seeds aggregated as mean +- std; Markdown, or LaTeX with ``latex``."""
+    groups, base = _groups_with_baseline(run_dirs, baseline)
+    attack, rows = comparison_rows(groups, attack, base, split)
+    return _table(attack, rows, base, latex)
+
+
+def _groups_with_baseline(run_dirs, baseline) -> tuple[list[Group], int | None]:
+    paths = [Path(p).resolve() for p in run_dirs]
+    if baseline is not None and Path(baseline).resolve() not in paths:
+        paths.insert(0, Path(baseline).resolve())
+    if not paths:
+        raise UserError("fastfair report needs at least one RUN_DIR")
+    groups = group_runs([load_run(p) for p in paths])
+    if baseline is None:
+        return groups, None
+    target = Path(baseline).resolve()
+    return groups, next(i for i, g in enumerate(groups) if any(r.path.resolve() == target for r in g.runs))
+
+
+# ---- the full report --------------------------------------------------------------------------
+
+def _per_class_mean(recs: list[dict], attack: str) -> tuple[list[float], list[float] | None]:
+    arr = np.asarray([r["results"][attack]["per_class"] for r in recs], dtype=float)
+    return arr.mean(0).tolist(), (arr.std(0, ddof=1).tolist() if len(arr) > 1 else None)
+
+
+def _curves(runs: list[Run]) -> tuple[list[int], dict, str | None]:
+    """Validation average / worst-class accuracy over epochs, mean over the seeds that reached each epoch."""
+    runs = [r for r in runs if r.epochs]
+    if not runs:
+        return [], {}, None
+    n = min(len(r.epochs) for r in runs)
+    epochs = [e["epoch"] for e in runs[0].epochs[:n]]
+    val_attack = next((k for k in runs[0].epochs[0]["val"] if k != "clean"), None)
+    lines = {}
+    for name in ("clean", val_attack):
+        if name is None:
+            continue
+        for stat in ("avg", "worst"):
+            vals = np.asarray([[e["val"][name][stat] for e in r.epochs[:n]] for r in runs], dtype=float)
+            lines[f"val {name} {'average' if stat == 'avg' else 'worst class'}"] = (
+                vals.mean(0).tolist(), vals.std(0, ddof=1).tolist() if len(runs) > 1 else None)
+    return epochs, lines, val_attack
+
+
+def _varying_vectors(run: Run) -> dict[str, np.ndarray]:
+    """Per-class vectors (eps_k, alpha_k, beta_k, ...) that change over epochs or classes: (epochs, C) arrays."""
+    out = {}
+    for name in (run.epochs[0].get("vectors", {}) if run.epochs else {}):
+        v = np.asarray([e["vectors"][name] for e in run.epochs], dtype=float)
+        if np.ptp(v) > 0:
+            out[name] = v
+    return out
+
+
+def _figure_md(path: Path, out: Path, caption: str) -> str:
+    return f"![{caption}]({path.relative_to(out).as_posix()})\n"
+
+
+def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
+    """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
+    from . import figures
+
+    out = Path(out)
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    groups, base = _groups_with_baseline(run_dirs, baseline)
+    attack, rows = comparison_rows(groups, attack, base, split)
+    recs = _records(groups, split)
+    classes = recs[0][0]["classes"]
+    md = [f"# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
+          f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
+          f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
+          "CV = (1/C) Σ_c (a_c − mean a)² and MCD = max a − min a of the robust per-class accuracy; rho = relative "
+          "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
+    tex = ["% fastfair report tables (booktabs)", f"% comparison, split {split}, robust attack {attack}",
+           _table(attack, rows, base, True)]
+    if len(groups) > 1:
+        series = {g.label: _per_class_mean(recs[i], attack) for i, g in enumerate(groups)}
+        p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy", fig_dir / "compare-per-class.png")
+        md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
+    for i, g in enumerate(groups):
+        md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
+    (out / "report.md").write_text("\n".join(md))
+    (out / "tables.tex").write_text("\n\n".join(tex) + "\n")
+    return out / "report.md"
+
+
+def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: list[str], out: Path, fig_dir: Path,
+                   tex: list[str]) -> list[str]:
+    from . import figures
+
+    tag = f"g{i}"
+    md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
+    attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
+    means = {n: _per_class_mean(recs, n) for n in attacks}
+    table = {n: {"per_class": means[n][0], "summary": metrics.summary(means[n][0])} for n in attacks}
+    md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
+              f"{recs[0]['epoch'] + 1}), mean over {len(recs)} seed(s):\n")
+    md.append(metrics.markdown_table(table, classes) + "\n")
+    tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
+    shown = {n: means[n] for n in ("clean", attack) if n in means}
+    p = figures.per_class_bars(classes, shown, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
+    md.append(_figure_md(p, out, "per-class clean and robust accuracy"))
+    conf = np.mean([diagnostics.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
+    p = figures.heatmap(conf, classes, f"{g.label}: {attack} confusion (% of true class)",
+                        fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
+    md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
+    epochs, lines, val_attack = _curves(g.runs)
+    if lines:
+        p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})", fig_dir / f"{tag}-curves.png")
+        md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy"))
+        for name, v in _varying_vectors(g.runs[0]).items():
+            p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{g.label}: per-class {name}",
+                                         fig_dir / f"{tag}-vector-{name}.png", name)
+            md.append(_figure_md(p, out, f"per-class {name} over epochs"))
+    diag = next((d for r in g.runs for d in r.diagnostics), None)
+    if diag:
+        md += _diagnostics_section(tag, g.label, diag, out, fig_dir)
+    return md
+
+
+def _per_class_latex(table: dict, classes: list[str]) -> str:
+    names = list(table)
+    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    lines = [r"\begin{tabular}{l " + "r " * len(names) + "}", r"\toprule",
+             "class & " + " & ".join(esc(n) for n in names) + r" \\", r"\midrule"]
+    for c, cname in enumerate(classes):
+        lines.append(esc(cname) + " & " + " & ".join(f"{table[n]['per_class'][c]:.2f}" for n in names) + r" \\")
+    lines.append(r"\midrule")
+    for key, label in (("avg", "average"), ("worst", "worst class"), ("cv", "CV"), ("mcd", "MCD")):
+        lines.append(label + " & " + " & ".join(f"{table[n]['summary'][key]:.2f}" for n in names) + r" \\")
+    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
+
+
+def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
+    from . import figures
+
+    classes, atk = d["classes"], d["attack"]
+    md = [f"### Diagnostics (`{Path(d['checkpoint']).stem}`, {d['split']}, {atk})\n"]
+    rows = ["| class | CVC clean | CVC adv | entropy clean | entropy adv | inter-class sim. (nearest) | "
+            "intra-class var. | weight norm |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for k, cname in enumerate(classes):
+        rows.append(f"| {cname} | {d['cvc']['clean'][k]:.4f} | {d['cvc']['adv'][k]:.4f} | "
+                    f"{d['entropy']['clean']['per_class'][k]:.3f} | {d['entropy']['adv']['per_class'][k]:.3f} | "
+                    f"{d['inter_class_similarity']['adv'][k]:.3f} ({classes[d['nearest_class']['adv'][k]]}) | "
+                    f"{d['intra_class_variance']['adv'][k]:.4f} | {d['weight_norms'][k]:.3f} |")
+    md.append("\n".join(rows) + "\n")
+    rc = d["weight_norm_rank_correlation"]
+    md.append(f"Mean prediction entropy: clean {d['entropy']['clean']['mean']:.3f}, adversarial "
+              f"{d['entropy']['adv']['mean']:.3f}. Spearman rank correlation of classifier weight norm with class "
+              f"accuracy: clean {rc['clean']:.2f}, {atk} {rc['adv']:.2f}. Feature statistics are on adversarial "
+              f"inputs.\n")
+    p = figures.heatmap(d["misclassified_counts"], classes, f"{label}: misclassified counts under {atk}",
+                        fig_dir / f"{tag}-misclassified.png", cbar="images")
+    md.append(_figure_md(p, out, "misclassified-count matrix"))
+    p = figures.scatter_rank(d["weight_norms"], d["accuracy"]["adv"], classes, "classifier weight norm ||w_k||",
+                             f"{atk} accuracy (%)", f"{label}: weight norm vs robustness (rho_s {rc['adv']:.2f})",
+                             fig_dir / f"{tag}-weight-norms.png")
+    md.append(_figure_md(p, out, "classifier weight norm against class robustness"))
+    if "tsne" in d:
+        t = d["tsne"]
+        p = figures.tsne(t["clean"], t["adv"], t["labels"], classes, f"{label}: t-SNE of penultimate features",
+                         fig_dir / f"{tag}-tsne.png")
+        md.append(_figure_md(p, out, "t-SNE of penultimate features, clean and adversarial"))
+    return md

@@ -1,0 +1,70 @@
+"""Trained models for the evaluation and report tests, built once per test process and cached.
+
+Plain cached functions rather than conftest fixtures, so several test files share one training run
+without touching the shared conftest.
+"""
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+# ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
+SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4] if (p / "shared" / "data").is_dir()),
+              Path(__file__).resolve().parents[1].parent / "shared" / "data")
+CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def _train(out: Path, sets: list[str], flags: dict):
+    from fastfair import config
+    from fastfair.train import Trainer, final_evaluation
+
+    torch.set_num_threads(2)
+    cfg = config.resolve(None, flags, ["train.progress=false", "train.device='cpu'", *sets])
+    Trainer(cfg, out, quiet=True).fit()
+    final_evaluation(out, cfg, quiet=True)
+    return cfg
+
+
+@functools.lru_cache(maxsize=1)
+def digits_run():
+    """(run dir, config): tiny-cnn, PGD-AT on scikit-learn's digits, 4 epochs at eps 0.1."""
+    out = Path(tempfile.mkdtemp(prefix="fastfair-digits-")) / "run"
+    cfg = _train(out, ["attack.eps=0.1", "attack.alpha=0.025", "attack.steps=5", "eval.eps=0.1", "eval.alpha=0.01",
+                       "train.lr=0.05", "train.lr_milestones=[3]", "data.batch_size=64", "eval.attacks=['clean']"],
+                 {"method.name": "pgd-at", "data.dataset": "digits", "model.name": "tiny-cnn", "train.epochs": 4})
+    return out, cfg
+
+
+def cifar_npz(folder: Path) -> Path:
+    """A few hundred real CIFAR-10 images (30 train, 8 test per class) in an npz; skips without the data."""
+    src = SHARED / "cifar10-subset.npz"
+    if not src.is_file():
+        pytest.skip(f"no {src}")
+    with np.load(src) as f:
+        def take(x, y, n):
+            idx = np.concatenate([np.flatnonzero(y == c)[:n] for c in range(10)])
+            return x[idx], y[idx]
+
+        xt, yt = take(f["x_train"], f["y_train"], 30)
+        xs, ys = take(f["x_test"], f["y_test"], 8)
+    path = folder / "cifar10-small.npz"
+    np.savez(path, x_train=xt, y_train=yt, x_test=xs, y_test=ys, class_names=np.array(CIFAR10))
+    return path
+
+
+def cifar_run(folder: Path) -> Path:
+    """A real 2-epoch PGD-AT run of a width-8 tiny-cnn on the CIFAR-10 subset, evaluated and diagnosed."""
+    from fastfair.diagnose import diagnose_checkpoint
+
+    out = folder / "pgd-at"
+    _train(out, ["model.width=8", "attack.steps=3", "data.val_per_class=5", "data.batch_size=50",
+                 "train.lr=0.05", "eval.attacks=['clean', 'pgd10']", "data.eval_batch_size=100"],
+           {"method.name": "pgd-at", "data.dataset": "npz", "data.data_dir": str(cifar_npz(folder)),
+            "model.name": "tiny-cnn", "train.epochs": 2})
+    diagnose_checkpoint(out / "checkpoints" / "best_pgd.pt", attack="pgd10", device="cpu", tsne_points=80, quiet=True)
+    return out

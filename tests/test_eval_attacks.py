@@ -1,0 +1,88 @@
+"""Per-class evaluation attacks: FGSM known answer, the Temperature-PGD grid, PGD restarts, CW, and names."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from evalreport_helpers import digits_run
+
+from fastfair import attack_grid
+from fastfair.errors import UserError
+from fastfair.evaluate import check_attack_names, evaluate, progress_units
+
+
+class Linear2(torch.nn.Module):
+    """Two-class linear model on 4 pixels: z = W x, w_1 = -w_0, so CE's input gradient has sign -sign(w_y)."""
+
+    def __init__(self):
+        super().__init__()
+        w0 = torch.tensor([1.0, -2.0, 0.5, 3.0])
+        self.lin = torch.nn.Linear(4, 2, bias=False)
+        self.lin.weight.data = torch.stack([w0, -w0])
+
+    def forward(self, x):
+        return self.lin(x.flatten(1))
+
+
+def _loader(x, y, batch=4):
+    from fastfair.data import DeviceLoader
+
+    return DeviceLoader(x, y, batch, device="cpu", train=False)
+
+
+def test_tpgd_grid_expands_to_tian_inverse_temperatures():
+    assert attack_grid.members("tpgd20@grid") == ["tpgd20@t0.5", "tpgd20@t0.2", "tpgd20@t0.1", "tpgd20@t0.02"]
+    assert attack_grid.expand(["clean", "tpgd10@grid", "clean"])[0] == "clean"
+    assert len(attack_grid.expand(["clean", "tpgd10@grid", "clean"])) == 5
+    results = {n: {"summary": {"avg": a}} for n, a in zip(attack_grid.members("tpgd20@grid"), [40, 35, 37, 50])}
+    attack_grid.add_best(results, ["tpgd20@grid"])
+    assert results["tpgd20@grid"]["chosen"] == "tpgd20@t0.2" and results["tpgd20@grid"]["inverse_temperature"] == 5
+
+
+def test_attack_names_are_checked_and_counted():
+    check_attack_names(["clean", "fgsm", "pgd50x5", "cw20", "tpgd20@grid", "aa"])
+    with pytest.raises(UserError, match="unknown attack"):
+        check_attack_names(["pgd20", "autoatack"])
+    assert progress_units(["clean", "aa", "tpgd20@grid"]) == 1 + 5 + 4
+
+
+def test_fgsm_per_class_matches_the_hand_computed_step():
+    model = Linear2()
+    x = torch.full((4, 1, 2, 2), 128, dtype=torch.uint8)  # 0.502 in [0, 1]
+    y = torch.tensor([0, 0, 1, 1])
+    eps = 0.3
+    res = evaluate(model, _loader(x, y), ["clean", "fgsm"], eps=eps, alpha=0.01, classes=["a", "b"])
+    x0 = 128 / 255
+    w0 = model.lin.weight[0].detach()
+    # class 0 moves by -eps sign(w0): z0 - z1 = 2 w0.x'; class 1 by +eps sign(w0)
+    margin0 = 2 * float(w0 @ (x0 - eps * w0.sign()))
+    margin1 = -2 * float(w0 @ (x0 + eps * w0.sign()))
+    assert margin0 < 0 and margin1 < 0  # both classes are fooled by the hand-computed step
+    assert res["clean"]["per_class"] == [100.0, 0.0]  # w0.x > 0 at x = 0.5: everything is class 0 when clean
+    assert res["fgsm"]["per_class"] == [0.0, 0.0]
+
+
+def test_every_attack_reports_per_class_and_grid_best():
+    from fastfair import build, checkpoint, data
+
+    out, cfg = digits_run()
+    ck = checkpoint.load(out / "checkpoints" / "best_pgd.pt")
+    model = build.model_from_spec(ck["spec"], torch.device("cpu"), False)
+    model.load_state_dict(ck["model"])
+    b = data.load("digits")
+    loader = _loader(b.x_test[:100], b.y_test[:100], 50)
+    names = ["clean", "fgsm", "pgd10", "cw10", "tpgd10@grid"]
+    kw = dict(eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=b.classes)
+    res = evaluate(model, loader, names, **kw)
+    for name in names:
+        assert len(res[name]["per_class"]) == 10 and res[name]["summary"]["avg"] <= res["clean"]["summary"]["avg"]
+        assert int(np.asarray(res[name]["confusion"]).sum()) == 100
+    avgs = {n: res[n]["summary"]["avg"] for n in attack_grid.members("tpgd10@grid")}
+    assert res["tpgd10@grid"]["summary"]["avg"] == min(avgs.values())
+    # from the same RNG state the first restart is PGD-10 itself, and later restarts only replace points
+    # that are still robust, so restarts never raise any class's accuracy
+    torch.manual_seed(1)
+    one = evaluate(model, loader, ["pgd10"], **kw)["pgd10"]["per_class"]
+    torch.manual_seed(1)
+    three = evaluate(model, loader, ["pgd10x3"], **kw)["pgd10x3"]["per_class"]
+    assert all(r <= p for r, p in zip(three, one))

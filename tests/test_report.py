@@ -1,0 +1,101 @@
+"""fastfair report: seed grouping and the comparison table on hand-made runs, figures from a real CIFAR-10 run."""
+import json
+
+import numpy as np
+import pytest
+
+from evalreport_helpers import cifar_run
+from fastfair import metrics
+from fastfair.cli import main
+from fastfair.config import Config
+from fastfair.report import compare, group_runs, load_run, write_report
+
+
+def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
+    """A run dir with config.toml, metrics.jsonl (2 epochs) and eval/best_pgd-test.json; 10 test images per class."""
+    cfg = Config()
+    cfg.method.name, cfg.train.seed = method, seed
+    (path / "eval").mkdir(parents=True)
+    (path / "config.toml").write_text(cfg.to_toml())
+    results = {}
+    for name, acc in (("clean", clean), ("pgd20", robust)):
+        conf = [[acc[0] // 10, 10 - acc[0] // 10], [10 - acc[1] // 10, acc[1] // 10]]
+        results[name] = {"per_class": acc, "summary": metrics.summary(acc), "confusion": conf}
+    rec = {"checkpoint": str(path / "checkpoints" / "best_pgd.pt"), "epoch": 1, "split": "test", "classes": ["a", "b"],
+           "eps": 8 / 255, "precision": "fp32", "results": results}
+    (path / "eval" / "best_pgd-test.json").write_text(json.dumps(rec))
+    eps = eps_over_epochs or [[0.03, 0.03], [0.03, 0.03]]
+    lines = [{"epoch": e, "val": {k: {"avg": 50.0 + e, "worst": 30.0 + e, "per_class": [0, 0]} for k in ("clean", "pgd10")},
+              "vectors": {"eps": eps[e], "alpha": [0.008, 0.008]}} for e in range(2)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture
+def fake_runs(tmp_path):
+    return [
+        _fake_run(tmp_path / "at-s0", 0, "pgd-at", [80, 60], [50, 30]),
+        _fake_run(tmp_path / "at-s1", 1, "pgd-at", [82, 62], [54, 34]),
+        _fake_run(tmp_path / "trades-s0", 0, "trades", [70, 70], [48, 40], [[0.03, 0.03], [0.02, 0.04]]),
+    ]
+
+
+def test_runs_differing_only_in_seed_form_one_group(fake_runs):
+    groups = group_runs([load_run(p) for p in fake_runs])
+    assert [(g.label, g.seeds) for g in groups] == [("method.name=pgd-at", [0, 1]), ("method.name=trades", [0])]
+
+
+def test_comparison_table_mean_std_and_rho(fake_runs):
+    table = compare(fake_runs, baseline=fake_runs[0])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    at, trades = rows["method.name=pgd-at (baseline)"], rows["method.name=trades"]
+    # pgd-at robust avg 40, 44 -> 42 +- 2.83 (sample std); worst 30, 34 -> 32 +- 2.83; CV 100 both; MCD 20
+    assert "| 2 | 71.00 ± 1.41 | 61.00 ± 1.41 | 42.00 ± 2.83 | 32.00 ± 2.83 | 100.00 ± 0.00 | 20.00 ± 0.00 |" in at
+    # trades: rho = (40 - 32) / 32 + (44 - 42) / 42 = 0.2976
+    assert "| 1 | 70.00 | 70.00 | 44.00 | 40.00 | 16.00 | 8.00 | 0.298 |" in trades
+    assert "pgd20 avg" in table.splitlines()[0]
+    tex = compare(fake_runs, baseline=fake_runs[0], latex=True)
+    assert r"$42.00 \pm 2.83$" in tex and r"\toprule" in tex and "method.name=trades" in tex
+
+
+def test_compare_names_a_missing_attack(fake_runs):
+    from fastfair.errors import UserError
+
+    with pytest.raises(UserError, match="fastfair eval RUN_DIR --attacks aa"):
+        compare(fake_runs, attack="aa")
+
+
+def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path):
+    write_report(fake_runs, tmp_path / "rep", baseline=fake_runs[0])
+    figs = {p.name for p in (tmp_path / "rep" / "figures").iterdir()}
+    assert "g1-vector-eps.png" in figs and "g0-vector-eps.png" not in figs  # only trades' eps varies
+    assert "g1-vector-alpha.png" not in figs and "compare-per-class.png" in figs
+
+
+def _png_ok(path):
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    return img.shape[0] > 200 and img.shape[1] > 200 and float(img[..., :3].std()) > 0.02
+
+
+@pytest.mark.slow
+def test_report_of_a_real_cifar10_run(tmp_path):
+    run = cifar_run(tmp_path)
+    from fastfair.evaluate import evaluate_checkpoint
+
+    evaluate_checkpoint(run / "checkpoints" / "best_pgd.pt", attacks=["fgsm"], device="cpu", quiet=True)
+    saved = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    assert list(saved["results"]) == ["clean", "pgd10", "fgsm"]  # the later eval added fgsm, kept the rest
+
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--out", str(out), "--attack", "pgd10"]) == 0
+    md = (out / "report.md").read_text()
+    want = ["g0-per-class", "g0-confusion", "g0-curves", "g0-misclassified", "g0-weight-norms", "g0-tsne"]
+    for name in want:
+        assert f"figures/{name}.png" in md
+        assert _png_ok(out / "figures" / f"{name}.png"), name
+    assert "| cat |" in md and "CVC clean" in md
+    tex = (out / "tables.tex").read_text()
+    assert tex.count(r"\begin{tabular}") == 2
+    assert main(["report", str(tmp_path / "nothing-here")]) == 2
