@@ -82,6 +82,9 @@ class TrainConfig:
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
     progress: bool = True
+    # torchrun only: SyncBatchNorm (batch statistics over the global batch, CUDA only) instead of
+    # per-rank BatchNorm statistics (the usual DDP default); see fastfair/distributed.py
+    sync_bn: bool = False
 
 
 @dataclass

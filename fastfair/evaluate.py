@@ -5,7 +5,7 @@ import contextlib
 
 import torch
 
-from . import metrics
+from . import distributed, metrics
 from .attacks import EvalAttack, parse_attack, per_class
 
 
@@ -35,7 +35,8 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
     eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
     out = {}
     for name in attack_names:
-        conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress).cpu()
+        conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress)
+        conf = distributed.all_reduce_sum(conf).cpu()  # torchrun: each rank saw its shard
         acc = metrics.per_class_accuracy(conf.numpy())
         out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist()}
     return out
@@ -69,7 +70,8 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     model = build.model_from_spec(ck["spec"], dev, cl)
     model.load_state_dict(ck["model"])
     bundle, sp = build.splits(cfg)
-    loader = build.eval_loader(cfg, sp[split], dev, cl)
+    loader = build.eval_loader(cfg, distributed.shard(sp[split]), dev, cl)
+    quiet = quiet or not distributed.current().is_main
     for name in attacks:
         parse_attack(name)
     prog = Progress(enabled=not quiet)
@@ -80,9 +82,10 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
               "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
               "results": results}
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    (run_dir / "eval").mkdir(exist_ok=True)
     out = run_dir / "eval" / f"{path.stem}-{split}.json"
-    out.write_text(json.dumps(record, indent=1))
+    if distributed.current().is_main:
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
     record["path"] = str(out)
     if not quiet:
         print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")

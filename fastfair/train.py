@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import build, checkpoint
+from . import build, checkpoint, distributed
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
@@ -35,13 +35,15 @@ SELECTION.register("last", "the last epoch")(None)
 
 
 def _seed(cfg: Config, epoch: int) -> None:
-    torch.manual_seed(cfg.train.seed * 100_003 + epoch + 1)
+    # torchrun: other ranks get their own streams (attack random starts); rank 0 keeps one process's
+    torch.manual_seed(cfg.train.seed * 100_003 + epoch + 1 + 1_000_003 * distributed.current().rank)
 
 
 class Trainer:
     def __init__(self, cfg: Config, out: str | Path, resume: bool = False, quiet: bool = False):
         self.cfg, self.out = cfg, Path(out)
-        self.progress = Progress(enabled=cfg.train.progress and not quiet)
+        self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
+        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main)
         self.log = self.progress.print
         SELECTION.get(cfg.train.select)
         parse_attack(cfg.train.val_attack)
@@ -56,11 +58,13 @@ class Trainer:
         self.train_loader = DeviceLoader(x, y, cfg.data.batch_size, device=self.dev, train=True,
                                          crop_padding=cfg.data.crop_padding, flip=cfg.data.flip,
                                          seed=cfg.train.seed, channels_last=self.cl)
-        self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl)
+        self.train_loader = distributed.train_loader(self.train_loader)
+        self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl)
         self.test_split = sp
 
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
+        self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
         self.method = METHODS.get(cfg.method.name)(cfg)
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
@@ -83,12 +87,14 @@ class Trainer:
             if not last.is_file():
                 raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
             self._load(checkpoint.load(last))
-            self._truncate_metrics()
+            if self.main:
+                self._truncate_metrics()
             self.log(f"resuming {self.out} at epoch {self.start_epoch}")
         elif last.is_file():
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
+        if self.main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
 
     def _truncate_metrics(self) -> None:
         path = self.out / "metrics.jsonl"
@@ -120,7 +126,7 @@ class Trainer:
         with self._autocast():
             x_adv = self.method.perturb(self.model, x, y, self.state)
             self.model.train()
-            loss, logits = self.method.loss(self.model, x, x_adv, y, self.state)
+            loss, logits = self.method.loss(self.train_model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -140,10 +146,12 @@ class Trainer:
             for x, y in self.train_loader:
                 self.train_step(x, y)
                 advance()
+        distributed.reduce_class_state(self.state)
         stats = self.state.read()  # the epoch's one host sync
         seconds = time.perf_counter() - t0
         self.sched.step()
         self.method.end_epoch(self.state, epoch, stats)
+        distributed.sync_buffers(self.model)
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
         record = {
@@ -154,9 +162,10 @@ class Trainer:
             "vectors": stats["vectors"], "epoch_time_s": seconds,
             "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
         }
-        self._checkpoint(epoch, va["avg"], va["worst"])
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.main:
+            self._checkpoint(epoch, va["avg"], va["worst"])
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
@@ -175,6 +184,7 @@ class Trainer:
     def fit(self) -> Path:
         for epoch in range(self.start_epoch, self.cfg.train.epochs):
             self.run_epoch(epoch)
+        distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
 
 
