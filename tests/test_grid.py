@@ -168,3 +168,21 @@ labels = ["a", "b", "c"]
     run_grid(str(path), out=str(out), dry_run=True, echo=lines.append)
     assert "2 done" in lines[0] and "failed" in lines[-2] and "first command:" in lines[-1]
     assert state("c")["attempt"] == 1  # a dry run runs nothing
+
+
+GRIDS = ROOT / "configs" / "grids"
+
+
+def test_me_table2_grid_resolves_every_run(tmp_path):
+    lines = []
+    run_grid(str(GRIDS / "me-table2-lambda.toml"), out=str(tmp_path), dry_run=True, echo=lines.append)
+    assert "8 runs" in lines[0] and "Table 2" in lines[0]  # the preset line follows the header
+    assert sum("pending" in line for line in lines) == 8 and "me-trades-l27,seed=0" in "".join(lines)
+    cmd = lines[-1]
+    assert "method.kl_weight=6" in cmd and "attack.eps=0.03125" in cmd and "train.lr_milestones=[75, 90]" in cmd
+
+
+def test_cfa_fig5a_grid_sweeps_five_budgets():
+    grid, _ = load(str(GRIDS / "cfa-fig5a-ccm-budget.toml"))
+    assert "Fig. 5(a)" in grid.preset
+    assert [r.point["method.ccm_lambda"] for r in grid.runs()] == [0.3, 0.4, 0.5, 0.6, 0.7]
