@@ -44,7 +44,7 @@ def cmd_presets(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from . import config
+    from . import config, distributed
     from .train import Trainer, final_evaluation
 
     flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
@@ -61,9 +61,13 @@ def cmd_train(args) -> None:
     else:
         cfg = config.resolve(args.config, flags, args.set)
     out = Path(args.out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
-    trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
-    trainer.fit()
-    final_evaluation(out, cfg, quiet=args.quiet)
+    distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
+    try:
+        trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
+        trainer.fit()
+        final_evaluation(out, cfg, quiet=args.quiet)
+    finally:
+        distributed.shutdown()
 
 
 def cmd_data_convert(args) -> None:
@@ -167,6 +171,13 @@ def _fairness_flags(args) -> dict:
             "train.init_from": args.init_from, "data.classes": args.classes, "method.adv_classes": args.adv_classes}
 
 
+def cmd_grid(args) -> int:
+    from .grid import run_grid
+
+    return run_grid(args.grid, out=args.out, gpus=args.gpus, per_gpu=args.per_gpu, launcher=args.launcher,
+                    dry_run=args.dry_run)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastfair", description="Fast class-wise fair adversarial training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -222,6 +233,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, help="writer processes (default: up to 8 CPUs)")
     c.set_defaults(func=cmd_data_convert)
 
+    g = sub.add_parser("grid", help="run a grid of trainings (axes over config keys), then one comparison table")
+    g.add_argument("grid", help="grid TOML file (see configs/grids/) or the name of a shipped grid")
+    g.add_argument("--out", help="grid directory (default runs/grids/GRID_NAME); one folder per run inside")
+    g.add_argument("--gpus", default="auto", help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
+    g.add_argument("--per-gpu", type=int, default=1, metavar="K", help="concurrent runs per GPU (see bench/bench_concurrency.py)")
+    g.add_argument("--launcher", default="local", help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
+    g.add_argument("--dry-run", action="store_true", help="print the runs the grid expands to and their state; run nothing")
+    g.set_defaults(func=cmd_grid)
+
     for name, func, helptext in (("methods", cmd_methods, "list training methods"),
                                  ("models", cmd_models, "list models"),
                                  ("datasets", cmd_datasets, "list data sets"),
@@ -233,11 +253,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0  # grid returns 1 when a run failed
     except UserError as err:
         print(f"fastfair: error: {err}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

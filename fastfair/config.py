@@ -122,6 +122,9 @@ class TrainConfig:
     avg_threshold: float = 0.2  # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
     avg_begin: int = 50  # first epoch averaged in (CFA paper 50, code 0)
     init_from: str = ""  # checkpoint whose model weights start training (FRL fine-tunes a robust model)
+    # torchrun only: SyncBatchNorm (batch statistics over the global batch, CUDA only) instead of
+    # per-rank BatchNorm statistics (the usual DDP default); see fastfair/distributed.py
+    sync_bn: bool = False
 
 
 @dataclass

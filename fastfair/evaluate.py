@@ -5,7 +5,7 @@ import contextlib
 
 import torch
 
-from . import metrics
+from . import distributed, metrics
 from .attacks import EvalAttack, parse_attack, per_class
 
 
@@ -64,7 +64,8 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
                 backend=aa_backend, progress=progress, log=log)
         else:
-            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress).cpu()
+            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress)
+        conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
         acc = metrics.per_class_accuracy(conf.numpy())
         out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist(), **extra}
     attack_grid.add_best(out, attack_names)
@@ -99,10 +100,10 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     model = build.model_from_spec(ck["spec"], dev, cl)
     model.load_state_dict(ck["model"])
     bundle, sp = build.splits(cfg)
-    loader = build.eval_loader(cfg, sp[split], dev, cl)
+    loader = build.eval_loader(cfg, distributed.shard(sp[split]), dev, cl)
+    quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    (run_dir / "eval").mkdir(exist_ok=True)
     out = run_dir / "eval" / f"{path.stem}-{split}.json"
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
@@ -112,7 +113,9 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
               "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
               "results": _merge_earlier(out, ck["epoch"], cfg.eval.eps, amp, results)}
-    out.write_text(json.dumps(record, indent=1))
+    if distributed.current().is_main:
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
     record["path"] = str(out)
     if not quiet:
         print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import averaging, build, checkpoint, ops
+from . import averaging, build, checkpoint, distributed, ops
 from .attacks import parse_attack
 from .classwise import ClassState
 from .config import Config
@@ -34,13 +34,15 @@ SELECTION.register("last", "the last epoch")(None)
 
 
 def _seed(cfg: Config, epoch: int) -> None:
-    torch.manual_seed(cfg.train.seed * 100_003 + epoch + 1)
+    # torchrun: other ranks get their own streams (attack random starts); rank 0 keeps one process's
+    torch.manual_seed(cfg.train.seed * 100_003 + epoch + 1 + 1_000_003 * distributed.current().rank)
 
 
 class Trainer:
     def __init__(self, cfg: Config, out: str | Path, resume: bool = False, quiet: bool = False):
         self.cfg, self.out = cfg, Path(out)
-        self.progress = Progress(enabled=cfg.train.progress and not quiet)
+        self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
+        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main)
         self.log = self.progress.print
         SELECTION.get(cfg.train.select)
         parse_attack(cfg.train.val_attack)
@@ -52,8 +54,8 @@ class Trainer:
         x, y = sp["train"]
         if len(y) < cfg.data.batch_size:
             raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")
-        self.train_loader = build.train_loader(cfg, sp["train"], self.dev, self.cl)
-        self.val_loader = build.eval_loader(cfg, sp["val"], self.dev, self.cl, name="val")
+        self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
+        self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
 
         ops.use(build.kernels(cfg, self.dev))
@@ -61,6 +63,7 @@ class Trainer:
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         if cfg.train.init_from:
             checkpoint.init_model(self.model, cfg.train.init_from)
+        self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
         self.method = METHODS.get(cfg.method.name)(cfg)
         # The attack's autograd.grad must stay outside compiled code, so the model is compiled
         # on its own (attack forwards) and the method's loss with the model inside it (one
@@ -90,12 +93,14 @@ class Trainer:
             if not last.is_file():
                 raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
             self._load(checkpoint.load(last))
-            self._truncate_metrics()
+            if self.main:
+                self._truncate_metrics()
             self.log(f"resuming {self.out} at epoch {self.start_epoch}")
         elif last.is_file():
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
+        if self.main:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
 
     def _truncate_metrics(self) -> None:
         path = self.out / "metrics.jsonl"
@@ -130,7 +135,7 @@ class Trainer:
         with self._autocast():
             x_adv = self.method.perturb(self.net, x, y, self.state)
             self.model.train()
-            loss, logits = self.loss_fn(self.model, x, x_adv, y, self.state)
+            loss, logits = self.loss_fn(self.train_model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -151,9 +156,11 @@ class Trainer:
             for x, y in self.train_loader:
                 self.train_step(x, y)
                 advance()
+        distributed.reduce_class_state(self.state)
         stats = self.state.read()  # the epoch's one host sync
         seconds = time.perf_counter() - t0
         self.sched.step()
+        distributed.sync_buffers(self.model)  # torchrun: every rank validates the same BN statistics
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
         self.method.end_epoch(self.state, epoch, {**stats, "val": val})
@@ -167,11 +174,12 @@ class Trainer:
         }
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
-        # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
-        # and resuming drops the metrics lines of epochs the checkpoint does not hold.
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        self._checkpoint(epoch, va["avg"], va["worst"])
+        if self.main:  # torchrun: rank 0 alone writes
+            # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
+            # and resuming drops the metrics lines of epochs the checkpoint does not hold.
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self._checkpoint(epoch, va["avg"], va["worst"])
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
@@ -208,6 +216,7 @@ class Trainer:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
         for epoch in range(self.start_epoch, self.cfg.train.epochs):
             self.run_epoch(epoch)
+        distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
 
 

@@ -14,6 +14,9 @@ MODELS: Registry[Callable[..., tuple[nn.Module, int]]] = Registry("model")
 
 NORMS: Registry[Callable[[int], nn.Module]] = Registry("norm layer")
 NORMS.register("bn", "BatchNorm2d (Ioffe & Szegedy 2015)")(nn.BatchNorm2d)
+# No normalisation: the output does not depend on the rest of the batch, so a DDP run matches a
+# one-process run exactly (tests/test_distributed.py); SyncBatchNorm needs CUDA.
+NORMS.register("none", "no normalisation layer (identity)")(lambda channels: nn.Identity())
 
 
 class Classifier(nn.Module):

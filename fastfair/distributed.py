@@ -1,0 +1,147 @@
+"""One run on several processes: ``torchrun --nproc-per-node N -m fastfair train ...``.
+
+Choices (README, "Scale-out"):
+
+- ``data.batch_size`` stays the *global* batch. Every rank keeps the whole uint8 training split
+  on its device (CIFAR-10: 150 MB), draws the same permutation and augmentation from the same
+  (seed, epoch) generator, and takes its contiguous slice of each global batch
+  (:class:`RankSlice`). So N processes see exactly the batches one process sees.
+- Gradients are averaged by DistributedDataParallel, which wraps the model only for the
+  training loss; attacks run on the bare model (their input gradients need no all-reduce).
+- Per-class counters and the loss sum are all-reduced at epoch end before ``ClassState.read()``,
+  so CFA/FRL updates see the whole data set; evaluation splits its loader across ranks and sums
+  the confusion matrices.
+- BatchNorm: by default each rank normalises with its own slice's statistics (the usual DDP
+  behaviour; running statistics are taken from rank 0 before validation and on every DDP
+  forward). ``train.sync_bn = true`` uses SyncBatchNorm (global-batch statistics, CUDA only).
+- Only rank 0 writes the run directory and prints.
+- PGD random starts draw from per-rank random streams, so with ``attack.init`` uniform or normal
+  N processes match one process in distribution, not bit for bit.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+_ctx = Context()
+
+
+def current() -> Context:
+    return _ctx
+
+
+def init(cfg) -> Context:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); no-op without it."""
+    global _ctx
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 or _ctx.enabled:
+        return _ctx
+    if cfg.data.batch_size % world:
+        raise UserError(f"data.batch_size {cfg.data.batch_size} is the global batch and must divide by the "
+                        f"{world} processes; pick a multiple of {world}")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = cfg.train.device in ("auto", "cuda") and torch.cuda.is_available()
+    if cfg.train.device.startswith("cuda:"):
+        raise UserError("under torchrun each process takes the GPU LOCAL_RANK; use --device auto or cuda, not cuda:N")
+    if use_cuda:
+        torch.cuda.set_device(local)  # torch.device("cuda") now means this rank's GPU
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    _ctx = Context(dist.get_rank(), dist.get_world_size(), local)
+    return _ctx
+
+
+def shutdown() -> None:
+    global _ctx
+    if _ctx.enabled:
+        dist.destroy_process_group()
+        _ctx = Context()
+
+
+def barrier() -> None:
+    if _ctx.enabled:
+        dist.barrier()
+
+
+def shard(split: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of an evaluation split (every ``world``-th image)."""
+    x, y = split
+    return (x[_ctx.rank::_ctx.world], y[_ctx.rank::_ctx.world]) if _ctx.enabled else (x, y)
+
+
+class RankSlice:
+    """This rank's contiguous slice of every global batch of a training loader."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.per_rank = loader.batch_size // _ctx.world
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        lo = _ctx.rank * self.per_rank
+        for x, y in self.loader:
+            yield x[lo:lo + self.per_rank], y[lo:lo + self.per_rank]
+
+
+def train_loader(loader):
+    return RankSlice(loader) if _ctx.enabled else loader
+
+
+def prepare_model(model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
+    """(the bare model, the module the training loss calls): DDP-wrapped under torchrun."""
+    if not _ctx.enabled:
+        return model, model
+    if cfg.train.sync_bn:
+        if next(model.parameters()).device.type != "cuda":
+            raise UserError("train.sync_bn needs CUDA (SyncBatchNorm has no CPU kernel); set train.sync_bn=false")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ids = [_ctx.local_rank] if next(model.parameters()).device.type == "cuda" else None
+    return model, nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if _ctx.enabled:
+        dist.all_reduce(t)
+    return t
+
+
+def reduce_class_state(state) -> None:
+    """Sum the epoch's per-class counters over ranks; the loss sum becomes the global-batch mean's."""
+    if not _ctx.enabled:
+        return
+    for t in (state.correct, state.total, state.loss_sum):
+        dist.all_reduce(t)
+    state.loss_sum /= _ctx.world  # each rank summed its slice's mean loss; equal slices
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's BatchNorm running statistics (evaluation uses them)."""
+    if _ctx.enabled:
+        for b in model.buffers():
+            dist.broadcast(b, 0)

@@ -1,0 +1,271 @@
+"""Ablation grids: one TOML file -> named runs under one grid directory -> one comparison table.
+
+A grid file names a ``base`` preset, overrides for every run (``[set]``) and axes::
+
+    base = "demo"                     # optional: preset name, or a TOML path relative to the grid file
+    [set]
+    "train.epochs" = 100
+    [[axes]]                          # a product axis: one key, several values
+    key = "train.seed"
+    values = [0, 1, 2]
+    [[axes]]                          # a zipped axis: several keys that move together
+    keys = ["method.name", "method.kl_weight"]
+    values = [["trades", 6], ["me-trades", 27]]
+    labels = ["trades6", "me-trades27"]   # optional folder-name part for each value
+
+The runs are the product of the axes. Each run is ``python -m fastfair train`` in its own
+process with ``--out GRID/RUN`` (``--resume`` when a checkpoint exists), so the run directory
+stays the one contract between train, eval, report and grid. ``GRID/RUN/grid-state.json``
+records done / failed; re-running the grid skips done runs, resumes killed ones and retries
+failed ones.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from . import config
+from .config import tomllib
+from .errors import UserError
+
+STATE_FILE = "grid-state.json"
+SEED_KEY = "train.seed"
+
+
+@dataclass(frozen=True)
+class Axis:
+    keys: tuple[str, ...]
+    values: tuple[tuple, ...]  # one tuple (a value per key) per point of the axis
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    point: dict[str, Any]  # the axis values of this run, key -> value
+    sets: dict[str, Any]  # every override: the grid's [set], then the axis values
+
+
+@dataclass
+class Grid:
+    name: str
+    base: str  # "" for none
+    sets: dict[str, Any]
+    axes: list[Axis]
+    preset: str = ""
+    launcher: dict[str, dict] = field(default_factory=dict)  # [launcher.NAME] options
+
+    def runs(self) -> list[Run]:
+        """The product of the axes, in file order (the last axis varies fastest)."""
+        runs = []
+        for combo in itertools.product(*(range(len(a.values)) for a in self.axes)):
+            point, parts = {}, []
+            for axis, i in zip(self.axes, combo):
+                point.update(zip(axis.keys, axis.values[i]))
+                parts.append(axis.labels[i])
+            runs.append(Run(",".join(parts) or "run", point, {**self.sets, **point}))
+        names = [r.name for r in runs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UserError(f"grid {self.name}: runs {dupes} share a name; an axis repeats a value, or give it labels")
+        return runs
+
+
+def _toml_value(value: Any) -> str:
+    """A value as one-line TOML text, the form ``--set key=value`` reads back."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_toml_value, value)) + "]"
+    return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+
+
+def _label(short: str, value: Any) -> str:
+    text = value if isinstance(value, str) else _toml_value(value)
+    return re.sub(r"[^\w.+=-]", "_", f"{short}={text}")
+
+
+def _axis(spec: dict, index: int, short_names: dict[str, str]) -> Axis:
+    where = f"axes[{index}]"
+    unknown = set(spec) - {"key", "keys", "values", "labels"}
+    if unknown:
+        raise UserError(f"{where}: unknown entries {sorted(unknown)}; an axis has key or keys, values, labels")
+    if ("key" in spec) == ("keys" in spec):
+        raise UserError(f"{where}: give either key = \"a.b\" (product axis) or keys = [...] (zipped axis)")
+    values = spec.get("values")
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{where}: values must be a non-empty list")
+    if "key" in spec:
+        keys, rows = (spec["key"],), tuple((v,) for v in values)
+    else:
+        keys = tuple(spec["keys"])
+        if not all(isinstance(v, list) and len(v) == len(keys) for v in values):
+            raise UserError(f"{where}: a zipped axis takes values = [[...], ...], each a list of {len(keys)} values")
+        rows = tuple(tuple(v) for v in values)
+    if "labels" in spec:
+        labels = tuple(str(x) for x in spec["labels"])
+        if len(labels) != len(rows):
+            raise UserError(f"{where}: {len(labels)} labels for {len(rows)} values")
+    else:
+        labels = tuple("-".join(_label(short_names[k], v) for k, v in zip(keys, row)) for row in rows)
+    return Axis(keys, rows, labels)
+
+
+def load(path_or_name: str) -> tuple[Grid, Path]:
+    """Read and check a grid file (a path, or the name of a grid shipped in ``configs/grids/``)."""
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = resources.files("fastfair.presets") / "grids" / f"{path_or_name.removesuffix('.toml')}.toml"
+        if not shipped.is_file():
+            names = sorted(p.name[:-5] for p in (resources.files("fastfair.presets") / "grids").iterdir()
+                           if p.name.endswith(".toml"))
+            raise UserError(f"no grid file {path_or_name!r}; shipped grids: {', '.join(names)}")
+        path = Path(str(shipped))
+    try:
+        spec = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{path}: not valid TOML ({err})") from None
+    unknown = set(spec) - {"preset", "base", "name", "set", "axes", "launcher"}
+    if unknown:
+        raise UserError(f"{path}: unknown top-level entries {sorted(unknown)}; "
+                        "a grid has preset, base, name, [set], [[axes]], [launcher.NAME]")
+    base = spec.get("base", "")  # none: the defaults, as `fastfair train` without --config
+    if base and (path.parent / base).is_file():  # a file next to the grid, so the grid works from any folder
+        base = str((path.parent / base).resolve())
+    axes_spec = spec.get("axes", [])
+    keys = [k for a in axes_spec for k in ([a["key"]] if "key" in a else a.get("keys", []))]
+    leaf = [k.rpartition(".")[2] for k in keys]
+    short = {k: (s if leaf.count(s) == 1 else k) for k, s in zip(keys, leaf)}
+    if len(set(keys)) != len(keys):
+        raise UserError(f"{path}: a key appears on two axes; zip them into one axis instead")
+    axes = [_axis(a, i, short) for i, a in enumerate(axes_spec)]
+    grid = Grid(spec.get("name", path.stem), base, config.flatten(spec.get("set", {})), axes,
+                spec.get("preset", ""), spec.get("launcher", {}))
+    return grid, path
+
+
+# ---- one run ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """What a launcher needs to run one grid run anywhere (picklable for submitit)."""
+
+    name: str
+    run_dir: str
+    base: str  # "" for none
+    sets: tuple[str, ...]  # "key=value" strings, as --set takes them
+
+    def command(self) -> list[str]:
+        """The train command; ``--resume`` is decided when the job starts (a queued job may start late)."""
+        cmd = [sys.executable, "-m", "fastfair", "train", "--out", self.run_dir, "--quiet"]
+        cmd += ["--config", self.base] if self.base else []
+        cmd += [a for s in self.sets for a in ("--set", s)]
+        return cmd + (["--resume"] if (Path(self.run_dir) / "checkpoints" / "last.pt").is_file() else [])
+
+
+def read_state(run_dir: Path) -> dict:
+    path = Path(run_dir) / STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {"status": "pending"}
+
+
+def _write_state(run_dir: Path, state: dict) -> None:
+    from .checkpoint import write_text_atomic
+
+    write_text_atomic(json.dumps(state, indent=1), Path(run_dir) / STATE_FILE)
+
+
+def run_job(job: Job, env: dict[str, str] | None = None) -> str:
+    """Run one training to the end in a child process; record done/failed; return the status."""
+    run_dir = Path(job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_state(run_dir)
+    cmd = job.command()
+    state = {"status": "running", "attempt": previous.get("attempt", 0) + 1, "command": cmd,
+             "started": time.time(), "host": os.uname().nodename}
+    _write_state(run_dir, state)
+    with open(run_dir / "train.log", "a") as log:
+        log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
+        log.flush()
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}).returncode
+    state.update(status="done" if code == 0 else "failed", returncode=code, ended=time.time())
+    _write_state(run_dir, state)
+    return state["status"]
+
+
+# ---- the grid -----------------------------------------------------------------------------
+def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
+    """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
+    and that runs already started were started with the same config."""
+    pairs = []
+    changed = []
+    for run in grid.runs():
+        sets = tuple(f"{k}={_toml_value(v)}" for k, v in run.sets.items())
+        try:
+            cfg = config.resolve(grid.base or None, None, list(sets))
+        except UserError as err:
+            raise UserError(f"grid {grid.name}, run {run.name}: {err}") from None
+        saved = out / run.name / "config.toml"
+        if saved.is_file() and saved.read_text() != cfg.to_toml():
+            old, new = config.flatten(config.load_saved(saved)), config.flatten(cfg.to_dict())
+            changed.append(f"{run.name} ({', '.join(k for k in new if old.get(k) != new[k])})")
+        pairs.append((run, Job(run.name, str(out / run.name), grid.base, sets)))
+    if changed:
+        raise UserError(f"the grid file changed for runs already started: {'; '.join(changed)}. "
+                        f"Restore the grid file, or delete those run folders under {out} to start them anew")
+    return pairs
+
+
+def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_gpu: int = 1,
+             launcher: str = "local", dry_run: bool = False, echo=print) -> int:
+    """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
+
+    Returns 0 when every run is done, 1 when some failed (their logs are named)."""
+    from .grid_table import comparison_table
+    from .launchers import LAUNCHERS
+
+    if per_gpu < 1:
+        raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
+    launch = LAUNCHERS.get(launcher)
+    grid, path = load(grid_file)
+    root = Path(out or f"runs/grids/{grid.name}")
+    pairs = jobs(grid, root)
+    status = {run.name: read_state(root / run.name)["status"] for run, _ in pairs}
+    todo = [job for run, job in pairs if status[run.name] != "done"]
+    echo(f"grid {grid.name} ({path}): {len(pairs)} runs in {root}, {len(pairs) - len(todo)} done"
+         + (f"\n{grid.preset}" if grid.preset else ""))
+    if dry_run:
+        for run, job in pairs:
+            resumable = (Path(job.run_dir) / "checkpoints" / "last.pt").is_file()
+            state = status[run.name] + (" (resumes from its checkpoint)" if resumable and status[run.name] != "done" else "")
+            echo(f"  {run.name:<40} {state:<10} {' '.join(f'{k}={_toml_value(v)}' for k, v in run.point.items())}")
+        if todo:
+            echo("first command: " + shlex.join(todo[0].command()))
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
+    if todo:
+        launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
+               folder=root / f".{launcher}", echo=echo)
+    failed = [run.name for run, _ in pairs if read_state(root / run.name)["status"] != "done"]
+    groups: dict[str, list[Path]] = {}
+    for run, _ in pairs:
+        if run.name not in failed:
+            label = ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in run.point.items() if k != SEED_KEY) or grid.name
+            groups.setdefault(label, []).append(root / run.name)
+    if groups:
+        table = comparison_table(groups)
+        (root / "results.md").write_text(table + "\n")
+        echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
+    if failed:
+        echo(f"\n{len(failed)} run(s) failed: " + ", ".join(f"{n} (log: {root / n / 'train.log'})" for n in failed)
+             + "\nfix the cause and run the same command again: done runs are skipped, the others resume")
+        return 1
+    return 0

@@ -1,0 +1,102 @@
+"""Where grid runs execute: this machine (K concurrent runs per GPU) or a SLURM cluster via submitit.
+
+A launcher takes the jobs still to do and returns when they have ended; every job records its
+own done/failed state in its run folder (:func:`fastfair.grid.run_job`), so a launcher needs no
+bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
+"""
+from __future__ import annotations
+
+import os
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from .errors import UserError
+from .grid import Job, run_job
+from .registry import Registry
+
+LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
+
+
+def parse_gpus(spec: str) -> list[str]:
+    """``auto`` (every visible GPU, else the CPU), ``cpu``, or ``0,1``; an empty list means the CPU."""
+    if spec == "cpu":
+        return []
+    if spec == "auto":
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    gpus = [g.strip() for g in spec.split(",") if g.strip()]
+    if not gpus or not all(g.isdigit() for g in gpus):
+        raise UserError(f"--gpus takes comma-separated GPU ids (0,1), cpu or auto; got {spec!r}")
+    return gpus
+
+
+def slot_envs(gpus: list[str], per_gpu: int) -> list[dict[str, str]]:
+    """One environment per concurrent run: K slots per GPU (CUDA_VISIBLE_DEVICES), or K CPU slots.
+
+    Each slot gets an equal share of the CPU cores for its PyTorch threads (unless OMP_NUM_THREADS
+    is set), so K runs do not oversubscribe the host."""
+    slots = [{"CUDA_VISIBLE_DEVICES": g} for g in gpus for _ in range(per_gpu)] or [{} for _ in range(per_gpu)]
+    if "OMP_NUM_THREADS" not in os.environ:
+        threads = str(max(1, (os.cpu_count() or 1) // len(slots)))
+        slots = [{**s, "OMP_NUM_THREADS": threads} for s in slots]
+    return slots
+
+
+def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) -> list[str]:
+    """Run ``jobs`` with at most ``len(envs)`` at a time, each in a free slot's environment."""
+    free: queue.Queue = queue.Queue()
+    for env in envs:
+        free.put(env)
+
+    def one(job: Job) -> str:
+        env = free.get()
+        try:
+            echo(f"start {job.name} {' '.join(f'{k}={v}' for k, v in env.items())}")
+            status = run_job(job, env)
+            echo(f"{status:<6} {job.name}")
+            return status
+        finally:
+            free.put(env)
+
+    with ThreadPoolExecutor(max_workers=len(envs)) as pool:
+        return list(pool.map(one, jobs))
+
+
+@LAUNCHERS.register("local", "this machine: --per-gpu K concurrent runs on each of --gpus (or K on the CPU)")
+def local(jobs: list[Job], *, gpus: str, per_gpu: int, options: dict, folder: Path, echo=print) -> None:
+    if options:
+        raise UserError(f"the local launcher takes no [launcher.local] options; got {sorted(options)}")
+    run_concurrently(jobs, slot_envs(parse_gpus(gpus), per_gpu), echo)
+
+
+def _array_task(jobs: list[Job], per_gpu: int) -> list[str]:
+    """One SLURM array task: up to K runs at once on the task's GPU (SLURM sets CUDA_VISIBLE_DEVICES)."""
+    return run_concurrently(jobs, slot_envs([], per_gpu))
+
+
+@LAUNCHERS.register("submitit", "SLURM job arrays through submitit (pip install fastfair[submitit]); "
+                                "K runs per array task and GPU; [launcher.submitit] options go to "
+                                "update_parameters, cluster = \"local\" runs the tasks on this machine")
+def submitit_launcher(jobs: list[Job], *, gpus: str, per_gpu: int, options: dict, folder: Path,
+                      echo=print) -> None:
+    try:
+        import submitit
+    except ImportError:
+        raise UserError("--launcher submitit needs submitit: pip install 'fastfair[submitit]'") from None
+    options = dict(options)
+    executor = submitit.AutoExecutor(folder=folder, cluster=options.pop("cluster", None))
+    # One GPU per array task unless --gpus cpu (the login node's own GPUs say nothing about the
+    # cluster's); a day unless the grid file says otherwise (submitit's own default is 5 minutes).
+    params = {"name": "fastfair-grid", "gpus_per_node": 0 if gpus == "cpu" else 1, "timeout_min": 24 * 60}
+    executor.update_parameters(**{**params, **options})
+    chunks = [jobs[i:i + per_gpu] for i in range(0, len(jobs), per_gpu)]
+    submitted = executor.map_array(_array_task, chunks, [per_gpu] * len(chunks))
+    echo(f"submitted {len(chunks)} array task(s) ({', '.join(j.job_id for j in submitted)}); logs in {folder}")
+    for job in submitted:
+        try:
+            job.result()
+        except Exception as err:  # a task killed by SLURM: its runs stay unfinished and resume on re-run
+            echo(f"array task {job.job_id} ended without a result ({type(err).__name__}: {str(err)[:200]})")

@@ -1,0 +1,47 @@
+"""torchrun DDP with gloo on CPU: 2 processes give what 1 process gives on the same global batch."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+# No BN (per-rank batch statistics would differ; SyncBatchNorm needs CUDA) and no random PGD start
+# (ranks draw their own streams): what is left must match up to float summation order.
+ARGS = ["train", "--config", "demo", "--method", "pgd-at", "--device", "cpu", "--quiet",
+        "--set", "train.epochs=2", "--set", "model.norm=none", "--set", "model.width=8",
+        "--set", "attack.init=none", "--set", "attack.steps=2", "--set", "train.val_attack=fgsm",
+        "--set", 'eval.attacks=["clean", "fgsm"]']
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run([sys.executable, "-m", "fastfair", *ARGS, "--out", str(one)], check=True, env=_env(), cwd=ROOT)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
+    subprocess.run([*torchrun, "-m", "fastfair", *ARGS, "--out", str(two)], check=True, env=_env(), cwd=ROOT)
+
+    m1, m2 = _metrics(one), _metrics(two)
+    assert len(m1) == len(m2) == 2  # rank 1 wrote no second copy of the log
+    for a, b in zip(m1, m2):
+        # per-class training counters all-reduced over ranks: identical percentages of identical totals
+        assert a["train_robust_acc_per_class"] == pytest.approx(b["train_robust_acc_per_class"], abs=1e-9)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+        # validation split across ranks, confusion matrices summed
+        for attack in ("clean", "fgsm"):
+            assert a["val"][attack]["per_class"] == pytest.approx(b["val"][attack]["per_class"], abs=1e-9)
+    assert m1[1]["loss"] != pytest.approx(m1[0]["loss"], rel=1e-3)  # the model did train
+    e1, e2 = (json.loads((r / "eval" / "best_pgd-test.json").read_text())["results"] for r in (one, two))
+    for attack in ("clean", "fgsm"):
+        assert e1[attack]["confusion"] == e2[attack]["confusion"]
+        assert sum(map(sum, e2[attack]["confusion"])) == 360  # the whole digits test split, once

@@ -1,0 +1,188 @@
+"""fastfair grid: expansion, idempotent and resumable runs, failures recorded, the comparison table."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastfair import config
+from fastfair.errors import UserError
+from fastfair.grid import load, run_grid
+from fastfair.grid_table import mean_std
+from fastfair.launchers import slot_envs
+
+ROOT = Path(__file__).parents[1]
+
+# A few seconds per run on 2 CPU cores: digits, a 4-channel tiny CNN, standard training, 2 epochs
+# (the grid machinery is under test here, not the method).
+TINY = """
+base = "demo"
+[set]
+"model.width" = 4
+"train.epochs" = 2
+"method.name" = "standard"
+"train.device" = "cpu"
+"train.progress" = false
+"train.val_attack" = "fgsm"
+"eval.attacks" = ["clean", "fgsm"]
+"data.batch_size" = 128
+"""
+
+
+def _write(tmp_path, text, name="g.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_product_and_zipped_axes_expand_to_named_runs(tmp_path):
+    path = _write(tmp_path, TINY + """
+[[axes]]
+keys = ["method.name", "method.kl_weight"]
+values = [["trades", 6], ["me-trades", 27]]
+[[axes]]
+key = "train.seed"
+values = [0, 1, 2]
+[[axes]]
+key = "attack.eps"
+values = [0.1, 0.05]
+labels = ["big", "small"]
+""")
+    grid, _ = load(str(path))
+    runs = grid.runs()
+    assert len(runs) == 2 * 3 * 2
+    assert runs[0].name == "name=trades-kl_weight=6,seed=0,big"
+    assert runs[-1].name == "name=me-trades-kl_weight=27,seed=2,small"
+    assert runs[7].point == {"method.name": "me-trades", "method.kl_weight": 27, "train.seed": 0, "attack.eps": 0.05}
+    assert runs[7].sets["train.epochs"] == 2 and runs[7].sets["attack.eps"] == 0.05  # the axis wins over [set]
+
+
+def test_same_leaf_on_two_axes_uses_full_keys(tmp_path):
+    grid, _ = load(str(_write(tmp_path, TINY + """
+[[axes]]
+key = "attack.eps"
+values = [0.1]
+[[axes]]
+key = "eval.eps"
+values = [0.1]
+""")))
+    assert grid.runs()[0].name == "attack.eps=0.1,eval.eps=0.1"
+
+
+@pytest.mark.parametrize("axes, message", [
+    ('[[axes]]\nkeys = ["method.name", "method.kl_weight"]\nvalues = [["trades"]]', "each a list of 2"),
+    ('[[axes]]\nkey = "train.seed"\nvalues = [0, 0]', "share a name"),
+    ('[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\nlabels = ["a"]', "1 labels for 2 values"),
+    ('[[axes]]\nkey = "train.seed"\nkeys = ["train.seed"]\nvalues = [0]', "either key"),
+    ('[[axes]]\nkey = "train.seed"\nvalues = [0]\n[[axes]]\nkey = "train.seed"\nvalues = [1]', "two axes"),
+])
+def test_bad_axes_are_user_errors(tmp_path, axes, message):
+    path = _write(tmp_path, TINY + axes)
+    with pytest.raises(UserError, match=message):
+        load(str(path)).__getitem__(0).runs()
+
+
+def test_unknown_key_names_the_run_and_close_matches(tmp_path):
+    path = _write(tmp_path, TINY + '[[axes]]\nkey = "method.kl_wieght"\nvalues = [1.0]\n')
+    with pytest.raises(UserError, match=r"run kl_wieght=1.0: unknown config key.*method.kl_weight"):
+        run_grid(str(path), out=str(tmp_path / "out"), dry_run=True, echo=lambda *_: None)
+
+
+def test_set_values_round_trip_through_the_command_line(tmp_path):
+    from fastfair.grid import _toml_value
+
+    for value in (6, 0.03125, 2e-4, "me-trades", True, [75, 90], ["clean", "pgd20"]):
+        assert config.parse_set([f"k={_toml_value(value)}"])["k"] == value
+
+
+def test_slots_per_gpu_and_cpu_share(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    envs = slot_envs(["0", "1"], 2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "0", "1", "1"]
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"4"}
+    assert slot_envs([], 3) == [{"OMP_NUM_THREADS": "5"}] * 3
+
+
+def test_mean_std_over_seeds():
+    assert mean_std([50.0]) == "50.00"
+    assert mean_std([50.0, 52.0, 54.0]) == "52.00 ± 2.00"  # sample std
+
+
+def _grid_cmd(path, out):
+    return [sys.executable, "-m", "fastfair", "grid", str(path), "--out", str(out), "--gpus", "cpu"]
+
+
+def _env():  # the children import this checkout
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.slow
+def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
+    # seeds 0 and 1 train; the third run's batch is larger than the data set, so it fails at start
+    path = _write(tmp_path, TINY + """
+[[axes]]
+keys = ["train.seed", "data.batch_size"]
+values = [[0, 128], [1, 128], [2, 100000]]
+labels = ["a", "b", "c"]
+""")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_grid_cmd(path, out), env=_env(), cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (out / "b" / "checkpoints" / "last.pt").is_file():  # run b has finished its first epoch
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the grid and its training child, mid-run
+    proc.wait()
+    state = lambda r: json.loads((out / r / "grid-state.json").read_text())
+    assert state("a")["status"] == "done" and state("b")["status"] == "running"
+    assert not (out / "c").exists()
+    a_ckpt = (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns
+
+    lines = []
+    assert run_grid(str(path), out=str(out), gpus="cpu", echo=lines.append) == 1  # c failed, and the grid says so
+    assert state("a")["attempt"] == 1  # done: not re-run
+    assert (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns == a_ckpt
+    assert state("b")["status"] == "done" and state("b")["attempt"] == 2
+    assert "--resume" in state("b")["command"]
+    epochs = [json.loads(l)["epoch"] for l in (out / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1]  # resumed after epoch 0, no epoch logged twice
+    assert state("c")["status"] == "failed" and state("c")["returncode"] == 2
+    assert "lower data.batch_size" in (out / "c" / "train.log").read_text()
+    assert "c (log:" in lines[-1]
+
+    table = (out / "results.md").read_text().splitlines()
+    assert table[0].startswith("| run | seeds | clean avg | clean worst | clean CV | clean MCD | fgsm avg")
+    (row,) = [l for l in table if l.startswith("| batch_size=128 |")]
+    assert row.split("|")[2].strip() == "2" and "±" in row  # seeds a and b folded into mean ± std
+    evals = [json.loads((out / r / "eval" / "best_pgd-test.json").read_text())["results"]["clean"]["summary"]["avg"]
+             for r in "ab"]
+    assert row.split("|")[3].strip().startswith(f"{sum(evals) / 2:.2f}")
+
+    lines = []
+    run_grid(str(path), out=str(out), dry_run=True, echo=lines.append)
+    assert "2 done" in lines[0] and "failed" in lines[-2] and "first command:" in lines[-1]
+    assert state("c")["attempt"] == 1  # a dry run runs nothing
+
+
+GRIDS = ROOT / "configs" / "grids"
+
+
+def test_me_table2_grid_resolves_every_run(tmp_path):
+    lines = []
+    run_grid(str(GRIDS / "me-table2-lambda.toml"), out=str(tmp_path), dry_run=True, echo=lines.append)
+    assert "8 runs" in lines[0] and "Table 2" in lines[0]  # the preset line follows the header
+    assert sum("pending" in line for line in lines) == 8 and "me-trades-l27,seed=0" in "".join(lines)
+    cmd = lines[-1]
+    assert "method.kl_weight=6" in cmd and "attack.eps=0.03125" in cmd and "train.lr_milestones=[75, 90]" in cmd
+
+
+def test_cfa_fig5a_grid_sweeps_five_budgets():
+    grid, _ = load(str(GRIDS / "cfa-fig5a-ccm-budget.toml"))
+    assert "Fig. 5(a)" in grid.preset
+    assert [r.point["method.ccm_lambda"] for r in grid.runs()] == [0.3, 0.4, 0.5, 0.6, 0.7]

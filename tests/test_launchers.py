@@ -1,0 +1,35 @@
+"""Cluster dispatch: the submitit launcher, in submitit's local mode, runs a 2-run grid end to end."""
+import json
+
+import pytest
+
+from fastfair.errors import UserError
+from fastfair.grid import run_grid
+from fastfair.launchers import parse_gpus
+
+from test_grid import TINY
+
+
+def test_gpu_lists():
+    assert parse_gpus("cpu") == []
+    assert parse_gpus("0, 2") == ["0", "2"]
+    with pytest.raises(UserError, match="comma-separated GPU ids"):
+        parse_gpus("gpu0")
+
+
+@pytest.mark.slow
+def test_submitit_local_mode_runs_a_two_run_grid(tmp_path):
+    pytest.importorskip("submitit")
+    path = tmp_path / "g.toml"
+    path.write_text(TINY + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\n[launcher.submitit]\ncluster = "local"\n')
+    out = tmp_path / "out"
+    lines = []
+    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", echo=lines.append) == 0
+    assert any("submitted 2 array task(s)" in line for line in lines)  # --per-gpu 1: one run per task
+    for run in ("seed=0", "seed=1"):
+        assert json.loads((out / run / "grid-state.json").read_text())["status"] == "done"
+    (row,) = [l for l in (out / "results.md").read_text().splitlines() if l.startswith("| g |")]
+    assert row.split("|")[2].strip() == "2"
+    again = []  # a second call finds both runs done and submits nothing
+    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", echo=again.append) == 0
+    assert "2 done" in again[0] and not any("submitted" in line for line in again)
