@@ -27,7 +27,6 @@ def results(out: Path, name: str) -> tuple[dict, str]:
     return record, (out / f"{name}-smoke-cpu.md").read_text()
 
 
-@pytest.mark.slow
 def test_training_smoke(tmp_path):
     smoke("bench_training.py", tmp_path, "--device", "cpu")
     record, md = results(tmp_path, "training")
@@ -65,7 +64,6 @@ def test_eval_smoke(tmp_path):
     assert "| tiny-cnn | pgd20 | fp32 |" in md
 
 
-@pytest.mark.slow
 def test_bf16_check_smoke(tmp_path):
     subset = common.SHARED_DATA / "cifar10-subset.npz"
     if not subset.is_file():
