@@ -175,8 +175,11 @@ def make_config(method: str, model: str, dataset: str, overrides: dict[str, Any]
 
 
 def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any], out: Path):
+    """A fresh Trainer; compiled code of earlier trainers is dropped first, or after 8 of them
+    torch.compile would hit its recompile limit and silently run eagerly."""
     from fastfair.train import Trainer
 
+    torch._dynamo.reset()
     return Trainer(make_config(method, model, dataset, overrides), out, quiet=True)
 
 
