@@ -1,0 +1,237 @@
+"""What every benchmark shares: the device/version header, timing, synthetic data, fastfair
+configs and trainers built from names, and saving results as JSON + Markdown in bench/results/.
+
+Timing follows the device method (warm up first; CUDA events around the region on a GPU,
+``time.perf_counter`` after a synchronise on the CPU; medians where a region repeats).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python bench/x.py`: import this checkout's fastfair and bench
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from fastfair import config  # noqa: E402
+from fastfair.data import DATASETS, DataBundle, DatasetSpec  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+# The real data sets beside the repository; FASTFAIR_SHARED_DATA points elsewhere (a worktree).
+SHARED_DATA = Path(os.environ.get("FASTFAIR_SHARED_DATA", ROOT / ".." / "shared" / "data"))
+CIFAR10_EPOCH = 50_000  # images in one CIFAR-10 training epoch: seconds per epoch are quoted for this size
+
+
+# ---- device and versions ----------------------------------------------------------------------
+
+def pick_device(name: str = "auto") -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                   if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def _git() -> dict[str, Any]:
+    def run(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    try:
+        return {"commit": run("rev-parse", "HEAD"), "dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
+    except OSError:
+        return {"commit": "", "dirty": None}
+
+
+def header(dev: torch.device) -> dict[str, Any]:
+    """Device and software versions that a number depends on (stored with every result)."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    import torchvision
+
+    out = {
+        "device": device_name(dev), "device_type": dev.type,
+        "torch": torch.__version__, "torchvision": torchvision.__version__, "triton": triton_version,
+        "python": platform.python_version(), "cuda": torch.version.cuda,
+        # TF32 changes what "fp32" means on a GPU: the reference loop gets whatever PyTorch defaults to.
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **_git(),
+    }
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        out.update(capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+                   memory_gib=round(props.total_memory / 2**30, 1))
+    return out
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn: Callable[[], Any], dev: torch.device) -> float:
+    """Seconds that ``fn()`` keeps the device busy: CUDA events on a GPU, the host clock on a CPU."""
+    sync(dev)
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_seconds(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed(fn, dev) for _ in range(reps))
+
+
+def endless(loader: Iterable) -> Iterator:
+    """Batches of ``loader`` epoch after epoch (a fresh pass each time; nothing is cached)."""
+    while True:
+        yield from loader
+
+
+def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: torch.device) -> float:
+    """Seconds for ``steps`` calls of ``step(x, y)`` on consecutive batches, after ``warmup`` calls.
+
+    Fetching the batches is inside the timed region: loading is part of what a loop costs.
+    """
+    batches = endless(loader)
+    try:
+        for _ in range(warmup):
+            step(*next(batches))
+        return timed(lambda: [step(*next(batches)) for _ in range(steps)], dev)
+    finally:
+        batches.close()  # shuts down DataLoader workers now, not at garbage collection
+
+
+# ---- data and fastfair objects ----------------------------------------------------------------
+
+def synthetic_bundle(n_train: int, n_test: int, shape=(3, 32, 32), num_classes: int = 10, seed: int = 0) -> DataBundle:
+    """Random uint8 images and labels of CIFAR shape: throughput does not depend on the pixels
+    (random, not zeros: zeros can run faster than real data)."""
+    g = torch.Generator().manual_seed(seed)
+    return DataBundle(
+        "synthetic", torch.randint(0, 256, (n_train, *shape), dtype=torch.uint8, generator=g),
+        torch.randint(0, num_classes, (n_train,), generator=g),
+        torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
+        torch.randint(0, num_classes, (n_test,), generator=g), [str(i) for i in range(num_classes)],
+    )
+
+
+def register_synthetic(n_train: int, n_test: int = 0, shape=(3, 32, 32), num_classes: int = 10) -> str:
+    """Register a synthetic data set in fastfair's DATASETS (no validation split, CIFAR
+    augmentation) so the real Trainer can run on it; returns its name."""
+    name = f"bench-synthetic-{n_train}-{n_test}-{'x'.join(map(str, shape))}-{num_classes}"
+    if name not in DATASETS:
+        bundle = synthetic_bundle(n_train, n_test, shape, num_classes)
+        DATASETS.register(name, "benchmark data: random uint8 images")(
+            DatasetSpec(lambda _: bundle, 0, 4, True, "generated by bench/common.py"))
+    return name
+
+
+def has_key(key: str) -> bool:
+    """Whether fastfair's config has ``section.name`` (optimisations not in the core are skipped, not faked)."""
+    section, _, name = key.partition(".")
+    sec = getattr(config.Config(), section, None)
+    return dataclasses.is_dataclass(sec) and name in {f.name for f in dataclasses.fields(sec)}
+
+
+def make_config(method: str, model: str, dataset: str, overrides: dict[str, Any]) -> config.Config:
+    cfg = config.resolve(flags={"method.name": method, "model.name": model, "data.dataset": dataset})
+    return config.apply(cfg, {"train.progress": False, **overrides}, "the benchmark")
+
+
+def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any], out: Path):
+    """A fresh Trainer; compiled code of earlier trainers is dropped first, or after 8 of them
+    torch.compile would hit its recompile limit and silently run eagerly."""
+    from fastfair.train import Trainer
+
+    torch._dynamo.reset()
+    return Trainer(make_config(method, model, dataset, overrides), out, quiet=True)
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """``columns``: (row key, header). Missing values print as '-'."""
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, out_dir: Path,
+         smoke: bool) -> tuple[Path, Path]:
+    """Write ``<name>[-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
+
+    One file pair per bench and device: a new run replaces the last, git keeps the history.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
+    stem = f"{name}{'-smoke' if smoke else ''}-{dev}"
+    record = {"bench": name, "smoke": smoke, "header": head, "settings": settings, "rows": rows}
+    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    kind = "CPU smoke run: tiny sizes, not a performance number" if smoke else "full-size run"
+    md = [f"# {name} ({kind})", "",
+          f"- device: {head['device']}",
+          f"- torch {head['torch']}, torchvision {head['torchvision']}, triton {head['triton']}, "
+          f"CUDA {head['cuda']}, Python {head['python']}",
+          f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, {head['time_utc']}",
+          f"- settings: `{json.dumps(settings)}`", "", body, ""]
+    (out_dir / f"{stem}.md").write_text("\n".join(md))
+    return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+
+
+def base_parser(doc: str):
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CI); numbers mean nothing")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown results")
+    return p

@@ -1,0 +1,95 @@
+"""bench/ helpers against hand-computed values: FLOP counts, peaks, timing, saving, the reference data path."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from bench import bench_mfu, bench_training, check_bf16_robustness, common, reference_loop
+from fastfair.models import MODELS
+
+C, D = 10, 12  # classes; features of the test model: 3 channels pooled to 2x2
+
+
+@pytest.fixture(scope="module")
+def linear_model():
+    """A model whose FLOPs are easy to count by hand: pool to (3, 2, 2), flatten, one linear head."""
+    if "bench-test-linear" not in MODELS:
+        MODELS.register("bench-test-linear", "tests only")(
+            lambda in_channels, norm, width: (nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten()), 4 * in_channels))
+    return "bench-test-linear"
+
+
+def trainer(tmp_path, model, method, k):
+    ds = common.register_synthetic(16, 0, (3, 8, 8))
+    over = {"data.batch_size": 4, "train.device": "cpu", "attack.steps": k, **bench_training.START}
+    return common.make_trainer(method, model, ds, over, tmp_path / method)
+
+
+@pytest.mark.parametrize("method, k, fastfair, reference", [
+    # F = 2 D C = 240 per image (one addmm). fastfair PGD-k: k x (forward + input grad) with frozen
+    # weights, then forward + weight grad (x' needs no grad): 480 k + 480. The reference also takes
+    # the weight grad in each attack step: 720 k + 480.
+    ("pgd-at", 3, 480 * 3 + 480, 720 * 3 + 480),
+    # TRADES: one natural forward for the attack target, k x 480, then two forwards + two weight
+    # grads: 240 + 480 k + 960. The reference (TRADES code) recomputes the natural forward in every
+    # attack step (240 + 240 + 240 per step), forwards x three times in the loss and takes weight
+    # grads through all three (its KL target is not detached): 720 k + 720 + 720.
+    ("trades", 3, 240 + 480 * 3 + 960, 720 * 3 + 720 + 720),
+])
+def test_step_flops_match_hand_count(tmp_path, linear_model, method, k, fastfair, reference):
+    flops = bench_mfu.step_flops(trainer(tmp_path, linear_model, method, k), method)
+    assert flops == {"forward": 2 * D * C, "fastfair": fastfair, "reference": reference}
+
+
+def test_peak_table_matches_device_names():
+    assert bench_mfu.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert bench_mfu.peak_tflops("NVIDIA H100 PCIe") == 756.5
+    assert bench_mfu.peak_tflops("NVIDIA H200") == 989.4
+    assert bench_mfu.peak_tflops("Tesla T4") is None
+
+
+def test_missing_config_keys_and_gpu_only_rungs_are_skipped_with_reasons():
+    rung = bench_training.Rung("x", "x", "fastfair", {"train.no_such_key": True}, gpu_only="needs CUDA")
+    assert bench_training.skip_reason(rung, torch.device("cpu")) == \
+        "fastfair has no config key train.no_such_key yet; needs CUDA"
+    assert bench_training.skip_reason(bench_training.RUNGS[3], torch.device("cpu")) is None  # channels_last
+    assert all(common.has_key(k) for k in bench_training.START)
+    assert not common.has_key("train.no_such_key") and not common.has_key("nosection.x")
+
+
+def test_time_steps_runs_warmup_then_timed_steps_on_consecutive_batches():
+    seen = []
+    common.time_steps(lambda x, y: seen.append((x, y)), [(0, 0), (1, 1)], steps=3, warmup=2, dev=torch.device("cpu"))
+    assert seen == [(0, 0), (1, 1), (0, 0), (1, 1), (0, 0)]  # a new pass over the loader when it ends
+
+
+def test_save_writes_json_and_markdown(tmp_path):
+    head = common.header(torch.device("cpu"))
+    rows = [{"a": 1.5, "b": None}, {"a": 12345.0, "b": "x"}]
+    body = common.markdown_table(rows, [("a", "A"), ("b", "B")])
+    assert body == "| A | B |\n|---|---|\n| 1.5 | - |\n| 12,345 | x |"
+    js, md = common.save("t", head=head, settings={"s": 1}, rows=rows, body=body, out_dir=tmp_path, smoke=True)
+    assert (js.name, md.name) == ("t-smoke-cpu.json", "t-smoke-cpu.md")
+    assert json.loads(js.read_text())["rows"] == rows
+    text = md.read_text()
+    assert "CPU smoke run" in text and head["torch"] in text and body in text
+
+
+def test_reference_dataset_is_torchvision_to_tensor_without_augmentation():
+    x = torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8)
+    ds = reference_loop.TorchvisionStyleDataset(x, torch.tensor([3, 7]), padding=0, flip=False)
+    img, label = ds[1]
+    assert label == 7
+    torch.testing.assert_close(img, x[1].float() / 255)
+
+
+def test_bf16_verdict_uses_binomial_standard_error():
+    rows = [{"train_amp": "off", "pgd20": 50.0, "test_images": 1000},
+            {"train_amp": "bf16", "pgd20": 48.0, "test_images": 1000}]
+    v = check_bf16_robustness.verdict(rows)
+    assert v["difference"] == -2.0
+    assert v["se_difference"] == pytest.approx(100 * (0.25 / 1000 + 0.2496 / 1000) ** 0.5)
+    assert v["within_noise"]
+    rows[1]["pgd20"] = 44.0
+    assert not check_bf16_robustness.verdict(rows)["within_noise"]

@@ -1,0 +1,74 @@
+"""Every bench runs end to end in --smoke mode (tiny sizes, any device) and writes its JSON and
+Markdown. Not timed: the numbers of a smoke run mean nothing."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import common
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def smoke(script: str, out: Path, *extra: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # shared CI cores: no thread spinning
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", "--out", str(out), *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def results(out: Path, name: str) -> tuple[dict, str]:
+    record = json.loads((out / f"{name}-smoke-cpu.json").read_text())
+    assert record["smoke"] and record["header"]["torch"] and record["header"]["device"].startswith("CPU")
+    return record, (out / f"{name}-smoke-cpu.md").read_text()
+
+
+def test_training_smoke(tmp_path):
+    smoke("bench_training.py", tmp_path, "--device", "cpu")
+    record, md = results(tmp_path, "training")
+    rows = {(r["method"], r["batch"], r["rung"]): r for r in record["rows"]}
+    for method in ("pgd-at", "trades"):
+        for rung in ("reference", "+ data on device", "fastfair fp32", "+ channels_last", "+ bf16 autocast"):
+            assert rows[(method, 16, rung)]["images_per_s"] > 0
+        assert rows[(method, 16, "reference")]["x_reference"] == 1.0
+        assert rows[(method, 32, "+ bf16 autocast (sweep)")]["images_per_s"] > 0
+        for rung in ("+ torch.compile", "+ CUDA graphs", "+ fused kernels"):
+            assert rows[(method, 16, rung)]["note"].startswith("skipped: ")
+    assert "## Headline" in md and "fastfair / reference" in md
+
+
+def test_mfu_smoke(tmp_path):
+    smoke("bench_mfu.py", tmp_path, "--device", "cpu")
+    record, md = results(tmp_path, "mfu")
+    for r in record["rows"]:
+        assert r["images_per_s"] > 0 and r["mfu_percent"] is None
+        assert r["step_gflop"] < r["reference_gflop"]
+    # Tiny CNN (width 8, 16x16) multiply-adds: stem 16*16*8*27, conv 8*8*16*72, head 64*10; s = the
+    # stem's share of a forward F. PGD-2 step in forwards: 2 x (F + input grad F) + F + weight grads F
+    # + input grads F - s (none reaches the image) = 7 - s; TRADES: 1 + 4 + 2 x (3 - s) = 11 - 2 s.
+    s = 16 * 16 * 8 * 27 / (16 * 16 * 8 * 27 + 8 * 8 * 16 * 72 + 64 * 10)
+    steps = {r["method"]: r["step_in_forwards"] for r in record["rows"]}
+    assert steps == {"pgd-at": pytest.approx(7 - s, rel=1e-6), "trades": pytest.approx(11 - 2 * s, rel=1e-6)}
+    assert "MFU" in md
+
+
+def test_eval_smoke(tmp_path):
+    smoke("bench_eval.py", tmp_path, "--device", "cpu")
+    record, md = results(tmp_path, "eval")
+    assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
+        [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64)]
+    assert "| tiny-cnn | pgd20 | fp32 |" in md
+
+
+def test_bf16_check_smoke(tmp_path):
+    subset = common.SHARED_DATA / "cifar10-subset.npz"
+    if not subset.is_file():
+        pytest.skip(f"no CIFAR-10 subset at {subset}")
+    smoke("check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset))
+    record, md = results(tmp_path, "bf16-robustness")
+    assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
+    assert "within noise" in md or "OUTSIDE noise" in md
