@@ -80,7 +80,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     from pathlib import Path
 
     from . import build, checkpoint
-    from .config import apply, flatten, load_saved_text
+    from .config import apply, load_saved_text
     from .errors import UserError
     from .progress import Progress
 

@@ -229,7 +229,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
     Returns 0 when every run is done, 1 when some failed (their logs are named)."""
-    from .grid_table import comparison_table
+    from .report import compare
     from .launchers import LAUNCHERS
 
     if per_gpu < 1:
@@ -255,13 +255,9 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
                folder=root / f".{launcher}", echo=echo)
     failed = [run.name for run, _ in pairs if read_state(root / run.name)["status"] != "done"]
-    groups: dict[str, list[Path]] = {}
-    for run, _ in pairs:
-        if run.name not in failed:
-            label = ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in run.point.items() if k != SEED_KEY) or grid.name
-            groups.setdefault(label, []).append(root / run.name)
-    if groups:
-        table = comparison_table(groups)
+    finished = [root / run.name for run, _ in pairs if run.name not in failed]
+    if finished:
+        table = compare(finished)  # the same table as `fastfair report`; seeds folded there
         (root / "results.md").write_text(table + "\n")
         echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
     if failed:

@@ -251,7 +251,7 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
     attack, rows = comparison_rows(groups, attack, base, split)
     recs = _records(groups, split)
     classes = recs[0][0]["classes"]
-    md = [f"# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
+    md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
           f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
           "CV = (1/C) Σ_c (a_c − mean a)² and MCD = max a − min a of the robust per-class accuracy; rho = relative "

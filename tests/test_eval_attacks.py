@@ -1,5 +1,4 @@
 """Per-class evaluation attacks: FGSM known answer, the Temperature-PGD grid, PGD restarts, CW, and names."""
-import math
 
 import numpy as np
 import pytest

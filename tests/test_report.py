@@ -1,7 +1,6 @@
 """fastfair report: seed grouping and the comparison table on hand-made runs, figures from a real CIFAR-10 run."""
 import json
 
-import numpy as np
 import pytest
 
 from evalreport_helpers import cifar_run
