@@ -102,3 +102,32 @@ def compiler(cfg: Config, dev: torch.device):
         return None
     mode = "reduce-overhead" if cfg.train.cudagraphs else None
     return lambda fn: torch.compile(fn, mode=mode)
+
+
+def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None, batch_size: int | None,
+                    channels_last_ok: bool = True):
+    """A checkpoint's model (weights loaded), its config and data: what eval and diagnose share.
+
+    Returns ``(ck, cfg, dev, model, bundle, (x, y) of split)``."""
+    from pathlib import Path
+
+    from . import checkpoint
+    from .config import apply, load_saved_text
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+    if split not in ("test", "val"):
+        raise UserError(f"--split must be test or val; got {split!r}")
+    ck = checkpoint.load(path)
+    cfg = apply(load_saved_text(ck["config"]), {"train.device": device_name}, "the command line")
+    if data_dir:
+        apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
+    if batch_size:
+        apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
+    dev = device(cfg)
+    model = model_from_spec(ck["spec"], dev, channels_last_ok and channels_last(cfg, dev))
+    model.load_state_dict(ck["model"])
+    bundle, sp = splits(cfg)
+    return ck, cfg, dev, model, bundle, sp[split]
+

@@ -77,27 +77,13 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
                         device: str = "auto", batch_size: int | None = None, tsne_points: int = 500,
                         quiet: bool = False) -> dict:
     """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring."""
-    from . import build, checkpoint
-    from .config import apply, load_saved_text
-    from .errors import UserError
+    from . import build
 
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
-    if split not in ("test", "val"):
-        raise UserError(f"--split must be test or val; got {split!r}")
     parse_attack(attack)
-    ck = checkpoint.load(path)
-    cfg = apply(load_saved_text(ck["config"]), {"train.device": device}, "diagnose")
-    if data_dir:
-        apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
-    if batch_size:
-        apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
-    dev = build.device(cfg)
-    model = build.model_from_spec(ck["spec"], dev, False)
-    model.load_state_dict(ck["model"])
-    bundle, sp = build.splits(cfg)
-    loader = build.eval_loader(cfg, sp[split], dev, False)
+    ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
+                                                              batch_size=batch_size, channels_last_ok=False)
+    loader = build.eval_loader(cfg, data, dev, False)
     c = bundle.num_classes
     data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
                    cw_kappa=cfg.eval.cw_kappa)

@@ -79,28 +79,13 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     import json
     from pathlib import Path
 
-    from . import build, checkpoint
-    from .config import apply, load_saved_text
-    from .errors import UserError
+    from . import build
     from .progress import Progress
 
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
-    if split not in ("test", "val"):
-        raise UserError(f"--split must be test or val; got {split!r}")
-    ck = checkpoint.load(path)
-    cfg = apply(load_saved_text(ck["config"]), {"train.device": device}, "eval")
-    if data_dir:
-        apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
-    if batch_size:
-        apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
-    dev = build.device(cfg)
-    cl = build.channels_last(cfg, dev)
-    model = build.model_from_spec(ck["spec"], dev, cl)
-    model.load_state_dict(ck["model"])
-    bundle, sp = build.splits(cfg)
-    loader = build.eval_loader(cfg, distributed.shard(sp[split]), dev, cl)
+    ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
+                                                              batch_size=batch_size)
+    loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
