@@ -145,7 +145,8 @@ def build_backend(model, eps: float, num_classes: int, name: str = "auto") -> Ba
     try:
         backend = BACKENDS.get(name)(model, eps, num_classes)
     except ImportError as err:
-        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); use --aa-backend torchattacks") from None
+        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); install it (pip install torchattacks, "
+                        "or the official package from its git repository) or pick the other with --aa-backend") from None
     want = standard_settings(num_classes)
     if backend.settings != want:
         raise RuntimeError(f"{name} built a non-standard AutoAttack: {backend.settings} != {want}")
