@@ -14,8 +14,7 @@ import pytest
 import torch
 
 # ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
-SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4] if (p / "shared" / "data").is_dir()),
-              Path(__file__).resolve().parents[1].parent / "shared" / "data")
+from helpers import SHARED  # noqa: E402  (located once for every test)
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 

@@ -20,17 +20,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 from scipy.stats import chisquare  # noqa: E402
 
 from fastfair import data  # noqa: E402
+from helpers import SHARED  # noqa: E402  (located once for every test)
 from fastfair import ffcv_loader as fl  # noqa: E402
 from fastfair.errors import UserError  # noqa: E402
 
 
 def _shared(name: str) -> Path:
-    """``shared/data/<name>`` next to the checkout or one of its parents (worktrees sit deeper)."""
-    for parent in Path(__file__).resolve().parents:
-        path = parent / "shared" / "data" / name
-        if path.is_file():
-            return path
-    pytest.skip(f"real data shared/data/{name} not found above {Path(__file__).parent}")
+    """``shared/data/<name>`` (located once, in tests/helpers.py); skips without it."""
+    path = SHARED / name
+    if not path.is_file():
+        pytest.skip(f"real data {path} not found")
+    return path
 
 
 @pytest.fixture(scope="module")
