@@ -1,7 +1,7 @@
 """How many grid runs to put on one GPU: aggregate training images/s for K concurrent runs.
 
 K separate processes (as ``fastfair grid --per-gpu K`` starts them) each build a real
-:class:`fastfair.train.Trainer` (default: ResNet-18, PGD-AT with PGD-10, CIFAR-10-shaped random
+:class:`fastfair.training.trainer.Trainer` (default: ResNet-18, PGD-AT with PGD-10, CIFAR-10-shaped random
 data on the device), warm up, wait at a common barrier, then time the same number of training
 steps. Aggregate images/s = all images of all K runs / (last end - first start).
 
@@ -37,7 +37,7 @@ def worker(args, data: str, barrier, results, rank: int) -> None:
     import torch
 
     from fastfair import config
-    from fastfair.train import Trainer
+    from fastfair.training.trainer import Trainer
 
     sets = [f'model.name="{args.model}"', f'method.name="{args.method}"',
             f"data.batch_size={args.batch_size}", "data.val_per_class=1", f'train.device="{args.device}"',

@@ -1,5 +1,5 @@
 """Evaluation cost: images/s of PGD-20 and CW-20 (and clean) over a 10k-image test set, through
-fastfair's own evaluation path (fastfair.evaluate.confusion on a DeviceLoader), in fp32 as
+fastfair's own evaluation path (fastfair.evaluation.per_class.confusion on a DeviceLoader), in fp32 as
 evaluation runs by default, and in bf16 with --bf16.
 
     python bench/bench_eval.py             # GPU: ResNet-18, PreActResNet-18, WRN-34-10
@@ -22,7 +22,7 @@ from bench import common  # noqa: E402
 from fastfair import build  # noqa: E402
 from fastfair.attacks import parse_attack, per_class  # noqa: E402
 from fastfair.data import DeviceLoader  # noqa: E402
-from fastfair.evaluate import confusion  # noqa: E402
+from fastfair.evaluation.per_class import confusion  # noqa: E402
 
 
 def measure(model_name: str, attack: str, amp: torch.dtype | None, bundle, args, dev) -> dict:

@@ -51,7 +51,8 @@ def _import_kernels():
 K = _import_kernels()
 import triton  # noqa: E402
 
-from fastfair import attacks, losses  # noqa: E402
+
+from fastfair.ops import losses, steps
 
 OBJECTIVES = {
     "trades": lambda n, dev: {"ce_nat": 1.0, "kl": torch.full((n,), 6.0, device=dev)},
@@ -128,9 +129,9 @@ def bench_pgd(n, args, dev, cuda, c=10):
     y = torch.randint(0, c, (n,), generator=gen).to(dev)
     eps_c = torch.full((c,), 8 / 255, device=dev)
     alpha_c = eps_c / 4
-    impls = {"eager": attacks.pgd_step_reference, "fused": K.pgd_step}
+    impls = {"eager": steps.pgd_step, "fused": K.pgd_step}
     if not args.smoke:
-        impls["compiled"] = torch.compile(attacks.pgd_step_reference, dynamic=False)
+        impls["compiled"] = torch.compile(steps.pgd_step, dynamic=False)
     row = {"kind": "pgd_step", "objective": "-", "N": n, "C": c}
     outs = {}
     for name, fn in impls.items():

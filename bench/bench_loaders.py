@@ -4,7 +4,7 @@ All three yield training batches as fastfair uses them: float32 in [0, 1] on the
 random crop of the 4-pixel zero-padded image and a horizontal flip (p = 0.5).
 
 * ``device``: :class:`fastfair.data.DeviceLoader` (the whole split on the device, augmented there).
-* ``ffcv``: :class:`fastfair.ffcv_loader.FFCVLoader` (FFCV decodes on CPU threads, augmentation on
+* ``ffcv``: :class:`fastfair.data.ffcv.FFCVLoader` (FFCV decodes on CPU threads, augmentation on
   the device: the same batches as ``device``); ``ffcv-cpu-aug``: FFCV's own RandomTranslate and
   RandomHorizontalFlip on the CPU threads (skipped by ``--smoke``: numba compiles them for ~15 s).
 * ``torch``: a torchvision-style pipeline: CPU uint8 tensors, ``DataLoader`` workers applying
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from fastfair import data  # noqa: E402
-from fastfair import ffcv_loader  # noqa: E402
+from fastfair.data import ffcv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -117,13 +117,13 @@ def main(argv=None) -> dict:
         b = data.load("npz", args.data)
         x, y = b.x_train[:args.n], b.y_train[:args.n]
     names = [s for s in args.loaders.split(",") if s]
-    has_ffcv = ffcv_loader.available()
+    has_ffcv = ffcv.available()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         beton = None
         if has_ffcv and any(s.startswith("ffcv") for s in names):
             t0 = time.perf_counter()
-            beton = ffcv_loader.convert({"train": (x, y)}, tmp, num_workers=args.workers)["train"]
+            beton = ffcv.convert({"train": (x, y)}, tmp, num_workers=args.workers)["train"]
             rows["ffcv convert"] = {"seconds": time.perf_counter() - t0}
         for name in names:
             kw = dict(device=device, train=True, crop_padding=4, flip=True, seed=0)
@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
                 if not has_ffcv:
                     rows[name] = {"skipped": "ffcv not installed (pip install 'fastfair[ffcv]')"}
                     continue
-                loader = ffcv_loader.FFCVLoader(beton, args.batch_size, num_workers=args.workers,
+                loader = ffcv.FFCVLoader(beton, args.batch_size, num_workers=args.workers,
                                                 augment="ffcv" if name == "ffcv-cpu-aug" else "device", **kw)
             elif name == "torch":
                 loader = TorchLoader(x, y, args.batch_size, device=device, workers=args.workers)

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from bench import common  # noqa: E402
 from fastfair import build  # noqa: E402
 from fastfair.errors import UserError  # noqa: E402
-from fastfair.evaluate import evaluate  # noqa: E402
+from fastfair.evaluation.per_class import evaluate  # noqa: E402
 
 SUBSET = common.SHARED_DATA / "cifar10-subset.npz"
 

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/x.py`: import this checkou
 import torch  # noqa: E402
 
 from fastfair import config  # noqa: E402
-from fastfair.data import DATASETS, DataBundle, DatasetSpec  # noqa: E402
+from fastfair.data.datasets import DATASETS, DataBundle, DatasetSpec  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 # The real data sets beside the repository; FASTFAIR_SHARED_DATA points elsewhere (a worktree).
@@ -177,7 +177,7 @@ def make_config(method: str, model: str, dataset: str, overrides: dict[str, Any]
 def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any], out: Path):
     """A fresh Trainer; compiled code of earlier trainers is dropped first, or after 8 of them
     torch.compile would hit its recompile limit and silently run eagerly."""
-    from fastfair.train import Trainer
+    from fastfair.training.trainer import Trainer
 
     torch._dynamo.reset()
     return Trainer(make_config(method, model, dataset, overrides), out, quiet=True)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from . import class_subset, data, models
-from .config import Config
-from .errors import UserError
+from fastfair import data, models
+from fastfair.data import subsets
+from fastfair.config import Config
+from fastfair.errors import UserError
 
 
 def device(cfg: Config) -> torch.device:
@@ -48,7 +49,7 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
 
 
 def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
-    bundle = class_subset.select(data.load(cfg.data.dataset, cfg.data.data_dir or None), cfg.data.classes)
+    bundle = subsets.select(data.load(cfg.data.dataset, cfg.data.data_dir or None), cfg.data.classes)
     return bundle, data.split(bundle, cfg.data.val_per_class)
 
 
@@ -85,7 +86,7 @@ def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
 
 def kernels(cfg: Config, dev: torch.device) -> str:
     """The ops backend: fused Triton kernels on CUDA by default, the PyTorch reference elsewhere."""
-    from .ops import BACKENDS
+    from fastfair.ops import BACKENDS
 
     choice = cfg.train.kernels
     if choice == "auto":
@@ -111,8 +112,8 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
     Returns ``(ck, cfg, dev, model, bundle, (x, y) of split)``."""
     from pathlib import Path
 
-    from . import checkpoint
-    from .config import apply, load_saved_text
+    from fastfair import checkpoint
+    from fastfair.config import apply, load_saved_text
 
     path = Path(path)
     if not path.is_file():

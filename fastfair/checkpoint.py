@@ -38,7 +38,7 @@ def load(path: str | Path, map_location="cpu") -> dict:
 
 def init_model(model, path: str | Path) -> None:
     """Start training from another run's model weights (``train.init_from``; FRL fine-tunes a robust model)."""
-    from .errors import UserError
+    from fastfair.errors import UserError
 
     path = Path(path)
     if not path.is_file():

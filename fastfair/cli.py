@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from fastfair.errors import UserError
 
 
 def _listing(rows: list[tuple[str, str]]) -> None:
@@ -15,8 +15,8 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 def cmd_methods(args) -> None:
-    from .averaging import AVERAGING
-    from .methods import METHODS, OPTIONS
+    from fastfair.training.averaging import AVERAGING
+    from fastfair.methods import METHODS, OPTIONS
 
     _listing(METHODS.table())
     print("\noptions that combine with the methods above:")
@@ -26,26 +26,27 @@ def cmd_methods(args) -> None:
 
 
 def cmd_models(args) -> None:
-    from .models import MODELS
+    from fastfair.models import MODELS
 
     _listing(MODELS.table())
 
 
 def cmd_datasets(args) -> None:
-    from .data import DATASETS
+    from fastfair.data import DATASETS
 
     _listing(DATASETS.table())
 
 
 def cmd_presets(args) -> None:
-    from .config import preset_names, read_preset
+    from fastfair.config import preset_names, read_preset
 
     _listing([(n, str(read_preset(n).get("preset", ""))) for n in preset_names()])
 
 
 def cmd_train(args) -> None:
-    from . import config, distributed
-    from .train import Trainer, final_evaluation
+    from fastfair import config
+    from fastfair.scaleout import distributed
+    from fastfair.training.trainer import Trainer, final_evaluation
 
     flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
@@ -71,11 +72,11 @@ def cmd_train(args) -> None:
 
 
 def cmd_data_convert(args) -> None:
-    from . import ffcv_loader
+    from fastfair.data import ffcv
 
-    paths = ffcv_loader.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
+    paths = ffcv.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
                                         jpeg=args.jpeg, jpeg_quality=args.jpeg_quality, num_workers=args.workers)
-    meta = ffcv_loader.read_meta(args.out)
+    meta = ffcv.read_meta(args.out)
     for split, path in paths.items():
         print(f"{split:5s} {meta['splits'][split]['n']:7d} images  {path}")
     print(f"train with: fastfair train --dataset {args.dataset} --loader ffcv --beton-dir {args.out}"
@@ -88,7 +89,7 @@ def _checkpoint_path(args) -> Path:
     if target.is_dir():
         name = args.checkpoint
         if name == "auto":
-            from .config import load_saved_text
+            from fastfair.config import load_saved_text
 
             select = load_saved_text((target / "config.toml").read_text()).train.select if (target / "config.toml").is_file() else "pgd"
             name = "last" if select == "last" else f"best_{select}"
@@ -97,7 +98,7 @@ def _checkpoint_path(args) -> Path:
 
 
 def cmd_eval(args) -> None:
-    from .evaluate import evaluate_checkpoint
+    from fastfair.evaluation.per_class import evaluate_checkpoint
 
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
@@ -108,14 +109,14 @@ def cmd_eval(args) -> None:
 # ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
 
 def cmd_diagnose(args) -> None:
-    from .diagnose import diagnose_checkpoint
+    from fastfair.evaluation.diagnose import diagnose_checkpoint
 
     diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet)
 
 
 def cmd_report(args) -> None:
-    from .report import write_report
+    from fastfair.reports.report import write_report
 
     out = Path(args.out or (Path(args.runs[0]) / "report" if len(args.runs) == 1 else "report"))
     path = write_report(args.runs, out, baseline=args.baseline, attack=args.attack, split=args.split)
@@ -172,7 +173,7 @@ def _fairness_flags(args) -> dict:
 
 
 def cmd_grid(args) -> int:
-    from .grid import run_grid
+    from fastfair.scaleout.grid import run_grid
 
     return run_grid(args.grid, out=args.out, gpus=args.gpus, per_gpu=args.per_gpu, launcher=args.launcher,
                     dry_run=args.dry_run)

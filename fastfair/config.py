@@ -24,7 +24,7 @@ else:  # pragma: no cover
 
 import tomli_w
 
-from .errors import UserError
+from fastfair.errors import UserError
 
 
 @dataclass
@@ -273,8 +273,8 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
 
     ``base`` (a saved run's config) replaces the defaults, used by ``--resume``.
     """
-    from .data import DATASETS
-    from .methods import METHODS
+    from fastfair.data import DATASETS
+    from fastfair.methods import METHODS
 
     layers = [
         ("the preset", read_preset(preset) if preset else {}),

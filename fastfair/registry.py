@@ -4,9 +4,13 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
-from .errors import UserError
+from fastfair.errors import UserError
 
 T = TypeVar("T")
+
+
+def _origin(obj) -> tuple:
+    return getattr(obj, "__module__", None), getattr(obj, "__qualname__", None) or id(obj)
 
 
 class Registry(Generic[T]):
@@ -18,7 +22,8 @@ class Registry(Generic[T]):
 
     def register(self, name: str, doc: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
-            if name in self._items:
+            # The same object re-registering (its module reloaded) is fine; another one is a name clash.
+            if name in self._items and _origin(self._items[name][0]) != _origin(obj):
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             self._items[name] = (obj, doc)
             return obj

@@ -4,7 +4,7 @@ Installed as ``fastfair.kernels`` (the top-level folder ``kernels/`` of the repo
 Each kernel lives beside its ``torch.library.triton_op`` wrapper, so ``torch.compile`` traces
 into the kernels instead of breaking the graph:
 
-* :mod:`.fused_loss` -- ``fastfair::row_loss``: every term of :func:`fastfair.losses.row_loss`
+* :mod:`.fused_loss` -- ``fastfair::row_loss``: every term of :func:`fastfair.ops.losses.row_loss`
   and its gradients w.r.t. both logits in one pass.
 * :mod:`.pgd` -- ``fastfair::pgd_step`` and ``fastfair::random_start`` with per-class budgets.
 
@@ -14,7 +14,7 @@ functions fall back to the PyTorch references.
 """
 from __future__ import annotations
 
-from .fused_loss import row_loss, row_loss_op
-from .pgd import pgd_step, pgd_step_op, random_start, random_start_op
+from fastfair.kernels.fused_loss import row_loss, row_loss_op
+from fastfair.kernels.pgd import pgd_step, pgd_step_op, random_start, random_start_op
 
 __all__ = ["row_loss", "row_loss_op", "pgd_step", "pgd_step_op", "random_start", "random_start_op"]

@@ -1,4 +1,4 @@
-"""Fused per-row classification loss: one Triton pass computes fastfair.losses.row_loss and its
+"""Fused per-row classification loss: one Triton pass computes fastfair.ops.losses.row_loss and its
 gradients w.r.t. both logits.
 
 Per row i (u = z / temperature, fp32 whatever the input dtype, log-sum-exp with the row max
@@ -18,7 +18,7 @@ with the gradients (w.r.t. u; w.r.t. z they are divided by the temperature)
 The gradients are written in the same pass and saved by the autograd formula, whose backward
 only scales them by ``grad_output`` (each loss row depends on its own logits row only). The
 reference (and the fallback on CPU without the Triton interpreter) is
-:func:`fastfair.losses.row_loss`. Weights are treated as constants: a weight tensor that
+:func:`fastfair.ops.losses.row_loss`. Weights are treated as constants: a weight tensor that
 requires grad sends the call to the reference, which differentiates it.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from fastfair import losses
+from fastfair.ops import losses
 
-from ._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
+from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
 # Term bits, in the order of the rows of the stacked weight tensor.
 TERMS = ("ce_nat", "ce_adv", "kl", "ent_nat", "ent_adv", "cw_adv")
@@ -213,7 +213,7 @@ def _row_loss_cpu(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa
     if not interpreting():
         raise RuntimeError(
             "fastfair::row_loss on CPU needs TRITON_INTERPRET=1 set before fastfair.kernels is "
-            "imported; fastfair.kernels.row_loss falls back to fastfair.losses.row_loss instead"
+            "imported; fastfair.kernels.row_loss falls back to fastfair.ops.losses.row_loss instead"
         )
     return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
 
@@ -257,7 +257,7 @@ def row_loss(
     temperature: float = 1.0,
     kappa: float = math.inf,
 ) -> torch.Tensor:
-    """Drop-in for :func:`fastfair.losses.row_loss` backed by the fused Triton kernel."""
+    """Drop-in for :func:`fastfair.ops.losses.row_loss` backed by the fused Triton kernel."""
     given = (ce_nat, ce_adv, kl, ent_nat, ent_adv, cw_adv)
     ref = z_adv if z_adv is not None else z_nat
     weight_grad = any(isinstance(w, torch.Tensor) and w.requires_grad for w in given)

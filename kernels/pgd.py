@@ -5,8 +5,8 @@ outermost in memory (contiguous NCHW and channels_last NHWC alike, stride(0) = n
 sample ``b`` owns the memory range ``[b * per, (b + 1) * per)``, so a 2-D grid
 (sample, chunk) reads the label, eps and alpha once per program as scalars. Other layouts are
 copied into the layout of ``x_adv`` (or made contiguous) first. Maths in fp32, stored in the
-dtype of ``x_adv`` / ``x``. References: :func:`fastfair.attacks.pgd_step_reference` and
-:func:`fastfair.attacks.random_start_reference`; they are also the fallback on CPU without the
+dtype of ``x_adv`` / ``x``. References: :func:`fastfair.ops.steps.pgd_step` and
+:func:`fastfair.ops.steps.random_start`; they are also the fallback on CPU without the
 Triton interpreter.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from fastfair import attacks
+from fastfair.ops import steps
 
-from ._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
+from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
 _BLOCK = 1024
 
@@ -131,19 +131,19 @@ keep_opaque_when_interpreting(random_start_op)
 
 
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
-    """Drop-in for :func:`fastfair.attacks.pgd_step_reference` (Triton where it can launch)."""
+    """Drop-in for :func:`fastfair.ops.steps.pgd_step` (Triton where it can launch)."""
     if not can_launch(x_adv) or x_adv.dim() == 0:
-        return attacks.pgd_step_reference(x_adv, grad, x, y, eps_c, alpha_c)
+        return steps.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
     return pgd_step_op(x_adv, grad, x, y, eps_c, alpha_c)
 
 
 def random_start(x, y, eps_c, kind: str):
-    """Drop-in for :func:`fastfair.attacks.random_start_reference`: same distributions, drawn in-kernel.
+    """Drop-in for :func:`fastfair.ops.steps.random_start`: same distributions, drawn in-kernel.
 
     The Philox seed is drawn from torch's generator on ``x``'s device, so ``torch.manual_seed``
     makes runs reproducible (the numbers differ from the reference's, their law does not).
     """
     if kind not in ("uniform", "normal") or not can_launch(x) or x.dim() == 0:
-        return attacks.random_start_reference(x, y, eps_c, kind)
+        return steps.random_start(x, y, eps_c, kind)
     seed = torch.randint(0, 2**62, (1,), device=x.device, dtype=torch.int64)
     return random_start_op(x, y, eps_c, seed, kind == "normal")

@@ -20,7 +20,7 @@ CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 
 def _train(out: Path, sets: list[str], flags: dict):
     from fastfair import config
-    from fastfair.train import Trainer, final_evaluation
+    from fastfair.training.trainer import Trainer, final_evaluation
 
     torch.set_num_threads(2)
     cfg = config.resolve(None, flags, ["train.progress=false", "train.device='cpu'", *sets])
@@ -58,7 +58,7 @@ def cifar_npz(folder: Path) -> Path:
 
 def cifar_run(folder: Path) -> Path:
     """A real 2-epoch PGD-AT run of a width-8 tiny-cnn on the CIFAR-10 subset, evaluated and diagnosed."""
-    from fastfair.diagnose import diagnose_checkpoint
+    from fastfair.evaluation.diagnose import diagnose_checkpoint
 
     out = folder / "pgd-at"
     _train(out, ["model.width=8", "attack.steps=3", "data.val_per_class=5", "data.batch_size=50",

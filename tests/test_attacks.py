@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastfair import losses
+from fastfair.ops import losses
 from fastfair.attacks import PGD, parse_attack, per_class
 from fastfair.errors import UserError
 

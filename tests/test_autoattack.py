@@ -4,8 +4,9 @@ import pytest
 import torch
 from evalreport_helpers import digits_run
 
-from fastfair import autoattack, build, checkpoint, data
-from fastfair.evaluate import evaluate
+from fastfair import build, checkpoint, data
+from fastfair.attacks import autoattack
+from fastfair.evaluation.per_class import evaluate
 
 
 def test_standard_settings_are_the_standard_version():

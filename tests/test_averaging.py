@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from fastfair.averaging import WeightAverage
+from fastfair.training.averaging import WeightAverage
 
 
 def model_with(value: float) -> nn.Module:

@@ -3,8 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from fastfair import config, losses
-from fastfair.classwise import ClassState
+from fastfair import config
+from fastfair.ops import losses
+from fastfair.training.class_state import ClassState
 from fastfair.errors import UserError
 from fastfair.methods import METHODS
 from fastfair.methods.cost_sensitive import weights_from_robust_accuracy

@@ -4,7 +4,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from fastfair import config
-from fastfair.train import Trainer
+from fastfair.training.trainer import Trainer
 
 
 def trainer(tmp_path, method, compile_):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastfair import diagnostics as dg
+from fastfair.evaluation import measures as dg
 
 
 def test_confusion_percent_and_misclassified_counts():

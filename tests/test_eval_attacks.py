@@ -5,9 +5,9 @@ import pytest
 import torch
 from evalreport_helpers import digits_run
 
-from fastfair import attack_grid
+from fastfair.attacks import names as named_attacks
 from fastfair.errors import UserError
-from fastfair.evaluate import check_attack_names, evaluate, progress_units
+from fastfair.evaluation.per_class import check_attack_names, evaluate, progress_units
 
 
 class Linear2(torch.nn.Module):
@@ -30,11 +30,11 @@ def _loader(x, y, batch=4):
 
 
 def test_tpgd_grid_expands_to_tian_inverse_temperatures():
-    assert attack_grid.members("tpgd20@grid") == ["tpgd20@t0.5", "tpgd20@t0.2", "tpgd20@t0.1", "tpgd20@t0.02"]
-    assert attack_grid.expand(["clean", "tpgd10@grid", "clean"])[0] == "clean"
-    assert len(attack_grid.expand(["clean", "tpgd10@grid", "clean"])) == 5
-    results = {n: {"summary": {"avg": a}} for n, a in zip(attack_grid.members("tpgd20@grid"), [40, 35, 37, 50])}
-    attack_grid.add_best(results, ["tpgd20@grid"])
+    assert named_attacks.members("tpgd20@grid") == ["tpgd20@t0.5", "tpgd20@t0.2", "tpgd20@t0.1", "tpgd20@t0.02"]
+    assert named_attacks.expand(["clean", "tpgd10@grid", "clean"])[0] == "clean"
+    assert len(named_attacks.expand(["clean", "tpgd10@grid", "clean"])) == 5
+    results = {n: {"summary": {"avg": a}} for n, a in zip(named_attacks.members("tpgd20@grid"), [40, 35, 37, 50])}
+    named_attacks.add_best(results, ["tpgd20@grid"])
     assert results["tpgd20@grid"]["chosen"] == "tpgd20@t0.2" and results["tpgd20@grid"]["inverse_temperature"] == 5
 
 
@@ -76,7 +76,7 @@ def test_every_attack_reports_per_class_and_grid_best():
     for name in names:
         assert len(res[name]["per_class"]) == 10 and res[name]["summary"]["avg"] <= res["clean"]["summary"]["avg"]
         assert int(np.asarray(res[name]["confusion"]).sum()) == 100
-    avgs = {n: res[n]["summary"]["avg"] for n in attack_grid.members("tpgd10@grid")}
+    avgs = {n: res[n]["summary"]["avg"] for n in named_attacks.members("tpgd10@grid")}
     assert res["tpgd10@grid"]["summary"]["avg"] == min(avgs.values())
     # from the same RNG state the first restart is PGD-10 itself, and later restarts only replace points
     # that are still robust, so restarts never raise any class's accuracy

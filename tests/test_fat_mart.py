@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastfair import config, losses
-from fastfair.classwise import ClassState
+from fastfair import config
+from fastfair.ops import losses
+from fastfair.training.class_state import ClassState
 from fastfair.methods import METHODS
 from fastfair.methods.fat import EarlyStopPGD, tau_at
 from fastfair.methods.mart import boosted_margin

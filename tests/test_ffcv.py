@@ -21,7 +21,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 from fastfair import data  # noqa: E402
 from helpers import SHARED  # noqa: E402  (located once for every test)
-from fastfair import ffcv_loader as fl  # noqa: E402
+from fastfair.data import ffcv as fl
 from fastfair.errors import UserError  # noqa: E402
 
 

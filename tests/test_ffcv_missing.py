@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fastfair import ffcv_loader as fl
+from fastfair.data import ffcv as fl
 from fastfair.errors import UserError
 
 # numba's dispatcher finaliser raises a harmless KeyError when FFCV's generated pipelines are freed

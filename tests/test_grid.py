@@ -11,8 +11,8 @@ import pytest
 
 from fastfair import config
 from fastfair.errors import UserError
-from fastfair.grid import load, run_grid
-from fastfair.launchers import slot_envs
+from fastfair.scaleout.grid import load, run_grid
+from fastfair.scaleout.launchers import slot_envs
 
 ROOT = Path(__file__).parents[1]
 
@@ -92,7 +92,7 @@ def test_unknown_key_names_the_run_and_close_matches(tmp_path):
 
 
 def test_set_values_round_trip_through_the_command_line(tmp_path):
-    from fastfair.grid import _toml_value
+    from fastfair.scaleout.grid import _toml_value
 
     for value in (6, 0.03125, 2e-4, "me-trades", True, [75, 90], ["clean", "pgd20"]):
         assert config.parse_set([f"k={_toml_value(value)}"])["k"] == value

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from fastfair import attacks, losses, ops
+from fastfair import attacks, ops
+from fastfair.ops import losses, steps
 from fastfair.errors import UserError
 
 K = pytest.importorskip("fastfair.kernels")
@@ -238,7 +239,7 @@ def test_cpu_without_interpreter_falls_back_to_reference(monkeypatch):
     x = torch.rand(4, 3, 2, 2, generator=gen)
     g = torch.randn(4, 3, 2, 2, generator=gen)
     eps_c, alpha_c = torch.full((10,), 0.1), torch.full((10,), 0.05)
-    assert torch.equal(K.pgd_step(x, g, x, y, eps_c, alpha_c), attacks.pgd_step_reference(x, g, x, y, eps_c, alpha_c))
+    assert torch.equal(K.pgd_step(x, g, x, y, eps_c, alpha_c), steps.pgd_step(x, g, x, y, eps_c, alpha_c))
     assert ((K.random_start(x, y, eps_c, "uniform") - x).abs() <= 0.1 + 1e-6).all()
 
 
@@ -296,7 +297,7 @@ def test_pgd_step_matches_reference(layout, dtype, shape):
     gen = torch.Generator().manual_seed(sum(shape))
     x_adv, grad, x, y, eps_c, alpha_c = _batch(shape, layout, dtype, gen)
     out = K.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
-    want = attacks.pgd_step_reference(x_adv, grad, x, y, eps_c, alpha_c)
+    want = steps.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
     assert out.dtype == dtype and out.shape == x.shape
     assert out.stride() == x_adv.stride()
     assert torch.equal(out, want)
@@ -309,9 +310,9 @@ def test_pgd_step_mixed_layouts_and_fp16_budgets():
     x, grad = x.contiguous(), grad.contiguous()  # x_adv channels_last, the others NCHW: copied to its layout
     sliced = torch.rand(4, 3, 6, 12, generator=gen).to(DEV)[..., ::2]  # not dense: made contiguous
     out = K.pgd_step(x_adv, grad, x, y, eps_c.half(), alpha_c)
-    torch.testing.assert_close(out, attacks.pgd_step_reference(x_adv, grad, x, y, eps_c.half(), alpha_c), atol=0, rtol=0)
+    torch.testing.assert_close(out, steps.pgd_step(x_adv, grad, x, y, eps_c.half(), alpha_c), atol=0, rtol=0)
     out2 = K.pgd_step(sliced, grad, x, y, eps_c, alpha_c)
-    assert torch.equal(out2, attacks.pgd_step_reference(sliced, grad, x, y, eps_c, alpha_c))
+    assert torch.equal(out2, steps.pgd_step(sliced, grad, x, y, eps_c, alpha_c))
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -403,7 +404,7 @@ def test_gpu_bf16_pgd_step(layout):
     gen = torch.Generator().manual_seed(52)
     x_adv, grad, x, y, eps_c, alpha_c = _batch((64, 3, 32, 32), layout, torch.bfloat16, gen)
     out = K.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
-    assert torch.equal(out, attacks.pgd_step_reference(x_adv, grad, x, y, eps_c, alpha_c))
+    assert torch.equal(out, steps.pgd_step(x_adv, grad, x, y, eps_c, alpha_c))
 
 
 @gpu
@@ -427,4 +428,4 @@ def test_gpu_compile_zero_graph_breaks():
     assert explain.graph_break_count == 0 and explain.graph_count == 1
     loss, out = torch.compile(f, fullgraph=True)(zn, za, y)
     loss.backward()
-    assert torch.equal(out, attacks.pgd_step_reference(x_adv, grad, x, yy, eps_c, alpha_c))
+    assert torch.equal(out, steps.pgd_step(x_adv, grad, x, yy, eps_c, alpha_c))

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from fastfair.errors import UserError
-from fastfair.grid import run_grid
-from fastfair.launchers import parse_gpus
+from fastfair.scaleout.grid import run_grid
+from fastfair.scaleout.launchers import parse_gpus
 
 from test_grid import TINY
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fastfair import losses
+from fastfair.ops import losses
 
 Z = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
 Y = torch.tensor([0, 1])

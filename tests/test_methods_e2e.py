@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastfair import checkpoint, config
-from fastfair.train import Trainer, final_evaluation
+from fastfair.training.trainer import Trainer, final_evaluation
 
 from helpers import cifar_subset_npz
 

@@ -1,17 +1,17 @@
 import numpy as np
 import pytest
 
-from fastfair import metrics
+from fastfair.evaluation import measures
 
 CONF = np.array([[8, 2, 0], [1, 4, 5], [0, 0, 10]])  # rows: true class
 
 
 def test_per_class_accuracy_from_confusion():
-    assert metrics.per_class_accuracy(CONF).tolist() == pytest.approx([80.0, 40.0, 100.0])
+    assert measures.per_class_accuracy(CONF).tolist() == pytest.approx([80.0, 40.0, 100.0])
 
 
 def test_summary_by_hand():
-    s = metrics.summary([80.0, 40.0, 100.0])
+    s = measures.summary([80.0, 40.0, 100.0])
     mean = 220 / 3
     assert s["avg"] == pytest.approx(mean)
     assert s["worst"] == 40.0 and s["worst_class"] == 1
@@ -22,11 +22,11 @@ def test_summary_by_hand():
 
 def test_worst_k_mean_rounds_up():
     acc = list(range(10, 110, 10))  # 10 classes
-    assert metrics.worst_k_mean(acc, 0.2) == 15.0
-    assert metrics.worst_k_mean(acc, 0.05) == 10.0
+    assert measures.worst_k_mean(acc, 0.2) == 15.0
+    assert measures.worst_k_mean(acc, 0.05) == 10.0
 
 
 def test_markdown_table_lists_every_class_and_summary():
-    res = {"clean": {"per_class": [80.0, 40.0, 100.0], "summary": metrics.summary([80.0, 40.0, 100.0])}}
-    table = metrics.markdown_table(res, ["cat", "dog", "ship"])
+    res = {"clean": {"per_class": [80.0, 40.0, 100.0], "summary": measures.summary([80.0, 40.0, 100.0])}}
+    table = measures.markdown_table(res, ["cat", "dog", "ship"])
     assert "| dog | 40.00 |" in table and "| **worst class** | 40.00 |" in table and "MCD" in table

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from fastfair import cli, config, data
-from fastfair.class_subset import select
+from fastfair.data.subsets import select
 from fastfair.errors import UserError
 from fastfair.models import NORMS
 

@@ -4,10 +4,10 @@ import json
 import pytest
 
 from evalreport_helpers import cifar_run
-from fastfair import metrics
+from fastfair.evaluation import measures
 from fastfair.cli import main
 from fastfair.config import Config
-from fastfair.report import compare, group_runs, load_run, write_report
+from fastfair.reports.report import compare, group_runs, load_run, write_report
 
 
 def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
@@ -19,7 +19,7 @@ def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
     results = {}
     for name, acc in (("clean", clean), ("pgd20", robust)):
         conf = [[acc[0] // 10, 10 - acc[0] // 10], [10 - acc[1] // 10, acc[1] // 10]]
-        results[name] = {"per_class": acc, "summary": metrics.summary(acc), "confusion": conf}
+        results[name] = {"per_class": acc, "summary": measures.summary(acc), "confusion": conf}
     rec = {"checkpoint": str(path / "checkpoints" / "best_pgd.pt"), "epoch": 1, "split": "test", "classes": ["a", "b"],
            "eps": 8 / 255, "precision": "fp32", "results": results}
     (path / "eval" / "best_pgd-test.json").write_text(json.dumps(rec))
@@ -81,7 +81,7 @@ def _png_ok(path):
 @pytest.mark.slow
 def test_report_of_a_real_cifar10_run(tmp_path):
     run = cifar_run(tmp_path)
-    from fastfair.evaluate import evaluate_checkpoint
+    from fastfair.evaluation.per_class import evaluate_checkpoint
 
     evaluate_checkpoint(run / "checkpoints" / "best_pgd.pt", attacks=["fgsm"], device="cpu", quiet=True)
     saved = json.loads((run / "eval" / "best_pgd-test.json").read_text())

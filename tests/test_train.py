@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastfair import checkpoint, config
-from fastfair.train import Trainer
+from fastfair.training.trainer import Trainer
 
 
 def digits_cfg(**sets):

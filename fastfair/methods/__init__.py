@@ -1,11 +1,17 @@
-"""Training methods, registered by name, and the class-wise options that combine with them.
+"""Training methods and the class-wise options that combine with them, registered by name.
 
-A method is one small module (see :mod:`.base`); an option (CCM, CCR, cost-sensitive, HE,
-adversarial classes) is one small module registering into :data:`.options.OPTIONS`.
+A method is one module here (see :mod:`fastfair.methods.base` and ``docs/methods.md``); an
+option (CCM, CCR, cost-sensitive weights, HE, adversarial classes) is one module registering
+into :data:`fastfair.methods.options.OPTIONS`. Every module of this package is imported below,
+so a new method's module registers itself without a central list to edit.
 """
-from .base import METHODS, Method
-from .options import OPTIONS
-from . import standard, at, trades, fat, mart, frl  # noqa: F401  (register methods)
-from . import cfa, cost_sensitive, he, analysis  # noqa: F401  (register options)
+import importlib
+import pkgutil
 
-__all__ = ["METHODS", "OPTIONS", "Method"]
+from fastfair.methods.base import METHODS, Method
+from fastfair.methods.options import OPTIONS, Option
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["METHODS", "OPTIONS", "Method", "Option"]

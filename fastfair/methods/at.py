@@ -1,6 +1,6 @@
 """PGD-AT (Madry et al. 2018) and ME-AT (ME paper, Sec. 3.2.1): CE(f(x'), y) - beta H(p(x'))."""
-from .. import ops
-from .base import METHODS, Method
+from fastfair import ops
+from fastfair.methods.base import METHODS, Method
 
 AT_ATTACK = {"attack.objective": "ce", "attack.init": "uniform", "attack.bn_mode": "train",
              "method.ccm_lambda": 0.5}  # CFA's lambda_1 for AT (Sec. 5.1)

@@ -2,7 +2,7 @@
 
 A method declares ``defaults`` (config keys its paper's code uses: attack objective, init, BN
 mode, loss weights) and implements ``perturb`` and ``loss``; ``setup``, ``begin_epoch`` and
-``end_epoch`` let it own per-class vectors in :class:`~fastfair.classwise.ClassState` and update
+``end_epoch`` let it own per-class vectors in :class:`~fastfair.training.class_state.ClassState` and update
 them once per epoch. The enabled :mod:`options <fastfair.methods.options>` (CCM, CCR,
 cost-sensitive, HE, adversarial classes) ride along on the same hooks. Nothing in
 ``perturb``/``loss`` may sync with the host.
@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attacks import PGD
-from ..classwise import ClassState
-from ..config import Config
-from ..registry import Registry
-from .options import OPTIONS
+from fastfair.attacks import PGD
+from fastfair.training.class_state import ClassState
+from fastfair.config import Config
+from fastfair.registry import Registry
+from fastfair.methods.options import OPTIONS
 
 METHODS: Registry[type["Method"]] = Registry("method")
 

@@ -1,5 +1,5 @@
 """CFA's class-wise calibration (Wei et al. 2023): CCM for every method that makes training
-examples, CCR for the TRADES family. FAWA lives in :mod:`fastfair.averaging`.
+examples, CCR for the TRADES family. FAWA lives in :mod:`fastfair.training.averaging`.
 
 Both read A_k, the class's robust accuracy on the previous epoch's training adversarial
 examples, counted on the device from the same forward pass that fed the loss. Before epoch
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UserError
-from .options import OPTIONS, Option, train_robust_fraction
+from fastfair.errors import UserError
+from fastfair.methods.options import OPTIONS, Option, train_robust_fraction
 
 
 def ccm_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:

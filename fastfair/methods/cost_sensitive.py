@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UserError
-from .options import OPTIONS, Option, train_robust_fraction
+from fastfair.errors import UserError
+from fastfair.methods.options import OPTIONS, Option, train_robust_fraction
 
 
 def weights_from_robust_accuracy(train_robust: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import ops
-from ..attacks import attack_mode
-from .at import AT_ATTACK, PGDAT
-from .base import METHODS
+from fastfair import ops
+from fastfair.attacks import attack_mode
+from fastfair.methods.at import AT_ATTACK, PGDAT
+from fastfair.methods.base import METHODS
 
 
 def tau_at(epoch: int, tau: int, milestones: list[int]) -> int:

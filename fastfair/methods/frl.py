@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
-from ..errors import UserError
-from .base import METHODS, Method
+from fastfair import ops
+from fastfair.errors import UserError
+from fastfair.methods.base import METHODS, Method
 
 FRL_DEFAULTS = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                 "train.val_attack": "pgd20", "train.lr": 0.001, "train.lr_milestones": [40, 80],

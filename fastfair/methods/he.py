@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from scipy.optimize import root
 
-from ..errors import UserError
-from ..registry import Registry
-from .options import OPTIONS, Option
+from fastfair.errors import UserError
+from fastfair.registry import Registry
+from fastfair.methods.options import OPTIONS, Option
 
 SCHEDULES: Registry = Registry("HE scale schedule")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import ops
-from .base import METHODS, Method
+from fastfair import ops
+from fastfair.methods.base import METHODS, Method
 
 
 def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

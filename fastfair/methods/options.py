@@ -1,7 +1,7 @@
 """Class-wise options that combine with any method: CCM, CCR, cost-sensitive weights, HE, ...
 
 An option is not a method: it owns a few per-class vectors in the
-:class:`~fastfair.classwise.ClassState` and updates them at epoch ends (the design sketch's
+:class:`~fastfair.training.class_state.ClassState` and updates them at epoch ends (the design sketch's
 "add-ons that several methods share are options of the state"). Methods read the vectors by
 name: ``eps`` (the product of the base eps and every option's ``eps_*`` factor),
 ``kl_weight`` (TRADES family), ``loss_weight`` (any method, via :meth:`Method.reduce`).
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ..classwise import ClassState
-from ..config import Config
-from ..registry import Registry
+from fastfair.training.class_state import ClassState
+from fastfair.config import Config
+from fastfair.registry import Registry
 
 if TYPE_CHECKING:
-    from .base import Method
+    from fastfair.methods.base import Method
 
 OPTIONS: Registry[type["Option"]] = Registry("method option")
 

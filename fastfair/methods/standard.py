@@ -1,6 +1,6 @@
 """Standard (non-adversarial) training: CE(f(x), y)."""
-from .. import ops
-from .base import METHODS, Method
+from fastfair import ops
+from fastfair.methods.base import METHODS, Method
 
 
 @METHODS.register("standard", "natural training, CE(f(x), y); label smoothing via method.smoothing")

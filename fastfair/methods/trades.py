@@ -4,9 +4,9 @@ The KL weight is the per-class vector ``state["kl_weight"]`` gathered by label: 
 ``method.kl_weight`` for every class, a class-wise beta (``method.kl_weight_per_class``, Tian
 et al. KDD 2021), or CFA's calibrated beta_k (CCR, :mod:`.cfa`).
 """
-from .. import ops
-from ..errors import UserError
-from .base import METHODS, Method
+from fastfair import ops
+from fastfair.errors import UserError
+from fastfair.methods.base import METHODS, Method
 
 TRADES_ATTACK = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                  "method.ccm_lambda": 0.3}  # CFA's lambda_1 for TRADES (Sec. 5.1)

@@ -3,8 +3,8 @@ features from :meth:`Classifier.forward_features`, and a linear ``head`` that me
 HE may replace."""
 from __future__ import annotations
 
-from .base import MODELS, NORMS, Classifier, build
-from .heads import HEADS
-from . import resnet, preact_resnet, wide_resnet, small_cnn, bin_norm  # noqa: F401  (register models, norms)
+from fastfair.models.base import MODELS, NORMS, Classifier, build
+from fastfair.models.heads import HEADS
+from fastfair.models import resnet, preact_resnet, wide_resnet, small_cnn, bin_norm  # noqa: F401  (register models, norms)
 
 __all__ = ["MODELS", "NORMS", "HEADS", "Classifier", "build"]

@@ -6,8 +6,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..registry import Registry
-from .heads import HEADS
+from fastfair.registry import Registry
+from fastfair.models.heads import HEADS
 
 MODELS: Registry[Callable[..., tuple[nn.Module, int]]] = Registry("model")
 """name -> builder(in_channels, norm, width) returning (body producing (N, D) features, D)."""

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import NORMS
+from fastfair.models.base import NORMS
 
 
 @NORMS.register("bin", "Batch-Instance Norm, rho BN(x) + (1 - rho) IN(x), learnt rho in [0, 1] (Nam & Kim 2018; ME paper A.3)")

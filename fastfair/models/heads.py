@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..registry import Registry
+from fastfair.registry import Registry
 
 HEADS: Registry = Registry("classifier head")
 """name -> builder(feature_dim, num_classes, scale) returning the head module."""

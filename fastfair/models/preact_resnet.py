@@ -2,8 +2,8 @@
 from torch import nn
 import torch.nn.functional as F
 
-from .base import MODELS, pooled
-from .resnet import stages
+from fastfair.models.base import MODELS, pooled
+from fastfair.models.resnet import stages
 
 
 class PreActBlock(nn.Module):

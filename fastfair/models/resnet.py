@@ -2,7 +2,7 @@
 from torch import nn
 import torch.nn.functional as F
 
-from .base import MODELS, pooled
+from fastfair.models.base import MODELS, pooled
 
 
 class BasicBlock(nn.Module):

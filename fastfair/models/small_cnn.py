@@ -1,7 +1,7 @@
 """Small CNNs: TRADES's 4-conv MNIST model, and a tiny same-padding CNN for 8x8 demo data and tests."""
 from torch import nn
 
-from .base import MODELS
+from fastfair.models.base import MODELS
 
 
 @MODELS.register("small-cnn", "4-conv + 3-FC CNN for 28x28 MNIST (TRADES code; Tian et al. MNIST model)")

@@ -1,8 +1,8 @@
 """WideResNet-depth-k (Zagoruyko & Komodakis 2016), pre-activation blocks as in the TRADES code."""
 from torch import nn
 
-from .base import MODELS, pooled
-from .preact_resnet import PreActBlock  # WRN's block is the same pre-activation basic block
+from fastfair.models.base import MODELS, pooled
+from fastfair.models.preact_resnet import PreActBlock  # WRN's block is the same pre-activation basic block
 
 
 def wide_resnet(depth, widen, in_channels, norm, width):

@@ -5,8 +5,11 @@ import contextlib
 
 import torch
 
-from . import distributed, metrics
-from .attacks import EvalAttack, parse_attack, per_class
+from fastfair.attacks import autoattack, names
+from fastfair.attacks.names import EvalAttack, parse_attack
+from fastfair.attacks.pgd import per_class
+from fastfair.evaluation import measures
+from fastfair.scaleout import distributed
 
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
@@ -29,16 +32,12 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
 
 def progress_units(attack_names: list[str]) -> int:
     """Progress ticks per loader batch that :func:`evaluate` makes for these attacks."""
-    from . import attack_grid, autoattack
-
-    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in attack_grid.expand(attack_names))
+    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in names.expand(attack_names))
 
 
 def check_attack_names(attack_names: list[str]) -> None:
     """Raise a UserError for a name that neither parses nor names AutoAttack."""
-    from . import attack_grid, autoattack
-
-    for name in attack_grid.expand(attack_names):
+    for name in names.expand(attack_names):
         if name != autoattack.NAME:
             parse_attack(name)
 
@@ -50,13 +49,11 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
     """
-    from . import attack_grid, autoattack
-
     dev = next(model.parameters()).device
     c = len(classes)
     eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
     out = {}
-    for name in attack_grid.expand(attack_names):
+    for name in names.expand(attack_names):
         extra = {}
         if name == autoattack.NAME:
             state = f"{state_prefix}.aa.npz" if state_prefix else None
@@ -66,9 +63,9 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
         else:
             conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress)
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
-        acc = metrics.per_class_accuracy(conf.numpy())
-        out[name] = {"per_class": acc.tolist(), "summary": metrics.summary(acc), "confusion": conf.tolist(), **extra}
-    attack_grid.add_best(out, attack_names)
+        acc = measures.per_class_accuracy(conf.numpy())
+        out[name] = {"per_class": acc.tolist(), "summary": measures.summary(acc), "confusion": conf.tolist(), **extra}
+    names.add_best(out, attack_names)
     return out
 
 
@@ -79,8 +76,8 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     import json
     from pathlib import Path
 
-    from . import build
-    from .progress import Progress
+    from fastfair import build
+    from fastfair.progress import Progress
 
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
@@ -104,7 +101,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     record["path"] = str(out)
     if not quiet:
         print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")
-        print(metrics.markdown_table(results, bundle.classes))
+        print(measures.markdown_table(results, bundle.classes))
         print(f"\nwritten: {out}")
     return record
 

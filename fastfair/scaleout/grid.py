@@ -36,9 +36,9 @@ from typing import Any
 
 import tomli_w
 
-from . import config
-from .config import tomllib
-from .errors import UserError
+from fastfair import config
+from fastfair.config import tomllib
+from fastfair.errors import UserError
 
 STATE_FILE = "grid-state.json"
 SEED_KEY = "train.seed"
@@ -178,7 +178,7 @@ def read_state(run_dir: Path) -> dict:
 
 
 def _write_state(run_dir: Path, state: dict) -> None:
-    from .checkpoint import write_text_atomic
+    from fastfair.checkpoint import write_text_atomic
 
     write_text_atomic(json.dumps(state, indent=1), Path(run_dir) / STATE_FILE)
 
@@ -229,8 +229,8 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
     Returns 0 when every run is done, 1 when some failed (their logs are named)."""
-    from .report import compare
-    from .launchers import LAUNCHERS
+    from fastfair.reports.report import compare
+    from fastfair.scaleout.launchers import LAUNCHERS
 
     if per_gpu < 1:
         raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")

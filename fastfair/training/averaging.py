@@ -14,8 +14,8 @@ import copy
 import torch
 from torch import nn
 
-from .config import Config
-from .registry import Registry
+from fastfair.config import Config
+from fastfair.registry import Registry
 
 AVERAGING: Registry = Registry("weight averaging")
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .data import DataBundle
-from .errors import UserError
+from fastfair.data.datasets import DataBundle
+from fastfair.errors import UserError
 
 
 def select(bundle: DataBundle, classes: list[int]) -> DataBundle:

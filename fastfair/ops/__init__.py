@@ -1,15 +1,16 @@
-"""The hot small ops of training (loss rows, PGD step, random start) behind one switch.
+"""The hot small ops of a training step (loss rows, per-class PGD step, random start) and their backends.
 
-``torch`` is the PyTorch reference in :mod:`fastfair.losses` and :mod:`fastfair.attacks`;
-other backends (``fastfair.kernels``' fused Triton ops) register here under their own name
-and must match it within tolerance. Callers always go through :func:`get`.
+``torch`` is the PyTorch reference (:mod:`fastfair.ops.losses`, :mod:`fastfair.ops.steps`);
+``triton`` is ``fastfair.kernels``' fused kernels, which must match the reference within
+tolerance. Callers always go through :func:`get`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from .registry import Registry
+from fastfair.ops import losses, steps
+from fastfair.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,14 @@ class Ops:
 BACKENDS: Registry[Callable[[], Ops]] = Registry("kernel backend")
 
 
-@BACKENDS.register("torch", "PyTorch reference ops (fastfair.losses, fastfair.attacks)")
+@BACKENDS.register("torch", "PyTorch reference ops (fastfair.ops.losses, fastfair.ops.steps)")
 def _torch_ops() -> Ops:
-    from . import attacks, losses
-
-    return Ops(losses.row_loss, attacks.pgd_step_reference, attacks.random_start_reference)
+    return Ops(losses.row_loss, steps.pgd_step, steps.random_start)
 
 
 @BACKENDS.register("triton", "fused Triton kernels (fastfair.kernels); PyTorch reference where they cannot launch")
 def _triton_ops() -> Ops:
-    from . import kernels
+    from fastfair import kernels  # needs triton, an optional dependency
 
     return Ops(kernels.row_loss, kernels.pgd_step, kernels.random_start)
 

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import torch
 
-from . import averaging, build, checkpoint, distributed, ops
-from .attacks import parse_attack
-from .classwise import ClassState
-from .config import Config
-from .errors import UserError
-from .evaluate import evaluate
-from .methods import METHODS
-from .progress import Progress
-from .registry import Registry
+from fastfair import build, checkpoint, ops
+from fastfair.training import averaging
+from fastfair.scaleout import distributed
+from fastfair.attacks import parse_attack
+from fastfair.training.class_state import ClassState
+from fastfair.config import Config
+from fastfair.errors import UserError
+from fastfair.evaluation.per_class import evaluate
+from fastfair.methods import METHODS
+from fastfair.progress import Progress
+from fastfair.registry import Registry
 
 SELECTION: Registry = Registry("selection policy")
 SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")(
@@ -222,7 +224,7 @@ class Trainer:
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it."""
-    from .evaluate import evaluate_checkpoint
+    from fastfair.evaluation.per_class import evaluate_checkpoint
 
     name = "last" if cfg.train.select == "last" else f"best_{cfg.train.select}"
     result = evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,

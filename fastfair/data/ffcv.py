@@ -7,11 +7,11 @@ function needs it, and a missing install raises :class:`UserError` naming the fi
   3-channel images go into an ``RGBImageField`` (raw by default, which round-trips exactly;
   ``jpeg=True`` for large images, lossy); other channel counts (greyscale) go into an
   ``NDArrayField`` of shape (H, W, C), also exact. Labels are an ``IntField``.
-* :class:`FFCVLoader` has :class:`fastfair.data.DeviceLoader`'s interface and output:
+* :class:`FFCVLoader` has :class:`fastfair.data.loaders.DeviceLoader`'s interface and output:
   ``(x float32 in [0, 1] on device, y int64)``, ``set_epoch``, ``len`` with drop_last for
   training. FFCV decodes uint8 batches on CPU threads and copies them to the device; the
   shuffle and the augmentation use DeviceLoader's own generator and
-  :func:`fastfair.data.random_crop_flip` on the device, so with the same seed an FFCV run sees
+  :func:`fastfair.data.loaders.random_crop_flip` on the device, so with the same seed an FFCV run sees
   exactly the batches a device-loader run sees (same order, same crops and flips).
   ``augment="ffcv"`` uses FFCV's CPU ops instead (``RandomTranslate``, ``RandomHorizontalFlip``:
   the same distribution, but numba's per-thread RNG cannot be seeded, so not reproducible).
@@ -26,8 +26,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from .data import random_crop_flip
-from .errors import UserError
+from fastfair.data import datasets
+from fastfair.data.loaders import LOADERS, random_crop_flip
+from fastfair.errors import UserError
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -137,15 +138,13 @@ def convert_dataset(name: str, data_dir: str | Path | None, out_dir: str | Path,
                     val_per_class: int | None = None, jpeg: bool = False, jpeg_quality: int = 90,
                     num_workers: int | None = None) -> dict[str, Path]:
     """Load a registered data set, carve CFA's validation split and write all three splits."""
-    from . import data
-
-    spec = data.DATASETS.get(name)
+    spec = datasets.DATASETS.get(name)
     vpc = spec.val_per_class if val_per_class is None else val_per_class
-    bundle = data.load(name, data_dir)
+    bundle = datasets.load(name, data_dir)
     mean, std = bundle.mean_std()
     meta = {"dataset": name, "source": bundle.name, "val_per_class": vpc, "classes": list(bundle.classes),
             "mean": mean, "std": std}
-    return convert(data.split(bundle, vpc), out_dir, jpeg=jpeg, jpeg_quality=jpeg_quality,
+    return convert(datasets.split(bundle, vpc), out_dir, jpeg=jpeg, jpeg_quality=jpeg_quality,
                    num_workers=num_workers, meta=meta)
 
 
@@ -284,3 +283,13 @@ def loader_for(beton_dir: str | Path, split: str, batch_size: int, *, device, tr
     return FFCVLoader(path, batch_size, device=device, train=train, crop_padding=crop_padding, flip=flip,
                       seed=seed, channels_last=channels_last, os_cache=os_cache, order=order,
                       num_workers=num_workers, augment=augment)
+
+
+@LOADERS.register("ffcv", "FFCV .beton files (fastfair data convert); same batches as device; needs fastfair[ffcv]")
+def _ffcv_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, beton_dir: str = "",
+                 dataset: str | None = None, val_per_class: int | None = None, **kw):
+    if not beton_dir:
+        raise UserError("--loader ffcv needs --beton-dir DIR (data.beton_dir), made by "
+                        "`fastfair data convert --dataset D --out DIR`")
+    check_meta(beton_dir, dataset=dataset, val_per_class=val_per_class, split=split, n=len(y))
+    return loader_for(beton_dir, split, batch_size, **kw)

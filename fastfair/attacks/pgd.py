@@ -11,41 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from . import ops
-from .errors import UserError
+from fastfair import ops
+from fastfair.errors import UserError
+from fastfair.ops.steps import INITS
 
 OBJECTIVES = ("ce", "kl", "cw")
-INITS = ("uniform", "normal", "none")
 BN_MODES = ("train", "eval")
-
-
-def pgd_step_reference(x_adv, grad, x, y, eps_c, alpha_c):
-    """x' <- clip_[0,1](clip_[x-eps_y, x+eps_y](x' + alpha_y sign(g))) (Madry et al. 2018, Eq. 2)."""
-    shape = (-1,) + (1,) * (x.dim() - 1)
-    eps = eps_c[y].view(shape).float()
-    alpha = alpha_c[y].view(shape).float()
-    step = x_adv.float() + alpha * grad.float().sign()
-    x32 = x.float()
-    out = torch.minimum(torch.maximum(step, x32 - eps), x32 + eps).clamp(0.0, 1.0)
-    return out.to(x_adv.dtype)
-
-
-def random_start_reference(x, y, eps_c, kind: str):
-    """PGD init: U(-eps_y, eps_y) clipped to [0,1] (Madry), or x + 0.001 N(0, I) (TRADES code)."""
-    if kind == "uniform":
-        eps = eps_c[y].view((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
-        return (x + (torch.rand_like(x) * 2 - 1) * eps).clamp(0.0, 1.0)
-    if kind == "normal":
-        return x + 0.001 * torch.randn_like(x)
-    if kind == "none":
-        return x.clone()
-    raise UserError(f"unknown PGD init {kind!r}; known: {', '.join(INITS)}")
 
 
 @contextlib.contextmanager
@@ -122,45 +98,3 @@ class PGD:
                 cand = self._run(model, x, y, eps_c, alpha_c, z_nat)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best
-
-
-# ---- evaluation attacks by name -------------------------------------------------------------
-
-_NAME = re.compile(r"^(?P<kind>pgd|cw|fgsm|tpgd)(?P<steps>\d*)(?:x(?P<restarts>\d+))?(?:@t(?P<t>[\d.]+))?$")
-
-
-@dataclass(frozen=True)
-class EvalAttack:
-    """An attack a user names on the command line: ``clean``, ``pgd20``, ``pgd20x5`` (5 restarts),
-    ``cw20``, ``fgsm``, ``tpgd20@t0.1`` (Temperature-PGD, T = 0.1, i.e. 1/T = 10)."""
-
-    name: str
-    pgd: PGD | None  # None means clean accuracy
-    step_is_eps: bool = False  # FGSM: one step of size eps
-
-    def __call__(self, model, x, y, eps_c, alpha_c):
-        if self.pgd is None:
-            return x
-        return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
-
-
-def parse_attack(name: str, cw_kappa: float = 50.0) -> EvalAttack:
-    """Parse an evaluation attack name (see :class:`EvalAttack`); bad names list the forms."""
-    if name == "clean":
-        return EvalAttack(name, None)
-    m = _NAME.match(name)
-    if not m:
-        raise UserError(
-            f"unknown attack {name!r}; use clean, fgsm, pgdK, pgdKxR (R restarts), cwK or tpgdK@tT "
-            "(for example pgd20, cw20, pgd50x5, tpgd20@t0.1)"
-        )
-    kind, steps = m["kind"], int(m["steps"] or (1 if m["kind"] == "fgsm" else 20))
-    restarts = int(m["restarts"] or 1)
-    if kind == "fgsm":
-        return EvalAttack(name, PGD(steps=1, objective="ce", init="none"), step_is_eps=True)
-    base = PGD(steps=steps, restarts=restarts, objective="ce", init="uniform", bn_mode="eval")
-    if kind == "cw":
-        base = replace(base, objective="cw", kappa=cw_kappa)
-    if kind == "tpgd":
-        base = replace(base, temperature=float(m["t"] or 1.0))
-    return EvalAttack(name, base)

@@ -1,4 +1,4 @@
-"""Run a model over a split once (clean and attacked) and compute every diagnostic of :mod:`fastfair.diagnostics`.
+"""Run a model over a split once (clean and attacked) and compute every diagnostic of :mod:`fastfair.evaluation.measures`.
 
 Writes ``RUN/diagnostics/<checkpoint>-<split>-<attack>.json``, which ``fastfair report`` draws.
 Always fp32, BN in eval mode.
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import diagnostics as dg
-from . import metrics
-from .attacks import parse_attack, per_class
+from fastfair.evaluation import measures as dg
+from fastfair.evaluation import measures
+from fastfair.attacks import parse_attack, per_class
 
 
 @torch.no_grad()
@@ -48,12 +48,12 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
     for tag in ("clean", "adv"):
         pred = data[f"prob_{tag}"].argmax(1)
         conf[tag] = np.bincount(y * c + pred, minlength=c * c).reshape(c, c)
-        acc = metrics.per_class_accuracy(conf[tag])
+        acc = measures.per_class_accuracy(conf[tag])
         feats = data[f"feat_{tag}"]
         sim, nearest = dg.inter_class_similarity(feats, y, c)
         ent = dg.entropy_per_class(data[f"prob_{tag}"], y, c)
         out["accuracy"][tag] = acc.tolist()
-        out["summary"][tag] = metrics.summary(acc)
+        out["summary"][tag] = measures.summary(acc)
         out["cvc"][tag] = dg.cvc(data[f"prob_{tag}"], y, c).tolist()
         out["entropy"][tag] = {"per_class": ent.tolist(), "mean": float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())}
         out["inter_class_similarity"][tag] = sim.tolist()
@@ -77,7 +77,7 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
                         device: str = "auto", batch_size: int | None = None, tsne_points: int = 500,
                         quiet: bool = False) -> dict:
     """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring."""
-    from . import build
+    from fastfair import build
 
     path = Path(path)
     parse_attack(attack)

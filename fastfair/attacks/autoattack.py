@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .attacks import attack_mode
-from .errors import UserError
-from .registry import Registry
+from fastfair.attacks.pgd import attack_mode
+from fastfair.errors import UserError
+from fastfair.registry import Registry
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")

@@ -1,7 +1,7 @@
 """Where grid runs execute: this machine (K concurrent runs per GPU) or a SLURM cluster via submitit.
 
 A launcher takes the jobs still to do and returns when they have ended; every job records its
-own done/failed state in its run folder (:func:`fastfair.grid.run_job`), so a launcher needs no
+own done/failed state in its run folder (:func:`fastfair.scaleout.grid.run_job`), so a launcher needs no
 bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
-from .grid import Job, run_job
-from .registry import Registry
+from fastfair.errors import UserError
+from fastfair.scaleout.grid import Job, run_job
+from fastfair.registry import Registry
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import UserError
+from fastfair.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import diagnostics, metrics
-from .config import flatten, load_saved
-from .errors import UserError
+from fastfair.evaluation import measures
+from fastfair.config import flatten, load_saved
+from fastfair.errors import UserError
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -70,7 +70,7 @@ def _experiment(run: Run) -> tuple:
 def group_runs(runs: list[Run]) -> list[Group]:
     """Runs whose configs differ only in seed form one group; a group's label names what sets it apart
     (leaving out keys that merely follow from a different method's defaults)."""
-    from .methods import METHODS
+    from fastfair.methods import METHODS
 
     keyed: dict[tuple, list[Run]] = {}
     for run in runs:
@@ -153,7 +153,7 @@ def comparison_rows(groups: list[Group], attack: str | None = None, baseline: in
             row["rho"] = (float("nan"), None)
             continue
         base = rows[baseline]
-        per_seed = [diagnostics.rho(a, w, base["{a} avg"][0], base["{a} worst"][0])
+        per_seed = [measures.rho(a, w, base["{a} avg"][0], base["{a} worst"][0])
                     for a, w in zip(row["raw"]["{a} avg"], row["raw"]["{a} worst"])]
         row["rho"] = _mean_std(per_seed)
     return attack, rows
@@ -242,7 +242,7 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
 
 def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
-    from . import figures
+    from fastfair.reports import figures
 
     out = Path(out)
     fig_dir = out / "figures"
@@ -271,21 +271,21 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
 
 def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: list[str], out: Path, fig_dir: Path,
                    tex: list[str]) -> list[str]:
-    from . import figures
+    from fastfair.reports import figures
 
     tag = f"g{i}"
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
     means = {n: _per_class_mean(recs, n) for n in attacks}
-    table = {n: {"per_class": means[n][0], "summary": metrics.summary(means[n][0])} for n in attacks}
+    table = {n: {"per_class": means[n][0], "summary": measures.summary(means[n][0])} for n in attacks}
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
               f"{recs[0]['epoch'] + 1}), mean over {len(recs)} seed(s):\n")
-    md.append(metrics.markdown_table(table, classes) + "\n")
+    md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
     shown = {n: means[n] for n in ("clean", attack) if n in means}
     p = figures.per_class_bars(classes, shown, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
     md.append(_figure_md(p, out, "per-class clean and robust accuracy"))
-    conf = np.mean([diagnostics.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
+    conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
     p = figures.heatmap(conf, classes, f"{g.label}: {attack} confusion (% of true class)",
                         fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
     md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
@@ -317,7 +317,7 @@ def _per_class_latex(table: dict, classes: list[str]) -> str:
 
 
 def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
-    from . import figures
+    from fastfair.reports import figures
 
     classes, atk = d["classes"], d["attack"]
     md = [f"### Diagnostics (`{Path(d['checkpoint']).stem}`, {d['split']}, {atk})\n"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UserError
-from .options import OPTIONS, Option
+from fastfair.errors import UserError
+from fastfair.methods.options import OPTIONS, Option
 
 
 @OPTIONS.register("adv-classes", "adversarial examples only for method.adv_classes, clean training for the rest (ME paper Sec. 2.1)")

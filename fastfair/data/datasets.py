@@ -1,10 +1,8 @@
-"""Data sets as uint8 tensors, the CFA validation split, and the device-resident loader.
+"""Data sets as uint8 tensors and the CFA validation split.
 
 Every data set loads into one :class:`DataBundle` (uint8 NCHW images, int64 labels, class
-names). :func:`split` carves the validation split from train by CFA's rule (the first N images
-of each class), and :class:`DeviceLoader` keeps a whole split on the device, shuffles it there
-and applies random crop with zero padding and horizontal flip per batch there (no workers,
-no host copies).
+names); :func:`split` carves the validation split from train by CFA's rule (the first N images
+of each class).
 """
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .errors import UserError
-from .registry import Registry
+from fastfair.errors import UserError
+from fastfair.registry import Registry
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -210,80 +207,3 @@ def split(bundle: DataBundle, val_per_class: int) -> dict[str, tuple[torch.Tenso
         "val": (bundle.x_train[is_val], y[is_val]),
         "test": (bundle.x_test, bundle.y_test),
     }
-
-
-def random_crop_flip(x: torch.Tensor, padding: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
-    """Per-image random crop of a zero-padded batch and random horizontal flip (p = 0.5), on x's device."""
-    b, _, h, w = x.shape
-    if padding:
-        padded = F.pad(x, (padding,) * 4)
-        dy = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
-        dx = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
-        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]
-        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, :]
-        x = padded[torch.arange(b, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
-    if flip:
-        mask = torch.rand(b, device=x.device, generator=gen) < 0.5
-        x = torch.where(mask[:, None, None, None], x.flip(3), x)
-    return x
-
-
-class DeviceLoader:
-    """A whole split as uint8 on ``device``; yields ``(x in [0,1] float32, y)`` batches.
-
-    Training loaders shuffle and augment on the device with a generator reseeded from
-    ``(seed, epoch)`` by :meth:`set_epoch`, so a resumed run sees the same batches.
-    """
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
-                 crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False):
-        self.x = x.to(device)
-        self.y = y.to(device)
-        self.batch_size = batch_size
-        self.train = train
-        self.crop_padding, self.flip = crop_padding, flip
-        self.seed = seed
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.gen = torch.Generator(device=self.x.device)
-        self.set_epoch(0)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.gen.manual_seed(self.seed * 100_003 + epoch)
-
-    def __len__(self) -> int:
-        n = len(self.y)
-        return n // self.batch_size if self.train else -(-n // self.batch_size)
-
-    def __iter__(self):
-        n = len(self.y)
-        order = torch.randperm(n, device=self.x.device, generator=self.gen) if self.train else None
-        for i in range(len(self)):
-            sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
-            idx = order[sl] if order is not None else sl
-            xb, yb = self.x[idx], self.y[idx]
-            if self.train:
-                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen)
-            xb = xb.float().div_(255).contiguous(memory_format=self.memory_format)
-            yield xb, yb
-
-
-LOADERS: Registry[Callable] = Registry("loader")
-
-
-@LOADERS.register("device", "the whole split on the device; shuffle, crop and flip there (default)")
-def _device_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
-                   crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False, **_):
-    return DeviceLoader(x, y, batch_size, device=device, train=train, crop_padding=crop_padding, flip=flip,
-                        seed=seed, channels_last=channels_last)
-
-
-@LOADERS.register("ffcv", "FFCV .beton files (fastfair data convert); same batches as device; needs fastfair[ffcv]")
-def _ffcv_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, beton_dir: str = "",
-                 dataset: str | None = None, val_per_class: int | None = None, **kw):
-    from . import ffcv_loader
-
-    if not beton_dir:
-        raise UserError("--loader ffcv needs --beton-dir DIR (data.beton_dir), made by "
-                        "`fastfair data convert --dataset D --out DIR`")
-    ffcv_loader.check_meta(beton_dir, dataset=dataset, val_per_class=val_per_class, split=split, n=len(y))
-    return ffcv_loader.loader_for(beton_dir, split, batch_size, **kw)

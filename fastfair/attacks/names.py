@@ -1,0 +1,82 @@
+"""Attacks a user names on the command line: ``clean``, ``fgsm``, ``pgdK``, ``pgdKxR``, ``cwK``,
+``tpgdK@tT``, and the grid name ``tpgdK@grid``.
+
+``tpgdK@grid`` is Temperature-PGD-K over Tian et al.'s 1/T grid (KDD 2021, Sec. 5, 'Overall
+results': they search 1/T in {2, 5, 10, 50} and report the best attack, i.e. the temperature
+giving the lowest robust accuracy). ``tpgd20@grid`` expands into ``tpgd20@t0.5``, ``@t0.2``,
+``@t0.1`` and ``@t0.02`` (the parser takes T, not 1/T), and :func:`add_best` adds a
+``tpgd20@grid`` entry equal to the one with the lowest average.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from fastfair.attacks.pgd import PGD
+from fastfair.errors import UserError
+
+_NAME = re.compile(r"^(?P<kind>pgd|cw|fgsm|tpgd)(?P<steps>\d*)(?:x(?P<restarts>\d+))?(?:@t(?P<t>[\d.]+))?$")
+
+
+@dataclass(frozen=True)
+class EvalAttack:
+    """An attack a user names on the command line: ``clean``, ``pgd20``, ``pgd20x5`` (5 restarts),
+    ``cw20``, ``fgsm``, ``tpgd20@t0.1`` (Temperature-PGD, T = 0.1, i.e. 1/T = 10)."""
+
+    name: str
+    pgd: PGD | None  # None means clean accuracy
+    step_is_eps: bool = False  # FGSM: one step of size eps
+
+    def __call__(self, model, x, y, eps_c, alpha_c):
+        if self.pgd is None:
+            return x
+        return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
+
+
+def parse_attack(name: str, cw_kappa: float = 50.0) -> EvalAttack:
+    """Parse an evaluation attack name (see :class:`EvalAttack`); bad names list the forms."""
+    if name == "clean":
+        return EvalAttack(name, None)
+    m = _NAME.match(name)
+    if not m:
+        raise UserError(
+            f"unknown attack {name!r}; use clean, fgsm, pgdK, pgdKxR (R restarts), cwK or tpgdK@tT "
+            "(for example pgd20, cw20, pgd50x5, tpgd20@t0.1)"
+        )
+    kind, steps = m["kind"], int(m["steps"] or (1 if m["kind"] == "fgsm" else 20))
+    restarts = int(m["restarts"] or 1)
+    if kind == "fgsm":
+        return EvalAttack(name, PGD(steps=1, objective="ce", init="none"), step_is_eps=True)
+    base = PGD(steps=steps, restarts=restarts, objective="ce", init="uniform", bn_mode="eval")
+    if kind == "cw":
+        base = replace(base, objective="cw", kappa=cw_kappa)
+    if kind == "tpgd":
+        base = replace(base, temperature=float(m["t"] or 1.0))
+    return EvalAttack(name, base)
+
+
+INVERSE_TEMPERATURES = (2, 5, 10, 50)  # Tian et al. KDD 2021, Sec. 5: grid search over 1/T
+_GRID = re.compile(r"^tpgd(?P<steps>\d*)@grid$")
+
+
+def members(name: str) -> list[str]:
+    """The attack names a (grid) name stands for; a plain name stands for itself."""
+    m = _GRID.match(name)
+    if not m:
+        return [name]
+    return [f"tpgd{m['steps']}@t{1 / it:g}" for it in INVERSE_TEMPERATURES]
+
+
+def expand(names: list[str]) -> list[str]:
+    """All names to run, grids expanded, each once, in order."""
+    return list(dict.fromkeys(n for name in names for n in members(name)))
+
+
+def add_best(results: dict[str, dict], names: list[str]) -> None:
+    """For each grid name, add the member entry with the lowest average accuracy, naming it in ``chosen``."""
+    for name in names:
+        group = members(name)
+        if group == [name]:
+            continue
+        best = min(group, key=lambda n: results[n]["summary"]["avg"])
+        results[name] = {**results[best], "chosen": best, "inverse_temperature": round(1 / float(best.split("@t")[1]), 6)}

@@ -1,0 +1,35 @@
+"""The per-class PGD step and random start in PyTorch: the reference ``fastfair.kernels`` fuses.
+
+``eps_c`` and ``alpha_c`` are per-class ``(C,)`` tensors gathered by label, so per-class
+budgets (CFA's CCM, FRL's remargin) change values, never shapes.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastfair.errors import UserError
+
+INITS = ("uniform", "normal", "none")
+
+
+def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
+    """x' <- clip_[0,1](clip_[x-eps_y, x+eps_y](x' + alpha_y sign(g))) (Madry et al. 2018, Eq. 2)."""
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    eps = eps_c[y].view(shape).float()
+    alpha = alpha_c[y].view(shape).float()
+    step = x_adv.float() + alpha * grad.float().sign()
+    x32 = x.float()
+    out = torch.minimum(torch.maximum(step, x32 - eps), x32 + eps).clamp(0.0, 1.0)
+    return out.to(x_adv.dtype)
+
+
+def random_start(x, y, eps_c, kind: str):
+    """PGD init: U(-eps_y, eps_y) clipped to [0,1] (Madry), or x + 0.001 N(0, I) (TRADES code)."""
+    if kind == "uniform":
+        eps = eps_c[y].view((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
+        return (x + (torch.rand_like(x) * 2 - 1) * eps).clamp(0.0, 1.0)
+    if kind == "normal":
+        return x + 0.001 * torch.randn_like(x)
+    if kind == "none":
+        return x.clone()
+    raise UserError(f"unknown PGD init {kind!r}; known: {', '.join(INITS)}")

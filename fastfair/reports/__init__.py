@@ -1,0 +1,1 @@
+"""Reports: Markdown, LaTeX and PNG figures read from run directories."""
