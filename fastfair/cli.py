@@ -15,14 +15,25 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 def cmd_methods(args) -> None:
-    from fastfair.training.averaging import AVERAGING
+    from fastfair import ops, schema
     from fastfair.methods import METHODS, OPTIONS
+    from fastfair.training.averaging import AVERAGING
 
-    _listing(METHODS.table())
-    print("\noptions that combine with the methods above:")
-    _listing(OPTIONS.table())
+    def keys(section_cls, prefix: str) -> list[tuple[str, str]]:
+        docs = schema.field_docs(section_cls)
+        return [(f"  {prefix}.{k}", f"{doc} (default {getattr(section_cls(), k)!r})")
+                for k, doc in docs.items() if k != "name"]
+
+    rows = []
+    for name in METHODS:
+        rows += [(name, METHODS.doc(name)), *keys(METHODS.get(name).section(), "method")]
+    _listing(rows)
+    print("\noptions that combine with the methods above (each a config section):")
+    _listing([row for name in OPTIONS for row in [(name, OPTIONS.doc(name)), *keys(OPTIONS.get(name).section(), name)]])
     print("\nweight averaging (train.averaging):")
     _listing(AVERAGING.table())
+    print("\nkernel backends (train.kernels):")
+    _listing(ops.BACKENDS.table())
 
 
 def cmd_models(args) -> None:
@@ -155,8 +166,8 @@ def _int_list(text: str) -> list[int]:
 
 def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("fairness options (shorthands for --set keys)")
-    g.add_argument("--ccm", action="store_const", const=True, help="CFA class-wise calibrated margin (method.ccm)")
-    g.add_argument("--ccr", action="store_const", const=True, help="CFA class-wise calibrated TRADES beta (method.ccr)")
+    g.add_argument("--ccm", action="store_const", const=True, help="CFA class-wise calibrated margin (ccm.enabled)")
+    g.add_argument("--ccr", action="store_const", const=True, help="CFA class-wise calibrated TRADES beta (ccr.enabled)")
     avg = g.add_mutually_exclusive_group()
     avg.add_argument("--ema", dest="averaging", action="store_const", const="ema", help="EMA of weights per epoch")
     avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",
@@ -164,12 +175,12 @@ def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
     g.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's model weights (train.init_from)")
     g.add_argument("--classes", type=_int_list, metavar="I,J", help="train and test on these classes only (data.classes)")
     g.add_argument("--adv-classes", type=_int_list, metavar="I,J",
-                   help="adversarial examples only for these classes (method.adv_classes)")
+                   help="adversarial examples only for these classes (adv_classes.classes)")
 
 
 def _fairness_flags(args) -> dict:
-    return {"method.ccm": args.ccm, "method.ccr": args.ccr, "train.averaging": args.averaging,
-            "train.init_from": args.init_from, "data.classes": args.classes, "method.adv_classes": args.adv_classes}
+    return {"ccm.enabled": args.ccm, "ccr.enabled": args.ccr, "train.averaging": args.averaging,
+            "train.init_from": args.init_from, "data.classes": args.classes, "adv_classes.classes": args.adv_classes}
 
 
 def cmd_grid(args) -> int:

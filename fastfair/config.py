@@ -1,17 +1,19 @@
-"""Run configuration: dataclasses with defaults, TOML presets, and ``--set a.b=value`` overrides.
+"""Run configuration: sections with defaults, TOML presets, and ``--set a.b=value`` overrides.
 
-Resolution order (later wins): dataclass defaults < the method's defaults (attack objective,
-init and BN mode of its paper's code) < the data set's defaults (validation size, augmentation)
-< the TOML preset < command-line flags < ``--set``. Every key is validated against the
-dataclasses: an unknown key is an error that lists the close matches.
+A config has the core sections below (data, model, attack, train, eval), the section
+``method`` holding the chosen method's own keys (declared beside it, ``Method.keys``), and one
+section per class-wise option (``[ccm]``, ``[ccr]``, ``[he]``, ...; ``Option.keys``).
+Resolution order (later wins): declared defaults < the method's defaults (attack objective,
+init and BN mode of its paper's code) < the data set's defaults (validation size,
+augmentation) < the defaults of the options the run switches on < the TOML preset <
+command-line flags < ``--set``. Every key is validated against its section: an unknown key is
+an error that lists the close matches.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,7 +26,10 @@ else:  # pragma: no cover
 
 import tomli_w
 
+from fastfair import schema
+from fastfair.data import DATASETS
 from fastfair.errors import UserError
+from fastfair.methods import METHODS, OPTIONS
 
 
 @dataclass
@@ -68,38 +73,6 @@ class AttackConfig:
 
 
 @dataclass
-class MethodConfig:
-    name: str = "pgd-at"
-    smoothing: float = 0.0  # label smoothing alpha, any method (ME paper Table 1: 0.1)
-    kl_weight: float = 6.0  # TRADES regulariser: lambda in the ME paper, beta in TRADES/CFA
-    entropy_weight: float = 0.0  # ME-AT/ME-TRADES beta
-    # --- class-wise options shared by methods (fastfair/methods/options.py, cfa.py, ...) ---
-    kl_weight_per_class: list[float] = field(default_factory=list)  # class-wise beta (Tian KDD Eq. 5); empty: kl_weight for all
-    kl_normalize: bool = False  # divide the TRADES loss by (1 + beta_y), as CFA's code does even without CCR
-    ccm: bool = False  # CFA Class-wise Calibrated Margin: eps_k = (ccm_lambda + A_k) eps (CFA Eq. 6)
-    ccm_lambda: float = 0.5  # CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (CFA Sec. 5.1)
-    ccr: bool = False  # CFA Class-wise Calibrated Regularisation: beta_k = (ccr_lambda + A_k) beta (CFA Eq. 7-8)
-    ccr_lambda: float = 0.5  # CFA lambda_2
-    calibrate_begin: int = 10  # first epoch whose eps_k / beta_k use A_k (CFA code's --begin; the paper gives none)
-    class_weights: list[float] = field(default_factory=list)  # cost-sensitive per-class loss weights w_y (Benz et al.)
-    class_weights_auto: bool = False  # derive w_k from train robust accuracy each epoch (fastfair's rule, docs/methods.md)
-    adv_classes: list[int] = field(default_factory=list)  # ME paper single AT: adversarial examples only for these classes (indices after data.classes)
-    he_margin: float = 0.0  # HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = "cosine"
-    he_schedule: str = "fixed"  # HE scale schedule: fixed | lis | cmp (Tian ICLR App. G)
-    he_scale_end: float = 75.0  # LIS: 1/T at the last epoch (Tian: 1 -> 75)
-    he_pmax_start: float = 0.2  # CMP: controlled maximum probability at epoch 0 (Tian: 0.2)
-    he_pmax_end: float = 1.0  # CMP: ... reached at he_pmax_epoch (Tian: 1)
-    he_pmax_epoch: int = 90  # CMP: end of the interpolation (Tian: 90 of 100)
-    fat_tau: int = 0  # FAT: extra misclassified PGD steps allowed before a sample stops (Zhang et al. 2020)
-    fat_tau_milestones: list[int] = field(default_factory=list)  # FAT dynamic tau: +1 at each of these epochs
-    frl_bound: float = 0.1  # FRL: tolerance of class error above average (code: bound0 = bound1 = 0.1)
-    frl_rate_weight: float = 0.05  # FRL: multiplier step of the reweight terms (code: rate1)
-    frl_rate_margin: float = 0.1  # FRL: multiplier step of the remargin term (code: rate2)
-    frl_lim: float = 0.5  # FRL: reweight multipliers are rescaled to sum <= lim
-    frl_halve_every: int = 40  # FRL code halves rate1 every 40 epochs
-
-
-@dataclass
 class TrainConfig:
     epochs: int = 100
     lr: float = 0.1
@@ -136,67 +109,65 @@ class EvalConfig:
     split: str = "test"
 
 
-@dataclass
+CORE = {"data": DataConfig, "model": ModelConfig, "attack": AttackConfig, "train": TrainConfig, "eval": EvalConfig}
+
+# Keys renamed when methods and options came to declare their own (issue 11): old name -> new
+# name(s). Saved runs with old keys still load; a preset or --set using one gets the new name.
+RENAMED: dict[str, tuple[str, ...]] = {
+    "method.kl_normalize": ("method.normalize",),
+    "method.ccm": ("ccm.enabled",), "method.ccm_lambda": ("ccm.lambda_1",),
+    "method.ccr": ("ccr.enabled",), "method.ccr_lambda": ("ccr.lambda_2",),
+    "method.calibrate_begin": ("ccm.begin", "ccr.begin"),
+    "method.class_weights": ("cost_sensitive.weights",), "method.class_weights_auto": ("cost_sensitive.auto",),
+    "method.adv_classes": ("adv_classes.classes",),
+    "method.he_margin": ("he.margin",), "method.he_schedule": ("he.schedule",), "method.he_scale_end": ("he.scale_end",),
+    "method.he_pmax_start": ("he.pmax_start",), "method.he_pmax_end": ("he.pmax_end",),
+    "method.he_pmax_epoch": ("he.pmax_epoch",),
+    "method.fat_tau": ("method.tau",), "method.fat_tau_milestones": ("method.tau_milestones",),
+    "method.frl_bound": ("method.bound",), "method.frl_rate_weight": ("method.rate_weight",),
+    "method.frl_rate_margin": ("method.rate_margin",), "method.frl_lim": ("method.lim",),
+    "method.frl_halve_every": ("method.halve_every",),
+}
+
+
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    attack: AttackConfig = field(default_factory=AttackConfig)
-    method: MethodConfig = field(default_factory=MethodConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    preset: str = ""  # which paper table this preset reproduces (documentation only)
+    """The run's sections by name (``cfg.data``, ``cfg.method``, ``cfg.ccm``, ...) and the preset's description."""
+
+    def __init__(self, method: str = "pgd-at", preset: str = ""):
+        self.preset = preset
+        self.sections = {name: cls() for name, cls in CORE.items()}
+        self.sections["method"] = METHODS.get(method).section()(name=method)
+        self.sections.update({name: OPTIONS.get(name).section()() for name in OPTIONS})
+
+    def __getattr__(self, name: str):
+        try:
+            return self.__dict__["sections"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    def enabled_options(self) -> list[str]:
+        """Names of the options this run switches on (each decides from its own section)."""
+        return [name for name in OPTIONS if OPTIONS.get(name).enabled(self)]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"preset": self.preset, **{name: dataclasses.asdict(s) for name, s in self.sections.items()}}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "preset"}
+def _all_keys(cfg: Config) -> list[str]:
+    return [f"{s}.{k}" for s, sec in cfg.sections.items() for k in schema.field_types(sec)]
 
 
-def _section_types(section: str) -> dict[str, Any]:
-    cls = {"data": DataConfig, "model": ModelConfig, "attack": AttackConfig, "method": MethodConfig,
-           "train": TrainConfig, "eval": EvalConfig}[section]
-    return typing.get_type_hints(cls)
-
-
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Check ``value`` against the field type; ints are accepted for floats."""
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        for t in typing.get_args(typ):
-            try:
-                return _coerce(key, value, t)
-            except UserError:
-                pass
-        raise UserError(f"{key}: {value!r} is not a {typ}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise UserError(f"{key} takes a list, for example {key}=[1, 2]; got {value!r}")
-        (item,) = typing.get_args(typ)
-        return [_coerce(key, v, item) for v in value]
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ is bool and not isinstance(value, bool):
-        raise UserError(f"{key} takes true or false; got {value!r}")
-    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise UserError(f"{key} takes an integer; got {value!r}")
-    if not isinstance(value, typ):
-        raise UserError(f"{key} takes a {typ.__name__}; got {value!r}")
-    return value
-
-
-def _all_keys() -> list[str]:
-    return [f"{s}.{k}" for s in SECTIONS for k in _section_types(s)]
-
-
-def _qualify(key: str) -> str:
+def _qualify(cfg: Config, key: str) -> str:
     """``a.b`` stays; a bare ``b`` is accepted when exactly one section has it."""
     if "." in key:
         return key
-    owners = [s for s in SECTIONS if key in _section_types(s)]
+    owners = [s for s, sec in cfg.sections.items() if key in schema.field_types(sec)]
     if len(owners) == 1:
         return f"{owners[0]}.{key}"
     if len(owners) > 1:
@@ -207,18 +178,40 @@ def _qualify(key: str) -> str:
 def apply(cfg: Config, updates: dict[str, Any], origin: str) -> Config:
     """Apply flat ``{'section.key': value}`` updates in place, validating each key and value."""
     for raw_key, value in updates.items():
-        key = _qualify(raw_key)
+        key = _qualify(cfg, raw_key)
         if key == "preset":
             cfg.preset = str(value)
             continue
         section, _, name = key.partition(".")
-        types_ = _section_types(section) if section in SECTIONS else {}
+        if key == "method.name" and value != cfg.method.name:
+            raise ValueError(f"method.name is fixed when the config is made ({cfg.method.name}); got {value!r}")
+        types_ = schema.field_types(cfg.sections[section]) if section in cfg.sections else {}
         if name not in types_:
-            close = difflib.get_close_matches(key, _all_keys(), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise UserError(f"unknown config key {raw_key!r} (from {origin}).{hint}")
-        setattr(getattr(cfg, section), name, _coerce(key, value, types_[name]))
+            raise UserError(f"unknown config key {raw_key!r} (from {origin}).{_hint(cfg, key)}")
+        setattr(cfg.sections[section], name, schema.coerce(key, value, types_[name]))
     return cfg
+
+
+def _hint(cfg: Config, key: str) -> str:
+    if key in RENAMED:
+        return f" It was renamed to {' and '.join(RENAMED[key])}."
+    section, _, name = key.partition(".")
+    if section == "method":
+        owners = [m for m in METHODS if name in METHODS.get(m).keys_all()]
+        if owners:
+            return (f" Method {cfg.method.name} has no key {name!r} (its keys: "
+                    f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); methods with it: {', '.join(owners)}.")
+    close = difflib.get_close_matches(key, _all_keys(cfg), n=3)
+    return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def renamed(flat: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's keys under their current names (:data:`RENAMED`)."""
+    out = {}
+    for key, value in flat.items():
+        for new in RENAMED.get(key, (key,)):
+            out[new] = value
+    return out
 
 
 def flatten(nested: dict[str, Any]) -> dict[str, Any]:
@@ -267,35 +260,53 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
         raise UserError(f"{name_or_path}: not valid TOML ({err})") from None
 
 
+def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
+    """A config holding every default that applies below the user's layers (module docstring)."""
+    cfg = Config(method)
+    apply(cfg, {"data.dataset": dataset}, "the command line")
+    apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults")
+    spec = DATASETS.get(dataset)
+    apply(cfg, {"data.val_per_class": spec.val_per_class, "data.crop_padding": spec.crop_padding,
+                "data.flip": spec.flip}, f"data set {dataset}'s defaults")
+    for name in options:
+        try:
+            apply(cfg, OPTIONS.get(name).defaults, f"option {name}'s defaults")
+        except UserError as err:
+            raise UserError(f"option {name} does not combine with method {method}: {err}") from None
+    return cfg
+
+
 def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
             sets: list[str] | None = None, base: dict[str, Any] | None = None) -> Config:
     """Build the run's config by the layering in the module docstring.
 
     ``base`` (a saved run's config) replaces the defaults, used by ``--resume``.
     """
-    from fastfair.data import DATASETS
-    from fastfair.methods import METHODS
-
     layers = [
         ("the preset", read_preset(preset) if preset else {}),
         ("the command line", {k: v for k, v in (flags or {}).items() if v is not None}),
         ("--set", parse_set(sets or [])),
     ]
-    merged = {_qualify(k): v for _, layer in layers for k, v in layer.items()}
-    cfg = Config()
     if base is not None:
-        cfg = apply(cfg, flatten(base), "the saved run config")
+        saved = renamed(flatten(base))
+        cfg = apply(Config(saved["method.name"]), saved, "the saved run config")
     else:
-        method = merged.get("method.name", cfg.method.name)
-        dataset = merged.get("data.dataset", cfg.data.dataset)
-        apply(cfg, {"method.name": method, "data.dataset": dataset}, "the command line")
-        apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults")
-        spec = DATASETS.get(dataset)
-        apply(cfg, {"data.val_per_class": spec.val_per_class, "data.crop_padding": spec.crop_padding,
-                    "data.flip": spec.flip}, f"data set {dataset}'s defaults")
+        probe = Config()
+        merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
+        method = merged.get("method.name", probe.method.name)
+        dataset = merged.get("data.dataset", probe.data.dataset)
+        # Which options are on depends on the layers, and their defaults go below the layers:
+        # apply the layers once to see, then build again with those options' defaults.
+        layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
+                  for origin, layer in layers]  # the method is chosen above, once
+        trial = _with_defaults(method, dataset, [])
+        for origin, layer in layers:
+            apply(trial, layer, origin)
+        cfg = _with_defaults(method, dataset, trial.enabled_options())
     for origin, layer in layers:
         apply(cfg, layer, origin)
-    METHODS.get(cfg.method.name)  # a method renamed by --set must exist too
+    for name in cfg.enabled_options():
+        OPTIONS.get(name).check(cfg)
     return cfg
 
 
@@ -304,5 +315,6 @@ def load_saved(path: str | Path) -> dict[str, Any]:
 
 
 def load_saved_text(text: str) -> Config:
-    """A saved run config (TOML text) as a Config."""
-    return apply(Config(), flatten(tomllib.loads(text)), "the saved run config")
+    """A saved run config (TOML text) as a Config; keys saved under an earlier name are renamed."""
+    saved = renamed(flatten(tomllib.loads(text)))
+    return apply(Config(saved["method.name"]), saved, "the saved run config")

@@ -26,14 +26,38 @@ def test_dataset_defaults():
 
 
 def test_bare_key_is_qualified_when_unique():
-    assert config.resolve(None, None, ["kl_weight=3"]).method.kl_weight == 3.0
+    assert config.resolve(None, {"method.name": "trades"}, ["kl_weight=3"]).method.kl_weight == 3.0
+    assert config.resolve(None, None, ["lambda_1=0.2"]).ccm.lambda_1 == 0.2
     with pytest.raises(UserError, match="ambiguous"):
         config.resolve(None, None, ["eps=0.1"])
 
 
 def test_unknown_key_lists_close_matches():
     with pytest.raises(UserError, match="method.kl_weight"):
-        config.resolve(None, None, ["method.kl_weigth=3"])
+        config.resolve(None, {"method.name": "trades"}, ["method.kl_weigth=3"])
+
+
+def test_a_key_the_method_does_not_read_is_an_error_naming_the_methods_that_do():
+    with pytest.raises(UserError, match=r"pgd-at has no key 'kl_weight'.*methods with it: .*trades"):
+        config.resolve(None, {"method.name": "pgd-at"}, ["method.kl_weight=6"])
+
+
+def test_a_renamed_key_names_its_new_name():
+    with pytest.raises(UserError, match="renamed to ccm.lambda_1"):
+        config.resolve(None, None, ["method.ccm_lambda=0.3"])
+
+
+def test_a_saved_config_with_old_keys_loads_under_the_new_names():
+    old = '[method]\nname = "trades"\nkl_weight = 6.0\nccr = true\ncalibrate_begin = 3\nkl_normalize = true\n'
+    cfg = config.load_saved_text(old)
+    assert cfg.ccr.enabled and (cfg.ccm.begin, cfg.ccr.begin) == (3, 3) and cfg.method.normalize
+
+
+def test_an_option_sets_its_defaults_below_the_users_layers():
+    assert config.resolve(None, {"method.name": "trades", "ccr.enabled": True}).method.normalize
+    off = config.resolve(None, {"method.name": "trades", "ccr.enabled": True}, ["method.normalize=false"])
+    assert off.ccr.enabled and not off.method.normalize  # an ablation the user asked for
+    assert not config.resolve(None, {"method.name": "trades"}).method.normalize
 
 
 @pytest.mark.parametrize("item,msg", [("train.epochs=abc", "integer"), ("train.nesterov=1", "true or false"),

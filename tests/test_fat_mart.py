@@ -9,7 +9,8 @@ from fastfair import config
 from fastfair.ops import losses
 from fastfair.training.class_state import ClassState
 from fastfair.methods import METHODS
-from fastfair.methods.fat import EarlyStopPGD, tau_at
+from fastfair.attacks import PGD
+from fastfair.methods.fat import EarlyStop, tau_at
 from fastfair.methods.mart import boosted_margin
 
 
@@ -26,7 +27,7 @@ def steps_taken(tau: int, steps: int = 6) -> list[int]:
     x = torch.full((2, 1, 1, 2), 0.5)
     y = torch.tensor([0, 1])  # sample 0 is always misclassified, sample 1 never
     eps, alpha = torch.full((2,), 0.5), torch.full((2,), 0.01)
-    x_adv = EarlyStopPGD(steps=steps, init="none")(always_class_1(), x, y, eps, alpha, tau)
+    x_adv = PGD(steps=steps, init="none", stop=EarlyStop(tau))(always_class_1(), x, y, eps, alpha)
     return [round(v) for v in ((x_adv - x).abs().flatten(1).amax(1) / 0.01).tolist()]
 
 
@@ -51,7 +52,7 @@ def test_mart_loss_matches_its_formula():
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     x, x_adv, y = torch.randn(5, 4), torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
-    loss, _ = m.loss(model, x, x_adv, y, state)
+    loss, _ = m.objective(model, x, x_adv, y, state)
     z, za = model(x), model(x_adv)
     p_y = F.softmax(z, 1).gather(1, y[:, None]).squeeze(1)
     want = (losses.cross_entropy(za, y) + boosted_margin(za, y) + 6.0 * losses.trades_kl(z, za) * (1 - p_y)).mean()

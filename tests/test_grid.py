@@ -179,10 +179,10 @@ def test_me_table2_grid_resolves_every_run(tmp_path):
 def test_cfa_fig5a_grid_sweeps_five_budgets():
     grid, _ = load(str(GRIDS / "cfa-fig5a-ccm-budget.toml"))
     assert "Fig. 5(a)" in grid.preset
-    assert [r.point["method.ccm_lambda"] for r in grid.runs()] == [0.3, 0.4, 0.5, 0.6, 0.7]
+    assert [r.point["ccm.lambda_1"] for r in grid.runs()] == [0.3, 0.4, 0.5, 0.6, 0.7]
 
 
 def test_cfa_fig5a_grid_resolves_every_run(tmp_path):
     lines = []
     assert run_grid(str(GRIDS / "cfa-fig5a-ccm-budget.toml"), out=str(tmp_path), dry_run=True, echo=lines.append) == 0
-    assert any("method.ccm=true" in l for l in lines) and any("method.ccm_lambda=0.7" in l for l in lines)
+    assert any("ccm.enabled=true" in l for l in lines) and any("ccm.lambda_1=0.7" in l for l in lines)

@@ -33,7 +33,7 @@ def test_cosine_head_and_margin():
     cos = m.head.cosine(m.forward_features(x))
     assert torch.allclose(z, 10.0 * cos) and cos.abs().max() <= 1 + 1e-6
     cfg = config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"},
-                         ["model.head=cosine", "method.he_margin=0.2"])
+                         ["model.head=cosine", "he.margin=0.2"])
     method = METHODS.get("pgd-at")(cfg)
     y = torch.tensor([0, 1, 2, 0])
     shifted = method.ce_logits(m, z, y)
@@ -42,14 +42,14 @@ def test_cosine_head_and_margin():
 
 def test_schedules_move_the_head_scale_before_each_epoch():
     cfg = config.resolve(None, {"method.name": "trades", "data.dataset": "digits"},
-                         ["model.head=cosine", "model.head_scale=1", "method.he_schedule=lis", "train.epochs=10"])
+                         ["model.head=cosine", "model.head_scale=1", "he.schedule=lis", "train.epochs=10"])
     m = models.build("tiny-cnn", num_classes=3, in_channels=1, mean=[0.5], std=[0.5], width=4, head="cosine",
                      head_scale=1.0)
     method = METHODS.get("trades")(cfg)
     method.begin_epoch(m, 5)
     assert float(m.head.scale) == pytest.approx(1 + 0.5 * 74)
     cfg = config.resolve(None, {"method.name": "trades", "data.dataset": "digits"},
-                         ["model.head=cosine", "method.he_schedule=cmp"])
+                         ["model.head=cosine", "he.schedule=cmp"])
     method = METHODS.get("trades")(cfg)
     method.begin_epoch(m, 45)
     w = torch.nn.functional.normalize(m.head.weight, dim=1)
@@ -57,6 +57,5 @@ def test_schedules_move_the_head_scale_before_each_epoch():
 
 
 def test_he_options_need_the_cosine_head():
-    cfg = config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"}, ["method.he_schedule=lis"])
-    with pytest.raises(UserError, match="model.head=cosine"):
-        METHODS.get("pgd-at")(cfg)
+    with pytest.raises(UserError, match="model.head=cosine"):  # at config time, before any long work
+        config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"}, ["he.schedule=lis"])

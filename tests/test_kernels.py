@@ -351,7 +351,7 @@ def test_random_start_normal_and_none():
 
 
 def test_triton_backend_and_pgd_attack_match_torch_backend():
-    """The whole attack through ops.use('triton') equals the torch backend (deterministic init).
+    """The whole attack with the triton backend equals the torch backend (deterministic init).
 
     TRADES-KL is checked by its property only, from TRADES's random start: at x' = x its
     gradient is exactly 0 in the kernel (p_adv - p_nat) and rounding noise in the reference.
@@ -362,17 +362,14 @@ def test_triton_backend_and_pgd_attack_match_torch_backend():
     y = torch.randint(0, 10, (7,), generator=gen).to(DEV)
     eps_c = (torch.rand(10, generator=gen) * 0.05 + 0.01).to(DEV)
     adv = {}
-    try:
-        o = ops.use("triton")
-        assert o.row_loss is K.row_loss and o.pgd_step is K.pgd_step and o.random_start is K.random_start
-        for backend in ("triton", "torch"):
-            ops.use(backend)
-            for objective in ("ce", "kl", "cw"):
-                init = "normal" if objective == "kl" else "none"
-                atk = attacks.PGD(steps=3, objective=objective, init=init, kappa=5.0)
-                adv[backend, objective] = atk(model, x, y, eps_c, eps_c / 4)
-    finally:
-        ops.use("torch")
+    o = ops.backend("triton")
+    assert o.row_loss is K.row_loss and o.pgd_step is K.pgd_step and o.random_start is K.random_start
+    assert ops.backend("torch") is ops.REFERENCE
+    for backend in ("triton", "torch"):
+        for objective in ("ce", "kl", "cw"):
+            init = "normal" if objective == "kl" else "none"
+            atk = attacks.PGD(steps=3, objective=objective, init=init, kappa=5.0, ops=ops.backend(backend))
+            adv[backend, objective] = atk(model, x, y, eps_c, eps_c / 4)
     for objective in ("ce", "cw"):
         assert torch.equal(adv["triton", objective], adv["torch", objective])
     x_kl = adv["triton", "kl"]

@@ -23,7 +23,7 @@ def test_cfa_paper_and_code_variants_differ_where_the_reference_says():
     code = config.resolve(str(CONFIGS / "cfa-t1-trades-cfa-code.toml"))
     assert (paper.train.avg_decay, paper.train.avg_threshold, paper.train.avg_begin) == (0.85, 0.2, 50)
     assert (code.train.avg_decay, code.train.avg_threshold, code.train.avg_begin) == (0.88, 0.24, 0)
-    assert (paper.method.ccm_lambda, code.method.ccm_lambda) == (0.3, 0.5)
-    assert paper.method.ccm and paper.method.ccr and paper.train.averaging == "fawa" and paper.train.select == "fair"
-    assert not config.resolve(str(CONFIGS / "cfa-t1-trades-paper.toml")).method.kl_normalize
-    assert config.resolve(str(CONFIGS / "cfa-t1-trades-code.toml")).method.kl_normalize
+    assert (paper.ccm.lambda_1, code.ccm.lambda_1) == (0.3, 0.5)
+    assert paper.ccm.enabled and paper.ccr.enabled and paper.train.averaging == "fawa" and paper.train.select == "fair"
+    assert not config.resolve(str(CONFIGS / "cfa-t1-trades-paper.toml")).method.normalize
+    assert config.resolve(str(CONFIGS / "cfa-t1-trades-code.toml")).method.normalize

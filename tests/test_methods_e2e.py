@@ -33,7 +33,7 @@ def run(npz, out, method, *sets):
 @pytest.fixture(scope="module")
 def cfa_run(npz, tmp_path_factory):
     out = tmp_path_factory.mktemp("cfa")
-    records, result = run(npz, out, "trades", "method.ccm=true", "method.ccr=true", "method.calibrate_begin=1",
+    records, result = run(npz, out, "trades", "ccm.enabled=true", "ccr.enabled=true", "ccm.begin=1", "ccr.begin=1",
                           "train.averaging=fawa", "train.avg_begin=0", "train.avg_threshold=0.0")
     return out, records, result
 
@@ -65,10 +65,10 @@ def test_frl_fine_tunes_from_a_checkpoint(npz, cfa_run, tmp_path):
 
 
 @pytest.mark.parametrize("method,sets", [
-    ("fat", ["method.ccm=true", "method.calibrate_begin=0", "method.fat_tau=1"]),
-    ("mart", ["method.class_weights_auto=true"]),
-    ("pgd-at", ["model.head=cosine", "method.he_margin=0.2", "method.he_schedule=cmp", "model.norm=bin"]),
-    ("pgd-at", ["method.adv_classes=[0]", "data.classes=[3, 5]", "train.averaging=ema", "train.avg_begin=0"]),
+    ("fat", ["ccm.enabled=true", "ccm.begin=0", "ccr.begin=0", "method.tau=1"]),
+    ("mart", ["cost_sensitive.auto=true"]),
+    ("pgd-at", ["model.head=cosine", "he.margin=0.2", "he.schedule=cmp", "model.norm=bin"]),
+    ("pgd-at", ["adv_classes.classes=[0]", "data.classes=[3, 5]", "train.averaging=ema", "train.avg_begin=0"]),
 ])
 def test_other_methods_train_and_evaluate(npz, tmp_path, method, sets):
     records, result = run(npz, tmp_path / "run", method, *sets)
@@ -81,7 +81,7 @@ def test_other_methods_train_and_evaluate(npz, tmp_path, method, sets):
 
 def test_resume_restores_the_averaged_model_and_the_calibrated_vectors(tmp_path):
     sets = ["train.epochs=2", "train.progress=false", "attack.steps=2", "train.val_attack=pgd2", "model.width=8",
-            "train.averaging=ema", "train.avg_begin=0", "method.ccm=true", "method.calibrate_begin=0"]
+            "train.averaging=ema", "train.avg_begin=0", "ccm.enabled=true", "ccm.begin=0", "ccr.begin=0"]
     demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.toml")
     Trainer(config.resolve(demo, None, sets), tmp_path / "a", quiet=True).fit()
     killed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", quiet=True)

@@ -37,11 +37,11 @@ def test_cli_shorthands_set_the_config_keys():
     args = cli.parser().parse_args(["train", "--method", "trades", "--ccm", "--ccr", "--fawa", "--classes", "3,5",
                                     "--adv-classes", "1", "--init-from", "a.pt"])
     cfg = config.resolve(None, {"method.name": "trades", "data.dataset": "digits", **cli._fairness_flags(args)})
-    assert (cfg.method.ccm, cfg.method.ccr, cfg.train.averaging) == (True, True, "fawa")
-    assert (cfg.data.classes, cfg.method.adv_classes, cfg.train.init_from) == ([3, 5], [1], "a.pt")
+    assert (cfg.ccm.enabled, cfg.ccr.enabled, cfg.train.averaging) == (True, True, "fawa")
+    assert (cfg.data.classes, cfg.adv_classes.classes, cfg.train.init_from) == ([3, 5], [1], "a.pt")
     plain = config.resolve(None, {"method.name": "trades", "data.dataset": "digits",
                                   **cli._fairness_flags(cli.parser().parse_args(["train"]))})
-    assert (plain.method.ccm, plain.train.averaging, plain.data.classes) == (False, "none", [])
+    assert (plain.ccm.enabled, plain.train.averaging, plain.data.classes) == (False, "none", [])
     with pytest.raises(SystemExit):
         cli.parser().parse_args(["train", "--ema", "--fawa"])
 
@@ -51,7 +51,7 @@ def test_methods_listing_names_every_method_option_and_paper(capsys):
 
     assert cli.main(["methods"]) == 0
     out = capsys.readouterr().out
-    for name in ("fat", "mart", "frl", "frl-rw", "frl-rm", "ccm", "ccr", "cost-sensitive", "he", "adv-classes",
+    for name in ("fat", "mart", "frl", "frl-rw", "frl-rm", "ccm", "ccr", "cost_sensitive", "he", "adv_classes",
                  "fawa", "ema"):
         assert f"\n{name} " in out or out.startswith(f"{name} ")
     for paper in ("Wei et al. 2023", "Xu et al. 2021", "Zhang et al. 2020", "Wang et al. 2020", "Pang et al. 2020",

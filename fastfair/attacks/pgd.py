@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from fastfair import ops
 from fastfair.errors import UserError
+from fastfair.ops import REFERENCE, Ops
 from fastfair.ops.steps import INITS
 
 OBJECTIVES = ("ce", "kl", "cw")
@@ -48,9 +49,23 @@ def per_class(value, num_classes: int, device) -> torch.Tensor:
     return t.expand(num_classes).contiguous() if t.dim() == 0 else t
 
 
+class StopRule(Protocol):
+    """A per-sample early stop handed to :class:`PGD` (FAT's, :mod:`fastfair.methods.fat`): after each
+    step's forward it says which samples still move; the others keep their current point."""
+
+    def start(self, y: torch.Tensor) -> Any:
+        """The rule's per-sample state before the first step (device tensors)."""
+
+    def update(self, state: Any, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(bool mask of samples that take this step, the new state), from this step's logits."""
+
+
 @dataclass(frozen=True)
 class PGD:
-    """L-inf PGD with a chosen objective; FGSM is ``steps=1, init='none', alpha=eps``."""
+    """L-inf PGD with a chosen objective; FGSM is ``steps=1, init='none', alpha=eps``.
+
+    ``ops`` computes the loss rows, the step and the random start (the PyTorch reference unless
+    the trainer hands its backend); ``stop`` is an optional per-sample early stop."""
 
     steps: int = 10
     objective: str = "ce"
@@ -59,6 +74,8 @@ class PGD:
     temperature: float = 1.0
     kappa: float = math.inf
     bn_mode: str = "eval"
+    ops: Ops = REFERENCE
+    stop: StopRule | None = None
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -69,21 +86,23 @@ class PGD:
     def _loss(self, model, z_nat, x_adv, y):
         z_adv = model(x_adv)
         weights = {"ce": {"ce_adv": 1.0}, "kl": {"kl": 1.0}, "cw": {"cw_adv": 1.0}}[self.objective]
-        loss = ops.get().row_loss(
-            z_nat, z_adv, y, **weights, temperature=self.temperature, kappa=self.kappa
-        )
+        loss = self.ops.row_loss(z_nat, z_adv, y, **weights, temperature=self.temperature, kappa=self.kappa)
         return loss.sum(), z_adv
 
     def _run(self, model, x, y, eps_c, alpha_c, z_nat):
-        o = ops.get()
+        o = self.ops
         x_adv = o.random_start(x, y, eps_c, self.init).detach()
+        rule = self.stop.start(y) if self.stop else None
         for _ in range(self.steps):
             x_adv.requires_grad_(True)
-            loss, _ = self._loss(model, z_nat, x_adv, y)
+            loss, z_adv = self._loss(model, z_nat, x_adv, y)
             (grad,) = torch.autograd.grad(loss, x_adv)
-            x_adv = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
+            stepped = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
+            if self.stop:
+                moves, rule = self.stop.update(rule, z_adv.detach(), y)
+                stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv.detach())
+            x_adv = stepped
         return x_adv.detach()
-
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c) -> torch.Tensor:
         """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``."""
         with attack_mode(model, self.bn_mode), torch.enable_grad():

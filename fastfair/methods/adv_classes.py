@@ -8,21 +8,24 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
-from fastfair.methods.options import OPTIONS, Option
+from fastfair.methods.options import Option, register
+from fastfair.schema import Key
 
 
-@OPTIONS.register("adv-classes", "adversarial examples only for method.adv_classes, clean training for the rest (ME paper Sec. 2.1)")
+@register("adv_classes", "adversarial examples only for adv_classes.classes, clean training for the rest "
+                         "(ME paper Sec. 2.1)")
 class AdvClasses(Option):
-    eps_factor = "eps_adv_mask"
+    keys = {"classes": Key([], "class indices (after data.classes) that get adversarial examples (ME paper, Sec. 2.1)",
+                           list[int])}
 
-    @staticmethod
-    def enabled(cfg) -> bool:
-        return bool(cfg.method.adv_classes)
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return bool(cfg.adv_classes.classes)
 
     def setup(self, state):
-        classes = self.cfg.method.adv_classes
+        classes = self.own.classes
         if any(not 0 <= k < state.num_classes for k in classes):
-            raise UserError(f"method.adv_classes takes class indices in 0..{state.num_classes - 1}; got {classes}")
+            raise UserError(f"adv_classes.classes takes class indices in 0..{state.num_classes - 1}; got {classes}")
         mask = torch.zeros(state.num_classes)
         mask[classes] = 1.0
-        state.add_vector(self.eps_factor, mask)
+        state.add_factor("eps", "eps_adv_mask", mask, owner=f"option {self.name}")

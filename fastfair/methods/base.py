@@ -1,55 +1,78 @@
-"""The Method interface: how one training step makes its examples and its loss.
+"""The Method interface: how one training step makes its examples and its per-sample loss rows.
 
-A method declares ``defaults`` (config keys its paper's code uses: attack objective, init, BN
-mode, loss weights) and implements ``perturb`` and ``loss``; ``setup``, ``begin_epoch`` and
-``end_epoch`` let it own per-class vectors in :class:`~fastfair.training.class_state.ClassState` and update
-them once per epoch. The enabled :mod:`options <fastfair.methods.options>` (CCM, CCR,
-cost-sensitive, HE, adversarial classes) ride along on the same hooks. Nothing in
-``perturb``/``loss`` may sync with the host.
+A method declares its config keys (``keys``, the ``[method]`` section), the keys of other
+sections its paper's code sets (``defaults``: attack objective, init, BN mode), and implements
+``perturb`` and ``loss``. ``loss`` returns per-sample rows; :meth:`Method.objective` is the one
+place that weights them by class (``state["loss_weight"][y]``) and averages, so every method
+honours the options that weight classes. ``setup`` declares per-class vectors in the
+:class:`~fastfair.training.class_state.ClassState`; ``begin_epoch``/``end_epoch`` update them
+once per epoch. The enabled :mod:`options <fastfair.methods.options>` ride along on the same
+hooks. Nothing in ``perturb``/``loss`` may sync with the host.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from fastfair.attacks import PGD
-from fastfair.training.class_state import ClassState
-from fastfair.config import Config
-from fastfair.registry import Registry
+from fastfair import ops, schema
+from fastfair.attacks.pgd import PGD
 from fastfair.methods.options import OPTIONS
+from fastfair.registry import Registry
+from fastfair.schema import Key
+from fastfair.training.class_state import ClassState
+
+if TYPE_CHECKING:
+    from fastfair.config import Config
 
 METHODS: Registry[type["Method"]] = Registry("method")
 
+SMOOTHING = {"smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)")}
+
 
 class Method:
+    keys: ClassVar[dict[str, Key]] = {}  # this class's own keys; subclasses add theirs (keys_all)
     defaults: ClassVar[dict[str, Any]] = {}
+    statistics: ClassVar[tuple[str, ...]] = ()  # per-class statistics its end_epoch reads (class_state.STATISTICS)
     needs_initial_validation: ClassVar[bool] = False  # FRL: update from validation before the first epoch
-    supports_margin: ClassVar[bool] = False  # its CE terms go through ce_logits (HE margin)
+    uses_ce_logits: ClassVar[bool] = False  # its CE terms go through ce_logits (where HE subtracts its margin)
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE):
+        self.cfg, self.ops = cfg, backend
         a = cfg.attack
-        self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode)
-        self.options = [OPTIONS.get(n)(cfg, self) for n in OPTIONS if OPTIONS.get(n).enabled(cfg)]
-        self.eps_factors: list[str] = [o.eps_factor for o in self.options if o.eps_factor]
+        self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode, ops=backend)
+        self.options = [OPTIONS.get(n)(cfg, self) for n in cfg.enabled_options()]
+
+    @classmethod
+    def keys_all(cls) -> dict[str, Key]:
+        """The method's keys, its base classes' first."""
+        out: dict[str, Key] = {}
+        for klass in reversed(cls.__mro__):
+            out.update(vars(klass).get("keys", {}))
+        return out
+
+    @classmethod
+    @functools.cache
+    def section(cls) -> type:
+        """The dataclass of this method's ``[method]`` section: ``name`` and its keys."""
+        return schema.section(f"method-{cls.__name__}", {"name": Key("", "the method (fastfair methods)"),
+                                                         **cls.keys_all()})
 
     def setup(self, state: ClassState) -> None:
-        """Create the per-class vectors this method reads (eps_k and alpha_k for every method), then the options'."""
+        """Declare the per-class vectors this method reads (eps_k and alpha_k), then the options'."""
         state.add_vector("eps", self.cfg.attack.eps)
         state.add_vector("alpha", self.cfg.attack.alpha)
-        for option in self.options:
-            option.setup(state)
-        self.refresh_eps(state)
+        self.setup_options(state)
 
-    def refresh_eps(self, state: ClassState) -> None:
-        """eps_k = eps * prod of the options' per-class factors (CCM, FRL remargin, adversarial classes)."""
-        eps = torch.full((state.num_classes,), self.cfg.attack.eps, device=state.device)
-        for name in self.eps_factors:
-            eps = eps * state[name]
-        state.set("eps", eps)
+    def setup_options(self, state: ClassState) -> None:
+        for name in self.statistics:
+            state.add_statistic(name)
+        for option in self.options:
+            for name in option.statistics:
+                state.add_statistic(name)
+            option.setup(state)
 
     def begin_epoch(self, model: nn.Module, epoch: int) -> None:
         for option in self.options:
@@ -60,27 +83,25 @@ class Method:
 
     def loss(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
              state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scalar loss, logits whose per-class accuracy is counted as train robust accuracy)."""
+        """(per-sample loss rows (N,), logits whose per-class accuracy is counted as train robust accuracy)."""
         raise NotImplementedError
 
-    def reduce(self, rows: torch.Tensor, y: torch.Tensor, state: ClassState) -> torch.Tensor:
-        """mean_i w_{y_i} loss_i with the cost-sensitive class weights when set (Benz et al. 2021), else the mean."""
-        if "loss_weight" in state.vectors:
-            return (rows * state["loss_weight"][y]).mean()
-        return rows.mean()
+    def objective(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
+                  state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean_i w_{y_i} loss_i, logits): per-class loss weights, ones unless an option sets them (Benz et al. 2021)."""
+        rows, logits = self.loss(model, x, x_adv, y, state)
+        return (rows * state["loss_weight"][y]).mean(), logits
 
     def ce_logits(self, model: nn.Module, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Logits the CE terms see: HE subtracts the angular margin, s (cos_y - m) (Pang et al. 2020, Eq. 6)."""
-        m = self.cfg.method.he_margin
-        if m == 0.0:
-            return z
-        return z - (model.head.scale * m) * F.one_hot(y, z.shape[1]).to(z.dtype)
+        """Logits the CE terms see, after every option's hook (HE: s (cos_y - m), Pang et al. 2020, Eq. 6)."""
+        for option in self.options:
+            z = option.ce_logits(model, z, y)
+        return z
 
     def end_epoch(self, state: ClassState, epoch: int, stats: dict) -> None:
-        """Update per-class vectors from the epoch's counters and validation (``stats``, read once)."""
+        """Update per-class factors from the epoch's counters, statistics and validation (``stats``, read once)."""
         for option in self.options:
             option.end_epoch(state, epoch, stats)
-        self.refresh_eps(state)
 
     def before_training(self, state: ClassState, val: dict) -> None:
         """Called once before the first epoch with a validation of the initial model (when ``needs_initial_validation``)."""

@@ -3,14 +3,14 @@ examples, CCR for the TRADES family. FAWA lives in :mod:`fastfair.training.avera
 
 Both read A_k, the class's robust accuracy on the previous epoch's training adversarial
 examples, counted on the device from the same forward pass that fed the loss. Before epoch
-``method.calibrate_begin`` both stay at their base values (CFA code's ``--begin 10``).
+``begin`` each stays at its base value (CFA code's ``--begin 10``).
 """
 from __future__ import annotations
 
 import torch
 
-from fastfair.errors import UserError
-from fastfair.methods.options import OPTIONS, Option, train_robust_fraction
+from fastfair.methods.options import Option, register, train_robust_fraction
+from fastfair.schema import Key
 
 
 def ccm_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
@@ -18,46 +18,49 @@ def ccm_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
     return lam + train_robust
 
 
-def ccr_weight(train_robust: torch.Tensor, lam: float, beta: torch.Tensor) -> torch.Tensor:
-    """beta_k = (lambda_2 + A_k) beta (CFA Eq. 7); beta may itself be a class-wise vector."""
-    return (lam + train_robust) * beta
+def ccr_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
+    """beta_k / beta = lambda_2 + A_k (CFA Eq. 7); beta may itself be a class-wise vector."""
+    return lam + train_robust
 
 
-def _calibrating(cfg, epoch: int) -> bool:
-    """Whether the epoch after ``epoch`` uses calibrated values."""
-    return epoch + 1 >= cfg.method.calibrate_begin
+BEGIN = "first epoch (0-based) that uses A_k (CFA code's --begin 10; the paper gives none)"
 
 
-@OPTIONS.register("ccm", "CFA CCM: eps_k = (lambda_1 + A_k) eps from class train robust accuracy (Wei et al. 2023, Eq. 6)")
-class CCM(Option):
-    eps_factor = "eps_ccm"
+class Calibration(Option):
+    """A factor on one per-class vector, set to lambda + A_k after each epoch from ``begin`` on."""
 
-    @staticmethod
-    def enabled(cfg) -> bool:
-        return cfg.method.ccm
+    vector: str
+    factor: str
 
     def setup(self, state):
-        if self.cfg.method.name == "standard":
-            raise UserError("method.ccm calibrates the attack's eps; method standard makes no adversarial examples")
-        state.add_vector(self.eps_factor, 1.0)
+        state.add_factor(self.vector, self.factor, 1.0, owner=f"option {self.name}")
 
     def end_epoch(self, state, epoch, stats):
-        if _calibrating(self.cfg, epoch):
-            state.set(self.eps_factor, ccm_factor(train_robust_fraction(stats, state), self.cfg.method.ccm_lambda))
+        if epoch + 1 >= self.own.begin:
+            state.set(self.factor, self.calibrated(train_robust_fraction(stats, state)))
+
+    def calibrated(self, train_robust: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
 
-@OPTIONS.register("ccr", "CFA CCR: TRADES beta_k = (lambda_2 + A_k) beta, loss / (1 + beta_y) (Wei et al. 2023, Eq. 7-8)")
-class CCR(Option):
-    @staticmethod
-    def enabled(cfg) -> bool:
-        return cfg.method.ccr
+@register("ccm", "CFA CCM: eps_k = (lambda_1 + A_k) eps from class train robust accuracy (Wei et al. 2023, Eq. 6)")
+class CCM(Calibration):
+    keys = {"enabled": Key(False, "switch CFA's class-wise calibrated margin on (--ccm)"),
+            "lambda_1": Key(0.5, "CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (Wei et al. 2023, Sec. 5.1)"),
+            "begin": Key(10, BEGIN)}
+    vector, factor = "eps", "eps_ccm"
 
-    def setup(self, state):
-        if "kl_weight" not in state.vectors:
-            raise UserError(f"method.ccr calibrates the TRADES regulariser; method {self.cfg.method.name} has none "
-                            "(use trades or me-trades)")
-        self.base = state["kl_weight"].clone()
+    def calibrated(self, train_robust):
+        return ccm_factor(train_robust, self.own.lambda_1)
 
-    def end_epoch(self, state, epoch, stats):
-        if _calibrating(self.cfg, epoch):
-            state.set("kl_weight", ccr_weight(train_robust_fraction(stats, state), self.cfg.method.ccr_lambda, self.base))
+
+@register("ccr", "CFA CCR: TRADES beta_k = (lambda_2 + A_k) beta, loss / (1 + beta_y) (Wei et al. 2023, Eq. 7-8)")
+class CCR(Calibration):
+    keys = {"enabled": Key(False, "switch CFA's class-wise calibrated TRADES regularisation on (--ccr)"),
+            "lambda_2": Key(0.5, "CFA lambda_2 (Wei et al. 2023, Sec. 5.1)"),
+            "begin": Key(10, BEGIN)}
+    defaults = {"method.normalize": True}  # Eq. 8 divides the calibrated loss by (1 + beta_y)
+    vector, factor = "kl_weight", "kl_weight_ccr"
+
+    def calibrated(self, train_robust):
+        return ccr_factor(train_robust, self.own.lambda_2)

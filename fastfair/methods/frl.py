@@ -3,20 +3,20 @@
 Before each epoch, on the validation split (PGD-20): class clean error e_k and boundary error
 b_k = clean acc - robust acc. Multipliers grow where a class is worse than the average by more
 than ``bound``; the reweight multipliers are clipped at 0 and rescaled to sum <= ``lim``; the
-rates are halved every ``frl_halve_every`` epochs (FRL code). Update formulas follow the
+rates are halved every ``method.halve_every`` epochs (FRL code). Update formulas follow the
 authors' code (``frl_train``, ``cost_sensitive``, ``normalize_lambda``).
 """
 from __future__ import annotations
 
 import torch
 
-from fastfair import ops
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, Method
+from fastfair.schema import Key
 
 FRL_DEFAULTS = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                 "train.val_attack": "pgd20", "train.lr": 0.001, "train.lr_milestones": [40, 80],
-                "train.epochs": 120, "method.frl_bound": 0.1, "method.frl_lim": 0.5}
+                "train.epochs": 120, "method.bound": 0.1, "method.lim": 0.5}
 
 
 def normalize_multipliers(lam: torch.Tensor, lim: float) -> torch.Tensor:
@@ -60,25 +60,32 @@ class FRLBase(Method):
     """sum_i (w_nat_y CE(f(x_i)) + beta w_bndy_y KL(p(x_i)||p(x'_i))) / sum_i (w_nat_y + w_bndy_y) (FRL code's train_model),
     x' from TRADES-PGD in the ball eps * margin_y."""
 
+    keys = {
+        "kl_weight": Key(1.0, "TRADES beta of the fine-tuning loss (Xu et al. 2021)"),
+        "bound": Key(0.1, "FRL tolerance tau of a class's error above the average (code: bound0 = bound1 = 0.1)"),
+        "rate_weight": Key(0.05, "FRL multiplier step of the reweight terms (code: rate1)"),
+        "rate_margin": Key(0.1, "FRL multiplier step of the remargin term (code: rate2)"),
+        "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda)"),
+        "halve_every": Key(40, "FRL code halves rate1 every this many epochs (0: never)"),
+    }
     reweight: bool = True
     remargin: bool = True
     needs_initial_validation = True
     defaults = FRL_DEFAULTS
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, *args, **kw):
+        super().__init__(cfg, *args, **kw)
         if not cfg.train.init_from:
             raise UserError(f"{cfg.method.name} fine-tunes a robust model: pass --init-from CHECKPOINT.pt "
                             "(for example a pgd-at or trades run's checkpoints/best_pgd.pt)")
-        self.eps_factors.append("eps_frl")
 
     def setup(self, state):
         for name in ("frl_lam_nat", "frl_lam_bndy", "frl_lam_margin"):
             state.add_vector(name, 0.0)
         state.add_vector("frl_w_nat", 1.0 / state.num_classes)
         state.add_vector("frl_w_bndy", 1.0 / state.num_classes)
-        state.add_vector("eps_frl", 1.0)
         super().setup(state)
+        state.add_factor("eps", "eps_frl", 1.0, owner=self.cfg.method.name)
 
     def _update(self, state, val: dict, next_epoch: int) -> None:
         """Multipliers for 0-based epoch ``next_epoch`` from a validation of the current model."""
@@ -86,10 +93,10 @@ class FRLBase(Method):
         clean = torch.tensor(val["clean"]["per_class"], device=state.device) / 100.0
         robust = torch.tensor(val[self.cfg.train.val_attack]["per_class"], device=state.device) / 100.0
         # FRL code: rate1 halves before each 1-based epoch divisible by frl_halve_every.
-        halving = 0.5 ** ((next_epoch + 1) // m.frl_halve_every) if m.frl_halve_every else 1.0
+        halving = 0.5 ** ((next_epoch + 1) // m.halve_every) if m.halve_every else 1.0
         lams = update_multipliers(state["frl_lam_nat"], state["frl_lam_bndy"], state["frl_lam_margin"], clean, robust,
-                                  bound=m.frl_bound, rate_weight=m.frl_rate_weight * halving,
-                                  rate_margin=m.frl_rate_margin, lim=m.frl_lim,
+                                  bound=m.bound, rate_weight=m.rate_weight * halving,
+                                  rate_margin=m.rate_margin, lim=m.lim,
                                   reweight=self.reweight, remargin=self.remargin)
         for name, lam in zip(("frl_lam_nat", "frl_lam_bndy", "frl_lam_margin"), lams):
             state.set(name, lam)
@@ -99,7 +106,6 @@ class FRLBase(Method):
 
     def before_training(self, state, val):
         self._update(state, val, 0)
-        self.refresh_eps(state)
 
     def end_epoch(self, state, epoch, stats):
         self._update(state, stats["val"], epoch + 1)
@@ -108,8 +114,9 @@ class FRLBase(Method):
     def loss(self, model, x, x_adv, y, state):
         z_nat, z_adv = model(x), model(x_adv)
         w_nat, w_bndy = state["frl_w_nat"][y], state["frl_w_bndy"][y]
-        rows = ops.get().row_loss(z_nat, z_adv, y, ce_nat=w_nat, kl=self.cfg.method.kl_weight * w_bndy)
-        return rows.sum() / (w_nat + w_bndy).sum(), z_adv
+        rows = self.ops.row_loss(z_nat, z_adv, y, ce_nat=w_nat, kl=self.cfg.method.kl_weight * w_bndy)
+        # Rows over the batch mean of (w_nat + w_bndy): their mean is the code's sum / sum of weights.
+        return rows / (w_nat + w_bndy).mean(), z_adv
 
 
 @METHODS.register("frl-rw", "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5 (Xu et al. 2021)")

@@ -1,8 +1,8 @@
 """HE (Pang et al. 2020) and its temperature schedules LIS and CMP (Tian et al., ICLR sub., App. G).
 
-The cosine head itself is ``model.head = "cosine"`` (:mod:`fastfair.models.heads`); the margin
-m is applied to the CE terms by :meth:`Method.ce_logits`. This option moves the head's scale
-s = 1/T once per epoch, before the epoch's first step.
+The cosine head itself is ``model.head = "cosine"`` (:mod:`fastfair.models.heads`). This option
+subtracts the margin m from the logits of the method's CE terms (its ``ce_logits`` hook) and
+moves the head's scale s = 1/T once per epoch, before the epoch's first step.
 """
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy.optimize import root
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.methods.options import OPTIONS, Option
+from fastfair.methods.options import Option, register
+from fastfair.schema import Key
 
 SCHEDULES: Registry = Registry("HE scale schedule")
 
@@ -65,35 +67,53 @@ def _fixed(cfg, epoch, head):
     return cfg.model.head_scale
 
 
-@SCHEDULES.register("lis", "Linear Interpolation Schedule: s from model.head_scale to method.he_scale_end (Tian: 1 -> 75)")
+@SCHEDULES.register("lis", "Linear Interpolation Schedule: s from model.head_scale to he.scale_end (Tian: 1 -> 75)")
 def _lis(cfg, epoch, head):
-    return lis_scale(epoch, cfg.train.epochs, cfg.model.head_scale, cfg.method.he_scale_end)
+    return lis_scale(epoch, cfg.train.epochs, cfg.model.head_scale, cfg.he.scale_end)
 
 
 @SCHEDULES.register("cmp", "Control Maximum Probability: s solved each epoch so max prob follows 0.2 -> 1 by epoch 90 (Tian)")
 def _cmp(cfg, epoch, head):
-    m = cfg.method
+    m = cfg.he
     with torch.no_grad():
         w = torch.nn.functional.normalize(head.weight.float(), dim=1)
         gram = (w @ w.T).cpu().numpy().astype(np.float64)  # once per epoch, outside the step
-    return cmp_scale(cmp_target(epoch, m.he_pmax_start, m.he_pmax_end, m.he_pmax_epoch), gram)
+    return cmp_scale(cmp_target(epoch, m.pmax_start, m.pmax_end, m.pmax_epoch), gram)
 
 
-@OPTIONS.register("he", "HE: cosine head with scale s and margin m (Pang et al. 2020); LIS/CMP schedules for s (Tian et al.)")
+@register("he", "HE: cosine head with scale s and margin m (Pang et al. 2020); LIS/CMP schedules for s (Tian et al.)")
 class HE(Option):
-    @staticmethod
-    def enabled(cfg) -> bool:
-        m = cfg.method
-        return cfg.model.head == "cosine" or m.he_margin != 0.0 or m.he_schedule != "fixed"
+    keys = {
+        "margin": Key(0.0, "HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = cosine"),
+        "schedule": Key("fixed", "HE scale schedule: fixed | lis | cmp (Tian et al., ICLR sub., App. G)"),
+        "scale_end": Key(75.0, "LIS: 1/T at the last epoch (Tian: 1 -> 75)"),
+        "pmax_start": Key(0.2, "CMP: controlled maximum probability at epoch 0 (Tian: 0.2)"),
+        "pmax_end": Key(1.0, "CMP: ... reached at pmax_epoch (Tian: 1)"),
+        "pmax_epoch": Key(90, "CMP: end of the interpolation (Tian: 90 of 100)"),
+    }
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.model.head == "cosine" or cfg.he.margin != 0.0 or cfg.he.schedule != "fixed"
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        SCHEDULES.get(cfg.he.schedule)
+        if cfg.model.head != "cosine":
+            raise UserError("he.margin and he.schedule need the HE head: --set model.head=cosine")
 
     def __init__(self, cfg, method):
         super().__init__(cfg, method)
-        self.schedule = SCHEDULES.get(cfg.method.he_schedule)
-        if cfg.model.head != "cosine":
-            raise UserError("method.he_margin and method.he_schedule need the HE head: --set model.head=cosine")
-        if cfg.method.he_margin and not getattr(method, "supports_margin", False):
+        self.schedule = SCHEDULES.get(self.own.schedule)
+        if self.own.margin and not method.uses_ce_logits:
             raise UserError(f"method {cfg.method.name} does not apply the HE margin; use pgd-at or trades, "
-                            "or set method.he_margin=0")
+                            "or set he.margin=0")
 
     def begin_epoch(self, model, epoch):
         model.head.scale.fill_(self.schedule(self.cfg, epoch, model.head))
+
+    def ce_logits(self, model, z, y):
+        """s (cos_y - m) for the true class: subtract s m there (Pang et al. 2020, Eq. 6)."""
+        if self.own.margin == 0.0:
+            return z
+        return z - (model.head.scale * self.own.margin) * F.one_hot(y, z.shape[1]).to(z.dtype)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastfair import ops
 from fastfair.methods.base import METHODS, Method
+from fastfair.schema import Key
 
 
 def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -17,8 +17,9 @@ def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @METHODS.register("mart", "MART, BCE(p(x'), y) + beta KL(p(x) || p(x')) (1 - p_y(x)), beta 6 (Wang et al. 2020)")
 class MART(Method):
-    """BCE(p(x'), y) + beta (1/B) sum KL(p(x)||p(x')) (1 - p_y(x)) (Wang et al. 2020, Sec. 3.3, the MART objective)."""
+    """BCE(p(x'), y) + beta KL(p(x)||p(x')) (1 - p_y(x)) per sample (Wang et al. 2020, Sec. 3.3, the MART objective)."""
 
+    keys = {"kl_weight": Key(6.0, "MART beta: weight of the misclassification-aware KL term (Wang et al. 2020)")}
     # MART's code: CE-PGD from x + 0.001 N(0, I), model in eval mode while attacking.
     defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval",
                 "method.kl_weight": 6.0}
@@ -27,5 +28,5 @@ class MART(Method):
         z_nat, z_adv = model(x), model(x_adv)
         # 1 - p_y(x) keeps its gradient, as in MART's code (1.0000001 there; the 1e-7 is below fp32 noise here).
         p_true = F.softmax(z_nat.float(), dim=1).gather(1, y[:, None]).squeeze(1)
-        rows = ops.get().row_loss(z_nat, z_adv, y, ce_adv=1.0, kl=self.cfg.method.kl_weight * (1.0 - p_true))
-        return self.reduce(rows + boosted_margin(z_adv, y), y, state), z_adv
+        rows = self.ops.row_loss(z_nat, z_adv, y, ce_adv=1.0, kl=self.cfg.method.kl_weight * (1.0 - p_true))
+        return rows + boosted_margin(z_adv, y), z_adv

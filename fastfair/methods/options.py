@@ -1,49 +1,80 @@
 """Class-wise options that combine with any method: CCM, CCR, cost-sensitive weights, HE, ...
 
-An option is not a method: it owns a few per-class vectors in the
-:class:`~fastfair.training.class_state.ClassState` and updates them at epoch ends (the design sketch's
-"add-ons that several methods share are options of the state"). Methods read the vectors by
-name: ``eps`` (the product of the base eps and every option's ``eps_*`` factor),
-``kl_weight`` (TRADES family), ``loss_weight`` (any method, via :meth:`Method.reduce`).
+An option is not a method. It has its own config section (``[ccm]``, named as registered) with
+the keys it declares, decides from that section whether the run switches it on, and
+contributes only through what it declares: factors on per-class vectors (``eps``,
+``kl_weight``, ``loss_weight``; :meth:`ClassState.add_factor`), a hook on the logits of the CE
+terms (HE), and the per-class statistics it reads at the epoch end. It never reads another
+option's or the method's section.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from fastfair.training.class_state import ClassState
-from fastfair.config import Config
+import torch
+
+from fastfair import schema
 from fastfair.registry import Registry
+from fastfair.schema import Key
+from fastfair.training.class_state import ClassState
 
 if TYPE_CHECKING:
+    from fastfair.config import Config
     from fastfair.methods.base import Method
 
 OPTIONS: Registry[type["Option"]] = Registry("method option")
 
 
 class Option:
-    """One switchable add-on; :meth:`enabled` reads the config, the rest mirror :class:`Method`'s hooks."""
+    """One switchable add-on; the hooks mirror :class:`~fastfair.methods.base.Method`'s."""
 
-    eps_factor: ClassVar[str | None] = None  # name of the per-class vector this option multiplies eps by
+    name: ClassVar[str]  # its section, as registered
+    keys: ClassVar[dict[str, Key]] = {}
+    defaults: ClassVar[dict[str, Any]] = {}  # keys of other sections its paper sets when it is on
+    statistics: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, cfg: Config, method: "Method"):
+    def __init__(self, cfg: Config, method: Method):
         self.cfg, self.method = cfg, method
+        self.own = getattr(cfg, self.name)
 
-    @staticmethod
-    def enabled(cfg: Config) -> bool:
-        raise NotImplementedError
+    @classmethod
+    @functools.cache
+    def section(cls) -> type:
+        return schema.section(cls.name, cls.keys)
+
+    @classmethod
+    def enabled(cls, cfg: Config) -> bool:
+        """Whether the run switches it on; by default its ``enabled`` key."""
+        return getattr(cfg, cls.name).enabled
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        """Reject a bad value before any long work starts (UserError naming the fix)."""
 
     def setup(self, state: ClassState) -> None:
-        """Create this option's vectors (after the method created its own)."""
+        """Add this option's factors and statistics (after the method declared its vectors)."""
 
     def begin_epoch(self, model, epoch: int) -> None:
         """Called before the epoch's first step (outside the step: may read the model once)."""
 
+    def ce_logits(self, model, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The logits the method's CE terms see (identity unless the option changes them)."""
+        return z
+
     def end_epoch(self, state: ClassState, epoch: int, stats: dict) -> None:
-        """Update vectors for epoch ``epoch + 1`` from the epoch's counters and validation."""
+        """Update factors for epoch ``epoch + 1`` from the epoch's counters, statistics and validation."""
 
 
-def train_robust_fraction(stats: dict, state: ClassState):
+def register(name: str, doc: str):
+    """Register an option under ``name``, which is also its config section."""
+    def deco(cls: type[Option]) -> type[Option]:
+        cls.name = name
+        return OPTIONS.register(name, doc)(cls)
+
+    return deco
+
+
+def train_robust_fraction(stats: dict, state: ClassState) -> torch.Tensor:
     """A_k of the finished epoch as a (C,) device tensor in [0, 1] (CFA Sec. 4.1: train robust accuracy)."""
-    import torch
-
     return torch.tensor(stats["train_acc_per_class"], dtype=torch.float32, device=state.device) / 100.0

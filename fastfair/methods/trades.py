@@ -1,24 +1,32 @@
 """TRADES (Zhang et al. 2019) and ME-TRADES (ME paper, Sec. 3.2.1), with a per-class KL weight.
 
 The KL weight is the per-class vector ``state["kl_weight"]`` gathered by label: the scalar
-``method.kl_weight`` for every class, a class-wise beta (``method.kl_weight_per_class``, Tian
-et al. KDD 2021), or CFA's calibrated beta_k (CCR, :mod:`.cfa`).
+``method.kl_weight`` for every class or a class-wise beta (``method.kl_weight_per_class``, Tian
+et al. KDD 2021), times any factor an option adds (CFA's CCR, :mod:`.cfa`).
 """
-from fastfair import ops
 from fastfair.errors import UserError
-from fastfair.methods.base import METHODS, Method
+from fastfair.methods.base import METHODS, SMOOTHING, Method
+from fastfair.schema import Key
 
 TRADES_ATTACK = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
-                 "method.ccm_lambda": 0.3}  # CFA's lambda_1 for TRADES (Sec. 5.1)
+                 "ccm.lambda_1": 0.3}  # CFA's lambda_1 for TRADES (Sec. 5.1)
 
 
 @METHODS.register("trades", "TRADES, CE(f(x), y) + lambda KL(p(x) || p(x')), lambda 6 (Zhang et al. 2019)")
 class TRADES(Method):
     """CE(f(x), y) + beta_y KL(p(x)||p(x')) - ent H(p(x)) (TRADES Eq. 5; Tian KDD Eq. 5; ME paper, L_ME-TRADES),
-    divided by (1 + beta_y) under CCR or method.kl_normalize (CFA Eq. 8)."""
+    divided by (1 + beta_y) with method.normalize (CFA Eq. 8)."""
 
+    keys = {
+        **SMOOTHING,
+        "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper (Zhang et al. 2019, Eq. 5)"),
+        "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
+        "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all (Tian et al. KDD 2021, "
+                                       "Eq. 5)", list[float]),
+        "normalize": Key(False, "divide each row by (1 + beta_y) (CFA Eq. 8; CFA's code does it even without CCR)"),
+    }
     defaults = {**TRADES_ATTACK, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}
-    supports_margin = True
+    uses_ce_logits = True
 
     def setup(self, state):
         m = self.cfg.method
@@ -30,20 +38,19 @@ class TRADES(Method):
 
     def loss(self, model, x, x_adv, y, state):
         m = self.cfg.method
-        o = ops.get()
+        o = self.ops
         # Two forward passes, as in the TRADES code: BN sees natural and adversarial batches apart.
         z_nat, z_adv = model(x), model(x_adv)
         beta = state["kl_weight"][y]
-        scale = 1.0 / (1.0 + beta) if (m.ccr or m.kl_normalize) else 1.0
+        scale = 1.0 / (1.0 + beta) if m.normalize else 1.0
         ent = m.entropy_weight * scale if m.entropy_weight else 0.0
         z_ce = self.ce_logits(model, z_nat, y)
         if z_ce is z_nat:
-            rows = o.row_loss(z_nat, z_adv, y, ce_nat=scale, kl=beta * scale, ent_nat=ent,
-                              smoothing=m.smoothing)
+            rows = o.row_loss(z_nat, z_adv, y, ce_nat=scale, kl=beta * scale, ent_nat=ent, smoothing=m.smoothing)
         else:  # HE: the margin enters the CE term only; the KL compares the unmargined s cos logits
             rows = (o.row_loss(z_ce, None, y, ce_nat=scale, smoothing=m.smoothing)
                     + o.row_loss(z_nat, z_adv, y, kl=beta * scale, ent_nat=ent))
-        return self.reduce(rows, y, state), z_adv
+        return rows, z_adv
 
 
 @METHODS.register("me-trades", "maximum-entropy TRADES, TRADES - beta H(p(x)), beta 1, lambda 27 (ME paper, Table 2)")

@@ -2,7 +2,8 @@
 
 ``torch`` is the PyTorch reference (:mod:`fastfair.ops.losses`, :mod:`fastfair.ops.steps`);
 ``triton`` is ``fastfair.kernels``' fused kernels, which must match the reference within
-tolerance. Callers always go through :func:`get`.
+tolerance. A backend is an :class:`Ops` value handed to whoever runs the ops (the trainer
+gives it to the method, the method to its attack): no process-global switch.
 """
 from __future__ import annotations
 
@@ -15,37 +16,25 @@ from fastfair.registry import Registry
 
 @dataclass(frozen=True)
 class Ops:
+    name: str
     row_loss: Callable
     pgd_step: Callable
     random_start: Callable
 
 
+REFERENCE = Ops("torch", losses.row_loss, steps.pgd_step, steps.random_start)
+
 BACKENDS: Registry[Callable[[], Ops]] = Registry("kernel backend")
-
-
-@BACKENDS.register("torch", "PyTorch reference ops (fastfair.ops.losses, fastfair.ops.steps)")
-def _torch_ops() -> Ops:
-    return Ops(losses.row_loss, steps.pgd_step, steps.random_start)
+BACKENDS.register("torch", "PyTorch reference ops (fastfair.ops.losses, fastfair.ops.steps)")(lambda: REFERENCE)
 
 
 @BACKENDS.register("triton", "fused Triton kernels (fastfair.kernels); PyTorch reference where they cannot launch")
 def _triton_ops() -> Ops:
     from fastfair import kernels  # needs triton, an optional dependency
 
-    return Ops(kernels.row_loss, kernels.pgd_step, kernels.random_start)
+    return Ops("triton", kernels.row_loss, kernels.pgd_step, kernels.random_start)
 
 
-_active: dict[str, Ops] = {}
-
-
-def use(name: str) -> Ops:
-    """Select the backend every later :func:`get` returns."""
-    _active["ops"] = BACKENDS.get(name)()
-    _active["name"] = name
-    return _active["ops"]
-
-
-def get() -> Ops:
-    if "ops" not in _active:
-        use("torch")
-    return _active["ops"]
+def backend(name: str) -> Ops:
+    """The ops of backend ``name`` (``fastfair methods`` lists them)."""
+    return BACKENDS.get(name)()

@@ -132,10 +132,10 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_class_state(state) -> None:
-    """Sum the epoch's per-class counters over ranks; the loss sum becomes the global-batch mean's."""
+    """Sum the epoch's per-class counters and statistics over ranks; the loss sum becomes the global-batch mean's."""
     if not _ctx.enabled:
         return
-    for t in (state.correct, state.total, state.loss_sum):
+    for t in state.sum_tensors():
         dist.all_reduce(t)
     state.loss_sum /= _ctx.world  # each rank summed its slice's mean loss; equal slices
 

@@ -60,19 +60,18 @@ class Trainer:
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
 
-        ops.use(build.kernels(cfg, self.dev))
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         if cfg.train.init_from:
             checkpoint.init_model(self.model, cfg.train.init_from)
         self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
-        self.method = METHODS.get(cfg.method.name)(cfg)
+        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)))
         # The attack's autograd.grad must stay outside compiled code, so the model is compiled
         # on its own (attack forwards) and the method's loss with the model inside it (one
         # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
         compile_ = build.compiler(cfg, self.dev)
         self.net = compile_(self.model) if compile_ else self.model
-        self.loss_fn = compile_(self.method.loss) if compile_ else self.method.loss
+        self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         t = cfg.train

@@ -1,0 +1,77 @@
+"""Config keys declared beside the code that reads them, and the checks every value passes.
+
+A method or option declares its keys as ``{name: Key(default, doc)}``; :func:`section` turns
+such a declaration into a dataclass, so a section of the run's config is a plain object with
+typed fields (``cfg.ccm.lambda_1``) whatever module declared it. :func:`coerce` checks one
+value against a field's type: the one place a bad ``--set`` value becomes a ``UserError``.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from fastfair.errors import UserError
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its default, a one-line doc naming its paper, and its type (inferred from a scalar default)."""
+
+    default: Any
+    doc: str
+    type: Any = None
+
+    @property
+    def annotation(self) -> Any:
+        if self.type is not None:
+            return self.type
+        if isinstance(self.default, list):
+            raise TypeError(f"Key({self.default!r}, {self.doc!r}) needs type=list[...]")
+        return type(self.default)
+
+
+def section(name: str, keys: dict[str, Key]) -> type:
+    """A dataclass with one field per key (defaults copied, so list defaults are never shared)."""
+    fields = [(k, key.annotation, dataclasses.field(default_factory=lambda d=key.default: copy.deepcopy(d),
+                                                     metadata={"doc": key.doc}))
+              for k, key in keys.items()]
+    return dataclasses.make_dataclass(f"{name.title().replace('-', '').replace('_', '')}Section", fields)
+
+
+def field_types(section_obj_or_cls) -> dict[str, Any]:
+    cls = section_obj_or_cls if isinstance(section_obj_or_cls, type) else type(section_obj_or_cls)
+    return typing.get_type_hints(cls)
+
+
+def field_docs(cls) -> dict[str, str]:
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+def coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check ``value`` against the field type; ints are accepted for floats."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        for t in typing.get_args(typ):
+            try:
+                return coerce(key, value, t)
+            except UserError:
+                pass
+        raise UserError(f"{key}: {value!r} is not a {typ}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{key} takes a list, for example {key}=[1, 2]; got {value!r}")
+        (item,) = typing.get_args(typ)
+        return [coerce(key, v, item) for v in value]
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and not isinstance(value, bool):
+        raise UserError(f"{key} takes true or false; got {value!r}")
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise UserError(f"{key} takes an integer; got {value!r}")
+    if not isinstance(value, typ):
+        raise UserError(f"{key} takes a {typ.__name__}; got {value!r}")
+    return value

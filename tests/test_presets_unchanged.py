@@ -1,0 +1,53 @@
+"""Every preset resolves to the same run as before methods and options declared their own keys (issue 11).
+
+``tests/data/presets-resolved-before-issue-11.json`` holds each preset's resolved config as the
+old code flattened it. Old keys map to new ones through ``config.RENAMED`` (the map saved runs
+load through too); the only other differences allowed are spelled out here.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from fastfair import config
+from fastfair.methods import METHODS
+
+BEFORE = json.loads((Path(__file__).parent / "data" / "presets-resolved-before-issue-11.json").read_text())
+
+
+def expected(old: dict) -> tuple[dict, dict]:
+    """(new key -> value the new config must hold, old keys the new config rightly lacks -> why)."""
+    method_keys = METHODS.get(old["method.name"]).keys_all()
+    want, gone = {}, {}
+    for key, value in old.items():
+        for new in config.RENAMED.get(key, (key,)):
+            section, _, name = new.partition(".")
+            if section == "method" and name != "name" and name not in method_keys:
+                # The old flat section held every method's keys; this method never read this one.
+                gone[key] = f"not read by method {old['method.name']}"
+            else:
+                want[new] = value
+    # The old TRADES divided by (1 + beta_y) under CCR whatever kl_normalize said (old trades.py:
+    # `scale = ... if (m.ccr or m.kl_normalize)`); CCR now says so through its defaults.
+    if "method.normalize" in want:
+        want["method.normalize"] = old["method.kl_normalize"] or old["method.ccr"]
+    return want, gone
+
+
+@pytest.mark.parametrize("preset", sorted(BEFORE))
+def test_preset_resolves_to_the_same_run(preset):
+    old = BEFORE[preset]
+    new = config.flatten(config.resolve(preset).to_dict())
+    want, gone = expected(old)
+    assert {k: new.get(k, "<missing>") for k in want} == want
+    # Nothing new appears but the sections of options that stay off at their declared defaults.
+    extra = {k: v for k, v in new.items() if k not in want}
+    fresh = config.flatten(config.Config(old["method.name"]).to_dict())
+    assert extra == {k: fresh[k] for k in extra}
+    assert not config.resolve(preset).enabled_options() or any(
+        old.get(k) for k in ("method.ccm", "method.ccr", "method.class_weights", "method.class_weights_auto",
+                             "method.adv_classes", "method.he_margin")) or old["model.head"] == "cosine"
+
+
+def test_every_shipped_preset_is_covered():
+    assert sorted(BEFORE) == config.preset_names()
