@@ -201,7 +201,8 @@ def _hint(cfg: Config, key: str) -> str:
         if owners:
             return (f" Method {cfg.method.name} has no key {name!r} (its keys: "
                     f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); methods with it: {', '.join(owners)}.")
-    close = difflib.get_close_matches(key, _all_keys(cfg), n=3)
+    every_method_key = {f"method.{k}" for m in METHODS for k in METHODS.get(m).keys_all()}
+    close = difflib.get_close_matches(key, sorted(set(_all_keys(cfg)) | every_method_key), n=3)
     return f" Did you mean {', '.join(close)}?" if close else ""
 
 

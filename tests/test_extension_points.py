@@ -93,3 +93,12 @@ def test_a_registered_option_gets_its_section_its_statistic_and_its_factor():
         torch.testing.assert_close(state["loss_weight"], (1 - want.diagonal()) ** 2)
     finally:
         OPTIONS._items.pop("test_similarity")
+
+
+def test_a_checkpoint_holding_products_is_refused_rather_than_scaled_twice():
+    s = ClassState(3, "cpu")
+    s.add_vector("eps", 0.5)
+    s.add_factor("eps", "eps_ccm", 2.0)
+    old = {k: v for k, v in s.state_dict().items() if k != "_layout"}
+    with pytest.raises(UserError, match="start a new run"):
+        s.load_state_dict(old)

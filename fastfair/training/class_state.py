@@ -148,10 +148,15 @@ class ClassState:
     def _factors_only(self) -> dict[str, torch.Tensor]:
         return {f: t for fs in self.factors.values() for f, t in fs.items()}
 
+    LAYOUT = 2  # 2: bases and factors apart; checkpoints before it held the products under the vectors' names
+
     def state_dict(self) -> dict:
-        return {k: v.cpu() for k, v in self._named().items()}
+        return {"_layout": torch.tensor(self.LAYOUT), **{k: v.cpu() for k, v in self._named().items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        if int(state.get("_layout", 1)) != self.LAYOUT and any(self.factors.values()):
+            raise UserError("this checkpoint stores per-class vectors as products (fastfair before 0.2), so resuming "
+                            "would apply its factors twice; start a new run (its weights load with --init-from)")
         named = self._named()
         for k, v in state.items():
             if k in named:
