@@ -1,11 +1,13 @@
 """The extension architecture (issue 11): what a new method or option gets without editing shared code."""
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from fastfair import config
 from fastfair.errors import UserError
-from fastfair.methods import METHODS, OPTIONS
+from fastfair.methods import METHODS, OPTIONS, keys_markdown
 from fastfair.methods.options import Option, register
 from fastfair.schema import Key
 from fastfair.training.class_state import ClassState
@@ -102,3 +104,8 @@ def test_a_checkpoint_holding_products_is_refused_rather_than_scaled_twice():
     old = {k: v for k, v in s.state_dict().items() if k != "_layout"}
     with pytest.raises(UserError, match="start a new run"):
         s.load_state_dict(old)
+
+
+def test_docs_list_every_declared_key_as_the_registries_declare_it():
+    docs = Path(__file__).resolve().parents[1] / "docs" / "keys.md"
+    assert docs.read_text() == keys_markdown(), "regenerate: fastfair methods --markdown > docs/keys.md"
