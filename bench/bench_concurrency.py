@@ -90,7 +90,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--smoke", action="store_true", help="CPU: tiny CNN, 8x8 images, K = 1, 2, 3 steps; checks the harness")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU: tiny CNN, 8x8 images, K = 1, 2, 3 steps; checks the harness")
     p.add_argument("--out", help="JSON file (default bench/results/concurrency-<gpu>.json on CUDA)")
     args = p.parse_args()
     size = 32
@@ -110,7 +111,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     record = {"device": device, "torch": torch.__version__, "model": args.model, "method": args.method,
               "batch_size": args.batch_size, "attack_steps": args.attack_steps, "steps": args.steps, "results": rows}
-    out = args.out or (None if args.smoke else ROOT / "bench" / "results" / f"concurrency-{device.replace(' ', '_')}.json")
+    default_out = ROOT / "bench" / "results" / f"concurrency-{device.replace(' ', '_')}.json"
+    out = args.out or (None if args.smoke else default_out)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(record, indent=1))

@@ -114,7 +114,8 @@ def bench_loss(n, c, objective, args, dev, cuda):
     ref_loss, ref_grads = outs["eager"]
     got_loss, got_grads = outs["fused"]
     row["max_abs_err"] = max(
-        [float((got_loss - ref_loss).detach().abs())] + [float((a - b).abs().max()) for a, b in zip(got_grads, ref_grads)]
+        [float((got_loss - ref_loss).detach().abs())]
+        + [float((a - b).abs().max()) for a, b in zip(got_grads, ref_grads)]
     )
     return row
 
@@ -142,7 +143,8 @@ def bench_pgd(n, args, dev, cuda, c=10):
 
 
 def markdown(rows) -> str:
-    cols = ["kind", "objective", "N", "C", "eager_ms", "compiled_ms", "fused_ms", "x eager", "x compiled", "max_abs_err"]
+    cols = ["kind", "objective", "N", "C", "eager_ms", "compiled_ms", "fused_ms",
+            "x eager", "x compiled", "max_abs_err"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
@@ -181,7 +183,10 @@ def main(argv=None):
     for n in sizes_n:
         rows.append(bench_pgd(n, args, dev, cuda))
 
-    device = torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
+    if cuda:
+        device = torch.cuda.get_device_name()
+    else:
+        device = f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
     table = markdown(rows)
     print(f"device: {device}; torch {torch.__version__}; triton {triton.__version__}; median ms of {args.reps} reps\n")
     print(table)

@@ -142,7 +142,10 @@ def main(argv=None) -> dict:
             rows[name] = _time(loader, args.epochs, device)
             del loader
 
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    if device.type == "cuda":
+        dev_name = torch.cuda.get_device_name(device)
+    else:
+        dev_name = platform.processor() or platform.machine()
     env = {"device": f"{device.type}: {dev_name}", "torch": torch.__version__, "cpus": os.cpu_count(),
            "torch_threads": torch.get_num_threads(), "workers": args.workers, "n": len(y),
            "batch_size": args.batch_size, "epochs": args.epochs, "data": args.data, "smoke": args.smoke}

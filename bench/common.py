@@ -45,8 +45,8 @@ def device_name(dev: torch.device) -> str:
         return torch.cuda.get_device_name(dev)
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                   if l.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return f"CPU {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
@@ -221,7 +221,8 @@ def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, 
           f"- device: {head['device']}",
           f"- torch {head['torch']}, torchvision {head['torchvision']}, triton {head['triton']}, "
           f"CUDA {head['cuda']}, Python {head['python']}",
-          f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, {head['time_utc']}",
+          f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
+          f"{head['time_utc']}",
           f"- settings: `{json.dumps(settings)}`", "", body, ""]
     (out_dir / f"{stem}.md").write_text("\n".join(md))
     return out_dir / f"{stem}.json", out_dir / f"{stem}.md"

@@ -36,7 +36,8 @@ def main(argv=None) -> int:
         print(f"== {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd, cwd=BENCH.parent)
-        print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t0:.0f} s",
+              flush=True)
         if rc:
             failed.append(name)
     print("all benches ran" if not failed else f"failed: {', '.join(failed)}")

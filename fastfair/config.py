@@ -92,7 +92,8 @@ class TrainConfig:
     progress: bool = True
     averaging: str = "none"  # weight averaging per epoch: none | ema | fawa (CFA Sec. 4.3); see fastfair/averaging.py
     avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
-    avg_threshold: float = 0.2  # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
+    # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
+    avg_threshold: float = 0.2
     avg_begin: int = 50  # first epoch averaged in (CFA paper 50, code 0)
     init_from: str = ""  # checkpoint whose model weights start training (FRL fine-tunes a robust model)
     # torchrun only: SyncBatchNorm (batch statistics over the global batch, CUDA only) instead of
@@ -120,7 +121,8 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "method.calibrate_begin": ("ccm.begin", "ccr.begin"),
     "method.class_weights": ("cost_sensitive.weights",), "method.class_weights_auto": ("cost_sensitive.auto",),
     "method.adv_classes": ("adv_classes.classes",),
-    "method.he_margin": ("he.margin",), "method.he_schedule": ("he.schedule",), "method.he_scale_end": ("he.scale_end",),
+    "method.he_margin": ("he.margin",), "method.he_schedule": ("he.schedule",),
+    "method.he_scale_end": ("he.scale_end",),
     "method.he_pmax_start": ("he.pmax_start",), "method.he_pmax_end": ("he.pmax_end",),
     "method.he_pmax_epoch": ("he.pmax_epoch",),
     "method.fat_tau": ("method.tau",), "method.fat_tau_milestones": ("method.tau_milestones",),
@@ -200,7 +202,8 @@ def _hint(cfg: Config, key: str) -> str:
         owners = [m for m in METHODS if name in METHODS.get(m).keys_all()]
         if owners:
             return (f" Method {cfg.method.name} has no key {name!r} (its keys: "
-                    f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); methods with it: {', '.join(owners)}.")
+                    f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); "
+                    f"methods with it: {', '.join(owners)}.")
     every_method_key = {f"method.{k}" for m in METHODS for k in METHODS.get(m).keys_all()}
     close = difflib.get_close_matches(key, sorted(set(_all_keys(cfg)) | every_method_key), n=3)
     return f" Did you mean {', '.join(close)}?" if close else ""

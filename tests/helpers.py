@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 # ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
-SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4] if (p / "shared" / "data").is_dir()),
+SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
+               if (p / "shared" / "data").is_dir()),
               Path(__file__).resolve().parents[1].parent / "shared" / "data")
 CIFAR_SUBSET = SHARED / "cifar10-subset.npz"
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

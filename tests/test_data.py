@@ -20,7 +20,8 @@ def test_crop_is_a_shift_of_the_zero_padded_image():
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     offsets = set()
     for i in range(64):
-        hits = [(dy, dx) for dy in range(5) for dx in range(5) if torch.equal(padded[i, :, dy:dy + 8, dx:dx + 8], out[i])]
+        hits = [(dy, dx) for dy in range(5) for dx in range(5)
+                if torch.equal(padded[i, :, dy:dy + 8, dx:dx + 8], out[i])]
         assert len(hits) == 1
         offsets.add(hits[0])
     assert len(offsets) > 12  # offsets spread over the 5x5 grid

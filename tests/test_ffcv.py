@@ -13,16 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fastfair import data
+from fastfair.data import ffcv as fl  # imports the ffcv package lazily, so it needs no importorskip
+from fastfair.errors import UserError
+
 pytest.importorskip("ffcv")
 # numba's dispatcher finaliser raises a harmless KeyError when FFCV's generated pipelines are freed
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 from scipy.stats import chisquare  # noqa: E402
 
-from fastfair import data  # noqa: E402
 from helpers import SHARED  # noqa: E402  (located once for every test)
-from fastfair.data import ffcv as fl
-from fastfair.errors import UserError  # noqa: E402
 
 
 def _shared(name: str) -> Path:

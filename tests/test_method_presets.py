@@ -15,7 +15,8 @@ def test_fairness_presets_resolve_and_say_what_they_follow(path):
     assert "Table" in cfg.preset or "Fig." in cfg.preset
     assert "follows" in cfg.preset or "differs" in cfg.preset
     if path.stem.endswith(("-paper", "-code")):
-        assert (CONFIGS / f"{path.stem.rsplit('-', 1)[0]}-{'code' if path.stem.endswith('-paper') else 'paper'}.toml").is_file()
+        twin = f"{path.stem.rsplit('-', 1)[0]}-{'code' if path.stem.endswith('-paper') else 'paper'}.toml"
+        assert (CONFIGS / twin).is_file()
 
 
 def test_cfa_paper_and_code_variants_differ_where_the_reference_says():

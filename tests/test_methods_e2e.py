@@ -27,7 +27,7 @@ def run(npz, out, method, *sets):
                          BASE + list(sets))
     Trainer(cfg, out, quiet=True).fit()
     result = final_evaluation(out, cfg, quiet=True)
-    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()], result
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], result
 
 
 @pytest.fixture(scope="module")

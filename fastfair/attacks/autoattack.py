@@ -145,8 +145,9 @@ def build_backend(model, eps: float, num_classes: int, name: str = "auto") -> Ba
     try:
         backend = BACKENDS.get(name)(model, eps, num_classes)
     except ImportError as err:
-        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); install it (pip install torchattacks, "
-                        "or the official package from its git repository) or pick the other with --aa-backend") from None
+        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); install it "
+                        "(pip install torchattacks, or the official package from its git repository) "
+                        "or pick the other with --aa-backend") from None
     want = standard_settings(num_classes)
     if backend.settings != want:
         raise RuntimeError(f"{name} built a non-standard AutoAttack: {backend.settings} != {want}")
@@ -189,7 +190,8 @@ class Flags:
 
     def save(self, path: Path) -> None:
         buf = io.BytesIO()
-        np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried, fingerprint=np.array(self.fingerprint))
+        np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried,
+                 fingerprint=np.array(self.fingerprint))
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_bytes(buf.getvalue())
         os.replace(tmp, path)
@@ -261,7 +263,8 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
                     adv = bk.attacks[name](xb, yb).detach()
                 # a success must stay in the eps-ball and the image range, whatever the backend did
                 flat = adv.flatten(1)
-                inside = ((flat - xb.flatten(1)).abs().amax(1) <= eps + 1e-6) & (flat.amin(1) >= 0) & (flat.amax(1) <= 1)
+                inside = (((flat - xb.flatten(1)).abs().amax(1) <= eps + 1e-6)
+                          & (flat.amin(1) >= 0) & (flat.amax(1) <= 1))
                 p = _predict(model, adv, batch)
                 fooled = ((p != yb) & inside).cpu().numpy()
                 flags.broken_by[idx_np[fooled]] = 1 + k

@@ -79,4 +79,5 @@ def add_best(results: dict[str, dict], names: list[str]) -> None:
         if group == [name]:
             continue
         best = min(group, key=lambda n: results[n]["summary"]["avg"])
-        results[name] = {**results[best], "chosen": best, "inverse_temperature": round(1 / float(best.split("@t")[1]), 6)}
+        results[name] = {**results[best], "chosen": best,
+                         "inverse_temperature": round(1 / float(best.split("@t")[1]), 6)}

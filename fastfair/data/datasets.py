@@ -91,7 +91,8 @@ def _torchvision(cls_name: str, train_kw, test_kw, label_attr: str, hint: str, c
                         f"fastfair train --config demo"
                     ) from None
         tr, te = sets
-        names = classes or list(getattr(tr, "classes", [])) or [str(i) for i in range(int(max(getattr(tr, label_attr))) + 1)]
+        names = (classes or list(getattr(tr, "classes", []))
+                 or [str(i) for i in range(int(max(getattr(tr, label_attr))) + 1)])
         return DataBundle(
             cls_name.lower(), _as_nchw(np.asarray(tr.data)), _labels(getattr(tr, label_attr)),
             _as_nchw(np.asarray(te.data)), _labels(getattr(te, label_attr)), names,
@@ -157,7 +158,8 @@ def _load_digits(_: Path | None) -> DataBundle:
                       _labels(y[n_train:]), [str(i) for i in range(10)])
 
 
-DATASETS.register("digits", "offline demo: scikit-learn's 1797 8x8 handwritten digits (UCI), ships inside scikit-learn")(
+DATASETS.register("digits",
+                  "offline demo: scikit-learn's 1797 8x8 handwritten digits (UCI), ships inside scikit-learn")(
     DatasetSpec(_load_digits, 10, 0, False, "nowhere: it ships inside scikit-learn")
 )
 

@@ -44,13 +44,14 @@ FORMAT_VERSION = 1
 def _ffcv() -> SimpleNamespace:
     """Import the FFCV pieces lazily; a missing or broken install becomes a UserError."""
     try:
-        from ffcv.fields import IntField, NDArrayField, RGBImageField
-        from ffcv.fields.basics import IntDecoder
-        from ffcv.fields.decoders import NDArrayDecoder, SimpleRGBImageDecoder
-        from ffcv.loader import Loader, OrderOption
-        from ffcv.reader import Reader
-        from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, ToDevice, ToTensor
-        from ffcv.writer import DatasetWriter
+        # used through locals() in the return below, hence the noqa: F401
+        from ffcv.fields import IntField, NDArrayField, RGBImageField  # noqa: F401
+        from ffcv.fields.basics import IntDecoder  # noqa: F401
+        from ffcv.fields.decoders import NDArrayDecoder, SimpleRGBImageDecoder  # noqa: F401
+        from ffcv.loader import Loader, OrderOption  # noqa: F401
+        from ffcv.reader import Reader  # noqa: F401
+        from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, ToDevice, ToTensor  # noqa: F401
+        from ffcv.writer import DatasetWriter  # noqa: F401
     except ImportError as err:  # ffcv itself, or cv2 / numba / its C extension's libraries
         raise UserError(f"{INSTALL_HINT} (import failed: {err})") from None
     return SimpleNamespace(**{k: v for k, v in locals().items() if k != "err"})
@@ -255,7 +256,8 @@ class FFCVLoader:
     def __iter__(self):
         if self.order == "random":
             # DeviceLoader's shuffle: same generator, same call, so the same permutation
-            self._fixed.order = torch.randperm(self.n, device=self.device, generator=self.gen).cpu().numpy().astype(np.uint64)
+            perm = torch.randperm(self.n, device=self.device, generator=self.gen)
+            self._fixed.order = perm.cpu().numpy().astype(np.uint64)
         elif self.order == "quasi_random":
             self.loader.traversal_order.page_to_samples_array[:] = self._pages
         augment_here = self.train and self.augment == "device"

@@ -59,20 +59,29 @@ def _np(a) -> np.ndarray:
 
 
 def confusion_percent(confusion) -> np.ndarray:
-    """Row-normalised confusion in percent: entry (i, j) = share of class i predicted as j (Tian et al. KDD 2021, Fig. 2)."""
+    """Row-normalised confusion in percent: entry (i, j) = share of class i predicted as j.
+
+    Tian et al. KDD 2021, Fig. 2.
+    """
     m = _np(confusion).astype(np.float64)
     return 100.0 * m / np.maximum(m.sum(axis=1, keepdims=True), 1)
 
 
 def misclassified_counts(confusion) -> np.ndarray:
-    """Counts with the diagonal (correct predictions) hidden as 0 (Tian et al. KDD 2021, Fig. 4(a), 'misclassified confusion matrix')."""
+    """Counts with the diagonal (correct predictions) hidden as 0.
+
+    Tian et al. KDD 2021, Fig. 4(a), 'misclassified confusion matrix'.
+    """
     m = _np(confusion).astype(np.float64).copy()
     np.fill_diagonal(m, 0)
     return m
 
 
 def cvc(probs, y, num_classes: int) -> np.ndarray:
-    """CVC_k = (1/(N C)) sum_i sum_c (p_c^i - mean_c p^i)^2 over the N images of class k (Tian et al. KDD 2021, Def. 5.1)."""
+    """CVC_k = (1/(N C)) sum_i sum_c (p_c^i - mean_c p^i)^2 over the N images of class k.
+
+    Tian et al. KDD 2021, Def. 5.1.
+    """
     p, y = _np(probs).astype(np.float64), _np(y)
     per_image = ((p - p.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
     return _class_mean(per_image, y, num_classes)

@@ -10,7 +10,8 @@ AT_ATTACK = {"attack.objective": "ce", "attack.init": "uniform", "attack.bn_mode
 class PGDAT(Method):
     """CE(f(x'), y) - entropy_weight * H(p(x')) (Madry et al. 2018, Eq. 2.1; ME paper, L_ME-AT)."""
 
-    keys = {**SMOOTHING, "entropy_weight": Key(0.0, "ME-AT beta: weight of the entropy bonus H(p(x')) (ME paper, Sec. 3.2.1)")}
+    keys = {**SMOOTHING,
+            "entropy_weight": Key(0.0, "ME-AT beta: weight of the entropy bonus H(p(x')) (ME paper, Sec. 3.2.1)")}
     defaults = {**AT_ATTACK, "method.entropy_weight": 0.0}
     uses_ce_logits = True
 

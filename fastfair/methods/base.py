@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 METHODS: Registry[type["Method"]] = Registry("method")
 
-SMOOTHING = {"smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)")}
+SMOOTHING = {
+    "smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)"),
+}
 
 
 class Method:
@@ -88,7 +90,10 @@ class Method:
 
     def objective(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
                   state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean_i w_{y_i} loss_i, logits): per-class loss weights, ones unless an option sets them (Benz et al. 2021)."""
+        """(mean_i w_{y_i} loss_i, logits): per-class loss weights, ones unless an option sets them.
+
+        Benz et al. 2021.
+        """
         rows, logits = self.loss(model, x, x_adv, y, state)
         return (rows * state["loss_weight"][y]).mean(), logits
 
@@ -104,4 +109,7 @@ class Method:
             option.end_epoch(state, epoch, stats)
 
     def before_training(self, state: ClassState, val: dict) -> None:
-        """Called once before the first epoch with a validation of the initial model (when ``needs_initial_validation``)."""
+        """Called once before the first epoch with a validation of the initial model.
+
+        Only when ``needs_initial_validation``.
+        """

@@ -40,7 +40,8 @@ class CostSensitive(Option):
     def setup(self, state):
         given = self.own.weights
         if given and len(given) != state.num_classes:
-            raise UserError(f"cost_sensitive.weights needs {state.num_classes} values (one per class); got {len(given)}")
+            raise UserError(f"cost_sensitive.weights needs {state.num_classes} values (one per class); "
+                            f"got {len(given)}")
         state.add_factor("loss_weight", self.factor, given or 1.0, owner=f"option {self.name}")
 
     def end_epoch(self, state, epoch, stats):

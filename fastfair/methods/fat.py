@@ -56,7 +56,8 @@ class FAT(PGDAT):
 
     def _stop_at(self, epoch: int) -> None:
         m = self.cfg.method
-        self.attack = dataclasses.replace(self.attack, objective="ce", stop=EarlyStop(tau_at(epoch, m.tau, m.tau_milestones)))
+        stop = EarlyStop(tau_at(epoch, m.tau, m.tau_milestones))
+        self.attack = dataclasses.replace(self.attack, objective="ce", stop=stop)
 
     def begin_epoch(self, model, epoch):
         super().begin_epoch(model, epoch)

@@ -27,7 +27,10 @@ def normalize_multipliers(lam: torch.Tensor, lim: float) -> torch.Tensor:
 
 
 def class_weights(lam: torch.Tensor) -> torch.Tensor:
-    """w_k = 1/C + lam_k - (1/C) sum_j lam_j: the Lagrangian's per-class cost (Xu et al. 2021, Sec. 4; code's cost_sensitive)."""
+    """w_k = 1/C + lam_k - (1/C) sum_j lam_j: the Lagrangian's per-class cost.
+
+    Xu et al. 2021, Sec. 4; code's cost_sensitive.
+    """
     c = lam.shape[0]
     return 1.0 / c + lam - lam.sum() / c
 
@@ -57,7 +60,8 @@ def update_multipliers(lam_nat, lam_bndy, lam_margin, clean_acc, robust_acc, *, 
 
 
 class FRLBase(Method):
-    """sum_i (w_nat_y CE(f(x_i)) + beta w_bndy_y KL(p(x_i)||p(x'_i))) / sum_i (w_nat_y + w_bndy_y) (FRL code's train_model),
+    """sum_i (w_nat_y CE(f(x_i)) + beta w_bndy_y KL(p(x_i)||p(x'_i))) / sum_i (w_nat_y + w_bndy_y)
+    (FRL code's train_model),
     x' from TRADES-PGD in the ball eps * margin_y."""
 
     keys = {
@@ -119,13 +123,15 @@ class FRLBase(Method):
         return rows / (w_nat + w_bndy).mean(), z_adv
 
 
-@METHODS.register("frl-rw", "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5 (Xu et al. 2021)")
+@METHODS.register("frl-rw",
+                  "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5 (Xu et al. 2021)")
 class FRLReweight(FRLBase):
     remargin = False
     defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.5}
 
 
-@METHODS.register("frl-rm", "FRL remargin: TRADES fine-tuning with per-class eps multipliers, beta 1.0 (Xu et al. 2021)")
+@METHODS.register("frl-rm",
+                  "FRL remargin: TRADES fine-tuning with per-class eps multipliers, beta 1.0 (Xu et al. 2021)")
 class FRLRemargin(FRLBase):
     reweight = False
     defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.0}

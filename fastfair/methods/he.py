@@ -72,7 +72,8 @@ def _lis(cfg, epoch, head):
     return lis_scale(epoch, cfg.train.epochs, cfg.model.head_scale, cfg.he.scale_end)
 
 
-@SCHEDULES.register("cmp", "Control Maximum Probability: s solved each epoch so max prob follows 0.2 -> 1 by epoch 90 (Tian)")
+@SCHEDULES.register("cmp",
+                    "Control Maximum Probability: s solved each epoch so max prob follows 0.2 -> 1 by epoch 90 (Tian)")
 def _cmp(cfg, epoch, head):
     m = cfg.he
     with torch.no_grad():

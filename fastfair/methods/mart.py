@@ -9,7 +9,10 @@ from fastfair.schema import Key
 
 
 def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """-log(1.0001 - max_{k != y} p_k(x')), the margin half of MART's BCE (Wang et al. 2020, Sec. 3.3; code's 1.0001)."""
+    """-log(1.0001 - max_{k != y} p_k(x')), the margin half of MART's BCE.
+
+    Wang et al. 2020, Sec. 3.3; code's 1.0001.
+    """
     p = F.softmax(z_adv.float(), dim=1)
     other = p.masked_fill(F.one_hot(y, p.shape[1]).bool(), -1.0).amax(dim=1)
     return -torch.log(1.0001 - other + 1e-12)

@@ -19,10 +19,11 @@ class TRADES(Method):
 
     keys = {
         **SMOOTHING,
-        "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper (Zhang et al. 2019, Eq. 5)"),
+        "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper "
+                              "(Zhang et al. 2019, Eq. 5)"),
         "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
-        "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all (Tian et al. KDD 2021, "
-                                       "Eq. 5)", list[float]),
+        "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all "
+                                       "(Tian et al. KDD 2021, Eq. 5)", list[float]),
         "normalize": Key(False, "divide each row by (1 + beta_y) (CFA Eq. 8; CFA's code does it even without CCR)"),
     }
     defaults = {**TRADES_ATTACK, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}

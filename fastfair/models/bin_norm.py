@@ -8,7 +8,8 @@ from torch import nn
 from fastfair.models.base import NORMS
 
 
-@NORMS.register("bin", "Batch-Instance Norm, rho BN(x) + (1 - rho) IN(x), learnt rho in [0, 1] (Nam & Kim 2018; ME paper A.3)")
+@NORMS.register("bin",
+                "Batch-Instance Norm, rho BN(x) + (1 - rho) IN(x), learnt rho in [0, 1] (Nam & Kim 2018; ME paper A.3)")
 class BatchInstanceNorm2d(nn.Module):
     """y = (rho x_BN + (1 - rho) x_IN) gamma + beta with a per-channel gate rho in [0, 1] (Nam & Kim 2018, Eq. 4-5).
 

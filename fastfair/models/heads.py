@@ -35,4 +35,5 @@ class CosineHead(nn.Module):
 
 HEADS.register("linear", "fully connected layer with bias (every paper's default)")(
     lambda feature_dim, num_classes, scale: nn.Linear(feature_dim, num_classes))
-HEADS.register("cosine", "HE: s * cos(class weight, feature), both L2-normalised, no bias (Pang et al. 2020)")(CosineHead)
+HEADS.register("cosine", "HE: s * cos(class weight, feature), both L2-normalised, no bias (Pang et al. 2020)")(
+    CosineHead)

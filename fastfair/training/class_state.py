@@ -119,7 +119,8 @@ class ClassState:
 
     def sum_tensors(self) -> list[torch.Tensor]:
         """Every tensor that sums over the epoch (torchrun adds them over ranks)."""
-        return [self.correct, self.total, self.loss_sum] + [t for s in self.statistics.values() for t in s.sums.values()]
+        return [self.correct, self.total, self.loss_sum] + [
+            t for s in self.statistics.values() for t in s.sums.values()]
 
     @torch.no_grad()
     def count(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
