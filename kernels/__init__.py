@@ -5,7 +5,8 @@ Each kernel lives beside its ``torch.library.triton_op`` wrapper, so ``torch.com
 into the kernels instead of breaking the graph:
 
 * :mod:`.fused_loss` -- ``fastfair::row_loss``: every term of :func:`fastfair.ops.losses.row_loss`
-  and its gradients w.r.t. both logits in one pass.
+  and its gradients w.r.t. both logits in one pass; the terms (names, order, logits read) come
+  from the table :data:`fastfair.ops.losses.TERMS`.
 * :mod:`.pgd` -- ``fastfair::pgd_step`` and ``fastfair::random_start`` with per-class budgets.
 
 On CUDA tensors the kernels run compiled; on CPU tensors they run under the Triton interpreter

@@ -15,6 +15,11 @@ with the gradients (w.r.t. u; w.r.t. z they are divided by the temperature)
     dKL/du_nat  = p_nat (log p_nat - log p_adv - KL)
     dCW/du_adv  = onehot(argmax_{j!=y}) / #ties - onehot(y)   where margin <= kappa, else 0
 
+The terms, their order and the logits each reads come from the table
+:data:`fastfair.ops.losses.TERMS` (term k is bit k of the kernel's mask and row k of the stacked
+weights); only each term's arithmetic is written again here, in Triton, and
+``tests/test_kernels.py`` checks every table entry against the reference.
+
 The gradients are written in the same pass and saved by the autograd formula, whose backward
 only scales them by ``grad_output`` (each loss row depends on its own logits row only). The
 reference (and the fallback on CPU without the Triton interpreter) is
@@ -35,11 +40,14 @@ from fastfair.ops import losses
 
 from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
-# Term bits, in the order of the rows of the stacked weight tensor.
-TERMS = ("ce_nat", "ce_adv", "kl", "ent_nat", "ent_adv", "cw_adv")
-CE_NAT, CE_ADV, KL, ENT_NAT, ENT_ADV, CW_ADV = (1 << k for k in range(len(TERMS)))
-_NAT_TERMS = CE_NAT | KL | ENT_NAT
-_ADV_TERMS = CE_ADV | KL | ENT_ADV | CW_ADV
+# Everything about the terms comes from the table losses.TERMS: term k is bit 1 << k of the
+# kernel's TERMS mask and row k of the stacked weight tensor, and the kernel gets k as a constexpr
+# named after the term (CE_NAT, ...). A table entry without a kernel block fails
+# tests/test_kernels.py::test_kernel_implements_every_table_term.
+BIT = {t.name: 1 << k for k, t in enumerate(losses.TERMS)}
+NAT_TERMS = sum(BIT[t.name] for t in losses.TERMS if "nat" in t.reads)
+ADV_TERMS = sum(BIT[t.name] for t in losses.TERMS if "adv" in t.reads)
+_TERM_INDEX = {t.name.upper(): k for k, t in enumerate(losses.TERMS)}
 
 # Elements of one (rows x BLOCK_C) tile: registers on a GPU; under the interpreter every
 # program costs Python overhead, so fewer, bigger tiles are faster there.
@@ -64,11 +72,12 @@ def _row_loss_kernel(
     zn_ptr, za_ptr, y_ptr, w_ptr, loss_ptr, gn_ptr, ga_ptr,
     N, C, stride_zn, stride_za, stride_w,
     smoothing, temperature, kappa,
-    TERMS: tl.constexpr, GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
+    TERMS: tl.constexpr, HAS_NAT: tl.constexpr, HAS_ADV: tl.constexpr,
+    CE_NAT: tl.constexpr, CE_ADV: tl.constexpr, KL: tl.constexpr,
+    ENT_NAT: tl.constexpr, ENT_ADV: tl.constexpr, CW_ADV: tl.constexpr,
+    GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    HAS_NAT: tl.constexpr = (TERMS & 13) != 0  # ce_nat | kl | ent_nat
-    HAS_ADV: tl.constexpr = (TERMS & 62) != 0  # ce_adv | kl | ent_adv | cw_adv
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
@@ -93,37 +102,37 @@ def _row_loss_kernel(
         ua = tl.where(cmask, za.to(tl.float32) / temperature, float("-inf"))
         logp_a, p_a = _log_softmax(ua, cmask)
 
-    if TERMS & 1:  # ce_nat
-        w = tl.load(w_ptr + 0 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> CE_NAT) & 1:  # losses.TERMS "ce_nat": +CE(u_nat)
+        w = tl.load(w_ptr + CE_NAT * stride_w + rows64, mask=rmask, other=0.0)
         nll = -tl.sum(tl.where(is_y, logp_n, 0.0), axis=1)
         mean = tl.sum(logp_n, axis=1) / C
         loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
         g_nat += w[:, None] * (p_n - q)
-    if TERMS & 2:  # ce_adv
-        w = tl.load(w_ptr + 1 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> CE_ADV) & 1:  # losses.TERMS "ce_adv": +CE(u_adv)
+        w = tl.load(w_ptr + CE_ADV * stride_w + rows64, mask=rmask, other=0.0)
         nll = -tl.sum(tl.where(is_y, logp_a, 0.0), axis=1)
         mean = tl.sum(logp_a, axis=1) / C
         loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
         g_adv += w[:, None] * (p_a - q)
-    if TERMS & 4:  # kl(p_nat || p_adv)
-        w = tl.load(w_ptr + 2 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> KL) & 1:  # losses.TERMS "kl": +KL(p_nat || p_adv)
+        w = tl.load(w_ptr + KL * stride_w + rows64, mask=rmask, other=0.0)
         diff = logp_n - logp_a
         kl = tl.sum(p_n * diff, axis=1)
         loss += w * kl
         g_adv += w[:, None] * (p_a - p_n)
         g_nat += w[:, None] * (p_n * (diff - kl[:, None]))
-    if TERMS & 8:  # -ent_nat H(p_nat)
-        w = tl.load(w_ptr + 3 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> ENT_NAT) & 1:  # losses.TERMS "ent_nat": -H(p_nat)
+        w = tl.load(w_ptr + ENT_NAT * stride_w + rows64, mask=rmask, other=0.0)
         h = -tl.sum(p_n * logp_n, axis=1)
         loss -= w * h
         g_nat += w[:, None] * (p_n * (logp_n + h[:, None]))
-    if TERMS & 16:  # -ent_adv H(p_adv)
-        w = tl.load(w_ptr + 4 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> ENT_ADV) & 1:  # losses.TERMS "ent_adv": -H(p_adv)
+        w = tl.load(w_ptr + ENT_ADV * stride_w + rows64, mask=rmask, other=0.0)
         h = -tl.sum(p_a * logp_a, axis=1)
         loss -= w * h
         g_adv += w[:, None] * (p_a * (logp_a + h[:, None]))
-    if TERMS & 32:  # cw margin, clamped at kappa
-        w = tl.load(w_ptr + 5 * stride_w + rows64, mask=rmask, other=0.0)
+    if (TERMS >> CW_ADV) & 1:  # losses.TERMS "cw_adv": +CW margin of u_adv, clamped at kappa
+        w = tl.load(w_ptr + CW_ADV * stride_w + rows64, mask=rmask, other=0.0)
         others = tl.where(is_y, float("-inf"), ua)
         top = tl.max(others, axis=1)
         u_y = tl.sum(tl.where(is_y, ua, 0.0), axis=1)
@@ -157,7 +166,8 @@ def _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, ka
     ref = z_adv if z_adv is not None else z_nat
     n, c = ref.shape
     loss = torch.empty(n, device=ref.device, dtype=torch.float32)
-    g_nat = torch.empty((n, c) if grad_nat else (0,), device=ref.device, dtype=ref.dtype if z_nat is None else z_nat.dtype)
+    nat_dtype = ref.dtype if z_nat is None else z_nat.dtype
+    g_nat = torch.empty((n, c) if grad_nat else (0,), device=ref.device, dtype=nat_dtype)
     g_adv = torch.empty((n, c) if grad_adv else (0,), device=ref.device, dtype=ref.dtype)
     if n == 0 or is_fake(ref) and interpreting():
         # Under the interpreter wrap_triton hands back the raw kernel, which cannot run on
@@ -177,7 +187,8 @@ def _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, ka
         zn, za, y, weights, loss, gn if grad_nat else loss, ga if grad_adv else loss,
         n, c, zn.stride(0), za.stride(0), weights.stride(0),
         float(smoothing), float(temperature), float(kappa),
-        TERMS=terms, GRAD_NAT=grad_nat, GRAD_ADV=grad_adv,
+        TERMS=terms, HAS_NAT=bool(terms & NAT_TERMS), HAS_ADV=bool(terms & ADV_TERMS), **_TERM_INDEX,
+        GRAD_NAT=grad_nat, GRAD_ADV=grad_adv,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,
     )
     if gn is not g_nat:
@@ -202,8 +213,8 @@ def row_loss_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (N,) fp32, d loss_i / d z_nat_i (N, C) or empty, d loss_i / d z_adv_i (N, C) or empty).
 
-    ``weights`` is a (6, N) fp32 tensor, one row per term in :data:`TERMS`; ``terms`` is the
-    bit mask of the terms to compute (their weights are not all the float 0).
+    ``weights`` is a (len(losses.TERMS), N) fp32 tensor, one row per term in the table's order;
+    ``terms`` is the mask (:data:`BIT`) of the terms to compute (those whose weight is not the float 0).
     """
     return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
 
@@ -247,46 +258,37 @@ def row_loss(
     z_adv: torch.Tensor | None,
     y: torch.Tensor,
     *,
-    ce_nat: losses.Weight = 0.0,
-    ce_adv: losses.Weight = 0.0,
-    kl: losses.Weight = 0.0,
-    ent_nat: losses.Weight = 0.0,
-    ent_adv: losses.Weight = 0.0,
-    cw_adv: losses.Weight = 0.0,
     smoothing: float = 0.0,
     temperature: float = 1.0,
     kappa: float = math.inf,
+    **weights: losses.Weight,
 ) -> torch.Tensor:
     """Drop-in for :func:`fastfair.ops.losses.row_loss` backed by the fused Triton kernel."""
-    given = (ce_nat, ce_adv, kl, ent_nat, ent_adv, cw_adv)
+    losses.check_weight_names(weights)
     ref = z_adv if z_adv is not None else z_nat
-    weight_grad = any(isinstance(w, torch.Tensor) and w.requires_grad for w in given)
+    weight_grad = any(isinstance(w, torch.Tensor) and w.requires_grad for w in weights.values())
     if ref is None or not can_launch(ref) or weight_grad or ref.dim() != 2:
-        return losses.row_loss(
-            z_nat, z_adv, y, ce_nat=ce_nat, ce_adv=ce_adv, kl=kl, ent_nat=ent_nat,
-            ent_adv=ent_adv, cw_adv=cw_adv, smoothing=smoothing, temperature=temperature, kappa=kappa,
-        )
+        return losses.row_loss(z_nat, z_adv, y, smoothing=smoothing, temperature=temperature, kappa=kappa, **weights)
     n = y.shape[0]
     terms = 0
     rows = []
-    for k, w in enumerate(given):
+    for term in losses.TERMS:
+        w = weights.get(term.name, 0.0)
+        if losses.is_active(w):
+            terms |= BIT[term.name]
         if isinstance(w, torch.Tensor):
-            terms |= 1 << k
             rows.append(w.to(device=ref.device, dtype=torch.float32).expand(n))
         else:
-            if w != 0.0:
-                terms |= 1 << k
             rows.append(torch.full((n,), float(w), device=ref.device, dtype=torch.float32))
-    if terms & _NAT_TERMS and z_nat is None or terms & _ADV_TERMS and z_adv is None:
+    if terms & NAT_TERMS and z_nat is None or terms & ADV_TERMS and z_adv is None:
         raise ValueError("row_loss: a term with a non-zero weight needs logits that were passed as None")
     if not terms:
         return torch.zeros(n, device=ref.device, dtype=torch.float32)
-    weights = torch.stack(rows)
     loss, _, _ = row_loss_op(
-        z_nat if terms & _NAT_TERMS else None,
-        z_adv if terms & _ADV_TERMS else None,
-        y, weights, terms, float(smoothing), float(temperature), float(kappa),
-        bool(terms & _NAT_TERMS) and _needs_grad(z_nat),
-        bool(terms & _ADV_TERMS) and _needs_grad(z_adv),
+        z_nat if terms & NAT_TERMS else None,
+        z_adv if terms & ADV_TERMS else None,
+        y, torch.stack(rows), terms, float(smoothing), float(temperature), float(kappa),
+        bool(terms & NAT_TERMS) and _needs_grad(z_nat),
+        bool(terms & ADV_TERMS) and _needs_grad(z_adv),
     )
     return loss

@@ -23,7 +23,7 @@ from fastfair.kernels import _launch, fused_loss, pgd  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-TERMS = fused_loss.TERMS
+TERMS = losses.TERM_NAMES
 
 
 def _weights(kind: str, n: int, gen: torch.Generator) -> dict:
@@ -78,6 +78,34 @@ def test_each_term_matches_reference(c, term):
     zn = _logits(n, c, gen).requires_grad_()
     za = _logits(n, c, gen).requires_grad_()
     _compare(zn, za, y, {term: 0.7})
+
+
+@pytest.mark.parametrize("term", losses.TERMS, ids=TERMS)
+def test_kernel_implements_every_table_term(term):
+    """Each entry of losses.TERMS alone, with a random per-row weight and only the logits it reads:
+    a term added to the table without its kernel block (or with wrong ``reads``) fails here."""
+    gen = torch.Generator().manual_seed(17)
+    n, c = 9, 10
+    y = torch.randint(0, c, (n,), generator=gen).to(DEV)
+    z = {r: _logits(n, c, gen).requires_grad_() if r in term.reads else None for r in ("nat", "adv")}
+    w = torch.rand(n, generator=gen).to(DEV) + 0.1
+    _compare(z["nat"], z["adv"], y, {term.name: w, "smoothing": 0.1, "temperature": 0.7, "kappa": 1.5})
+
+
+def test_kernel_term_masks_follow_the_table():
+    """Bit k is table entry k; the nat / adv masks are the terms whose ``reads`` name those logits."""
+    assert fused_loss.BIT == {t.name: 1 << k for k, t in enumerate(losses.TERMS)}
+    for side, mask in (("nat", fused_loss.NAT_TERMS), ("adv", fused_loss.ADV_TERMS)):
+        assert {t for t in TERMS if mask & fused_loss.BIT[t]} == {t.name for t in losses.TERMS if side in t.reads}
+    assert fused_loss.NAT_TERMS | fused_loss.ADV_TERMS == (1 << len(TERMS)) - 1
+
+
+def test_unknown_weight_name_raises():
+    z = torch.randn(4, 10).to(DEV)
+    y = torch.zeros(4, dtype=torch.long, device=DEV)
+    for fn in (K.row_loss, losses.row_loss):
+        with pytest.raises(TypeError, match="unknown weight.*kl_adv.*known terms: ce_nat"):
+            fn(z, z, y, ce_adv=1.0, kl_adv=1.0)
 
 
 @pytest.mark.parametrize("c", [2, 10, 100, 1000])
@@ -221,8 +249,8 @@ def test_no_grad_skips_gradient_outputs():
     with torch.no_grad():
         loss = K.row_loss(None, z, y, ce_adv=1.0)
     assert not loss.requires_grad
-    w = torch.stack([torch.full((n,), float(k == 1), device=DEV) for k in range(6)])
-    _, gn, ga = K.row_loss_op(None, z.detach(), y, w, fused_loss.CE_ADV, 0.0, 1.0, math.inf, False, False)
+    w = torch.stack([torch.full((n,), float(t == "ce_adv"), device=DEV) for t in TERMS])
+    _, gn, ga = K.row_loss_op(None, z.detach(), y, w, fused_loss.BIT["ce_adv"], 0.0, 1.0, math.inf, False, False)
     assert gn.numel() == 0 and ga.numel() == 0
 
 
@@ -232,10 +260,10 @@ def test_cpu_without_interpreter_falls_back_to_reference(monkeypatch):
     y = torch.randint(0, 10, (4,), generator=gen)
     monkeypatch.setattr(_launch, "_INTERPRET", False)
     torch.testing.assert_close(K.row_loss(None, z, y, ce_adv=1.0), losses.row_loss(None, z, y, ce_adv=1.0))
-    w = torch.zeros(6, 4)
-    w[1] = 1.0
+    w = torch.zeros(len(TERMS), 4)
+    w[TERMS.index("ce_adv")] = 1.0
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        K.row_loss_op(None, z, y, w, fused_loss.CE_ADV, 0.0, 1.0, math.inf, False, False)
+        K.row_loss_op(None, z, y, w, fused_loss.BIT["ce_adv"], 0.0, 1.0, math.inf, False, False)
     x = torch.rand(4, 3, 2, 2, generator=gen)
     g = torch.randn(4, 3, 2, 2, generator=gen)
     eps_c, alpha_c = torch.full((10,), 0.1), torch.full((10,), 0.05)

@@ -68,3 +68,18 @@ def test_row_loss_stable_for_extreme_logits():
     z = torch.tensor([[1e4, -1e4, 0.0]])
     out = losses.row_loss(z, z * 0.5, torch.tensor([0]), ce_nat=1.0, kl=1.0, ent_nat=1.0, smoothing=0.1)
     assert torch.isfinite(out).all()
+
+
+def test_row_loss_rejects_unknown_weight_names():
+    with pytest.raises(TypeError, match="unknown weight.*ce_ad.*known terms: ce_nat"):
+        losses.row_loss(None, Z, Y, ce_ad=1.0)
+
+
+def test_each_term_reads_only_its_logits():
+    """A term alone, with the logits it does not read passed as None, is its sign times its value."""
+    for term in losses.TERMS:
+        z = {"nat": Z, "adv": Z.flip(1)}
+        given = {r: z[r] if r in term.reads else None for r in ("nat", "adv")}
+        got = losses.row_loss(given["nat"], given["adv"], Y, **{term.name: 0.5})
+        want = 0.5 * term.sign * term.value(*(z[r] for r in term.reads), Y, 0.0, math.inf)
+        torch.testing.assert_close(got, want)

@@ -9,6 +9,8 @@ Triton implementation of exactly this function; this module is its reference.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +41,47 @@ def trades_kl(z_nat: torch.Tensor, z_adv: torch.Tensor) -> torch.Tensor:
 
 
 def cw_margin(z: torch.Tensor, y: torch.Tensor, kappa: float = math.inf) -> torch.Tensor:
-    """Per-row min(max_{j != y} z_j - z_y, kappa): the CW-inf margin an attacker maximises (Carlini & Wagner 2017, Eq. f_6)."""
+    """Per-row min(max_{j != y} z_j - z_y, kappa), the CW-inf margin (Carlini & Wagner 2017, Eq. f_6)."""
     z = z.float()
     z_y = z.gather(1, y[:, None]).squeeze(1)
     others = z.masked_fill(F.one_hot(y, z.shape[1]).bool(), -math.inf)
     return (others.amax(dim=1) - z_y).clamp(max=kappa)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One weighted term of :func:`row_loss`; the fused kernel takes its bit and weight row from its index in TERMS."""
+
+    name: str  # the keyword of its weight
+    reads: tuple[str, ...]  # the logits it needs, "nat" and/or "adv", in the order ``value`` takes them
+    sign: int  # +1 added, -1 subtracted (ME-AT/ME-TRADES maximise entropy)
+    doc: str  # what it adds to loss_i, for error messages
+    value: Callable[..., torch.Tensor]  # (*logits in ``reads`` order, y, smoothing, kappa) -> (N,) fp32
+
+
+TERMS: tuple[Term, ...] = (
+    Term("ce_nat", ("nat",), +1, "CE(u_nat)", lambda z, y, smoothing, kappa: cross_entropy(z, y, smoothing)),
+    Term("ce_adv", ("adv",), +1, "CE(u_adv)", lambda z, y, smoothing, kappa: cross_entropy(z, y, smoothing)),
+    Term("kl", ("nat", "adv"), +1, "KL(p_nat || p_adv)", lambda zn, za, y, smoothing, kappa: trades_kl(zn, za)),
+    Term("ent_nat", ("nat",), -1, "-H(p_nat)", lambda z, y, smoothing, kappa: entropy(z)),
+    Term("ent_adv", ("adv",), -1, "-H(p_adv)", lambda z, y, smoothing, kappa: entropy(z)),
+    Term("cw_adv", ("adv",), +1, "min(max_{j!=y} u_adv_j - u_adv_y, kappa)",
+         lambda z, y, smoothing, kappa: cw_margin(z, y, kappa)),
+)
+TERM_NAMES: tuple[str, ...] = tuple(t.name for t in TERMS)
+
+
+def check_weight_names(weights: dict[str, Weight]) -> None:
+    """Reject a weight that names no term: a typo must not silently drop a term from the loss."""
+    unknown = [name for name in weights if name not in TERM_NAMES]
+    if unknown:
+        known = ", ".join(f"{t.name} ({t.doc})" for t in TERMS)
+        raise TypeError(f"row_loss() got unknown weight(s) {', '.join(unknown)}; known terms: {known}")
+
+
+def is_active(weight: Weight) -> bool:
+    """A term is computed unless its weight is the float 0 (a tensor weight counts even if all zeros)."""
+    return isinstance(weight, torch.Tensor) or weight != 0.0
 
 
 def row_loss(
@@ -51,38 +89,30 @@ def row_loss(
     z_adv: torch.Tensor | None,
     y: torch.Tensor,
     *,
-    ce_nat: Weight = 0.0,
-    ce_adv: Weight = 0.0,
-    kl: Weight = 0.0,
-    ent_nat: Weight = 0.0,
-    ent_adv: Weight = 0.0,
-    cw_adv: Weight = 0.0,
     smoothing: float = 0.0,
     temperature: float = 1.0,
     kappa: float = math.inf,
+    **weights: Weight,
 ) -> torch.Tensor:
-    """Per-row weighted sum of the terms above, all on logits / temperature.
+    """Per-row weighted sum of the :data:`TERMS`, all on logits / temperature; weights by term name.
 
     loss_i = ce_nat_i CE(z_nat) + ce_adv_i CE(z_adv) + kl_i KL(p(z_nat) || p(z_adv))
              - ent_nat_i H(p(z_nat)) - ent_adv_i H(p(z_adv)) + cw_adv_i margin(z_adv)
 
     (the entropy weights are *subtracted*: ME-AT/ME-TRADES maximise entropy). Label smoothing
-    applies to both CE terms. Terms whose weight is the float 0 are skipped, so an unused logits
-    argument may be ``None``. Computed in fp32 whatever the input dtype.
+    applies to both CE terms. Terms whose weight is the float 0 (or not given) are skipped, so an
+    unused logits argument may be ``None``. Computed in fp32 whatever the input dtype. An unknown
+    weight name raises ``TypeError``.
     """
+    check_weight_names(weights)
     out = torch.zeros(y.shape[0], device=y.device, dtype=torch.float32)
     if temperature != 1.0:
         z_nat = None if z_nat is None else z_nat.float() / temperature
         z_adv = None if z_adv is None else z_adv.float() / temperature
-    terms = (
-        (ce_nat, lambda: cross_entropy(z_nat, y, smoothing)),
-        (ce_adv, lambda: cross_entropy(z_adv, y, smoothing)),
-        (kl, lambda: trades_kl(z_nat, z_adv)),
-        (ent_nat, lambda: -entropy(z_nat)),
-        (ent_adv, lambda: -entropy(z_adv)),
-        (cw_adv, lambda: cw_margin(z_adv, y, kappa)),
-    )
-    for weight, term in terms:
-        if isinstance(weight, torch.Tensor) or weight != 0.0:
-            out = out + weight * term()
+    logits = {"nat": z_nat, "adv": z_adv}
+    for term in TERMS:
+        weight = weights.get(term.name, 0.0)
+        if is_active(weight):
+            value = term.value(*(logits[r] for r in term.reads), y, smoothing, kappa)
+            out = out + weight * (term.sign * value)
     return out
