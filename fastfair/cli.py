@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from fastfair.errors import UserError
+from fastfair.rundir import RunDir
 
 
 def _listing(rows: list[tuple[str, str]]) -> None:
@@ -54,7 +55,7 @@ def cmd_train(args) -> None:
              "train.compile": {True: "on", False: "off", None: None}[args.compile],
              "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir,
              **_fairness_flags(args)}
-    saved = Path(args.out or "") / "config.toml" if args.out else None
+    saved = RunDir(args.out).config if args.out else None
     if args.resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
@@ -86,15 +87,14 @@ def cmd_data_convert(args) -> None:
 def _checkpoint_path(args) -> Path:
     """RUN_DIR -> RUN_DIR/checkpoints/<--checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
     target = Path(args.target)
-    if target.is_dir():
-        name = args.checkpoint
-        if name == "auto":
-            from fastfair.config import load_saved_text
+    if not target.is_dir():
+        return target
+    run = RunDir(target)
+    if args.checkpoint != "auto":
+        return run.checkpoint(args.checkpoint)
+    from fastfair.config import load_saved_text
 
-            select = load_saved_text((target / "config.toml").read_text()).train.select if (target / "config.toml").is_file() else "pgd"
-            name = "last" if select == "last" else f"best_{select}"
-        target = target / "checkpoints" / f"{name}.pt"
-    return target
+    return run.selected_checkpoint(load_saved_text(run.read_config()).train.select)
 
 
 def cmd_eval(args) -> None:

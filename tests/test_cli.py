@@ -41,6 +41,13 @@ def test_missing_data_names_the_flag_and_the_download(tmp_path):
     assert "--data-dir" in r.stderr and "cifar-10-python.tar.gz" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_eval_of_a_folder_that_is_not_a_run_names_the_fix(tmp_path):
+    r = fastfair("eval", str(tmp_path), "--quiet")
+    assert r.returncode == 2 and "not a run directory (no config.toml)" in r.stderr and "Traceback" not in r.stderr
+    r = fastfair("eval", str(tmp_path / "missing.pt"), "--quiet")
+    assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bad_set_key_suggests_the_right_one(tmp_path):
     r = fastfair("train", "--method", "trades", "--set", "train.learning_rate=0.1", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "unknown config key 'train.learning_rate'" in r.stderr

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from fastfair import checkpoint, config
+from fastfair import config
+from fastfair.rundir import load_checkpoint
 from fastfair.training.trainer import Trainer
 
 
@@ -39,8 +40,8 @@ def test_resume_continues_a_killed_run_exactly(tmp_path):
     a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["epoch"] for r in b] == [0, 1, 2]
     assert [comparable(r) for r in a] == [comparable(r) for r in b]
-    wa = checkpoint.load(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
-    wb = checkpoint.load(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    wa = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    wb = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -55,7 +56,7 @@ def test_run_directory_contract(tmp_path):
     assert len(rec["train_robust_acc_per_class"]) == 10 and len(rec["val"]["pgd3"]["per_class"]) == 10
     assert rec["vectors"]["eps"] == pytest.approx([0.1] * 10)
     assert rec["images_per_s"] > 0 and rec["lr"] == pytest.approx(0.05)
-    best = checkpoint.load(out / "checkpoints" / "best_fair.pt")
+    best = load_checkpoint(out / "checkpoints" / "best_fair.pt")
     assert best["val_robust"]["avg"] + best["val_robust"]["worst"] == pytest.approx(
         max(r["val"]["pgd3"]["avg"] + r["val"]["pgd3"]["worst"] for r in metrics(out)))
 

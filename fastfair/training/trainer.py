@@ -9,23 +9,23 @@ because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from fastfair import build, checkpoint, ops
+from fastfair import build, ops
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
 from fastfair.attacks import parse_attack
 from fastfair.training.class_state import ClassState
 from fastfair.config import Config
 from fastfair.errors import UserError
-from fastfair.evaluation.per_class import evaluate
+from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.registry import Registry
+from fastfair.rundir import RunDir, init_model, load_checkpoint, save_atomic
 
 SELECTION: Registry = Registry("selection policy")
 SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")(
@@ -64,7 +64,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         if cfg.train.init_from:
-            checkpoint.init_model(self.model, cfg.train.init_from)
+            init_model(self.model, cfg.train.init_from)
         self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
         self.method = METHODS.get(cfg.method.name)(cfg)
         # The attack's autograd.grad must stay outside compiled code, so the model is compiled
@@ -86,29 +86,23 @@ class Trainer:
 
     # ---- run directory ------------------------------------------------------------------
     @property
-    def ckpt_dir(self) -> Path:
-        return self.out / "checkpoints"
+    def run(self) -> RunDir:
+        return RunDir(self.out)
 
     def _prepare_dir(self, resume: bool) -> None:
-        last = self.ckpt_dir / "last.pt"
+        last = self.run.last
         if resume:
             if not last.is_file():
                 raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
-            self._load(checkpoint.load(last))
+            self._load(load_checkpoint(last))
             if self.main:
-                self._truncate_metrics()
+                self.run.truncate_metrics(self.start_epoch)
             self.log(f"resuming {self.out} at epoch {self.start_epoch}")
         elif last.is_file():
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
         if self.main:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
-
-    def _truncate_metrics(self) -> None:
-        path = self.out / "metrics.jsonl"
-        if path.is_file():
-            keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["epoch"] < self.start_epoch]
-            checkpoint.write_text_atomic("".join(l + "\n" for l in keep), path)
+            self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+            self.run.write_config(self.cfg.to_toml())
 
     def _state(self, epoch: int) -> dict:
         return {
@@ -179,8 +173,7 @@ class Trainer:
         if self.main:  # torchrun: rank 0 alone writes
             # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
             # and resuming drops the metrics lines of epochs the checkpoint does not hold.
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            self.run.append_metrics(record)
             self._checkpoint(epoch, va["avg"], va["worst"])
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
@@ -205,13 +198,13 @@ class Trainer:
             score = SELECTION.get(policy)(avg, worst)
             if score > self.best[policy + suffix]:
                 self.best[policy + suffix] = score
-                checkpoint.save_atomic(weights, self.ckpt_dir / f"best_{policy}{suffix}.pt")
+                save_atomic(weights, self.run.best(policy, averaged=bool(suffix)))
         if suffix:
-            checkpoint.save_atomic(weights, self.ckpt_dir / f"last{suffix}.pt")
+            save_atomic(weights, self.run.checkpoint("last", averaged=True))
 
     def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
         self._keep_best(self.model, epoch, avg, worst)
-        checkpoint.save_atomic(self._state(epoch), self.ckpt_dir / "last.pt")
+        save_atomic(self._state(epoch), self.run.last)
 
     def fit(self) -> Path:
         if self.start_epoch == 0 and self.method.needs_initial_validation:
@@ -224,12 +217,10 @@ class Trainer:
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it."""
-    from fastfair.evaluation.per_class import evaluate_checkpoint
-
-    name = "last" if cfg.train.select == "last" else f"best_{cfg.train.select}"
-    result = evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,
+    run = RunDir(out)
+    result = evaluate_checkpoint(run.selected_checkpoint(cfg.train.select), attacks=cfg.eval.attacks,
                                  split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
-    averaged = out / "checkpoints" / f"{name}_avg.pt"  # EMA/FAWA model, when one was averaged in
+    averaged = run.selected_checkpoint(cfg.train.select, averaged=True)  # EMA/FAWA model, when one was averaged in
     if averaged.is_file():
         result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
                                                 device=cfg.train.device, quiet=quiet)
