@@ -8,6 +8,9 @@ from pathlib import Path
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 
+CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
+                   "add _avg for the EMA/FAWA model (default: the run's train.select)")
+
 
 def _listing(rows: list[tuple[str, str]]) -> None:
     width = max(len(n) for n, _ in rows)
@@ -18,12 +21,15 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 def cmd_methods(args) -> None:
     from fastfair.training.averaging import AVERAGING
     from fastfair.methods import METHODS, OPTIONS
+    from fastfair.training.selection import SELECTION
 
     _listing(METHODS.table())
     print("\noptions that combine with the methods above:")
     _listing(OPTIONS.table())
     print("\nweight averaging (train.averaging):")
     _listing(AVERAGING.table())
+    print("\ncheckpoint selection (train.select; each scored policy keeps checkpoints/best_<name>.pt):")
+    _listing(SELECTION.table())
 
 
 def cmd_models(args) -> None:
@@ -128,7 +134,7 @@ def _add_report_commands(sub) -> None:
     d.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
     d.add_argument("--attack", default="pgd20", help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
     d.add_argument("--split", default="test", choices=["test", "val"])
-    d.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last")
+    d.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     d.add_argument("--tsne", type=int, default=500, metavar="N", help="images in the t-SNE (0: skip it)")
     d.add_argument("--data-dir")
     d.add_argument("--device", default="auto")
@@ -212,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, tpgdK@grid (1/T in 2,5,10,50), "
                         "aa (AutoAttack standard)")
     e.add_argument("--split", default="test", choices=["test", "val"])
-    e.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last (default: the run's train.select)")
+    e.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     e.add_argument("--data-dir")
     e.add_argument("--device", default="auto")
     e.add_argument("--batch-size", type=int)

@@ -23,6 +23,7 @@ def test_listings_name_their_papers():
     for name in ("standard", "pgd-at", "trades", "me-at", "me-trades"):
         assert name in methods
     assert "ME paper" in methods and "Madry" in methods
+    assert "train.select" in methods and "CFA's choice" in methods  # the selection policies
     assert "resnet18" in fastfair("models").stdout
     assert "digits" in fastfair("datasets").stdout
     assert "Table 2" in fastfair("presets").stdout

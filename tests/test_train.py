@@ -5,7 +5,8 @@ import torch
 
 from fastfair import config
 from fastfair.rundir import load_checkpoint
-from fastfair.training.trainer import Trainer
+from fastfair.training.selection import SELECTION
+from fastfair.training.trainer import Trainer, final_evaluation
 
 
 def digits_cfg(**sets):
@@ -68,3 +69,26 @@ def test_starting_over_an_existing_run_is_refused(tmp_path):
     Trainer(cfg, tmp_path / "r", quiet=True).fit()
     with pytest.raises(UserError, match="--resume"):
         Trainer(cfg, tmp_path / "r", quiet=True)
+
+
+def test_a_registered_selection_policy_keeps_its_checkpoints(tmp_path):
+    @SELECTION.register("even", "test policy: the most even per-class robust accuracy")
+    def even(summary):
+        return -summary["cv"]
+
+    try:
+        out = tmp_path / "run"
+        cfg = digits_cfg(**{"train.epochs": 2, "train.select": "even", "train.averaging": "ema",
+                            "train.avg_begin": 0, "eval.attacks": "['clean']"})
+        trainer = Trainer(cfg, out, quiet=True)
+        trainer.fit()
+        names = {p.name for p in (out / "checkpoints").iterdir()}
+        assert {"best_even.pt", "best_even_avg.pt", "best_pgd.pt", "best_fair_avg.pt", "last_avg.pt"} <= names
+        assert trainer.best["even"] == -min(r["val"]["pgd3"]["cv"] for r in metrics(out))
+        assert set(load_checkpoint(out / "checkpoints" / "last.pt")["best"]) == {
+            "pgd", "fair", "even", "pgd_avg", "fair_avg", "even_avg"}
+        result = final_evaluation(out, cfg, quiet=True)  # train.select = even evaluates best_even.pt
+        assert result["checkpoint"].endswith("best_even.pt") and result["average"]["checkpoint"].endswith("_avg.pt")
+    finally:
+        SELECTION.unregister("even")
+    assert "even" not in SELECTION

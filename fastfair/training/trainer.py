@@ -24,15 +24,8 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.registry import Registry
 from fastfair.rundir import RunDir, init_model, load_checkpoint, save_atomic
-
-SELECTION: Registry = Registry("selection policy")
-SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")(
-    lambda avg, worst: avg)
-SELECTION.register("fair", "best average + worst-class robust accuracy on the validation split (CFA's choice)")(
-    lambda avg, worst: avg + worst)
-SELECTION.register("last", "the last epoch")(None)
+from fastfair.training.selection import SELECTION, policy_scores
 
 
 def _seed(cfg: Config, epoch: int) -> None:
@@ -80,7 +73,7 @@ class Trainer:
                                    weight_decay=t.weight_decay, nesterov=t.nesterov)
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
         self.start_epoch = 0
-        self.best = {"pgd": -1.0, "fair": -1.0, "pgd_avg": -1.0, "fair_avg": -1.0}
+        self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
         self._prepare_dir(resume)
 
@@ -174,7 +167,7 @@ class Trainer:
             # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
             # and resuming drops the metrics lines of epochs the checkpoint does not hold.
             self.run.append_metrics(record)
-            self._checkpoint(epoch, va["avg"], va["worst"])
+            self._checkpoint(epoch, va)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
@@ -187,23 +180,25 @@ class Trainer:
             return {"accepted": accepted}
         val = self.validate(self.averager.model)
         va = val[self.cfg.train.val_attack]["summary"]
-        self._keep_best(self.averager.model, epoch, va["avg"], va["worst"], "_avg")
+        self._keep_best(self.averager.model, epoch, va, averaged=True)
         return {"accepted": accepted, "val": {k: {"per_class": v["per_class"], "avg": v["summary"]["avg"],
                                                   "worst": v["summary"]["worst"]} for k, v in val.items()}}
 
-    def _keep_best(self, model, epoch: int, avg: float, worst: float, suffix: str = "") -> None:
-        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec,
-                   "config": self.cfg.to_toml(), "val_robust": {"avg": avg, "worst": worst}}
-        for policy in ("pgd", "fair"):
-            score = SELECTION.get(policy)(avg, worst)
-            if score > self.best[policy + suffix]:
-                self.best[policy + suffix] = score
-                save_atomic(weights, self.run.best(policy, averaged=bool(suffix)))
-        if suffix:
+    def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
+        """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
+        scores a new best; for the averaged model also ``last_avg.pt``."""
+        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec, "config": self.cfg.to_toml(),
+                   "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
+        for policy, score in policy_scores(summary).items():
+            key = policy + ("_avg" if averaged else "")  # the keys of older checkpoints: pgd, fair, pgd_avg, fair_avg
+            if score > self.best.get(key, float("-inf")):
+                self.best[key] = score
+                save_atomic(weights, self.run.best(policy, averaged))
+        if averaged:
             save_atomic(weights, self.run.checkpoint("last", averaged=True))
 
-    def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
-        self._keep_best(self.model, epoch, avg, worst)
+    def _checkpoint(self, epoch: int, summary: dict) -> None:
+        self._keep_best(self.model, epoch, summary)
         save_atomic(self._state(epoch), self.run.last)
 
     def fit(self) -> Path:
