@@ -1,12 +1,25 @@
-"""``fastfair`` command line: train, eval, data convert, and listings of what exists."""
+"""``fastfair`` command line: train, eval, diagnose, report, grid, data convert, and listings of what exists."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from fastfair import config
+from fastfair.config import preset_names, read_preset
+from fastfair.data import DATASETS, ffcv
 from fastfair.errors import UserError
+from fastfair.evaluation.diagnose import diagnose_checkpoint
+from fastfair.evaluation.per_class import evaluate_checkpoint
+from fastfair.methods import METHODS, OPTIONS
+from fastfair.models import MODELS
+from fastfair.reports.report import write_report
 from fastfair.rundir import RunDir
+from fastfair.scaleout import distributed
+from fastfair.scaleout.grid import run_grid
+from fastfair.training.averaging import AVERAGING
+from fastfair.training.selection import SELECTION
+from fastfair.training.trainer import Trainer, final_evaluation
 
 CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
@@ -19,10 +32,6 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 def cmd_methods(args) -> None:
-    from fastfair.training.averaging import AVERAGING
-    from fastfair.methods import METHODS, OPTIONS
-    from fastfair.training.selection import SELECTION
-
     _listing(METHODS.table())
     print("\noptions that combine with the methods above:")
     _listing(OPTIONS.table())
@@ -33,28 +42,18 @@ def cmd_methods(args) -> None:
 
 
 def cmd_models(args) -> None:
-    from fastfair.models import MODELS
-
     _listing(MODELS.table())
 
 
 def cmd_datasets(args) -> None:
-    from fastfair.data import DATASETS
-
     _listing(DATASETS.table())
 
 
 def cmd_presets(args) -> None:
-    from fastfair.config import preset_names, read_preset
-
     _listing([(n, str(read_preset(n).get("preset", ""))) for n in preset_names()])
 
 
 def cmd_train(args) -> None:
-    from fastfair import config
-    from fastfair.scaleout import distributed
-    from fastfair.training.trainer import Trainer, final_evaluation
-
     flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
              "train.seed": args.seed, "train.kernels": args.kernels,
@@ -79,8 +78,6 @@ def cmd_train(args) -> None:
 
 
 def cmd_data_convert(args) -> None:
-    from fastfair.data import ffcv
-
     paths = ffcv.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
                                         jpeg=args.jpeg, jpeg_quality=args.jpeg_quality, num_workers=args.workers)
     meta = ffcv.read_meta(args.out)
@@ -98,14 +95,10 @@ def _checkpoint_path(args) -> Path:
     run = RunDir(target)
     if args.checkpoint != "auto":
         return run.checkpoint(args.checkpoint)
-    from fastfair.config import load_saved_text
-
-    return run.selected_checkpoint(load_saved_text(run.read_config()).train.select)
+    return run.selected_checkpoint(config.load_saved_text(run.read_config()).train.select)
 
 
 def cmd_eval(args) -> None:
-    from fastfair.evaluation.per_class import evaluate_checkpoint
-
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet,
@@ -115,15 +108,11 @@ def cmd_eval(args) -> None:
 # ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
 
 def cmd_diagnose(args) -> None:
-    from fastfair.evaluation.diagnose import diagnose_checkpoint
-
     diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet)
 
 
 def cmd_report(args) -> None:
-    from fastfair.reports.report import write_report
-
     out = Path(args.out or (Path(args.runs[0]) / "report" if len(args.runs) == 1 else "report"))
     path = write_report(args.runs, out, baseline=args.baseline, attack=args.attack, split=args.split)
     print(f"written: {path} (figures in {out / 'figures'}, LaTeX tables in {out / 'tables.tex'})")
@@ -132,7 +121,8 @@ def cmd_report(args) -> None:
 def _add_report_commands(sub) -> None:
     d = sub.add_parser("diagnose", help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
     d.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
-    d.add_argument("--attack", default="pgd20", help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
+    d.add_argument("--attack", default="pgd20",
+                   help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
     d.add_argument("--split", default="test", choices=["test", "val"])
     d.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     d.add_argument("--tsne", type=int, default=500, metavar="N", help="images in the t-SNE (0: skip it)")
@@ -168,7 +158,8 @@ def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
     avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",
                      help="CFA fairness-aware weight averaging (train.averaging=fawa)")
     g.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's model weights (train.init_from)")
-    g.add_argument("--classes", type=_int_list, metavar="I,J", help="train and test on these classes only (data.classes)")
+    g.add_argument("--classes", type=_int_list, metavar="I,J",
+                   help="train and test on these classes only (data.classes)")
     g.add_argument("--adv-classes", type=_int_list, metavar="I,J",
                    help="adversarial examples only for these classes (method.adv_classes)")
 
@@ -179,8 +170,6 @@ def _fairness_flags(args) -> dict:
 
 
 def cmd_grid(args) -> int:
-    from fastfair.scaleout.grid import run_grid
-
     return run_grid(args.grid, out=args.out, gpus=args.gpus, per_gpu=args.per_gpu, launcher=args.launcher,
                     dry_run=args.dry_run)
 
@@ -202,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--kernels", choices=["auto", "triton", "torch"], help="loss/PGD-step ops (default: triton on CUDA)")
     t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model and loss (default: on for CUDA)")
-    t.add_argument("--cudagraphs", action="store_true", default=None, help="CUDA graphs via torch.compile reduce-overhead")
+    t.add_argument("--cudagraphs", action="store_true", default=None,
+                   help="CUDA graphs via torch.compile reduce-overhead")
     t.add_argument("--loader", help="training/validation batches: device (default) | ffcv (needs --beton-dir)")
     t.add_argument("--beton-dir", help="folder of .beton files from `fastfair data convert` (for --loader ffcv)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -243,10 +233,14 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grid", help="run a grid of trainings (axes over config keys), then one comparison table")
     g.add_argument("grid", help="grid TOML file (see configs/grids/) or the name of a shipped grid")
     g.add_argument("--out", help="grid directory (default runs/grids/GRID_NAME); one folder per run inside")
-    g.add_argument("--gpus", default="auto", help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
-    g.add_argument("--per-gpu", type=int, default=1, metavar="K", help="concurrent runs per GPU (see bench/bench_concurrency.py)")
-    g.add_argument("--launcher", default="local", help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
-    g.add_argument("--dry-run", action="store_true", help="print the runs the grid expands to and their state; run nothing")
+    g.add_argument("--gpus", default="auto",
+                   help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
+    g.add_argument("--per-gpu", type=int, default=1, metavar="K",
+                   help="concurrent runs per GPU (see bench/bench_concurrency.py)")
+    g.add_argument("--launcher", default="local",
+                   help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the runs the grid expands to and their state; run nothing")
     g.set_defaults(func=cmd_grid)
 
     for name, func, helptext in (("methods", cmd_methods, "list training methods"),

@@ -22,13 +22,8 @@ failed ones.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import re
 import shlex
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -39,7 +34,10 @@ import tomli_w
 from fastfair import config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
-from fastfair.rundir import RunDir, write_text_atomic
+from fastfair.reports.report import compare
+from fastfair.rundir import RunDir
+from fastfair.scaleout.jobs import Job, read_state
+from fastfair.scaleout.launchers import LAUNCHERS
 
 SEED_KEY = "train.seed"
 
@@ -154,51 +152,6 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
     return grid, path
 
 
-# ---- one run ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Job:
-    """What a launcher needs to run one grid run anywhere (picklable for submitit)."""
-
-    name: str
-    run_dir: str
-    base: str  # "" for none
-    sets: tuple[str, ...]  # "key=value" strings, as --set takes them
-
-    def command(self) -> list[str]:
-        """The train command; ``--resume`` is decided when the job starts (a queued job may start late)."""
-        cmd = [sys.executable, "-m", "fastfair", "train", "--out", self.run_dir, "--quiet"]
-        cmd += ["--config", self.base] if self.base else []
-        cmd += [a for s in self.sets for a in ("--set", s)]
-        return cmd + (["--resume"] if RunDir(self.run_dir).last.is_file() else [])
-
-
-def read_state(run_dir: Path) -> dict:
-    path = RunDir(run_dir).grid_state
-    return json.loads(path.read_text()) if path.is_file() else {"status": "pending"}
-
-
-def _write_state(run_dir: Path, state: dict) -> None:
-    write_text_atomic(json.dumps(state, indent=1), RunDir(run_dir).grid_state)
-
-
-def run_job(job: Job, env: dict[str, str] | None = None) -> str:
-    """Run one training to the end in a child process; record done/failed; return the status."""
-    run_dir = Path(job.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_state(run_dir)
-    cmd = job.command()
-    state = {"status": "running", "attempt": previous.get("attempt", 0) + 1, "command": cmd,
-             "started": time.time(), "host": os.uname().nodename}
-    _write_state(run_dir, state)
-    with open(RunDir(run_dir).train_log, "a") as log:
-        log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
-        log.flush()
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}).returncode
-    state.update(status="done" if code == 0 else "failed", returncode=code, ended=time.time())
-    _write_state(run_dir, state)
-    return state["status"]
-
-
 # ---- the grid -----------------------------------------------------------------------------
 def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
@@ -227,9 +180,6 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
     Returns 0 when every run is done, 1 when some failed (their logs are named)."""
-    from fastfair.reports.report import compare
-    from fastfair.scaleout.launchers import LAUNCHERS
-
     if per_gpu < 1:
         raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
     launch = LAUNCHERS.get(launcher)
