@@ -110,17 +110,12 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
     """A checkpoint's model (weights loaded), its config and data: what eval and diagnose share.
 
     Returns ``(ck, cfg, dev, model, bundle, (x, y) of split)``."""
-    from pathlib import Path
-
-    from fastfair import checkpoint
     from fastfair.config import apply, load_saved_text
+    from fastfair.rundir import load_checkpoint
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
     if split not in ("test", "val"):
         raise UserError(f"--split must be test or val; got {split!r}")
-    ck = checkpoint.load(path)
+    ck = load_checkpoint(path)
     cfg = apply(load_saved_text(ck["config"]), {"train.device": device_name}, "the command line")
     if data_dir:
         apply(cfg, {"data.data_dir": data_dir}, "--data-dir")

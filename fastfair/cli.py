@@ -1,11 +1,28 @@
-"""``fastfair`` command line: train, eval, data convert, and listings of what exists."""
+"""``fastfair`` command line: train, eval, diagnose, report, grid, data convert, and listings of what exists."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from fastfair import config, ops
+from fastfair.config import preset_names, read_preset
+from fastfair.data import DATASETS, ffcv
 from fastfair.errors import UserError
+from fastfair.evaluation.diagnose import diagnose_checkpoint
+from fastfair.evaluation.per_class import evaluate_checkpoint
+from fastfair.methods import METHODS, OPTIONS, declared_keys
+from fastfair.models import MODELS
+from fastfair.reports.report import write_report
+from fastfair.rundir import RunDir
+from fastfair.scaleout import distributed
+from fastfair.scaleout.grid import run_grid
+from fastfair.training.averaging import AVERAGING
+from fastfair.training.selection import SELECTION
+from fastfair.training.trainer import Trainer, final_evaluation
+
+CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
+                   "add _avg for the EMA/FAWA model (default: the run's train.select)")
 
 
 def _listing(rows: list[tuple[str, str]]) -> None:
@@ -15,57 +32,43 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 def cmd_methods(args) -> None:
-    from fastfair import ops, schema
-    from fastfair.methods import METHODS, OPTIONS
-    from fastfair.training.averaging import AVERAGING
-
-    def keys(section_cls, prefix: str) -> list[tuple[str, str]]:
-        docs = schema.field_docs(section_cls)
-        return [(f"  {prefix}.{k}", f"{doc} (default {getattr(section_cls(), k)!r})")
-                for k, doc in docs.items() if k != "name"]
-
     rows = []
     for name in METHODS:
-        rows += [(name, METHODS.doc(name)), *keys(METHODS.get(name).section(), "method")]
+        rows += [(name, METHODS.doc(name))]
+        rows += [(f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in declared_keys() if owner == name]
     _listing(rows)
     print("\noptions that combine with the methods above (each a config section):")
-    _listing([row for name in OPTIONS for row in [(name, OPTIONS.doc(name)), *keys(OPTIONS.get(name).section(), name)]])
+    _listing([row for name in OPTIONS for row in [(name, OPTIONS.doc(name)),
+              *[(f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in declared_keys()
+                if owner == name]]])
     print("\nweight averaging (train.averaging):")
     _listing(AVERAGING.table())
+    print("\ncheckpoint selection (train.select; each scored policy keeps checkpoints/best_<name>.pt):")
+    _listing(SELECTION.table())
     print("\nkernel backends (train.kernels):")
     _listing(ops.BACKENDS.table())
 
 
 def cmd_models(args) -> None:
-    from fastfair.models import MODELS
-
     _listing(MODELS.table())
 
 
 def cmd_datasets(args) -> None:
-    from fastfair.data import DATASETS
-
     _listing(DATASETS.table())
 
 
 def cmd_presets(args) -> None:
-    from fastfair.config import preset_names, read_preset
-
     _listing([(n, str(read_preset(n).get("preset", ""))) for n in preset_names()])
 
 
 def cmd_train(args) -> None:
-    from fastfair import config
-    from fastfair.scaleout import distributed
-    from fastfair.training.trainer import Trainer, final_evaluation
-
     flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
              "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
              "train.seed": args.seed, "train.kernels": args.kernels,
              "train.compile": {True: "on", False: "off", None: None}[args.compile],
              "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir,
              **_fairness_flags(args)}
-    saved = Path(args.out or "") / "config.toml" if args.out else None
+    saved = RunDir(args.out).config if args.out else None
     if args.resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
@@ -83,8 +86,6 @@ def cmd_train(args) -> None:
 
 
 def cmd_data_convert(args) -> None:
-    from fastfair.data import ffcv
-
     paths = ffcv.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
                                         jpeg=args.jpeg, jpeg_quality=args.jpeg_quality, num_workers=args.workers)
     meta = ffcv.read_meta(args.out)
@@ -97,20 +98,15 @@ def cmd_data_convert(args) -> None:
 def _checkpoint_path(args) -> Path:
     """RUN_DIR -> RUN_DIR/checkpoints/<--checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
     target = Path(args.target)
-    if target.is_dir():
-        name = args.checkpoint
-        if name == "auto":
-            from fastfair.config import load_saved_text
-
-            select = load_saved_text((target / "config.toml").read_text()).train.select if (target / "config.toml").is_file() else "pgd"
-            name = "last" if select == "last" else f"best_{select}"
-        target = target / "checkpoints" / f"{name}.pt"
-    return target
+    if not target.is_dir():
+        return target
+    run = RunDir(target)
+    if args.checkpoint != "auto":
+        return run.checkpoint(args.checkpoint)
+    return run.selected_checkpoint(config.load_saved_text(run.read_config()).train.select)
 
 
 def cmd_eval(args) -> None:
-    from fastfair.evaluation.per_class import evaluate_checkpoint
-
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet,
@@ -120,15 +116,11 @@ def cmd_eval(args) -> None:
 # ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
 
 def cmd_diagnose(args) -> None:
-    from fastfair.evaluation.diagnose import diagnose_checkpoint
-
     diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet)
 
 
 def cmd_report(args) -> None:
-    from fastfair.reports.report import write_report
-
     out = Path(args.out or (Path(args.runs[0]) / "report" if len(args.runs) == 1 else "report"))
     path = write_report(args.runs, out, baseline=args.baseline, attack=args.attack, split=args.split)
     print(f"written: {path} (figures in {out / 'figures'}, LaTeX tables in {out / 'tables.tex'})")
@@ -137,9 +129,10 @@ def cmd_report(args) -> None:
 def _add_report_commands(sub) -> None:
     d = sub.add_parser("diagnose", help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
     d.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
-    d.add_argument("--attack", default="pgd20", help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
+    d.add_argument("--attack", default="pgd20",
+                   help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
     d.add_argument("--split", default="test", choices=["test", "val"])
-    d.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last")
+    d.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     d.add_argument("--tsne", type=int, default=500, metavar="N", help="images in the t-SNE (0: skip it)")
     d.add_argument("--data-dir")
     d.add_argument("--device", default="auto")
@@ -173,7 +166,8 @@ def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
     avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",
                      help="CFA fairness-aware weight averaging (train.averaging=fawa)")
     g.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's model weights (train.init_from)")
-    g.add_argument("--classes", type=_int_list, metavar="I,J", help="train and test on these classes only (data.classes)")
+    g.add_argument("--classes", type=_int_list, metavar="I,J",
+                   help="train and test on these classes only (data.classes)")
     g.add_argument("--adv-classes", type=_int_list, metavar="I,J",
                    help="adversarial examples only for these classes (adv_classes.classes)")
 
@@ -184,8 +178,6 @@ def _fairness_flags(args) -> dict:
 
 
 def cmd_grid(args) -> int:
-    from fastfair.scaleout.grid import run_grid
-
     return run_grid(args.grid, out=args.out, gpus=args.gpus, per_gpu=args.per_gpu, launcher=args.launcher,
                     dry_run=args.dry_run)
 
@@ -207,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--kernels", choices=["auto", "triton", "torch"], help="loss/PGD-step ops (default: triton on CUDA)")
     t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model and loss (default: on for CUDA)")
-    t.add_argument("--cudagraphs", action="store_true", default=None, help="CUDA graphs via torch.compile reduce-overhead")
+    t.add_argument("--cudagraphs", action="store_true", default=None,
+                   help="CUDA graphs via torch.compile reduce-overhead")
     t.add_argument("--loader", help="training/validation batches: device (default) | ffcv (needs --beton-dir)")
     t.add_argument("--beton-dir", help="folder of .beton files from `fastfair data convert` (for --loader ffcv)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -223,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, tpgdK@grid (1/T in 2,5,10,50), "
                         "aa (AutoAttack standard)")
     e.add_argument("--split", default="test", choices=["test", "val"])
-    e.add_argument("--checkpoint", default="auto", help="in a run dir: best_pgd | best_fair | last (default: the run's train.select)")
+    e.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     e.add_argument("--data-dir")
     e.add_argument("--device", default="auto")
     e.add_argument("--batch-size", type=int)
@@ -248,10 +241,14 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grid", help="run a grid of trainings (axes over config keys), then one comparison table")
     g.add_argument("grid", help="grid TOML file (see configs/grids/) or the name of a shipped grid")
     g.add_argument("--out", help="grid directory (default runs/grids/GRID_NAME); one folder per run inside")
-    g.add_argument("--gpus", default="auto", help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
-    g.add_argument("--per-gpu", type=int, default=1, metavar="K", help="concurrent runs per GPU (see bench/bench_concurrency.py)")
-    g.add_argument("--launcher", default="local", help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
-    g.add_argument("--dry-run", action="store_true", help="print the runs the grid expands to and their state; run nothing")
+    g.add_argument("--gpus", default="auto",
+                   help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
+    g.add_argument("--per-gpu", type=int, default=1, metavar="K",
+                   help="concurrent runs per GPU (see bench/bench_concurrency.py)")
+    g.add_argument("--launcher", default="local",
+                   help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the runs the grid expands to and their state; run nothing")
     g.set_defaults(func=cmd_grid)
 
     for name, func, helptext in (("methods", cmd_methods, "list training methods"),

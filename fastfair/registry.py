@@ -30,6 +30,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove a name (a plugin or a test undoing its registration)."""
+        self.get(name)
+        del self._items[name]
+
     def get(self, name: str) -> T:
         if name not in self._items:
             close = difflib.get_close_matches(name, self._items, n=3)

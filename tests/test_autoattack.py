@@ -4,9 +4,10 @@ import pytest
 import torch
 from evalreport_helpers import digits_run
 
-from fastfair import build, checkpoint, data
+from fastfair import build, data
 from fastfair.attacks import autoattack
 from fastfair.evaluation.per_class import evaluate
+from fastfair.rundir import load_checkpoint
 
 
 def test_standard_settings_are_the_standard_version():
@@ -41,7 +42,7 @@ def test_per_class_eps_is_refused():
 
 def _model_and_loader(n_per_class, batch):
     out, cfg = digits_run()
-    ck = checkpoint.load(out / "checkpoints" / "best_pgd.pt")
+    ck = load_checkpoint(out / "checkpoints" / "best_pgd.pt")
     model = build.model_from_spec(ck["spec"], torch.device("cpu"), False)
     model.load_state_dict(ck["model"])
     bundle = data.load("digits")

@@ -23,6 +23,7 @@ def test_listings_name_their_papers():
     for name in ("standard", "pgd-at", "trades", "me-at", "me-trades"):
         assert name in methods
     assert "ME paper" in methods and "Madry" in methods
+    assert "train.select" in methods and "CFA's choice" in methods  # the selection policies
     assert "resnet18" in fastfair("models").stdout
     assert "digits" in fastfair("datasets").stdout
     assert "Table 2" in fastfair("presets").stdout
@@ -39,6 +40,13 @@ def test_missing_data_names_the_flag_and_the_download(tmp_path):
                  "--out", str(tmp_path / "x"))
     assert r.returncode == 2
     assert "--data-dir" in r.stderr and "cifar-10-python.tar.gz" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_of_a_folder_that_is_not_a_run_names_the_fix(tmp_path):
+    r = fastfair("eval", str(tmp_path), "--quiet")
+    assert r.returncode == 2 and "not a run directory (no config.toml)" in r.stderr and "Traceback" not in r.stderr
+    r = fastfair("eval", str(tmp_path / "missing.pt"), "--quiet")
+    assert r.returncode == 2 and "no checkpoint at" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_set_key_suggests_the_right_one(tmp_path):

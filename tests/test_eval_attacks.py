@@ -62,10 +62,11 @@ def test_fgsm_per_class_matches_the_hand_computed_step():
 
 
 def test_every_attack_reports_per_class_and_grid_best():
-    from fastfair import build, checkpoint, data
+    from fastfair import build, data
+    from fastfair.rundir import load_checkpoint
 
     out, cfg = digits_run()
-    ck = checkpoint.load(out / "checkpoints" / "best_pgd.pt")
+    ck = load_checkpoint(out / "checkpoints" / "best_pgd.pt")
     model = build.model_from_spec(ck["spec"], torch.device("cpu"), False)
     model.load_state_dict(ck["model"])
     b = data.load("digits")

@@ -239,7 +239,8 @@ def test_train_through_ffcv_matches_device_loader(tmp_path):
     the same metrics and weights as the same run on the device loader."""
     import json
 
-    from fastfair import checkpoint, cli
+    from fastfair import cli
+    from fastfair.rundir import load_checkpoint
 
     with np.load(_shared("cifar10-subset.npz")) as f:
         npz = tmp_path / "small.npz"
@@ -262,7 +263,7 @@ def test_train_through_ffcv_matches_device_loader(tmp_path):
     rec = {k: json.loads((v / "metrics.jsonl").read_text().splitlines()[0]) for k, v in runs.items()}
     for key in ("loss", "train_robust_acc_per_class", "val"):
         assert rec["ffcv"][key] == rec["device"][key], key
-    wa, wb = (checkpoint.load(v / "checkpoints" / "last.pt")["model"] for v in runs.values())
+    wa, wb = (load_checkpoint(v / "checkpoints" / "last.pt")["model"] for v in runs.values())
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert "loader = \"ffcv\"" in (runs["ffcv"] / "config.toml").read_text()
     # a beton folder made with another validation size is refused, naming the fix

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastfair import checkpoint, config
+from fastfair import config
+from fastfair.rundir import load_checkpoint
 from fastfair.training.trainer import Trainer, final_evaluation
 
 from helpers import cifar_subset_npz
@@ -50,8 +51,8 @@ def test_trades_cfa_calibrates_eps_and_beta_and_averages(cfa_run):
     for name in ("best_pgd_avg.pt", "best_fair_avg.pt", "last_avg.pt"):
         assert (out / "checkpoints" / name).is_file()
     assert set(result["average"]["results"]) == {"clean", "pgd2"}
-    averaged = checkpoint.load(out / "checkpoints" / "last_avg.pt")["model"]
-    trained = checkpoint.load(out / "checkpoints" / "last.pt")["model"]
+    averaged = load_checkpoint(out / "checkpoints" / "last_avg.pt")["model"]
+    trained = load_checkpoint(out / "checkpoints" / "last.pt")["model"]
     assert not torch.equal(averaged["head.weight"], trained["head.weight"])
 
 
@@ -89,7 +90,7 @@ def test_resume_restores_the_averaged_model_and_the_calibrated_vectors(tmp_path)
     resumed = Trainer(config.resolve(demo, None, sets), tmp_path / "b", resume=True, quiet=True)
     assert resumed.averager.started
     resumed.fit()
-    a, b = (checkpoint.load(p / "checkpoints" / "last.pt") for p in (tmp_path / "a", tmp_path / "b"))
+    a, b = (load_checkpoint(p / "checkpoints" / "last.pt") for p in (tmp_path / "a", tmp_path / "b"))
     assert torch.equal(a["class_state"]["eps"], b["class_state"]["eps"])
     for k, v in a["average"]["model"].items():
         assert torch.allclose(v.float(), b["average"]["model"][k].float(), atol=1e-6), k

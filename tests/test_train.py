@@ -3,8 +3,10 @@ import json
 import pytest
 import torch
 
-from fastfair import checkpoint, config
-from fastfair.training.trainer import Trainer
+from fastfair import config
+from fastfair.rundir import load_checkpoint
+from fastfair.training.selection import SELECTION
+from fastfair.training.trainer import Trainer, final_evaluation
 
 
 def digits_cfg(**sets):
@@ -39,8 +41,8 @@ def test_resume_continues_a_killed_run_exactly(tmp_path):
     a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["epoch"] for r in b] == [0, 1, 2]
     assert [comparable(r) for r in a] == [comparable(r) for r in b]
-    wa = checkpoint.load(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
-    wb = checkpoint.load(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    wa = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    wb = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -55,7 +57,7 @@ def test_run_directory_contract(tmp_path):
     assert len(rec["train_robust_acc_per_class"]) == 10 and len(rec["val"]["pgd3"]["per_class"]) == 10
     assert rec["vectors"]["eps"] == pytest.approx([0.1] * 10)
     assert rec["images_per_s"] > 0 and rec["lr"] == pytest.approx(0.05)
-    best = checkpoint.load(out / "checkpoints" / "best_fair.pt")
+    best = load_checkpoint(out / "checkpoints" / "best_fair.pt")
     assert best["val_robust"]["avg"] + best["val_robust"]["worst"] == pytest.approx(
         max(r["val"]["pgd3"]["avg"] + r["val"]["pgd3"]["worst"] for r in metrics(out)))
 
@@ -67,3 +69,26 @@ def test_starting_over_an_existing_run_is_refused(tmp_path):
     Trainer(cfg, tmp_path / "r", quiet=True).fit()
     with pytest.raises(UserError, match="--resume"):
         Trainer(cfg, tmp_path / "r", quiet=True)
+
+
+def test_a_registered_selection_policy_keeps_its_checkpoints(tmp_path):
+    @SELECTION.register("even", "test policy: the most even per-class robust accuracy")
+    def even(summary):
+        return -summary["cv"]
+
+    try:
+        out = tmp_path / "run"
+        cfg = digits_cfg(**{"train.epochs": 2, "train.select": "even", "train.averaging": "ema",
+                            "train.avg_begin": 0, "eval.attacks": "['clean']"})
+        trainer = Trainer(cfg, out, quiet=True)
+        trainer.fit()
+        names = {p.name for p in (out / "checkpoints").iterdir()}
+        assert {"best_even.pt", "best_even_avg.pt", "best_pgd.pt", "best_fair_avg.pt", "last_avg.pt"} <= names
+        assert trainer.best["even"] == -min(r["val"]["pgd3"]["cv"] for r in metrics(out))
+        assert set(load_checkpoint(out / "checkpoints" / "last.pt")["best"]) == {
+            "pgd", "fair", "even", "pgd_avg", "fair_avg", "even_avg"}
+        result = final_evaluation(out, cfg, quiet=True)  # train.select = even evaluates best_even.pt
+        assert result["checkpoint"].endswith("best_even.pt") and result["average"]["checkpoint"].endswith("_avg.pt")
+    finally:
+        SELECTION.unregister("even")
+    assert "even" not in SELECTION

@@ -1,4 +1,5 @@
-"""Run a model over a split once (clean and attacked) and compute every diagnostic of :mod:`fastfair.evaluation.measures`.
+"""Run a model over a split once (clean and attacked) and compute every diagnostic of
+:mod:`fastfair.evaluation.measures`.
 
 Writes ``RUN/diagnostics/<checkpoint>-<split>-<attack>.json``, which ``fastfair report`` draws.
 Always fp32, BN in eval mode.
@@ -11,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures
 from fastfair.attacks import parse_attack, per_class
+from fastfair.rundir import RunDir
 
 
 @torch.no_grad()
@@ -55,7 +58,8 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
         out["accuracy"][tag] = acc.tolist()
         out["summary"][tag] = measures.summary(acc)
         out["cvc"][tag] = dg.cvc(data[f"prob_{tag}"], y, c).tolist()
-        out["entropy"][tag] = {"per_class": ent.tolist(), "mean": float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())}
+        mean_entropy = float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())
+        out["entropy"][tag] = {"per_class": ent.tolist(), "mean": mean_entropy}
         out["inter_class_similarity"][tag] = sim.tolist()
         out["nearest_class"][tag] = nearest.tolist()
         out["intra_class_variance"][tag] = dg.intra_class_variance(feats, y, c).tolist()
@@ -77,8 +81,6 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
                         device: str = "auto", batch_size: int | None = None, tsne_points: int = 500,
                         quiet: bool = False) -> dict:
     """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring."""
-    from fastfair import build
-
     path = Path(path)
     parse_attack(attack)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
@@ -90,9 +92,8 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "attack": attack,
               "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32",
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    (run_dir / "diagnostics").mkdir(exist_ok=True)
-    out = run_dir / "diagnostics" / f"{path.stem}-{split}-{attack}.json"
+    out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
+    out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     record["path"] = str(out)
     if not quiet:

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 
 import torch
 
+from fastfair import build
 from fastfair.attacks import autoattack, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.evaluation import measures
+from fastfair.progress import Progress
+from fastfair.rundir import RunDir
 from fastfair.scaleout import distributed
 
 
@@ -73,20 +78,13 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
                         quiet: bool = False, aa_backend: str = "auto") -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table."""
-    import json
-    from pathlib import Path
-
-    from fastfair import build
-    from fastfair.progress import Progress
-
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size)
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    out = run_dir / "eval" / f"{path.stem}-{split}.json"
+    out = RunDir.of_checkpoint(path).eval_file(path, split)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
@@ -109,8 +107,6 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
 def _merge_earlier(path, epoch: int, eps: float, amp: bool, results: dict) -> dict:
     """Keep attacks an earlier evaluation of the same weights (epoch, eps, precision) wrote to ``path``;
     this run's attacks replace theirs, so ``eval --attacks aa`` after training adds AA to PGD/CW."""
-    import json
-
     if not path.is_file():
         return results
     old = json.loads(path.read_text())

@@ -33,8 +33,9 @@ def _legend_below(ax, n: int) -> None:
 
 
 def _class_axis(ax, classes: list[str]) -> None:
+    slanted = max(map(len, classes)) > 3  # longer names would overlap upright
     ax.set_xticks(range(len(classes)))
-    ax.set_xticklabels(classes, rotation=45 if max(map(len, classes)) > 3 else 0, ha="right" if max(map(len, classes)) > 3 else "center")
+    ax.set_xticklabels(classes, rotation=45 if slanted else 0, ha="right" if slanted else "center")
 
 
 def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,

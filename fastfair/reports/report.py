@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fastfair.evaluation import measures
-from fastfair.config import flatten, load_saved
+from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
+from fastfair.evaluation import measures
+from fastfair.methods import METHODS
+from fastfair.reports import figures
+from fastfair.rundir import RunDir
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -34,23 +37,19 @@ class Run:
 
     def eval_record(self, split: str) -> dict | None:
         """The evaluation of the checkpoint the run selects (``train.select``) on ``split``, else any on it."""
-        select = self.config.get("train.select", "pgd")
-        chosen = f"{'last' if select == 'last' else 'best_' + select}-{split}"
+        run = RunDir(self.path)
+        chosen = run.eval_file(run.selected_checkpoint(self.config.get("train.select", "pgd")), split).stem
         if chosen in self.evals:
             return self.evals[chosen]
         return next((r for r in self.evals.values() if r.get("split") == split), None)
 
 
 def load_run(path) -> Run:
-    path = Path(path)
-    if not (path / "config.toml").is_file():
-        raise UserError(f"{path} is not a run directory (no config.toml); pass folders written by fastfair train")
-    epochs = []
-    if (path / "metrics.jsonl").is_file():
-        epochs = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = {p.stem: json.loads(p.read_text()) for p in sorted((path / "eval").glob("*.json"))}
-    diags = [json.loads(p.read_text()) for p in sorted((path / "diagnostics").glob("*.json"))]
-    return Run(path, flatten(load_saved(path / "config.toml")), epochs, evals, diags)
+    run = RunDir(path)
+    config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
+    evals = {p.stem: json.loads(p.read_text()) for p in run.eval_files()}
+    diags = [json.loads(p.read_text()) for p in run.diagnostics_files()]
+    return Run(run.path, config, run.read_metrics(), evals, diags)
 
 
 @dataclass
@@ -70,8 +69,6 @@ def _experiment(run: Run) -> tuple:
 def group_runs(runs: list[Run]) -> list[Group]:
     """Runs whose configs differ only in seed form one group; a group's label names what sets it apart
     (leaving out keys that merely follow from a different method's defaults)."""
-    from fastfair.methods import METHODS
-
     keyed: dict[tuple, list[Run]] = {}
     for run in runs:
         keyed.setdefault(_experiment(run), []).append(run)
@@ -121,7 +118,8 @@ def _records(groups: list[Group], split: str) -> dict[int, list[dict]]:
         recs = [r.eval_record(split) for r in g.runs]
         missing = [str(r.path) for r, rec in zip(g.runs, recs) if rec is None]
         if missing:
-            raise UserError(f"no {split} evaluation in {', '.join(missing)}; run: fastfair eval RUN_DIR --split {split}")
+            raise UserError(f"no {split} evaluation in {', '.join(missing)}; "
+                            f"run: fastfair eval RUN_DIR --split {split}")
         out[i] = recs
     return out
 
@@ -242,8 +240,6 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
 
 def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
-    from fastfair.reports import figures
-
     out = Path(out)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -271,8 +267,6 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
 
 def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: list[str], out: Path, fig_dir: Path,
                    tex: list[str]) -> list[str]:
-    from fastfair.reports import figures
-
     tag = f"g{i}"
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
@@ -291,7 +285,8 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
     epochs, lines, val_attack = _curves(g.runs)
     if lines:
-        p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})", fig_dir / f"{tag}-curves.png")
+        p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})",
+                           fig_dir / f"{tag}-curves.png")
         md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy"))
         for name, v in _varying_vectors(g.runs[0]).items():
             p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{g.label}: per-class {name}",
@@ -317,8 +312,6 @@ def _per_class_latex(table: dict, classes: list[str]) -> str:
 
 
 def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
-    from fastfair.reports import figures
-
     classes, atk = d["classes"], d["attack"]
     md = [f"### Diagnostics (`{Path(d['checkpoint']).stem}`, {d['split']}, {atk})\n"]
     rows = ["| class | CVC clean | CVC adv | entropy clean | entropy adv | inter-class sim. (nearest) | "

@@ -22,13 +22,8 @@ failed ones.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import re
 import shlex
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -39,8 +34,11 @@ import tomli_w
 from fastfair import config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
+from fastfair.reports.report import compare
+from fastfair.rundir import RunDir
+from fastfair.scaleout.jobs import Job, read_state
+from fastfair.scaleout.launchers import LAUNCHERS
 
-STATE_FILE = "grid-state.json"
 SEED_KEY = "train.seed"
 
 
@@ -154,53 +152,6 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
     return grid, path
 
 
-# ---- one run ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Job:
-    """What a launcher needs to run one grid run anywhere (picklable for submitit)."""
-
-    name: str
-    run_dir: str
-    base: str  # "" for none
-    sets: tuple[str, ...]  # "key=value" strings, as --set takes them
-
-    def command(self) -> list[str]:
-        """The train command; ``--resume`` is decided when the job starts (a queued job may start late)."""
-        cmd = [sys.executable, "-m", "fastfair", "train", "--out", self.run_dir, "--quiet"]
-        cmd += ["--config", self.base] if self.base else []
-        cmd += [a for s in self.sets for a in ("--set", s)]
-        return cmd + (["--resume"] if (Path(self.run_dir) / "checkpoints" / "last.pt").is_file() else [])
-
-
-def read_state(run_dir: Path) -> dict:
-    path = Path(run_dir) / STATE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {"status": "pending"}
-
-
-def _write_state(run_dir: Path, state: dict) -> None:
-    from fastfair.checkpoint import write_text_atomic
-
-    write_text_atomic(json.dumps(state, indent=1), Path(run_dir) / STATE_FILE)
-
-
-def run_job(job: Job, env: dict[str, str] | None = None) -> str:
-    """Run one training to the end in a child process; record done/failed; return the status."""
-    run_dir = Path(job.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_state(run_dir)
-    cmd = job.command()
-    state = {"status": "running", "attempt": previous.get("attempt", 0) + 1, "command": cmd,
-             "started": time.time(), "host": os.uname().nodename}
-    _write_state(run_dir, state)
-    with open(run_dir / "train.log", "a") as log:
-        log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
-        log.flush()
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}).returncode
-    state.update(status="done" if code == 0 else "failed", returncode=code, ended=time.time())
-    _write_state(run_dir, state)
-    return state["status"]
-
-
 # ---- the grid -----------------------------------------------------------------------------
 def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
@@ -213,9 +164,9 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
             cfg = config.resolve(grid.base or None, None, list(sets))
         except UserError as err:
             raise UserError(f"grid {grid.name}, run {run.name}: {err}") from None
-        saved = out / run.name / "config.toml"
-        if saved.is_file() and saved.read_text() != cfg.to_toml():
-            old, new = config.flatten(config.load_saved(saved)), config.flatten(cfg.to_dict())
+        saved = RunDir(out / run.name)
+        if saved.config.is_file() and saved.read_config() != cfg.to_toml():
+            old, new = config.flatten(config.load_saved(saved.config)), config.flatten(cfg.to_dict())
             changed.append(f"{run.name} ({', '.join(k for k in new if old.get(k) != new[k])})")
         pairs.append((run, Job(run.name, str(out / run.name), grid.base, sets)))
     if changed:
@@ -229,9 +180,6 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
     Returns 0 when every run is done, 1 when some failed (their logs are named)."""
-    from fastfair.reports.report import compare
-    from fastfair.scaleout.launchers import LAUNCHERS
-
     if per_gpu < 1:
         raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
     launch = LAUNCHERS.get(launcher)
@@ -244,8 +192,8 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
          + (f"\n{grid.preset}" if grid.preset else ""))
     if dry_run:
         for run, job in pairs:
-            resumable = (Path(job.run_dir) / "checkpoints" / "last.pt").is_file()
-            state = status[run.name] + (" (resumes from its checkpoint)" if resumable and status[run.name] != "done" else "")
+            resumes = status[run.name] != "done" and RunDir(job.run_dir).last.is_file()
+            state = status[run.name] + (" (resumes from its checkpoint)" if resumes else "")
             echo(f"  {run.name:<40} {state:<10} {' '.join(f'{k}={_toml_value(v)}' for k, v in run.point.items())}")
         if todo:
             echo("first command: " + shlex.join(todo[0].command()))
@@ -261,7 +209,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         (root / "results.md").write_text(table + "\n")
         echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
     if failed:
-        echo(f"\n{len(failed)} run(s) failed: " + ", ".join(f"{n} (log: {root / n / 'train.log'})" for n in failed)
+        echo(f"\n{len(failed)} run(s) failed: " + ", ".join(f"{n} (log: {RunDir(root / n).train_log})" for n in failed)
              + "\nfix the cause and run the same command again: done runs are skipped, the others resume")
         return 1
     return 0

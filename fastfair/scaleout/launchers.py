@@ -1,7 +1,7 @@
 """Where grid runs execute: this machine (K concurrent runs per GPU) or a SLURM cluster via submitit.
 
 A launcher takes the jobs still to do and returns when they have ended; every job records its
-own done/failed state in its run folder (:func:`fastfair.scaleout.grid.run_job`), so a launcher needs no
+own done/failed state in its run folder (:func:`fastfair.scaleout.jobs.run_job`), so a launcher needs no
 bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
 """
 from __future__ import annotations
@@ -12,9 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from fastfair.errors import UserError
-from fastfair.scaleout.grid import Job, run_job
 from fastfair.registry import Registry
+from fastfair.scaleout.jobs import Job, run_job
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 
@@ -24,8 +26,6 @@ def parse_gpus(spec: str) -> list[str]:
     if spec == "cpu":
         return []
     if spec == "auto":
-        import torch
-
         return [str(i) for i in range(torch.cuda.device_count())]
     gpus = [g.strip() for g in spec.split(",") if g.strip()]
     if not gpus or not all(g.isdigit() for g in gpus):
@@ -83,7 +83,7 @@ def _array_task(jobs: list[Job], per_gpu: int) -> list[str]:
 def submitit_launcher(jobs: list[Job], *, gpus: str, per_gpu: int, options: dict, folder: Path,
                       echo=print) -> None:
     try:
-        import submitit
+        import submitit  # an optional extra, imported only when this launcher is chosen
     except ImportError:
         raise UserError("--launcher submitit needs submitit: pip install 'fastfair[submitit]'") from None
     options = dict(options)

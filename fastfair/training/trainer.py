@@ -9,30 +9,23 @@ because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from fastfair import build, checkpoint, ops
+from fastfair import build, ops
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
 from fastfair.attacks import parse_attack
 from fastfair.training.class_state import ClassState
 from fastfair.config import Config
 from fastfair.errors import UserError
-from fastfair.evaluation.per_class import evaluate
+from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.registry import Registry
-
-SELECTION: Registry = Registry("selection policy")
-SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")(
-    lambda avg, worst: avg)
-SELECTION.register("fair", "best average + worst-class robust accuracy on the validation split (CFA's choice)")(
-    lambda avg, worst: avg + worst)
-SELECTION.register("last", "the last epoch")(None)
+from fastfair.rundir import RunDir, init_model, load_checkpoint, save_atomic
+from fastfair.training.selection import SELECTION, policy_scores
 
 
 def _seed(cfg: Config, epoch: int) -> None:
@@ -63,7 +56,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
         if cfg.train.init_from:
-            checkpoint.init_model(self.model, cfg.train.init_from)
+            init_model(self.model, cfg.train.init_from)
         self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
         self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)))
         # The attack's autograd.grad must stay outside compiled code, so the model is compiled
@@ -79,35 +72,29 @@ class Trainer:
                                    weight_decay=t.weight_decay, nesterov=t.nesterov)
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
         self.start_epoch = 0
-        self.best = {"pgd": -1.0, "fair": -1.0, "pgd_avg": -1.0, "fair_avg": -1.0}
+        self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
         self._prepare_dir(resume)
 
     # ---- run directory ------------------------------------------------------------------
     @property
-    def ckpt_dir(self) -> Path:
-        return self.out / "checkpoints"
+    def run(self) -> RunDir:
+        return RunDir(self.out)
 
     def _prepare_dir(self, resume: bool) -> None:
-        last = self.ckpt_dir / "last.pt"
+        last = self.run.last
         if resume:
             if not last.is_file():
                 raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
-            self._load(checkpoint.load(last))
+            self._load(load_checkpoint(last))
             if self.main:
-                self._truncate_metrics()
+                self.run.truncate_metrics(self.start_epoch)
             self.log(f"resuming {self.out} at epoch {self.start_epoch}")
         elif last.is_file():
             raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
         if self.main:
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            checkpoint.write_text_atomic(self.cfg.to_toml(), self.out / "config.toml")
-
-    def _truncate_metrics(self) -> None:
-        path = self.out / "metrics.jsonl"
-        if path.is_file():
-            keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["epoch"] < self.start_epoch]
-            checkpoint.write_text_atomic("".join(l + "\n" for l in keep), path)
+            self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+            self.run.write_config(self.cfg.to_toml())
 
     def _state(self, epoch: int) -> dict:
         return {
@@ -178,9 +165,8 @@ class Trainer:
         if self.main:  # torchrun: rank 0 alone writes
             # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
             # and resuming drops the metrics lines of epochs the checkpoint does not hold.
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            self._checkpoint(epoch, va["avg"], va["worst"])
+            self.run.append_metrics(record)
+            self._checkpoint(epoch, va)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
@@ -193,24 +179,26 @@ class Trainer:
             return {"accepted": accepted}
         val = self.validate(self.averager.model)
         va = val[self.cfg.train.val_attack]["summary"]
-        self._keep_best(self.averager.model, epoch, va["avg"], va["worst"], "_avg")
+        self._keep_best(self.averager.model, epoch, va, averaged=True)
         return {"accepted": accepted, "val": {k: {"per_class": v["per_class"], "avg": v["summary"]["avg"],
                                                   "worst": v["summary"]["worst"]} for k, v in val.items()}}
 
-    def _keep_best(self, model, epoch: int, avg: float, worst: float, suffix: str = "") -> None:
-        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec,
-                   "config": self.cfg.to_toml(), "val_robust": {"avg": avg, "worst": worst}}
-        for policy in ("pgd", "fair"):
-            score = SELECTION.get(policy)(avg, worst)
-            if score > self.best[policy + suffix]:
-                self.best[policy + suffix] = score
-                checkpoint.save_atomic(weights, self.ckpt_dir / f"best_{policy}{suffix}.pt")
-        if suffix:
-            checkpoint.save_atomic(weights, self.ckpt_dir / f"last{suffix}.pt")
+    def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
+        """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
+        scores a new best; for the averaged model also ``last_avg.pt``."""
+        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec, "config": self.cfg.to_toml(),
+                   "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
+        for policy, score in policy_scores(summary).items():
+            key = policy + ("_avg" if averaged else "")  # the keys of older checkpoints: pgd, fair, pgd_avg, fair_avg
+            if score > self.best.get(key, float("-inf")):
+                self.best[key] = score
+                save_atomic(weights, self.run.best(policy, averaged))
+        if averaged:
+            save_atomic(weights, self.run.checkpoint("last", averaged=True))
 
-    def _checkpoint(self, epoch: int, avg: float, worst: float) -> None:
-        self._keep_best(self.model, epoch, avg, worst)
-        checkpoint.save_atomic(self._state(epoch), self.ckpt_dir / "last.pt")
+    def _checkpoint(self, epoch: int, summary: dict) -> None:
+        self._keep_best(self.model, epoch, summary)
+        save_atomic(self._state(epoch), self.run.last)
 
     def fit(self) -> Path:
         if self.start_epoch == 0 and self.method.needs_initial_validation:
@@ -223,12 +211,10 @@ class Trainer:
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it."""
-    from fastfair.evaluation.per_class import evaluate_checkpoint
-
-    name = "last" if cfg.train.select == "last" else f"best_{cfg.train.select}"
-    result = evaluate_checkpoint(out / "checkpoints" / f"{name}.pt", attacks=cfg.eval.attacks,
+    run = RunDir(out)
+    result = evaluate_checkpoint(run.selected_checkpoint(cfg.train.select), attacks=cfg.eval.attacks,
                                  split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
-    averaged = out / "checkpoints" / f"{name}_avg.pt"  # EMA/FAWA model, when one was averaged in
+    averaged = run.selected_checkpoint(cfg.train.select, averaged=True)  # EMA/FAWA model, when one was averaged in
     if averaged.is_file():
         result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
                                                 device=cfg.train.device, quiet=quiet)

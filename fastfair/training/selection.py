@@ -1,0 +1,33 @@
+"""Checkpoint selection policies: which epoch's weights a run keeps, and which one ``train.select`` evaluates.
+
+A policy scores the validation split's robust summary (:func:`fastfair.evaluation.measures.summary`:
+avg, worst, cv, mcd, ...; accuracies in percent). The trainer keeps ``checkpoints/best_<name>.pt``
+(and ``best_<name>_avg.pt`` for the EMA/FAWA model) at the highest score of every policy that has
+one; a policy without a score (``last``) selects ``last.pt``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from fastfair.registry import Registry
+
+Score = Callable[[dict], float]
+SELECTION: Registry[Optional[Score]] = Registry("selection policy")
+
+
+@SELECTION.register("pgd", "best average robust accuracy on the validation split (ME paper's choice)")
+def best_average(summary: dict) -> float:
+    return summary["avg"]
+
+
+@SELECTION.register("fair", "best average + worst-class robust accuracy on the validation split (CFA's choice)")
+def best_average_and_worst(summary: dict) -> float:
+    return summary["avg"] + summary["worst"]
+
+
+SELECTION.register("last", "the last epoch")(None)
+
+
+def policy_scores(summary: dict) -> dict[str, float]:
+    """The score of one validation summary under every policy that has a score."""
+    return {name: score(summary) for name in SELECTION if (score := SELECTION.get(name)) is not None}

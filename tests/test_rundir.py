@@ -1,0 +1,60 @@
+"""The run directory: file names (the contract between commands), metrics truncation on resume, safe loads."""
+import pytest
+import torch
+
+from fastfair.errors import UserError
+from fastfair.rundir import RunDir, load_checkpoint, save_atomic
+
+
+def test_every_file_has_its_contract_name(tmp_path):
+    run = RunDir(tmp_path / "r")
+    r = tmp_path / "r"
+    assert (run.config, run.metrics, run.train_log, run.grid_state) == (
+        r / "config.toml", r / "metrics.jsonl", r / "train.log", r / "grid-state.json")
+    assert run.last == r / "checkpoints" / "last.pt"
+    assert run.best("fair") == r / "checkpoints" / "best_fair.pt"
+    assert run.best("pgd", averaged=True) == r / "checkpoints" / "best_pgd_avg.pt"
+    assert run.checkpoint("last", averaged=True) == r / "checkpoints" / "last_avg.pt"
+    assert run.eval_file(run.best("pgd"), "test") == r / "eval" / "best_pgd-test.json"
+    assert run.diagnostics_file(run.last, "val", "pgd20") == r / "diagnostics" / "last-val-pgd20.json"
+
+
+def test_a_checkpoint_belongs_to_its_run_or_its_folder(tmp_path):
+    assert RunDir.of_checkpoint(tmp_path / "r" / "checkpoints" / "best_pgd.pt").path == tmp_path / "r"
+    assert RunDir.of_checkpoint(tmp_path / "elsewhere" / "model.pt").path == tmp_path / "elsewhere"
+
+
+def test_selected_checkpoint_follows_the_policy_name(tmp_path):
+    run = RunDir(tmp_path)
+    assert run.selected_checkpoint("last") == run.last
+    assert run.selected_checkpoint("pgd") == run.best("pgd")
+    assert run.selected_checkpoint("fair", averaged=True).name == "best_fair_avg.pt"
+    assert run.selected_checkpoint("last", averaged=True).name == "last_avg.pt"
+
+
+def test_truncation_keeps_only_the_epochs_before_the_resumed_one(tmp_path):
+    run = RunDir(tmp_path)
+    run.write_config("preset = \"\"\n")
+    for epoch in range(3):
+        run.append_metrics({"epoch": epoch})
+    run.truncate_metrics(2)  # last.pt holds epoch 1: epoch 2's line was written before a kill
+    assert [r["epoch"] for r in run.read_metrics()] == [0, 1]
+    assert run.read_config() == "preset = \"\"\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    empty = RunDir(tmp_path / "new")
+    empty.truncate_metrics(0)
+    assert empty.read_metrics() == [] and not empty.metrics.exists()
+
+
+def test_checkpoints_round_trip_and_other_paths_are_user_errors(tmp_path):
+    save_atomic({"epoch": 3, "w": torch.ones(2)}, tmp_path / "a.pt")
+    ck = load_checkpoint(tmp_path / "a.pt")
+    assert ck["epoch"] == 3 and torch.equal(ck["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]  # no temporary file left behind
+    with pytest.raises(UserError, match="not a run directory.*fastfair train"):
+        RunDir(tmp_path).read_config()
+    with pytest.raises(UserError, match="no checkpoint at .*pass a run directory"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(UserError, match="not a checkpoint written by fastfair train"):
+        load_checkpoint(tmp_path / "notes.txt")
