@@ -7,6 +7,9 @@ from fastfair import data, models
 from fastfair.data import subsets
 from fastfair.config import Config
 from fastfair.errors import UserError
+from fastfair.ops import BACKENDS
+from fastfair.rundir import load_checkpoint
+from fastfair.config import apply, load_saved_text
 
 
 def device(cfg: Config) -> torch.device:
@@ -86,7 +89,6 @@ def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
 
 def kernels(cfg: Config, dev: torch.device) -> str:
     """The ops backend: fused Triton kernels on CUDA by default, the PyTorch reference elsewhere."""
-    from fastfair.ops import BACKENDS
 
     choice = cfg.train.kernels
     if choice == "auto":
@@ -110,8 +112,6 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
     """A checkpoint's model (weights loaded), its config and data: what eval and diagnose share.
 
     Returns ``(ck, cfg, dev, model, bundle, (x, y) of split)``."""
-    from fastfair.config import apply, load_saved_text
-    from fastfair.rundir import load_checkpoint
 
     if split not in ("test", "val"):
         raise UserError(f"--split must be test or val; got {split!r}")

@@ -18,7 +18,7 @@ from fastfair.ops import losses, steps
 from fastfair.errors import UserError
 
 K = pytest.importorskip("fastfair.kernels")
-from fastfair.kernels import _launch, fused_loss, pgd  # noqa: E402
+from fastfair.kernels import _launch, fused_loss  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu

@@ -48,7 +48,7 @@ class Trainer:
         self.spec = build.model_spec(cfg, self.bundle)
         x, y = sp["train"]
         if len(y) < cfg.data.batch_size:
-            raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")
+            raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")  # noqa: E501
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
