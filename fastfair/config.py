@@ -86,6 +86,9 @@ class TrainConfig:
     amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
     kernels: str = "auto"  # auto (triton on CUDA) | triton | torch: backend of the loss and PGD-step ops
     compile: str = "auto"  # auto (on for CUDA) | on | off: torch.compile the model and the method's loss
+    # with compile: the attack's K steps as one graph, input gradients included (torch >= 2.11);
+    # false: only the model is compiled and the steps run in an eager loop around it
+    compile_attack: bool = True
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last

@@ -18,6 +18,7 @@ from fastfair import build, ops
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
 from fastfair.attacks import parse_attack
+from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend
 from fastfair.training.class_state import ClassState
 from fastfair.config import Config
 from fastfair.errors import UserError
@@ -58,18 +59,23 @@ class Trainer:
         if cfg.train.init_from:
             init_model(self.model, cfg.train.init_from)
         self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
-        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)))
-        # The attack's autograd.grad must stay outside compiled code, so the model is compiled
-        # on its own (attack forwards) and the method's loss with the model inside it (one
-        # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
+        # Compiled (CUDA by default): the attack's K steps as one graph with the model traced
+        # inside (compile_descent), the method's loss with the model inside it (one graph for the
+        # forwards + loss of the update), and the model alone for validation. Checkpoints use
+        # the uncompiled module.
         compile_ = build.compiler(cfg, self.dev)
         self.net = compile_(self.model) if compile_ else self.model
+        if compile_ and cfg.train.compile_attack and can_compile_descent():
+            descent, self.attack_net = compile_descent(compile_), self.model
+        else:  # an eager loop of steps around the (compiled) model
+            descent, self.attack_net = descend, self.net
+        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)), descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         t = cfg.train
         self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
-                                   weight_decay=t.weight_decay, nesterov=t.nesterov)
+                                   weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
@@ -121,8 +127,7 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One step; no host sync (counters stay on the device)."""
         with self._autocast():
-            x_adv = self.method.perturb(self.net, x, y, self.state)
-            self.model.train()
+            x_adv = self.method.perturb(self.attack_net, x, y, self.state)
             loss, logits = self.loss_fn(self.train_model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -138,6 +143,7 @@ class Trainer:
         _seed(self.cfg, epoch)
         self.method.begin_epoch(self.model, epoch)
         self.train_loader.set_epoch(epoch)
+        self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         lr = self.opt.param_groups[0]["lr"]
         t0 = time.perf_counter()
         with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader)) as advance:
@@ -203,8 +209,9 @@ class Trainer:
     def fit(self) -> Path:
         if self.start_epoch == 0 and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        for epoch in range(self.start_epoch, self.cfg.train.epochs):
-            self.run_epoch(epoch)
+        with build.fastest_convolutions(self.dev):
+            for epoch in range(self.start_epoch, self.cfg.train.epochs):
+                self.run_epoch(epoch)
         distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
 
