@@ -47,7 +47,12 @@ RUNGS = (
          "no per-step host sync", "fastfair"),
     Rung("+ channels_last", "model.channels_last = on", "fastfair", {"model.channels_last": "on"}),
     Rung("+ bf16 autocast", "train.amp = bf16 (losses stay fp32)", "fastfair", {"train.amp": "bf16"}),
-    Rung("+ torch.compile", "train.compile = on", "fastfair", {"train.compile": "on"},
+    Rung("+ torch.compile", "train.compile = on, train.compile_attack = false: the model and the loss compiled, "
+         "the K attack steps an eager loop around the compiled model", "fastfair",
+         {"train.compile": "on", "train.compile_attack": False},
+         gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
+    Rung("+ compiled attack", "train.compile_attack = true: the K attack steps, input gradients included, "
+         "as one compiled graph", "fastfair", {"train.compile_attack": True},
          gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
     Rung("+ CUDA graphs", "train.cudagraphs = true (compile mode reduce-overhead)", "fastfair",
          {"train.cudagraphs": True}, gpu_only="needs CUDA"),
@@ -102,11 +107,17 @@ def row(method, model, batch, rung_name, img_s=None, note=None) -> dict:
 
 
 def run_one(rung, settings, **kw) -> tuple[float | None, str | None]:
+    """(images/s, None), or (None, why) when the rung failed: recorded in its row, the bench goes on."""
     try:
         return measure(rung, settings, **kw), None
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return None, "out of GPU memory"
+    except Exception as err:  # noqa: BLE001 -- a failing optimisation is a result to record, not a crash
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return None, f"failed: {type(err).__name__}: {first}"
 
 
 def ladder(method: str, model: str, args, dev, dataset: str) -> list[dict]:
@@ -180,7 +191,7 @@ def main(argv=None) -> None:
             setattr(args, k, v)
     dev = common.pick_device(args.device)
     shape = (3, 16, 16) if args.smoke else (3, 32, 32)
-    n_train = (args.warmup + args.steps) * max([args.batch, *args.sweep])
+    n_train = (args.warmup + common.REPEATS * args.steps) * max([args.batch, *args.sweep])
     dataset = common.register_synthetic(max(n_train, 256 if args.smoke else common.CIFAR10_EPOCH), 0, shape)
     rows = []
     for method in args.methods:
@@ -193,7 +204,7 @@ def main(argv=None) -> None:
                         "Each configuration adds one thing to the one above it that ran:", legend])
     settings = {k: getattr(args, k) for k in ("methods", "models", "batch", "sweep", "steps", "warmup",
                                                 "attack_steps", "workers", "width")}
-    settings["image_shape"] = list(shape)
+    settings.update(image_shape=list(shape), repeats=common.REPEATS)
     paths = common.save("training", head=common.header(dev), settings=settings, rows=rows, body=body,
                         out_dir=args.out, smoke=args.smoke)
     print(body)

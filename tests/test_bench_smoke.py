@@ -36,7 +36,7 @@ def test_training_smoke(tmp_path):
             assert rows[(method, 16, rung)]["images_per_s"] > 0
         assert rows[(method, 16, "reference")]["x_reference"] == 1.0
         assert rows[(method, 32, "+ bf16 autocast (sweep)")]["images_per_s"] > 0
-        for rung in ("+ torch.compile", "+ CUDA graphs", "+ fused kernels"):
+        for rung in ("+ torch.compile", "+ compiled attack", "+ CUDA graphs", "+ fused kernels"):
             assert rows[(method, 16, rung)]["note"].startswith("skipped: ")
     assert "## Headline" in md and "fastfair / reference" in md
 
