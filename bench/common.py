@@ -222,15 +222,16 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 
 
 def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, out_dir: Path,
-         smoke: bool) -> tuple[Path, Path]:
-    """Write ``<name>[-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
+         smoke: bool, tag: str = "") -> tuple[Path, Path]:
+    """Write ``<name>[-<tag>][-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
 
-    One file pair per bench and device: a new run replaces the last, git keeps the history.
+    One file pair per bench, tag (a part of the GPU suite) and device: a new run replaces the
+    last, git keeps the history.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
-    stem = f"{name}{'-smoke' if smoke else ''}-{dev}"
+    stem = f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}"
     record = {"bench": name, "smoke": smoke, "header": head, "settings": settings, "rows": rows}
     (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
     kind = "CPU smoke run: tiny sizes, not a performance number" if smoke else "full-size run"
@@ -252,4 +253,5 @@ def base_parser(doc: str):
     p.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CI); numbers mean nothing")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown results")
+    p.add_argument("--tag", default="", help="added to the result file names (the GPU suite names its parts)")
     return p
