@@ -218,6 +218,7 @@ def _replace_atomic(write, path: str | Path) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -227,6 +228,15 @@ def _replace_atomic(write, path: str | Path) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once, at import: os.umask can only be read by setting it
 
 
 def _fsync_dir(folder: Path) -> None:

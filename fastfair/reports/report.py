@@ -20,7 +20,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -260,8 +260,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
-    (out / "report.md").write_text("\n".join(md))
-    (out / "tables.tex").write_text("\n\n".join(tex) + "\n")
+    write_text_atomic("\n".join(md), out / "report.md")
+    write_text_atomic("\n\n".join(tex) + "\n", out / "tables.tex")
     return out / "report.md"
 
 
