@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -148,7 +149,7 @@ class RunDir:
 
     # ---- one writer ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def lock(self, log=print):
+    def lock(self, log=None):
         """Hold ``RUN/.lock`` while writing the run: a second process refuses, naming the holder.
 
         The lock is ``flock``, which the kernel drops when its holder dies, so a killed run never
@@ -166,7 +167,7 @@ class RunDir:
                                 f"({_holder(fd) or 'unknown'}); wait for it to end, or pass another --out") from None
             previous = _holder(fd)
             if previous:
-                log(f"{self.path}: taking over the lock of {previous}, which is no longer running")
+                (log or notice)(f"{self.path}: taking over the lock of {previous}, which is no longer running")
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
             os.fsync(fd)
@@ -204,6 +205,11 @@ class RunDir:
         finally:
             os.close(fd)  # closing drops the probe's own lock
         return ""
+
+
+def notice(message: str) -> None:
+    """A repair the user should know of (a stale lock, a torn line), shown even under --quiet."""
+    print(f"fastfair: {message}", file=sys.stderr)
 
 
 def _holder(fd: int) -> str:

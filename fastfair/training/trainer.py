@@ -29,7 +29,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, init_model, load_checkpoint, save_atomic
+from fastfair.rundir import RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores
 
 
@@ -104,7 +104,7 @@ class Trainer:
             else:  # stopped (killed, diverged) in its first epoch: nothing to keep
                 self.log(f"{self.out}: no epoch had finished; starting it again from the first")
             if self.main and run.truncate_metrics(self.start_epoch):
-                self.log(f"{run.metrics}: removed a half-written last line (the run was killed while writing it)")
+                notice(f"{run.metrics}: removed a half-written last line (the run was killed while writing it)")
         elif run.run_files():
             raise UserError(f"{self.out} already holds a run ({', '.join(run.run_files())}); pass --resume to "
                             "continue it, or another --out for a new run")
