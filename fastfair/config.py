@@ -312,18 +312,20 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
         ("the command line", {k: v for k, v in (flags or {}).items() if v is not None}),
         ("--set", parse_set(sets or [])),
     ]
+    probe = Config()
+    merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
+    # the method is chosen once, from every layer (a preset's method may be overridden by --set)
+    layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
+              for origin, layer in layers]
     if base is not None:
         saved = renamed(flatten(base))
         cfg = apply(Config(saved["method.name"]), saved, "the saved run config")
+        apply(cfg, {"method.name": merged.get("method.name", cfg.method.name)}, "the saved run")
     else:
-        probe = Config()
-        merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
         method = merged.get("method.name", probe.method.name)
         dataset = merged.get("data.dataset", probe.data.dataset)
         # Which options are on depends on the layers, and their defaults go below the layers:
         # apply the layers once to see, then build again with those options' defaults.
-        layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
-                  for origin, layer in layers]  # the method is chosen above, once
         trial = _with_defaults(method, dataset, [])
         for origin, layer in layers:
             apply(trial, layer, origin)

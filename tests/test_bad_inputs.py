@@ -12,6 +12,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,6 +27,7 @@ from fastfair import cli
 from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
 
+ROOT = Path(__file__).resolve().parents[1]
 # the demo preset, cut to seconds: one attack step, FGSM validation, clean + FGSM evaluation
 FAST = ["--quiet", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
         "--set", "eval.attacks=['clean', 'fgsm']", "--set", "data.batch_size=256"]
@@ -227,7 +231,8 @@ CASES: dict[str, Case] = {
                                r"attack.eps \(0.1 -> 0.2\) would change what the run computes.*train.epochs",
                                None, "run"),
     "resume-changes-method": Case(_train("{run}", "--resume", "--method", "trades"),
-                                  r"method.name is me-trades .*cannot change to 'trades'", None, "run"),
+                                  r"method.name is me-trades in the saved run's config and cannot change to "
+                                  r"'trades'", None, "run"),
     "resume-changes-seed": Case(_train("{run}", "--resume", "--seed", "3"), r"train.seed \(0 -> 3\)", None, "run"),
     "resume-without-run": Case(_train("{out}", "--resume"), r"--resume needs --out RUN_DIR of an earlier run"),
     "resume-damaged-config": Case(_train("{run}", "--resume"), r"config.toml: the saved run config is damaged",
@@ -359,3 +364,27 @@ def test_two_grids_never_write_one_folder(tmp_path, capsys):
         assert cli.main([a.format(tmp=tmp_path, out=tmp_path / "out") for a in GRID]) == 2
     assert "is being written by another fastfair process" in capsys.readouterr().err
     assert not (tmp_path / "out" / "train.seed=0").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fastfair", *_train(out)]
+    cmd[cmd.index("--epochs") + 1] = "3"
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "last.pt").is_file():  # epoch 1 is saved
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    kept = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["epoch"]
+    resumed = subprocess.run([*cmd, "--resume"], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "taking over the lock" in resumed.stderr  # the killed process's lock was stale
+    assert [r["epoch"] for r in RunDir(out).read_metrics()] == [0, 1, 2]  # none twice, none lost
+    history = RunDir(out).read_history()
+    assert [h["event"] for h in history] == ["start", "resume"] and history[1]["epoch"] == kept + 1
+    assert not list(out.rglob("*.tmp"))
