@@ -258,8 +258,12 @@ def save_atomic(obj, path: str | Path) -> None:
     _replace_atomic(lambda f: torch.save(obj, f), path)
 
 
+def write_bytes_atomic(data: bytes, path: str | Path) -> None:
+    _replace_atomic(lambda f: f.write(data), path)
+
+
 def write_text_atomic(text: str, path: str | Path) -> None:
-    _replace_atomic(lambda f: f.write(text.encode()), path)
+    write_bytes_atomic(text.encode(), path)
 
 
 def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
