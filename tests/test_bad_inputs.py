@@ -28,8 +28,8 @@ from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
 
 ROOT = Path(__file__).resolve().parents[1]
-# the demo preset, cut to seconds: one attack step, FGSM validation, clean + FGSM evaluation
-FAST = ["--quiet", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
+# the demo preset, cut to seconds: a 4-channel CNN, one attack step, FGSM validation, clean + FGSM evaluation
+FAST = ["--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
         "--set", "eval.attacks=['clean', 'fgsm']", "--set", "data.batch_size=256"]
 TRAIN = ["train", "--config", "demo", "--epochs", "1", *FAST]
 
@@ -296,6 +296,7 @@ def test_the_table_covers_every_class_of_the_issue():
 
 
 # ---- faults that end well: divergence, lock takeover, torn lines --------------------------------
+@pytest.mark.slow
 def test_divergence_stops_keeps_the_last_good_epoch_and_resumes_with_a_lower_lr(trained, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -319,6 +320,7 @@ def test_divergence_stops_keeps_the_last_good_epoch_and_resumes_with_a_lower_lr(
     assert not RunDir(run).locked_by()
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_and_a_stale_lock_are_repaired_on_resume(trained, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -369,7 +371,7 @@ def test_two_grids_never_write_one_folder(tmp_path, capsys):
 @pytest.mark.slow
 def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fastfair", *_train(out)]
+    cmd = [sys.executable, "-m", "fastfair", *_train(out, "--method", "standard")]
     cmd[cmd.index("--epochs") + 1] = "3"
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
