@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastfair import cli
+from fastfair import cli, config
+from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
 
@@ -390,3 +391,16 @@ def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path
     history = RunDir(out).read_history()
     assert [h["event"] for h in history] == ["start", "resume"] and history[1]["epoch"] == kept + 1
     assert not list(out.rglob("*.tmp"))
+
+
+def test_a_grid_lets_started_runs_change_only_what_resume_may(tmp_path):
+    grid_file('[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n')(tmp_path, None)
+    sets = ["train.epochs=1", "attack.steps=1", "train.seed=0"]
+    started = RunDir(tmp_path / "out" / "a")
+    started.write_config(config.resolve("demo", None, [*sets, "train.lr=0.01"]).to_toml())  # e.g. after divergence
+    lines = []
+    assert grid_module.run_grid(str(tmp_path / "grid.toml"), out=str(tmp_path / "out"), dry_run=True,
+                                echo=lines.append) == 0
+    started.write_config(config.resolve("demo", None, [*sets, "attack.eps=0.2"]).to_toml())
+    with pytest.raises(UserError, match=r"the grid file changed for runs already started: a \(attack.eps\)"):
+        grid_module.run_grid(str(tmp_path / "grid.toml"), out=str(tmp_path / "out"), dry_run=True, echo=lines.append)

@@ -172,8 +172,11 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
         robust.append((run.name, [a for a in cfg.eval.attacks if a != "clean"]))
         saved = RunDir(out / run.name)
         if saved.config.is_file() and saved.read_config() != cfg.to_toml():
+            # the keys --resume may change (a lower lr for a diverged run, more epochs) may change here too
             old, new = config.flatten(config.load_saved(saved.config)), config.flatten(cfg.to_dict())
-            changed.append(f"{run.name} ({', '.join(k for k in new if old.get(k) != new[k])})")
+            keys = [k for k in new if old.get(k) != new[k] and k != "preset" and k not in config.RESUMABLE]
+            if keys:
+                changed.append(f"{run.name} ({', '.join(keys)})")
         pairs.append((run, Job(run.name, str(out / run.name), grid.base, sets)))
     if changed:
         raise UserError(f"the grid file changed for runs already started: {'; '.join(changed)}. "
