@@ -51,7 +51,7 @@ def test_a_stopped_grid_stops_its_children_and_what_they_started(tmp_path, monke
     thread = threading.Thread(target=lambda: statuses.append(run_job(job)))
     thread.start()
     deadline = time.time() + 30
-    while not grandchild_pid.is_file() or not grandchild_pid.read_text().strip():
+    while not (grandchild_pid.is_file() and grandchild_pid.read_text().strip() and "pid" in read_state(job.run_dir)):
         assert time.time() < deadline
         time.sleep(0.02)
     state = read_state(job.run_dir)
