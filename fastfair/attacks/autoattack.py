@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.registry import Registry
+from fastfair.rundir import write_bytes_atomic
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
@@ -192,9 +192,7 @@ class Flags:
         buf = io.BytesIO()
         np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried,
                  fingerprint=np.array(self.fingerprint))
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
+        write_bytes_atomic(buf.getvalue(), path)
 
     @classmethod
     def load(cls, path: Path, fingerprint: str) -> "Flags | None":

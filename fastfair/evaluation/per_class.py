@@ -13,7 +13,7 @@ from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.evaluation import measures
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -95,7 +95,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
               "results": _merge_earlier(out, ck["epoch"], cfg.eval.eps, amp, results)}
     if distributed.current().is_main:
         out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(record, indent=1))
+        write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
         print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")

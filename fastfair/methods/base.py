@@ -40,6 +40,7 @@ class Method:
     statistics: ClassVar[tuple[str, ...]] = ()  # per-class statistics its end_epoch reads (class_state.STATISTICS)
     needs_initial_validation: ClassVar[bool] = False  # FRL: update from validation before the first epoch
     uses_ce_logits: ClassVar[bool] = False  # its CE terms go through ce_logits (where HE subtracts its margin)
+    adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
 
     def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend):
         """``backend``: the ops the loss and attack run on; ``descent``: the attack's K steps, eager
