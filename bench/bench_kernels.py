@@ -82,6 +82,22 @@ def timeit(fn, reps: int, warmup: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
+def fresh_compile(fn):
+    """``torch.compile(fn)`` with Dynamo's caches emptied first: each row compiles ``fn`` for new
+    shapes, and past the recompile limit (8) Dynamo would silently run it eagerly."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
+def guarded(bench, *args, **kw) -> dict:
+    """One row; a failing one is recorded with its error and the bench goes on."""
+    try:
+        return bench(*args, **kw)
+    except Exception as err:  # noqa: BLE001 -- a failure is a result
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return {"error": f"{type(err).__name__}: {first}"}
+
+
 def loss_step(row_loss, z_nat, z_adv, y, weights, grad_nat: bool):
     """Forward + backward of one loss; returns (loss, grads) for the correctness check."""
     zn = z_nat.detach().requires_grad_(grad_nat)
@@ -104,7 +120,7 @@ def bench_loss(n, c, objective, args, dev, cuda):
     grad_nat = objective == "trades"
     impls = {"eager": losses.row_loss, "fused": K.row_loss}
     if not args.smoke:
-        impls["compiled"] = torch.compile(losses.row_loss, dynamic=False)
+        impls["compiled"] = fresh_compile(losses.row_loss)
     row = {"kind": "loss", "objective": objective, "N": n, "C": c}
     outs = {}
     for name, fn in impls.items():
@@ -132,7 +148,7 @@ def bench_pgd(n, args, dev, cuda, c=10):
     alpha_c = eps_c / 4
     impls = {"eager": steps.pgd_step, "fused": K.pgd_step}
     if not args.smoke:
-        impls["compiled"] = torch.compile(steps.pgd_step, dynamic=False)
+        impls["compiled"] = fresh_compile(steps.pgd_step)
     row = {"kind": "pgd_step", "objective": "-", "N": n, "C": c}
     outs = {}
     for name, fn in impls.items():
@@ -144,13 +160,13 @@ def bench_pgd(n, args, dev, cuda, c=10):
 
 def markdown(rows) -> str:
     cols = ["kind", "objective", "N", "C", "eager_ms", "compiled_ms", "fused_ms",
-            "x eager", "x compiled", "max_abs_err"]
+            "x eager", "x compiled", "max_abs_err", "error"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
         for col in cols:
             if col == "x eager":
-                v = r["eager_ms"] / r["fused_ms"]
+                v = r["eager_ms"] / r["fused_ms"] if "fused_ms" in r else None
             elif col == "x compiled":
                 v = r["compiled_ms"] / r["fused_ms"] if "compiled_ms" in r else None
             else:
@@ -179,9 +195,10 @@ def main(argv=None):
     for objective in OBJECTIVES:
         for n in sizes_n:
             for c in sizes_c:
-                rows.append(bench_loss(n, c, objective, args, dev, cuda))
+                rows.append({"kind": "loss", "objective": objective, "N": n, "C": c}
+                            | guarded(bench_loss, n, c, objective, args, dev, cuda))
     for n in sizes_n:
-        rows.append(bench_pgd(n, args, dev, cuda))
+        rows.append({"kind": "pgd_step", "objective": "-", "N": n, "C": 10} | guarded(bench_pgd, n, args, dev, cuda))
 
     if cuda:
         device = torch.cuda.get_device_name()

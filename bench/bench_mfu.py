@@ -151,7 +151,8 @@ def main(argv=None) -> None:
                                                 "count_only")}
     settings.update(image_shape=list(shape), peak_tflops=peak)
     name = "mfu-count" if args.count_only else "mfu"
-    paths = common.save(name, head=head, settings=settings, rows=rows, body=body, out_dir=args.out, smoke=args.smoke)
+    paths = common.save(name, head=head, settings=settings, rows=rows, body=body, out_dir=args.out, smoke=args.smoke,
+                        tag=args.tag)
     print(body)
     print("\nwritten:", *paths)
 

@@ -47,12 +47,21 @@ RUNGS = (
          "no per-step host sync", "fastfair"),
     Rung("+ channels_last", "model.channels_last = on", "fastfair", {"model.channels_last": "on"}),
     Rung("+ bf16 autocast", "train.amp = bf16 (losses stay fp32)", "fastfair", {"train.amp": "bf16"}),
-    Rung("+ torch.compile", "train.compile = on", "fastfair", {"train.compile": "on"},
+    Rung("+ torch.compile", "train.compile = on, train.compile_attack = false: the model and the loss compiled, "
+         "the K attack steps an eager loop around the compiled model", "fastfair",
+         {"train.compile": "on", "train.compile_attack": False},
+         gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
+    Rung("+ compiled attack", "train.compile_attack = true: the K attack steps, input gradients included, "
+         "as one compiled graph", "fastfair", {"train.compile_attack": True},
          gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
     Rung("+ CUDA graphs", "train.cudagraphs = true (compile mode reduce-overhead)", "fastfair",
          {"train.cudagraphs": True}, gpu_only="needs CUDA"),
     Rung("+ fused kernels", "train.kernels = triton (fused loss and PGD-step kernels)", "fastfair",
          {"train.kernels": "triton"}, gpu_only="GPU only (on a CPU Triton runs in its interpreter)"),
+    # Not one more step: every key back at its default, so the sweep below times the default too.
+    Rung("fastfair default", "every key at its default: what `fastfair train` runs with no flags on this device",
+         "fastfair", {"train.amp": "auto", "model.channels_last": "auto", "train.compile": "auto",
+                      "train.compile_attack": True, "train.cudagraphs": False, "train.kernels": "auto"}),
 )
 # Where every ladder starts: everything off that fastfair turns on by itself on a GPU
 # (keys the core does not have yet are left out).
@@ -102,37 +111,50 @@ def row(method, model, batch, rung_name, img_s=None, note=None) -> dict:
 
 
 def run_one(rung, settings, **kw) -> tuple[float | None, str | None]:
+    """(images/s, None), or (None, why) when the rung failed: recorded in its row, the bench goes on."""
     try:
         return measure(rung, settings, **kw), None
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return None, "out of GPU memory"
+    except Exception as err:  # noqa: BLE001 -- a failing optimisation is a result to record, not a crash
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        return None, f"failed: {type(err).__name__}: {first}"
 
 
-def ladder(method: str, model: str, args, dev, dataset: str) -> list[dict]:
-    """The rungs at the paper batch size, then the last rung that ran at each sweep batch size."""
-    rows, settings, ref, prev, best = [], {}, None, None, None
+def ladder(method: str, model: str, args, dev, dataset: str, emit) -> None:
+    """The rungs at the paper batch size, then the last rung that ran at each sweep batch size;
+    each row goes to ``emit`` as soon as it is measured (a killed bench keeps what it measured).
+
+    ``args.rungs`` (names) measures only those rungs, each with the settings of every rung above
+    it: ``--rungs reference "+ fused kernels"`` is the reference beside fastfair's full stack.
+    """
+    settings, ref, prev, best = {}, None, None, None
     kw = dict(method=method, model=model, args=args, dev=dev, dataset=dataset)
     for rung in RUNGS:
         why = skip_reason(rung, dev)
-        if why:
-            rows.append(row(method, model, args.batch, rung.name, note=f"skipped: {why}"))
-            continue
         trial = {**settings, **rung.settings}
+        if args.rungs and rung.name not in args.rungs:
+            settings = settings if why else trial
+            continue
+        if why:
+            emit(row(method, model, args.batch, rung.name, note=f"skipped: {why}"))
+            continue
         img_s, err = run_one(rung, trial, batch=args.batch, **kw)
         r = row(method, model, args.batch, rung.name, img_s, err)
         if img_s:
             settings, ref, best = trial, ref or img_s, rung
             r.update(x_reference=img_s / ref, x_previous=img_s / prev if prev else None)
             prev = img_s
-        rows.append(r)
-    for batch in args.sweep if best and best.loop == "fastfair" else ():
+        emit(r)
+    for batch in args.sweep if best and best.loop == "fastfair" else ():  # the last rung that ran
         img_s, err = run_one(best, settings, batch=batch, **kw)
         r = row(method, model, batch, f"{best.name} (sweep)", img_s, err)
         if img_s and ref:
             r["x_reference"] = img_s / ref
-        rows.append(r)
-    return rows
+        emit(r)
 
 
 def headline(rows: list[dict]) -> list[str]:
@@ -170,6 +192,8 @@ def main(argv=None) -> None:
     p.add_argument("--attack-steps", type=int, help="PGD steps per training step (default 10)")
     p.add_argument("--workers", type=int, help="DataLoader worker processes of the reference loop")
     p.add_argument("--width", type=int, help="model width (0: the paper's)")
+    p.add_argument("--rungs", nargs="+", metavar="NAME", help="measure only these rungs (settings of the ones above "
+                                                             "still apply); default: all")
     args = p.parse_args(argv)
     full = dict(methods=["pgd-at", "trades", "me-trades"], models=["resnet18", "preact-resnet18", "wrn-34-10"],
                 batch=128, sweep=[256, 512, 1024], steps=20, warmup=5, attack_steps=10, workers=4, width=0)
@@ -180,23 +204,32 @@ def main(argv=None) -> None:
             setattr(args, k, v)
     dev = common.pick_device(args.device)
     shape = (3, 16, 16) if args.smoke else (3, 32, 32)
-    n_train = (args.warmup + args.steps) * max([args.batch, *args.sweep])
+    n_train = (args.warmup + common.REPEATS * args.steps) * max([args.batch, *args.sweep])
     dataset = common.register_synthetic(max(n_train, 256 if args.smoke else common.CIFAR10_EPOCH), 0, shape)
-    rows = []
+    settings = {k: getattr(args, k) for k in ("methods", "models", "batch", "sweep", "steps", "warmup",
+                                                "attack_steps", "workers", "width", "rungs")}
+    settings.update(image_shape=list(shape), repeats=common.REPEATS)
+    head = common.header(dev)
+    legend = "\n".join(f"- **{r.name}**: {r.adds}" for r in RUNGS)
+    rows: list[dict] = []
+
+    def write() -> tuple[Path, Path]:
+        body = "\n\n".join(["## Headline", "\n".join(headline(rows)) or "(no complete ladder)",
+                             "## All configurations", common.markdown_table(rows, COLUMNS),
+                             "Each configuration adds one thing to the one above it that ran:", legend])
+        return common.save("training", head=head, settings=settings, rows=rows, body=body, out_dir=args.out,
+                           smoke=args.smoke, tag=args.tag)
+
+    def emit(r: dict) -> None:
+        rows.append(r)
+        write()
+
     for method in args.methods:
         for model in args.models:
-            rows += ladder(method, model, args, dev, dataset)
+            ladder(method, model, args, dev, dataset, emit)
             print(f"done: {method} {model}", flush=True)
-    legend = "\n".join(f"- **{r.name}**: {r.adds}" for r in RUNGS)
-    body = "\n\n".join(["## Headline", "\n".join(headline(rows)) or "(no complete ladder)",
-                        "## All configurations", common.markdown_table(rows, COLUMNS),
-                        "Each configuration adds one thing to the one above it that ran:", legend])
-    settings = {k: getattr(args, k) for k in ("methods", "models", "batch", "sweep", "steps", "warmup",
-                                                "attack_steps", "workers", "width")}
-    settings["image_shape"] = list(shape)
-    paths = common.save("training", head=common.header(dev), settings=settings, rows=rows, body=body,
-                        out_dir=args.out, smoke=args.smoke)
-    print(body)
+    paths = write()
+    print((paths[1]).read_text())
     print("\nwritten:", *paths)
 
 

@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     body = "\n\n".join([common.markdown_table(rows, COLUMNS), summary])
     settings = {k: (str(v_) if isinstance(v_, Path) else v_) for k, v_ in vars(args).items() if k not in ("out",)}
     paths = common.save("bf16-robustness", head=common.header(dev), settings={**settings, "verdict": v}, rows=rows,
-                        body=body, out_dir=args.out, smoke=args.smoke)
+                        body=body, out_dir=args.out, smoke=args.smoke, tag=args.tag)
     print(body)
     print("\nwritten:", *paths)
 

@@ -52,6 +52,16 @@ def device_name(dev: torch.device) -> str:
     return f"CPU {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version (nvidia-smi), or None where it cannot be asked."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
 def _git() -> dict[str, Any]:
     def run(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -83,6 +93,7 @@ def header(dev: torch.device) -> dict[str, Any]:
         **_git(),
     }
     if dev.type == "cuda":
+        out["driver"] = gpu_driver()
         props = torch.cuda.get_device_properties(dev)
         out.update(capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
                    memory_gib=round(props.total_memory / 2**30, 1))
@@ -123,8 +134,13 @@ def endless(loader: Iterable) -> Iterator:
         yield from loader
 
 
-def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: torch.device) -> float:
-    """Seconds for ``steps`` calls of ``step(x, y)`` on consecutive batches, after ``warmup`` calls.
+REPEATS = 3  # timed windows per measurement; the median is reported
+
+
+def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: torch.device,
+               repeats: int = REPEATS) -> float:
+    """Median over ``repeats`` windows of the seconds for ``steps`` calls of ``step(x, y)`` on
+    consecutive batches, after ``warmup`` calls.
 
     Fetching the batches is inside the timed region: loading is part of what a loop costs.
     """
@@ -132,7 +148,8 @@ def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: t
     try:
         for _ in range(warmup):
             step(*next(batches))
-        return timed(lambda: [step(*next(batches)) for _ in range(steps)], dev)
+        return statistics.median(timed(lambda: [step(*next(batches)) for _ in range(steps)], dev)
+                                 for _ in range(repeats))
     finally:
         batches.close()  # shuts down DataLoader workers now, not at garbage collection
 
@@ -205,15 +222,16 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 
 
 def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, out_dir: Path,
-         smoke: bool) -> tuple[Path, Path]:
-    """Write ``<name>[-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
+         smoke: bool, tag: str = "") -> tuple[Path, Path]:
+    """Write ``<name>[-<tag>][-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
 
-    One file pair per bench and device: a new run replaces the last, git keeps the history.
+    One file pair per bench, tag (a part of the GPU suite) and device: a new run replaces the
+    last, git keeps the history.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
-    stem = f"{name}{'-smoke' if smoke else ''}-{dev}"
+    stem = f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}"
     record = {"bench": name, "smoke": smoke, "header": head, "settings": settings, "rows": rows}
     (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
     kind = "CPU smoke run: tiny sizes, not a performance number" if smoke else "full-size run"
@@ -235,4 +253,5 @@ def base_parser(doc: str):
     p.add_argument("--smoke", action="store_true", help="tiny sizes on any device (CI); numbers mean nothing")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown results")
+    p.add_argument("--tag", default="", help="added to the result file names (the GPU suite names its parts)")
     return p

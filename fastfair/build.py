@@ -1,6 +1,8 @@
 """From a config to the objects a run needs: device, data splits, loaders, model."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fastfair import data, models
@@ -19,6 +21,20 @@ def device(cfg: Config) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"train.device={name} but CUDA is not available; use --device cpu")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def fastest_convolutions(dev: torch.device):
+    """While training on CUDA, cuDNN times its algorithms per (static) shape and keeps the fastest.
+
+    Restored afterwards: the choice may differ between processes, and evaluation must repeat.
+    """
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or dev.type == "cuda"
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 def autocast_dtype(cfg: Config, dev: torch.device) -> torch.dtype | None:
@@ -95,6 +111,11 @@ def kernels(cfg: Config, dev: torch.device) -> str:
         return "triton" if dev.type == "cuda" else "torch"
     BACKENDS.get(choice)
     return choice
+
+
+def sgd_impl(dev: torch.device) -> dict:
+    """SGD's implementation: one fused kernel on CUDA, multi-tensor (foreach) elsewhere."""
+    return {"fused": True} if dev.type == "cuda" else {"foreach": True}
 
 
 def compiler(cfg: Config, dev: torch.device):

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from fastfair import config, ops
 from fastfair.attacks import autoattack
+from fastfair.checks import check_config
 from fastfair.config import preset_names, read_preset
 from fastfair.data import DATASETS, ffcv
 from fastfair.errors import UserError
@@ -74,15 +76,19 @@ def cmd_train(args) -> None:
     if args.resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
-        cfg = config.resolve(None, flags, args.set, base=config.load_saved(saved))
+        # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
+        cfg = config.resolve(args.config, flags, args.set, base=config.load_saved(saved))
     else:
         cfg = config.resolve(args.config, flags, args.set)
+    check_config(cfg)  # before the run folder is made
     out = Path(args.out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
     distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
     try:
-        trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
-        trainer.fit()
-        final_evaluation(out, cfg, quiet=args.quiet)
+        # one writer per run folder; torchrun's other ranks write nothing
+        with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
+            trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
+            trainer.fit()
+            final_evaluation(out, cfg, quiet=args.quiet)
     finally:
         distributed.shutdown()
 

@@ -86,6 +86,9 @@ class TrainConfig:
     amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
     kernels: str = "auto"  # auto (triton on CUDA) | triton | torch: backend of the loss and PGD-step ops
     compile: str = "auto"  # auto (on for CUDA) | on | off: torch.compile the model and the method's loss
+    # with compile: the attack's K steps as one graph, input gradients included (torch >= 2.11);
+    # false: only the model is compiled and the steps run in an eager loop around it
+    compile_attack: bool = True
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
@@ -130,6 +133,23 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "method.frl_bound": ("method.bound",), "method.frl_rate_weight": ("method.rate_weight",),
     "method.frl_rate_margin": ("method.rate_margin",), "method.frl_lim": ("method.lim",),
     "method.frl_halve_every": ("method.halve_every",),
+}
+
+
+# Keys --resume may change, and why each leaves the epochs already trained valid: every other
+# key changes what the run computes, so changing it mid-run would mix two experiments in one.
+RESUMABLE: dict[str, str] = {
+    "train.epochs": "train longer (or stop sooner); the epochs done stay as they are",
+    "train.lr": "the schedule from the resumed epoch on: a lower rate is the fix for a diverged run",
+    "train.lr_milestones": "the schedule of the epochs still to train, e.g. for more epochs",
+    "train.lr_gamma": "the schedule of the epochs still to train",
+    "train.device": "where the same computation runs",
+    "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
+    "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
+    "train.progress": "display only",
+    "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
+    "data.eval_batch_size": "memory only: the same per-class accuracies",
+    "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",
 }
 
 
@@ -187,7 +207,8 @@ def apply(cfg: Config, updates: dict[str, Any], origin: str) -> Config:
             continue
         section, _, name = key.partition(".")
         if key == "method.name" and value != cfg.method.name:
-            raise ValueError(f"method.name is fixed when the config is made ({cfg.method.name}); got {value!r}")
+            raise UserError(f"method.name is {cfg.method.name} in {origin}'s config and cannot change to {value!r}; "
+                            "start a new run (another --out) for another method")
         types_ = schema.field_types(cfg.sections[section]) if section in cfg.sections else {}
         if name not in types_:
             raise UserError(f"unknown config key {raw_key!r} (from {origin}).{_hint(cfg, key)}")
@@ -292,18 +313,20 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
         ("the command line", {k: v for k, v in (flags or {}).items() if v is not None}),
         ("--set", parse_set(sets or [])),
     ]
+    probe = Config()
+    merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
+    # the method is chosen once, from every layer (a preset's method may be overridden by --set)
+    layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
+              for origin, layer in layers]
     if base is not None:
         saved = renamed(flatten(base))
         cfg = apply(Config(saved["method.name"]), saved, "the saved run config")
+        apply(cfg, {"method.name": merged.get("method.name", cfg.method.name)}, "the saved run")
     else:
-        probe = Config()
-        merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
         method = merged.get("method.name", probe.method.name)
         dataset = merged.get("data.dataset", probe.data.dataset)
         # Which options are on depends on the layers, and their defaults go below the layers:
         # apply the layers once to see, then build again with those options' defaults.
-        layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
-                  for origin, layer in layers]  # the method is chosen above, once
         trial = _with_defaults(method, dataset, [])
         for origin, layer in layers:
             apply(trial, layer, origin)
@@ -315,11 +338,37 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
     return cfg
 
 
+def resume_changes(saved: Config, new: Config) -> dict[str, list]:
+    """``{key: [saved value, new value]}`` for the keys ``--resume`` changes; a key outside
+    :data:`RESUMABLE` is a UserError listing what may change."""
+    old, cur = flatten(saved.to_dict()), flatten(new.to_dict())
+    changed = {k: [old.get(k), v] for k, v in cur.items() if k != "preset" and old.get(k) != v}
+    refused = [f"{k} ({old!r} -> {new!r})" for k, (old, new) in changed.items() if k not in RESUMABLE]
+    if refused:
+        raise UserError(f"--resume continues the saved config, and {', '.join(refused)} would change what the run "
+                        f"computes; drop those flags, or start a new run with another --out. Keys --resume may "
+                        f"change: {', '.join(RESUMABLE)}")
+    return changed
+
+
+def _saved(text: str, where: str) -> dict[str, Any]:
+    try:
+        saved = renamed(flatten(tomllib.loads(text)))
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{where}: the saved run config is damaged ({err}); restore it, or start a new run") from None
+    if "method.name" not in saved:
+        raise UserError(f"{where}: the saved run config names no method; restore it, or start a new run")
+    return saved
+
+
 def load_saved(path: str | Path) -> dict[str, Any]:
-    return tomllib.loads(Path(path).read_text())
+    """A saved run config file as nested TOML; a damaged one is a UserError."""
+    text = Path(path).read_text()
+    _saved(text, str(path))
+    return tomllib.loads(text)
 
 
-def load_saved_text(text: str) -> Config:
+def load_saved_text(text: str, where: str = "the checkpoint") -> Config:
     """A saved run config (TOML text) as a Config; keys saved under an earlier name are renamed."""
-    saved = renamed(flatten(tomllib.loads(text)))
+    saved = _saved(text, where)
     return apply(Config(saved["method.name"]), saved, "the saved run config")

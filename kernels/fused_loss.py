@@ -16,9 +16,10 @@ with the gradients (w.r.t. u; w.r.t. z they are divided by the temperature)
     dCW/du_adv  = onehot(argmax_{j!=y}) / #ties - onehot(y)   where margin <= kappa, else 0
 
 The terms, their order and the logits each reads come from the table
-:data:`fastfair.ops.losses.TERMS` (term k is bit k of the kernel's mask and row k of the stacked
-weights); only each term's arithmetic is written again here, in Triton, and
-``tests/test_kernels.py`` checks every table entry against the reference.
+:data:`fastfair.ops.losses.TERMS` (term k is bit k of the kernel's mask; its weight is a float
+argument, or a row of the per-sample weights when it is a tensor); only each term's arithmetic
+is written again here, in Triton, and ``tests/test_kernels.py`` checks every table entry against
+the reference.
 
 The gradients are written in the same pass and saved by the autograd formula, whose backward
 only scales them by ``grad_output`` (each loss row depends on its own logits row only). The
@@ -41,9 +42,9 @@ from fastfair.ops import losses
 from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
 
 # Everything about the terms comes from the table losses.TERMS: term k is bit 1 << k of the
-# kernel's TERMS mask and row k of the stacked weight tensor, and the kernel gets k as a constexpr
-# named after the term (CE_NAT, ...). A table entry without a kernel block fails
-# tests/test_kernels.py::test_kernel_implements_every_table_term.
+# kernel's TERMS mask, and the kernel gets k as a constexpr named after the term (CE_NAT, ...),
+# with its weight as a float s_<term> or, for a per-sample weight, the row ROW_<TERM> of w_ptr.
+# A table entry without a kernel block fails tests/test_kernels.py::test_kernel_implements_every_table_term.
 BIT = {t.name: 1 << k for k, t in enumerate(losses.TERMS)}
 NAT_TERMS = sum(BIT[t.name] for t in losses.TERMS if "nat" in t.reads)
 ADV_TERMS = sum(BIT[t.name] for t in losses.TERMS if "adv" in t.reads)
@@ -68,13 +69,24 @@ def _log_softmax(u, cmask):
 
 
 @triton.jit
+def _weight(w_ptr, stride_w, rows64, rmask, scalar, ROW: tl.constexpr):
+    """A term's weight per row: row ``ROW`` of the per-sample weights, or the scalar when ROW < 0."""
+    if ROW >= 0:
+        return tl.load(w_ptr + ROW * stride_w + rows64, mask=rmask, other=0.0)
+    return tl.where(rmask, scalar, 0.0)
+
+
+@triton.jit
 def _row_loss_kernel(
     zn_ptr, za_ptr, y_ptr, w_ptr, loss_ptr, gn_ptr, ga_ptr,
     N, C, stride_zn, stride_za, stride_w,
     smoothing, temperature, kappa,
+    s_ce_nat, s_ce_adv, s_kl, s_ent_nat, s_ent_adv, s_cw_adv,
     TERMS: tl.constexpr, HAS_NAT: tl.constexpr, HAS_ADV: tl.constexpr,
     CE_NAT: tl.constexpr, CE_ADV: tl.constexpr, KL: tl.constexpr,
     ENT_NAT: tl.constexpr, ENT_ADV: tl.constexpr, CW_ADV: tl.constexpr,
+    ROW_CE_NAT: tl.constexpr, ROW_CE_ADV: tl.constexpr, ROW_KL: tl.constexpr,
+    ROW_ENT_NAT: tl.constexpr, ROW_ENT_ADV: tl.constexpr, ROW_CW_ADV: tl.constexpr,
     GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -103,36 +115,36 @@ def _row_loss_kernel(
         logp_a, p_a = _log_softmax(ua, cmask)
 
     if (TERMS >> CE_NAT) & 1:  # losses.TERMS "ce_nat": +CE(u_nat)
-        w = tl.load(w_ptr + CE_NAT * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_ce_nat, ROW_CE_NAT)
         nll = -tl.sum(tl.where(is_y, logp_n, 0.0), axis=1)
         mean = tl.sum(logp_n, axis=1) / C
         loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
         g_nat += w[:, None] * (p_n - q)
     if (TERMS >> CE_ADV) & 1:  # losses.TERMS "ce_adv": +CE(u_adv)
-        w = tl.load(w_ptr + CE_ADV * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_ce_adv, ROW_CE_ADV)
         nll = -tl.sum(tl.where(is_y, logp_a, 0.0), axis=1)
         mean = tl.sum(logp_a, axis=1) / C
         loss += w * ((1.0 - smoothing) * nll - smoothing * mean)
         g_adv += w[:, None] * (p_a - q)
     if (TERMS >> KL) & 1:  # losses.TERMS "kl": +KL(p_nat || p_adv)
-        w = tl.load(w_ptr + KL * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_kl, ROW_KL)
         diff = logp_n - logp_a
         kl = tl.sum(p_n * diff, axis=1)
         loss += w * kl
         g_adv += w[:, None] * (p_a - p_n)
         g_nat += w[:, None] * (p_n * (diff - kl[:, None]))
     if (TERMS >> ENT_NAT) & 1:  # losses.TERMS "ent_nat": -H(p_nat)
-        w = tl.load(w_ptr + ENT_NAT * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_ent_nat, ROW_ENT_NAT)
         h = -tl.sum(p_n * logp_n, axis=1)
         loss -= w * h
         g_nat += w[:, None] * (p_n * (logp_n + h[:, None]))
     if (TERMS >> ENT_ADV) & 1:  # losses.TERMS "ent_adv": -H(p_adv)
-        w = tl.load(w_ptr + ENT_ADV * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_ent_adv, ROW_ENT_ADV)
         h = -tl.sum(p_a * logp_a, axis=1)
         loss -= w * h
         g_adv += w[:, None] * (p_a * (logp_a + h[:, None]))
     if (TERMS >> CW_ADV) & 1:  # losses.TERMS "cw_adv": +CW margin of u_adv, clamped at kappa
-        w = tl.load(w_ptr + CW_ADV * stride_w + rows64, mask=rmask, other=0.0)
+        w = _weight(w_ptr, stride_w, rows64, rmask, s_cw_adv, ROW_CW_ADV)
         others = tl.where(is_y, float("-inf"), ua)
         top = tl.max(others, axis=1)
         u_y = tl.sum(tl.where(is_y, ua, 0.0), axis=1)
@@ -162,7 +174,8 @@ def _blocks(n: int, c: int) -> tuple[int, int, int]:
     return block_r, block_c, num_warps
 
 
-def _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv):
+def _launch_row_loss(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, temperature, kappa, grad_nat,
+                     grad_adv):
     ref = z_adv if z_adv is not None else z_nat
     n, c = ref.shape
     loss = torch.empty(n, device=ref.device, dtype=torch.float32)
@@ -183,11 +196,14 @@ def _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, ka
     ga = g_adv if g_adv.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(g_adv, dtype=torch.float32)
     block_r, block_c, num_warps = _blocks(n, c)
     grid = (triton.cdiv(n, block_r),)
+    w = loss if rows is None else rows  # no per-sample weights: any pointer (the kernel never reads it)
     wrap_triton(_row_loss_kernel)[grid](
-        zn, za, y, weights, loss, gn if grad_nat else loss, ga if grad_adv else loss,
-        n, c, zn.stride(0), za.stride(0), weights.stride(0),
+        zn, za, y, w, loss, gn if grad_nat else loss, ga if grad_adv else loss,
+        n, c, zn.stride(0), za.stride(0), w.stride(0) if rows is not None else 0,
         float(smoothing), float(temperature), float(kappa),
+        *(float(v) for v in scalars),
         TERMS=terms, HAS_NAT=bool(terms & NAT_TERMS), HAS_ADV=bool(terms & ADV_TERMS), **_TERM_INDEX,
+        **{f"ROW_{name}": r for name, r in zip(_TERM_INDEX, row_of)},
         GRAD_NAT=grad_nat, GRAD_ADV=grad_adv,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,
     )
@@ -203,7 +219,9 @@ def row_loss_op(
     z_nat: Optional[torch.Tensor],
     z_adv: Optional[torch.Tensor],
     y: torch.Tensor,
-    weights: torch.Tensor,
+    rows: Optional[torch.Tensor],
+    scalars: list[float],
+    row_of: list[int],
     terms: int,
     smoothing: float,
     temperature: float,
@@ -213,20 +231,23 @@ def row_loss_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (N,) fp32, d loss_i / d z_nat_i (N, C) or empty, d loss_i / d z_adv_i (N, C) or empty).
 
-    ``weights`` is a (len(losses.TERMS), N) fp32 tensor, one row per term in the table's order;
-    ``terms`` is the mask (:data:`BIT`) of the terms to compute (those whose weight is not the float 0).
+    Term k of ``losses.TERMS`` has weight ``rows[row_of[k]]`` (per sample, fp32) when
+    ``row_of[k] >= 0``, else the float ``scalars[k]``; ``terms`` is the mask (:data:`BIT`) of the
+    terms to compute (those whose weight is not the float 0).
     """
-    return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
+    return _launch_row_loss(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, temperature, kappa,
+                            grad_nat, grad_adv)
 
 
 @row_loss_op.register_kernel("cpu")
-def _row_loss_cpu(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv):
+def _row_loss_cpu(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, temperature, kappa, grad_nat, grad_adv):
     if not interpreting():
         raise RuntimeError(
             "fastfair::row_loss on CPU needs TRITON_INTERPRET=1 set before fastfair.kernels is "
             "imported; fastfair.kernels.row_loss falls back to fastfair.ops.losses.row_loss instead"
         )
-    return _launch_row_loss(z_nat, z_adv, y, weights, terms, smoothing, temperature, kappa, grad_nat, grad_adv)
+    return _launch_row_loss(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, temperature, kappa,
+                            grad_nat, grad_adv)
 
 
 def _setup_context(ctx, inputs, output):
@@ -242,7 +263,7 @@ def _backward(ctx, grad_loss, _g_nat, _g_adv):
     scale = grad_loss.float()[:, None]
     dn = (g_nat.float() * scale).to(ctx.dtypes[0]) if g_nat.numel() else None
     da = (g_adv.float() * scale).to(ctx.dtypes[1]) if g_adv.numel() else None
-    return dn, da, None, None, None, None, None, None, None, None
+    return (dn, da) + (None,) * 10
 
 
 row_loss_op.register_autograd(_backward, setup_context=_setup_context)
@@ -270,16 +291,7 @@ def row_loss(
     if ref is None or not can_launch(ref) or weight_grad or ref.dim() != 2:
         return losses.row_loss(z_nat, z_adv, y, smoothing=smoothing, temperature=temperature, kappa=kappa, **weights)
     n = y.shape[0]
-    terms = 0
-    rows = []
-    for term in losses.TERMS:
-        w = weights.get(term.name, 0.0)
-        if losses.is_active(w):
-            terms |= BIT[term.name]
-        if isinstance(w, torch.Tensor):
-            rows.append(w.to(device=ref.device, dtype=torch.float32).expand(n))
-        else:
-            rows.append(torch.full((n,), float(w), device=ref.device, dtype=torch.float32))
+    rows, scalars, row_of, terms = kernel_weights(weights, n, ref.device)
     if terms & NAT_TERMS and z_nat is None or terms & ADV_TERMS and z_adv is None:
         raise ValueError("row_loss: a term with a non-zero weight needs logits that were passed as None")
     if not terms:
@@ -287,8 +299,35 @@ def row_loss(
     loss, _, _ = row_loss_op(
         z_nat if terms & NAT_TERMS else None,
         z_adv if terms & ADV_TERMS else None,
-        y, torch.stack(rows), terms, float(smoothing), float(temperature), float(kappa),
+        y, rows, scalars, row_of, terms, float(smoothing), float(temperature), float(kappa),
         bool(terms & NAT_TERMS) and _needs_grad(z_nat),
         bool(terms & ADV_TERMS) and _needs_grad(z_adv),
     )
     return loss
+
+
+def kernel_weights(weights: dict[str, losses.Weight], n: int, device) -> tuple:
+    """(rows, scalars, row_of, terms) for :func:`row_loss_op` from ``row_loss``'s keyword weights.
+
+    Float weights travel as kernel arguments; only per-sample tensors become rows of ``rows``
+    (a view of the one tensor, or one stack for several), so a call builds no weight tensors.
+    """
+    scalars, row_of, per_sample, terms = [], [], [], 0
+    for term in losses.TERMS:
+        w = weights.get(term.name, 0.0)
+        if losses.is_active(w):
+            terms |= BIT[term.name]
+        if isinstance(w, torch.Tensor):
+            row_of.append(len(per_sample))
+            scalars.append(0.0)
+            per_sample.append(w.to(device=device, dtype=torch.float32).expand(n))
+        else:
+            row_of.append(-1)
+            scalars.append(float(w))
+    if not per_sample:
+        rows = None
+    elif len(per_sample) == 1:
+        rows = per_sample[0].contiguous()[None]  # a view when the weight is already (N,) fp32
+    else:
+        rows = torch.stack(per_sample)
+    return rows, scalars, row_of, terms

@@ -6,6 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastfair import config
+from fastfair.methods import METHODS
+from fastfair.training.class_state import ClassState
+
 # ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
 SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
                if (p / "shared" / "data").is_dir()),
@@ -23,3 +27,12 @@ def cifar_subset_npz(tmp_path: Path, n_train: int = 600, n_test: int = 200) -> P
         np.savez(out, x_train=f["x_train"][:n_train], y_train=f["y_train"][:n_train],
                  x_test=f["x_test"][:n_test], y_test=f["y_test"][:n_test], class_names=np.array(CIFAR10))
     return out
+
+
+def make_method(method: str, *sets: str, classes: int = 3):
+    """(method, its ClassState) for ``method`` on the digits config with ``sets`` applied, on the CPU."""
+    cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits"}, list(sets))
+    m = METHODS.get(method)(cfg)
+    state = ClassState(classes, "cpu")
+    m.setup(state)
+    return m, state

@@ -58,10 +58,11 @@ def test_missing_config_keys_and_gpu_only_rungs_are_skipped_with_reasons():
     assert not common.has_key("train.no_such_key") and not common.has_key("nosection.x")
 
 
-def test_time_steps_runs_warmup_then_timed_steps_on_consecutive_batches():
+def test_time_steps_runs_warmup_then_repeated_windows_on_consecutive_batches():
     seen = []
-    common.time_steps(lambda x, y: seen.append((x, y)), [(0, 0), (1, 1)], steps=3, warmup=2, dev=torch.device("cpu"))
-    assert seen == [(0, 0), (1, 1), (0, 0), (1, 1), (0, 0)]  # a new pass over the loader when it ends
+    common.time_steps(lambda x, y: seen.append((x, y)), [(0, 0), (1, 1)], steps=2, warmup=1, dev=torch.device("cpu"),
+                      repeats=3)
+    assert seen == [(0, 0), (1, 1), (0, 0), (1, 1), (0, 0), (1, 1), (0, 0)]  # 1 + 3 x 2, passes restart at the end
 
 
 def test_save_writes_json_and_markdown(tmp_path):
@@ -93,3 +94,12 @@ def test_bf16_verdict_uses_binomial_standard_error():
     assert v["within_noise"]
     rows[1]["pgd20"] = 44.0
     assert not check_bf16_robustness.verdict(rows)["within_noise"]
+
+
+def test_a_failing_rung_is_recorded_and_the_bench_goes_on(monkeypatch):
+    def boom(*args, **kw):
+        raise RuntimeError("Triton compilation failed\nlong details")
+
+    monkeypatch.setattr(bench_training, "measure", boom)
+    assert bench_training.run_one(bench_training.RUNGS[0], {}) == (
+        None, "failed: RuntimeError: Triton compilation failed")

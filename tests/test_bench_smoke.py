@@ -35,8 +35,9 @@ def test_training_smoke(tmp_path):
         for rung in ("reference", "+ data on device", "fastfair fp32", "+ channels_last", "+ bf16 autocast"):
             assert rows[(method, 16, rung)]["images_per_s"] > 0
         assert rows[(method, 16, "reference")]["x_reference"] == 1.0
-        assert rows[(method, 32, "+ bf16 autocast (sweep)")]["images_per_s"] > 0
-        for rung in ("+ torch.compile", "+ CUDA graphs", "+ fused kernels"):
+        assert rows[(method, 16, "fastfair default")]["images_per_s"] > 0
+        assert rows[(method, 32, "fastfair default (sweep)")]["images_per_s"] > 0
+        for rung in ("+ torch.compile", "+ compiled attack", "+ CUDA graphs", "+ fused kernels"):
             assert rows[(method, 16, rung)]["note"].startswith("skipped: ")
     assert "## Headline" in md and "fastfair / reference" in md
 

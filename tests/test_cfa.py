@@ -5,20 +5,11 @@ from torch import nn
 
 from fastfair import config
 from fastfair.ops import losses
-from fastfair.training.class_state import ClassState
 from fastfair.errors import UserError
-from fastfair.methods import METHODS
+from helpers import make_method
 from fastfair.methods.cost_sensitive import weights_from_robust_accuracy
 
 EPS = 8 / 255
-
-
-def make(method, *sets, classes=3):
-    cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits"}, list(sets))
-    m = METHODS.get(method)(cfg)
-    state = ClassState(classes, "cpu")
-    m.setup(state)
-    return m, state
 
 
 def stats(acc_percent):
@@ -32,7 +23,7 @@ def test_ccm_lambda_defaults_follow_cfa_per_method():
 
 
 def test_ccm_sets_eps_k_from_train_robust_accuracy_after_begin():
-    m, state = make("pgd-at", "ccm.enabled=true", "ccm.begin=2", "ccr.begin=2")
+    m, state = make_method("pgd-at", "ccm.enabled=true", "ccm.begin=2", "ccr.begin=2")
     m.end_epoch(state, 0, stats([20.0, 50.0, 80.0]))  # epoch 1 < begin: base eps
     assert torch.allclose(state["eps"], torch.full((3,), EPS))
     m.end_epoch(state, 1, stats([20.0, 50.0, 80.0]))  # epoch 2 uses (0.5 + A_k) eps
@@ -41,7 +32,7 @@ def test_ccm_sets_eps_k_from_train_robust_accuracy_after_begin():
 
 
 def test_ccr_calibrates_beta_and_normalises_the_trades_loss():
-    m, state = make("trades", "ccr.enabled=true", "ccm.begin=0", "ccr.begin=0")
+    m, state = make_method("trades", "ccr.enabled=true", "ccm.begin=0", "ccr.begin=0")
     m.end_epoch(state, 0, stats([0.0, 50.0, 100.0]))
     assert torch.allclose(state["kl_weight"], torch.tensor([0.5, 1.0, 1.5]) * 6)
     torch.manual_seed(0)
@@ -56,11 +47,11 @@ def test_ccr_calibrates_beta_and_normalises_the_trades_loss():
 
 def test_ccr_needs_a_trades_family_method():
     with pytest.raises(UserError, match="ccr"):
-        make("pgd-at", "ccr.enabled=true")
+        make_method("pgd-at", "ccr.enabled=true")
 
 
 def test_class_wise_beta_gathers_the_vector_by_label_without_normalising():
-    m, state = make("trades", "method.kl_weight_per_class=[6, 0.5, 6]")
+    m, state = make_method("trades", "method.kl_weight_per_class=[6, 0.5, 6]")
     torch.manual_seed(1)
     model = nn.Linear(4, 3)
     x, x_adv, y = torch.randn(4, 4), torch.randn(4, 4), torch.tensor([0, 1, 1, 2])
@@ -69,23 +60,23 @@ def test_class_wise_beta_gathers_the_vector_by_label_without_normalising():
     want = (losses.cross_entropy(z, y) + torch.tensor([6, 0.5, 0.5, 6]) * losses.trades_kl(z, za)).mean()
     assert torch.allclose(loss, want, atol=1e-6)
     with pytest.raises(UserError, match="3 values"):
-        make("trades", "method.kl_weight_per_class=[6, 6]")
+        make_method("trades", "method.kl_weight_per_class=[6, 6]")
 
 
 def test_cost_sensitive_weights_given_and_derived():
     assert torch.allclose(weights_from_robust_accuracy(torch.tensor([0.5, 0.75, 1.0])), torch.tensor([2.0, 1.0, 0.0]))
     assert torch.equal(weights_from_robust_accuracy(torch.ones(3)), torch.ones(3))
-    m, state = make("pgd-at", "cost_sensitive.weights=[1, 2, 3]")
+    m, state = make_method("pgd-at", "cost_sensitive.weights=[1, 2, 3]")
     rows, y = torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0, 1, 2])
     m.loss = lambda *_: (rows, None)  # Method.objective is the one place that weights rows by class
     assert torch.allclose(m.objective(None, None, None, y, state)[0], torch.tensor((1 + 2 + 6) / 3))
-    m, state = make("pgd-at", "cost_sensitive.auto=true")
+    m, state = make_method("pgd-at", "cost_sensitive.auto=true")
     m.end_epoch(state, 0, stats([50.0, 75.0, 100.0]))
     assert torch.allclose(state["loss_weight"], torch.tensor([2.0, 1.0, 0.0]))
 
 
 def test_adv_classes_zero_the_other_classes_eps_so_pgd_returns_clean_images():
-    m, state = make("pgd-at", "adv_classes.classes=[1]", "ccm.enabled=true", "ccm.begin=0", "ccr.begin=0")
+    m, state = make_method("pgd-at", "adv_classes.classes=[1]", "ccm.enabled=true", "ccm.begin=0", "ccr.begin=0")
     assert torch.allclose(state["eps"], torch.tensor([0.0, EPS, 0.0]))
     m.end_epoch(state, 0, stats([50.0, 50.0, 50.0]))  # CCM multiplies, the mask still holds
     assert torch.allclose(state["eps"], torch.tensor([0.0, EPS, 0.0]))

@@ -33,7 +33,7 @@ def test_compiled_step_matches_eager_without_graph_breaks(tmp_path, method):
     advs = []
     for t in (eager, compiled):
         torch.manual_seed(0)
-        advs.append(t.method.perturb(t.net, x, y, t.state))
+        advs.append(t.method.perturb(t.attack_net, x, y, t.state))
     assert (advs[0] == advs[1]).float().mean() > 0.99
 
     # the update from the same adversarial batch: loss, logits and every weight gradient

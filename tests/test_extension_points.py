@@ -7,18 +7,11 @@ from torch import nn
 
 from fastfair import config
 from fastfair.errors import UserError
+from helpers import make_method
 from fastfair.methods import METHODS, OPTIONS, keys_markdown
 from fastfair.methods.options import Option, register
 from fastfair.schema import Key
 from fastfair.training.class_state import ClassState
-
-
-def make(method, *sets, classes=3):
-    cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits"}, list(sets))
-    m = METHODS.get(method)(cfg)
-    state = ClassState(classes, "cpu")
-    m.setup(state)
-    return m, state
 
 
 @pytest.mark.parametrize("method", ["standard", "pgd-at", "me-at", "trades", "me-trades", "mart", "fat"])
@@ -27,8 +20,8 @@ def test_every_method_honours_per_class_loss_weights(method):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     x, y = torch.rand(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
-    plain, s0 = make(method)
-    weighted, s1 = make(method, "cost_sensitive.weights=[0, 1, 3]")
+    plain, s0 = make_method(method)
+    weighted, s1 = make_method(method, "cost_sensitive.weights=[0, 1, 3]")
     x_adv = x.clamp(0.1, 0.9)
     rows, _ = plain.loss(model, x, x_adv, y, s0)
     loss, _ = weighted.objective(model, x, x_adv, y, s1)
@@ -37,13 +30,13 @@ def test_every_method_honours_per_class_loss_weights(method):
 
 def test_an_option_scaling_a_vector_the_method_lacks_fails_naming_the_vector():
     with pytest.raises(UserError, match="ccr does not combine with method pgd-at"):
-        make("pgd-at", "ccr.enabled=true")
+        make_method("pgd-at", "ccr.enabled=true")
     with pytest.raises(UserError, match="'kl_weight'"):  # the same through its factor, with CCR's defaults left out
         cfg = config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"})
         cfg.ccr.enabled = True
         METHODS.get("pgd-at")(cfg).setup(ClassState(3, "cpu"))
     with pytest.raises(UserError, match="'eps'"):
-        make("standard", "ccm.enabled=true")
+        make_method("standard", "ccm.enabled=true")
 
 
 def test_vectors_are_base_times_every_factor_and_checkpoint_round_trips():
@@ -83,7 +76,7 @@ def test_a_registered_option_gets_its_section_its_statistic_and_its_factor():
     try:
         with pytest.raises(UserError, match="test_similarity.power"):
             config.resolve(None, None, ["test_similarity.powr=2"])
-        m, state = make("pgd-at", "test_similarity.enabled=true", "test_similarity.power=2")
+        m, state = make_method("pgd-at", "test_similarity.enabled=true", "test_similarity.power=2")
         logits = torch.tensor([[4.0, 0.0, 0.0], [0.0, 0.0, 4.0], [0.0, 0.0, 4.0]])
         y = torch.tensor([0, 1, 2])
         state.count(logits, y, torch.tensor(1.0))

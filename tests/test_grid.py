@@ -111,6 +111,14 @@ def _grid_cmd(path, out):
     return [sys.executable, "-m", "fastfair", "grid", str(path), "--out", str(out), "--gpus", "cpu"]
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _env():  # the children import this checkout
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -131,10 +139,15 @@ labels = ["a", "b", "c"]
     while not (out / "b" / "checkpoints" / "last.pt").is_file():  # run b has finished its first epoch
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the grid and its training child, mid-run
+    os.killpg(proc.pid, signal.SIGKILL)  # the grid (its child trains in a process group of its own)
     proc.wait()
     state = lambda r: json.loads((out / r / "grid-state.json").read_text())
     assert state("a")["status"] == "done" and state("b")["status"] == "running"
+    child = state("b")["pid"]
+    deadline = time.time() + 10
+    while _alive(child):  # the child dies with the grid: no orphan keeps training
+        assert time.time() < deadline, "the grid's training child outlived it"
+        time.sleep(0.05)
     assert not (out / "c").exists()
     a_ckpt = (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns
 

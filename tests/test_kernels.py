@@ -249,8 +249,8 @@ def test_no_grad_skips_gradient_outputs():
     with torch.no_grad():
         loss = K.row_loss(None, z, y, ce_adv=1.0)
     assert not loss.requires_grad
-    w = torch.stack([torch.full((n,), float(t == "ce_adv"), device=DEV) for t in TERMS])
-    _, gn, ga = K.row_loss_op(None, z.detach(), y, w, fused_loss.BIT["ce_adv"], 0.0, 1.0, math.inf, False, False)
+    rows, scalars, row_of, terms = fused_loss.kernel_weights({"ce_adv": 1.0}, n, DEV)
+    _, gn, ga = K.row_loss_op(None, z.detach(), y, rows, scalars, row_of, terms, 0.0, 1.0, math.inf, False, False)
     assert gn.numel() == 0 and ga.numel() == 0
 
 
@@ -260,10 +260,9 @@ def test_cpu_without_interpreter_falls_back_to_reference(monkeypatch):
     y = torch.randint(0, 10, (4,), generator=gen)
     monkeypatch.setattr(_launch, "_INTERPRET", False)
     torch.testing.assert_close(K.row_loss(None, z, y, ce_adv=1.0), losses.row_loss(None, z, y, ce_adv=1.0))
-    w = torch.zeros(len(TERMS), 4)
-    w[TERMS.index("ce_adv")] = 1.0
+    rows, scalars, row_of, terms = fused_loss.kernel_weights({"ce_adv": torch.ones(4)}, 4, "cpu")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        K.row_loss_op(None, z, y, w, fused_loss.BIT["ce_adv"], 0.0, 1.0, math.inf, False, False)
+        K.row_loss_op(None, z, y, rows, scalars, row_of, terms, 0.0, 1.0, math.inf, False, False)
     x = torch.rand(4, 3, 2, 2, generator=gen)
     g = torch.randn(4, 3, 2, 2, generator=gen)
     eps_c, alpha_c = torch.full((10,), 0.1), torch.full((10,), 0.05)
@@ -454,3 +453,13 @@ def test_gpu_compile_zero_graph_breaks():
     loss, out = torch.compile(f, fullgraph=True)(zn, za, y)
     loss.backward()
     assert torch.equal(out, steps.pgd_step(x_adv, grad, x, yy, eps_c, alpha_c))
+
+
+def test_float_weights_travel_as_arguments_and_one_per_sample_weight_as_a_view():
+    """No weight tensors are built per call (the wrapper used to stack a full row for every term)."""
+    rows, scalars, row_of, terms = fused_loss.kernel_weights({"ce_nat": 1.0, "ent_adv": 0.5}, 8, "cpu")
+    assert rows is None and set(row_of) == {-1}
+    assert scalars[TERMS.index("ent_adv")] == 0.5 and terms == fused_loss.BIT["ce_nat"] | fused_loss.BIT["ent_adv"]
+    beta = torch.rand(8)
+    rows, scalars, row_of, _ = fused_loss.kernel_weights({"kl": beta, "ce_nat": 1.0}, 8, "cpu")
+    assert rows.shape == (1, 8) and rows.data_ptr() == beta.data_ptr() and row_of[TERMS.index("kl")] == 0

@@ -20,3 +20,12 @@ def test_bench_smoke_writes_table_and_json(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["torch"] and data["triton"] and data["device"]
     assert all(r["max_abs_err"] < 1e-4 for r in data["rows"])
+
+
+def test_a_failing_row_is_recorded_not_fatal():
+    spec = importlib.util.spec_from_file_location("bench_kernels", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.guarded(lambda n: 1 // n, 0) == {"error": "ZeroDivisionError: integer division or modulo by zero"}
+    assert "| loss | ce | 8 | 10 | - |" in bench.markdown([{"kind": "loss", "objective": "ce", "N": 8, "C": 10,
+                                                            "error": "boom"}])

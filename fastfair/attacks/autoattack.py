@@ -30,7 +30,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import io
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.registry import Registry
+from fastfair.rundir import write_bytes_atomic
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
@@ -236,9 +236,7 @@ class Flags:
         buf = io.BytesIO()
         np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried, adv_index=broken,
                  adv=self.adv[broken], fingerprint=np.array(self.fingerprint))
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
+        write_bytes_atomic(buf.getvalue(), path)
 
     @classmethod
     def load(cls, path: Path, fingerprint: str, clean: np.ndarray) -> "Flags | None":

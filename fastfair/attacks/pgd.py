@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
@@ -27,20 +27,27 @@ BN_MODES = ("train", "eval")
 
 @contextlib.contextmanager
 def attack_mode(model: nn.Module, bn_mode: str):
-    """Freeze parameters and set the BN mode for attack generation; restore both afterwards."""
+    """Freeze parameters and set the BN mode for attack generation; restore both afterwards.
+
+    ``train()`` walks every module, so the mode is switched only when it differs (PGD-AT attacks
+    in the training mode the update needs anyway).
+    """
     if bn_mode not in BN_MODES:
         raise UserError(f"unknown BN mode {bn_mode!r}; known: {', '.join(BN_MODES)}")
     was_training = model.training
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)
-    model.train(bn_mode == "train")
+    switch = was_training != (bn_mode == "train")
+    if switch:
+        model.train(bn_mode == "train")
     try:
         yield
     finally:
         for p in params:
             p.requires_grad_(True)
-        model.train(was_training)
+        if switch:
+            model.train(was_training)
 
 
 def per_class(value, num_classes: int, device) -> torch.Tensor:
@@ -60,6 +67,58 @@ class StopRule(Protocol):
         """(bool mask of samples that take this step, the new state), from this step's logits."""
 
 
+def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
+            x_adv: torch.Tensor) -> torch.Tensor:
+    """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
+
+    The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
+    the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
+    it as one graph (the K forwards then share one cast of the weights under autocast).
+    """
+    weights = {"ce": {"ce_adv": 1.0}, "kl": {"kl": 1.0}, "cw": {"cw_adv": 1.0}}[attack.objective]
+    o = attack.ops
+    z_nat = None
+    if attack.objective == "kl":
+        with torch.no_grad():
+            z_nat = model(x).detach()
+    rule = attack.stop.start(y) if attack.stop else None
+    x_adv = x_adv.detach()
+    for _ in range(attack.steps):
+        x_adv.requires_grad_(True)
+        z_adv = model(x_adv)
+        loss = o.row_loss(z_nat, z_adv, y, **weights, temperature=attack.temperature, kappa=attack.kappa).sum()
+        (grad,) = torch.autograd.grad(loss, x_adv)
+        stepped = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
+        if attack.stop:
+            moves, rule = attack.stop.update(rule, z_adv.detach(), y)
+            stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv.detach())
+        x_adv = stepped
+    return x_adv.detach()
+
+
+def can_compile_descent() -> bool:
+    """Dynamo traces ``torch.autograd.grad`` into the graph only with ``trace_autograd_ops`` (torch >= 2.11)."""
+    return hasattr(torch._dynamo.config, "trace_autograd_ops")
+
+
+def compile_descent(compiler: Callable[[Callable], Callable]) -> Callable:
+    """:func:`descend` compiled by ``compiler`` (``torch.compile``) into one graph, input gradients included.
+
+    Where Dynamo cannot trace ``autograd.grad`` (torch < 2.11) the eager descent is returned; the
+    caller then compiles the model alone.
+    """
+    if not can_compile_descent():
+        return descend
+    compiled = compiler(descend)
+
+    def run(*args):
+        # set at every call, not once: Dynamo reads it when it traces, which a new shape can trigger
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return compiled(*args)
+
+    return run
+
+
 @dataclass(frozen=True)
 class PGD:
     """L-inf PGD with a chosen objective; FGSM is ``steps=1, init='none', alpha=eps``.
@@ -76,6 +135,7 @@ class PGD:
     bn_mode: str = "eval"
     ops: Ops = REFERENCE
     stop: StopRule | None = None
+    descend: Callable = field(default=descend, repr=False, compare=False)  # or compile_descent(...)'s
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -83,37 +143,20 @@ class PGD:
         if self.init not in INITS:
             raise UserError(f"unknown PGD init {self.init!r}; known: {', '.join(INITS)}")
 
-    def _loss(self, model, z_nat, x_adv, y):
-        z_adv = model(x_adv)
-        weights = {"ce": {"ce_adv": 1.0}, "kl": {"kl": 1.0}, "cw": {"cw_adv": 1.0}}[self.objective]
-        loss = self.ops.row_loss(z_nat, z_adv, y, **weights, temperature=self.temperature, kappa=self.kappa)
-        return loss.sum(), z_adv
+    def _run(self, model, x, y, eps_c, alpha_c):
+        # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
+        # descent then sees the same start as an eager one, and --resume stays exact (Inductor
+        # draws random numbers its own way).
+        x_start = self.ops.random_start(x, y, eps_c, self.init).detach()
+        return self.descend(self, model, x, y, eps_c, alpha_c, x_start)
 
-    def _run(self, model, x, y, eps_c, alpha_c, z_nat):
-        o = self.ops
-        x_adv = o.random_start(x, y, eps_c, self.init).detach()
-        rule = self.stop.start(y) if self.stop else None
-        for _ in range(self.steps):
-            x_adv.requires_grad_(True)
-            loss, z_adv = self._loss(model, z_nat, x_adv, y)
-            (grad,) = torch.autograd.grad(loss, x_adv)
-            stepped = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
-            if self.stop:
-                moves, rule = self.stop.update(rule, z_adv.detach(), y)
-                stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv.detach())
-            x_adv = stepped
-        return x_adv.detach()
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c) -> torch.Tensor:
         """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``."""
         with attack_mode(model, self.bn_mode), torch.enable_grad():
-            z_nat = None
-            if self.objective == "kl":
-                with torch.no_grad():
-                    z_nat = model(x).detach()
-            best = self._run(model, x, y, eps_c, alpha_c, z_nat)
+            best = self._run(model, x, y, eps_c, alpha_c)
             for _ in range(self.restarts - 1):
                 with torch.no_grad():
                     robust = model(best).argmax(1) == y
-                cand = self._run(model, x, y, eps_c, alpha_c, z_nat)
+                cand = self._run(model, x, y, eps_c, alpha_c)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best

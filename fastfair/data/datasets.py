@@ -125,21 +125,57 @@ _register_tv("mnist", "MNIST, 60k/10k 28x28 grey (LeCun et al. 1998); torchvisio
              classes=[str(i) for i in range(10)])
 
 
+NPZ_FORMAT = ("arrays x_train, y_train, x_test, y_test: uint8 images (N, H, W), (N, C, H, W) or (N, H, W, C) "
+              "with C 1 or 3, integer labels 0..K-1; optional class_names")
+
+
+def _npz_images(path: Path, name: str, x: np.ndarray) -> torch.Tensor:
+    if x.ndim not in (3, 4) or (x.ndim == 4 and 1 not in x.shape[1::2] and 3 not in x.shape[1::2]):
+        raise UserError(f"{path}: {name} has shape {x.shape}; the npz data set needs {NPZ_FORMAT}")
+    if x.dtype != np.uint8:
+        raise UserError(f"{path}: {name} is {x.dtype}; the npz data set needs {NPZ_FORMAT} "
+                        "(convert with (x * 255).round().astype(np.uint8) for images in [0, 1])")
+    return _as_nchw(x)
+
+
+def _npz_labels(path: Path, name: str, y: np.ndarray, n: int, classes: int | None) -> torch.Tensor:
+    if y.ndim != 1 or len(y) != n:
+        raise UserError(f"{path}: {name} has shape {y.shape} for {n} images; it needs one label per image")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise UserError(f"{path}: {name} is {y.dtype}; labels must be integers 0..K-1 (float labels are not "
+                        "truncated silently)")
+    if n and (y.min() < 0 or (classes is not None and y.max() >= classes)):
+        top = f"{classes - 1} ({classes} classes)" if classes is not None else "K-1"
+        raise UserError(f"{path}: {name} holds labels {int(y.min())}..{int(y.max())}, outside 0..{top}")
+    return _labels(y)
+
+
 def _load_npz(path: Path | None) -> DataBundle:
     if path is None or not Path(path).is_file():
-        raise UserError(
-            f"the npz data set needs --data-dir FILE.npz (arrays x_train, y_train, x_test, y_test; "
-            f"uint8 images, int labels); got {path!r}"
-        )
-    with np.load(path, allow_pickle=False) as f:
+        raise UserError(f"the npz data set needs --data-dir FILE.npz ({NPZ_FORMAT}); got {path!r}")
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is not a readable npz file ({err}); it needs {NPZ_FORMAT}") from None
+    with f:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(f.files)
         if missing:
-            raise UserError(f"{path} lacks arrays {sorted(missing)}; it needs x_train, y_train, x_test, y_test")
-        y_train = _labels(f["y_train"])
-        classes = [str(c) for c in f["class_names"]] if "class_names" in f.files else None
-        bundle = DataBundle(Path(path).stem, _as_nchw(f["x_train"]), y_train, _as_nchw(f["x_test"]),
-                            _labels(f["y_test"]), classes or [str(i) for i in range(int(y_train.max()) + 1)])
-    return bundle
+            raise UserError(f"{path} lacks arrays {sorted(missing)}; it needs {NPZ_FORMAT}")
+        try:
+            arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            names = [str(c) for c in f["class_names"]] if "class_names" in f.files else None
+        except ValueError as err:  # an object array: would need pickle, which is never used
+            raise UserError(f"{path}: {err}; it needs {NPZ_FORMAT}") from None
+    x_train, x_test = (_npz_images(path, k, arrays[k]) for k in ("x_train", "x_test"))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise UserError(f"{path}: x_train images are {tuple(x_train.shape[1:])} and x_test images "
+                        f"{tuple(x_test.shape[1:])}; both splits need one image shape")
+    y_train = _npz_labels(path, "y_train", arrays["y_train"], len(x_train), len(names) if names else None)
+    classes = names or [str(i) for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
+    y_test = _npz_labels(path, "y_test", arrays["y_test"], len(x_test), len(classes))
+    if not len(y_train) or not len(y_test):
+        raise UserError(f"{path}: a split is empty; it needs {NPZ_FORMAT}")
+    return DataBundle(Path(path).stem, x_train, y_train, x_test, y_test, classes)
 
 
 DATASETS.register("npz", "any .npz with uint8 x_train/x_test and int y_train/y_test (--data-dir FILE.npz)")(
@@ -203,7 +239,12 @@ def split(bundle: DataBundle, val_per_class: int) -> dict[str, tuple[torch.Tenso
     y = bundle.y_train
     is_val = torch.zeros_like(y, dtype=torch.bool)
     for c in range(bundle.num_classes):
-        is_val[(y == c).nonzero().flatten()[:val_per_class]] = True
+        members = (y == c).nonzero().flatten()
+        if 0 < len(members) <= val_per_class:
+            raise UserError(f"data.val_per_class={val_per_class} takes every training image of class "
+                            f"{bundle.classes[c]} ({len(members)} images), leaving none to train on; "
+                            f"lower data.val_per_class below {len(members)}")
+        is_val[members[:val_per_class]] = True
     return {
         "train": (bundle.x_train[~is_val], y[~is_val]),
         "val": (bundle.x_train[is_val], y[is_val]),

@@ -29,6 +29,7 @@ import torch
 from fastfair.data import datasets
 from fastfair.data.loaders import LOADERS, random_crop_flip
 from fastfair.errors import UserError
+from fastfair.rundir import write_json_atomic
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -131,7 +132,7 @@ def convert(splits: dict, out_dir: str | Path, *, jpeg: bool = False, jpeg_quali
         "splits": info,
         **(meta or {}),
     }
-    (out / META).write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(record, out / META, indent=2)
     return paths
 
 

@@ -7,7 +7,6 @@ Always fp32, BN in eval mode; the attack's random starts are seeded as in ``fast
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, write_json_atomic
 
 
 @torch.no_grad()
@@ -101,7 +100,7 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
     out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
         s = record["summary"]

@@ -22,7 +22,7 @@ from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, write_text_atomic
+from fastfair.rundir import RunDir, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -140,7 +140,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     if distributed.current().is_main:
         earlier, kept = _earlier_results(out, fp, lambda tag: run.previous_eval_file(path, split, tag))
         record["results"] = {**earlier, **results}
-        write_text_atomic(json.dumps(record, indent=1), out)
+        write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
         print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "

@@ -12,13 +12,13 @@ hooks. Nothing in ``perturb``/``loss`` may sync with the host.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
 from fastfair import ops, schema
-from fastfair.attacks.pgd import PGD
+from fastfair.attacks.pgd import PGD, descend
 from fastfair.methods.options import OPTIONS
 from fastfair.registry import Registry
 from fastfair.schema import Key
@@ -40,11 +40,15 @@ class Method:
     statistics: ClassVar[tuple[str, ...]] = ()  # per-class statistics its end_epoch reads (class_state.STATISTICS)
     needs_initial_validation: ClassVar[bool] = False  # FRL: update from validation before the first epoch
     uses_ce_logits: ClassVar[bool] = False  # its CE terms go through ce_logits (where HE subtracts its margin)
+    adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
 
-    def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE):
+    def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend):
+        """``backend``: the ops the loss and attack run on; ``descent``: the attack's K steps, eager
+        (:func:`~fastfair.attacks.pgd.descend`) or compiled into one graph by the trainer."""
         self.cfg, self.ops = cfg, backend
         a = cfg.attack
-        self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode, ops=backend)
+        self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode, ops=backend,
+                          descend=descent)
         self.options = [OPTIONS.get(n)(cfg, self) for n in cfg.enabled_options()]
 
     @classmethod

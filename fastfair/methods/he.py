@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from scipy.optimize import root
 
 from fastfair.errors import UserError
+from fastfair.ops.losses import label_mask
 from fastfair.registry import Registry
 from fastfair.methods.options import Option, register
 from fastfair.schema import Key
@@ -117,4 +117,4 @@ class HE(Option):
         """s (cos_y - m) for the true class: subtract s m there (Pang et al. 2020, Eq. 6)."""
         if self.own.margin == 0.0:
             return z
-        return z - (model.head.scale * self.own.margin) * F.one_hot(y, z.shape[1]).to(z.dtype)
+        return z - (model.head.scale * self.own.margin) * label_mask(y, z.shape[1]).to(z.dtype)

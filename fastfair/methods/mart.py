@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fastfair.methods.base import METHODS, Method
+from fastfair.ops.losses import label_mask
 from fastfair.schema import Key
 
 
@@ -14,7 +15,7 @@ def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Wang et al. 2020, Sec. 3.3; code's 1.0001.
     """
     p = F.softmax(z_adv.float(), dim=1)
-    other = p.masked_fill(F.one_hot(y, p.shape[1]).bool(), -1.0).amax(dim=1)
+    other = p.masked_fill(label_mask(y, p.shape[1]), -1.0).amax(dim=1)
     return -torch.log(1.0001 - other + 1e-12)
 
 

@@ -7,6 +7,7 @@ class Standard(Method):
     """CE(f(x), y) with label smoothing (Szegedy et al. 2016); no adversarial examples, so no eps_k."""
 
     keys = SMOOTHING
+    adversarial = False
 
     def setup(self, state):
         self.setup_options(state)  # no eps/alpha: options that scale them fail with the reason

@@ -18,6 +18,11 @@ import torch.nn.functional as F
 Weight = float | torch.Tensor
 
 
+def label_mask(y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(N, C) bool one-hot of ``y``; unlike ``F.one_hot`` no range check, which reads y on the host (a sync)."""
+    return torch.arange(num_classes, device=y.device) == y[:, None]
+
+
 def cross_entropy(z: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     """Per-row CE against q = (1 - a) onehot(y) + a / C (Szegedy et al. 2016, Eq. in Sec. 7; ME paper Sec. 3.1)."""
     logp = F.log_softmax(z.float(), dim=1)
@@ -44,7 +49,7 @@ def cw_margin(z: torch.Tensor, y: torch.Tensor, kappa: float = math.inf) -> torc
     """Per-row min(max_{j != y} z_j - z_y, kappa), the CW-inf margin (Carlini & Wagner 2017, Eq. f_6)."""
     z = z.float()
     z_y = z.gather(1, y[:, None]).squeeze(1)
-    others = z.masked_fill(F.one_hot(y, z.shape[1]).bool(), -math.inf)
+    others = z.masked_fill(label_mask(y, z.shape[1]), -math.inf)
     return (others.amax(dim=1) - z_y).clamp(max=kappa)
 
 

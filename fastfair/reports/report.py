@@ -20,7 +20,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, read_json, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -47,8 +47,8 @@ class Run:
 def load_run(path) -> Run:
     run = RunDir(path)
     config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
-    evals = {p.stem: json.loads(p.read_text()) for p in run.eval_files()}
-    diags = [json.loads(p.read_text()) for p in run.diagnostics_files()]
+    evals = {p.stem: read_json(p) for p in run.eval_files()}
+    diags = [read_json(p) for p in run.diagnostics_files()]
     return Run(run.path, config, run.read_metrics(), evals, diags)
 
 
@@ -264,8 +264,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
-    (out / "report.md").write_text("\n".join(md))
-    (out / "tables.tex").write_text("\n\n".join(tex) + "\n")
+    write_text_atomic("\n".join(md), out / "report.md")
+    write_text_atomic("\n\n".join(tex) + "\n", out / "tables.tex")
     return out / "report.md"
 
 

@@ -17,13 +17,16 @@ The runs are the product of the axes. Each run is ``python -m fastfair train`` i
 process with ``--out GRID/RUN`` (``--resume`` when a checkpoint exists), so the run directory
 stays the one contract between train, eval, report and grid. ``GRID/RUN/grid-state.json``
 records done / failed; re-running the grid skips done runs, resumes killed ones and retries
-failed ones.
+failed ones. Before the first run launches, every run's config is checked (values, names, and one
+robust attack all runs evaluate, for the table); one grid process at a time writes a grid folder,
+and a run marked running is resumed only once no process holds its lock.
 """
 from __future__ import annotations
 
 import itertools
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -32,14 +35,16 @@ from typing import Any
 import tomli_w
 
 from fastfair import config
+from fastfair.checks import check_config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
 from fastfair.reports.report import compare
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, write_text_atomic
 from fastfair.scaleout.jobs import Job, read_state
 from fastfair.scaleout.launchers import LAUNCHERS
 
 SEED_KEY = "train.seed"
+DYING_S = 10.0  # how long a restart waits for the child of a killed grid to let go of its run
 
 
 @dataclass(frozen=True)
@@ -156,23 +161,43 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
 def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
     and that runs already started were started with the same config."""
-    pairs = []
-    changed = []
+    pairs, changed, robust = [], [], []
     for run in grid.runs():
         sets = tuple(f"{k}={_toml_value(v)}" for k, v in run.sets.items())
         try:
             cfg = config.resolve(grid.base or None, None, list(sets))
+            check_config(cfg)
         except UserError as err:
             raise UserError(f"grid {grid.name}, run {run.name}: {err}") from None
+        robust.append((run.name, [a for a in cfg.eval.attacks if a != "clean"]))
         saved = RunDir(out / run.name)
         if saved.config.is_file() and saved.read_config() != cfg.to_toml():
+            # the keys --resume may change (a lower lr for a diverged run, more epochs) may change here too
             old, new = config.flatten(config.load_saved(saved.config)), config.flatten(cfg.to_dict())
-            changed.append(f"{run.name} ({', '.join(k for k in new if old.get(k) != new[k])})")
+            keys = [k for k in new if old.get(k) != new[k] and k != "preset" and k not in config.RESUMABLE]
+            if keys:
+                changed.append(f"{run.name} ({', '.join(keys)})")
         pairs.append((run, Job(run.name, str(out / run.name), grid.base, sets)))
     if changed:
         raise UserError(f"the grid file changed for runs already started: {'; '.join(changed)}. "
                         f"Restore the grid file, or delete those run folders under {out} to start them anew")
+    if robust and not set.intersection(*(set(a) for _, a in robust)):
+        listed = "; ".join(f"{name}: {', '.join(a) or 'none'}" for name, a in robust[:4])
+        raise UserError(f"grid {grid.name}: its runs share no robust attack in eval.attacks ({listed}), so their "
+                        "results cannot be compared; add one to every run, e.g. \"eval.attacks\" = "
+                        "[\"clean\", \"pgd20\"] under [set]")
     return pairs
+
+
+def _gone(run: Run, job: Job, echo) -> str:
+    """Who still holds a run marked running, or nothing once its process has ended (after up to
+    DYING_S for the child of a killed grid to die)."""
+    deadline = time.time() + DYING_S
+    while (holder := RunDir(job.run_dir).locked_by()) and time.time() < deadline:
+        time.sleep(0.1)
+    if not holder:
+        echo(f"  {run.name} was marked running but its process is gone; it resumes")
+    return holder
 
 
 def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_gpu: int = 1,
@@ -198,16 +223,21 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         if todo:
             echo("first command: " + shlex.join(todo[0].command()))
         return 0
-    root.mkdir(parents=True, exist_ok=True)
-    if todo:
-        launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
-               folder=root / f".{launcher}", echo=echo)
-    failed = [run.name for run, _ in pairs if read_state(root / run.name)["status"] != "done"]
-    finished = [root / run.name for run, _ in pairs if run.name not in failed]
-    if finished:
-        table = compare(finished)  # the same table as `fastfair report`; seeds folded there
-        (root / "results.md").write_text(table + "\n")
-        echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
+    with RunDir(root).lock(echo):  # one grid process per grid folder
+        busy = [f"{run.name} ({holder})" for run, job in pairs
+                if status[run.name] == "running" and (holder := _gone(run, job, echo))]
+        if busy:
+            raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them "
+                            "to end (or stop them), then run the grid again")
+        if todo:
+            launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
+                   folder=root / f".{launcher}", echo=echo)
+        failed = [run.name for run, _ in pairs if read_state(root / run.name)["status"] != "done"]
+        finished = [root / run.name for run, _ in pairs if run.name not in failed]
+        if finished:
+            table = compare(finished)  # the same table as `fastfair report`; seeds folded there
+            write_text_atomic(table + "\n", root / "results.md")
+            echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
     if failed:
         echo(f"\n{len(failed)} run(s) failed: " + ", ".join(f"{n} (log: {RunDir(root / n).train_log})" for n in failed)
              + "\nfix the cause and run the same command again: done runs are skipped, the others resume")

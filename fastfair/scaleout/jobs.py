@@ -1,16 +1,29 @@
 """One grid run as a job: its ``fastfair train`` command, run to the end in a child process, with the
-output in ``RUN/train.log`` and the done/failed state in ``RUN/grid-state.json`` (what a re-run reads)."""
+output in ``RUN/train.log`` and the done/failed state in ``RUN/grid-state.json`` (what a re-run reads).
+
+A child runs in its own process group (so stopping it stops whatever it started) and dies with the
+grid: on Linux the kernel kills it when the grid process dies, even by ``kill -9``; an interrupted
+grid (Ctrl-C, an error) stops its children itself (:func:`stop_children`).
+"""
 from __future__ import annotations
 
-import json
+import ctypes
+import functools
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastfair.rundir import RunDir, write_text_atomic
+from fastfair.rundir import RunDir, read_json, write_json_atomic
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -27,16 +40,41 @@ class Job:
         cmd = [sys.executable, "-m", "fastfair", "train", "--out", self.run_dir, "--quiet"]
         cmd += ["--config", self.base] if self.base else []
         cmd += [a for s in self.sets for a in ("--set", s)]
-        return cmd + (["--resume"] if RunDir(self.run_dir).last.is_file() else [])
+        # a run with a saved config resumes, from its checkpoint or (killed in its first epoch) from the start
+        return cmd + (["--resume"] if RunDir(self.run_dir).config.is_file() else [])
 
 
 def read_state(run_dir: str | Path) -> dict:
     path = RunDir(run_dir).grid_state
-    return json.loads(path.read_text()) if path.is_file() else {"status": "pending"}
+    return read_json(path) if path.is_file() else {"status": "pending"}
 
 
 def _write_state(run_dir: str | Path, state: dict) -> None:
-    write_text_atomic(json.dumps(state, indent=1), RunDir(run_dir).grid_state)
+    write_json_atomic(state, RunDir(run_dir).grid_state)
+
+
+def _child_setup(grid_pid: int) -> None:
+    """In the child before exec: die with the grid (Linux); the new session is Popen's own."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != grid_pid:  # the grid died before the line above: nobody to die with
+            os._exit(1)
+
+
+def stop_children(grace_s: float = 10.0) -> None:
+    """Stop every running child's process group: SIGTERM, then SIGKILL after ``grace_s``."""
+    with _CHILDREN_LOCK:
+        children = list(_CHILDREN)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in children:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + grace_s
+        while any(p.poll() is None for p in children) and time.time() < deadline:
+            time.sleep(0.05)
 
 
 def run_job(job: Job, env: dict[str, str] | None = None) -> str:
@@ -51,7 +89,16 @@ def run_job(job: Job, env: dict[str, str] | None = None) -> str:
     with open(run.train_log, "a") as log:
         log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
         log.flush()
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True, preexec_fn=functools.partial(_child_setup, os.getpid()))
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(proc)
+        try:
+            _write_state(run.path, {**state, "pid": proc.pid})
+            code = proc.wait()
+        finally:
+            with _CHILDREN_LOCK:
+                _CHILDREN.discard(proc)
     state.update(status="done" if code == 0 else "failed", returncode=code, ended=time.time())
     _write_state(run.path, state)
     return state["status"]

@@ -16,7 +16,7 @@ import torch
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.scaleout.jobs import Job, run_job
+from fastfair.scaleout.jobs import Job, run_job, stop_children
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 
@@ -62,7 +62,12 @@ def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) ->
             free.put(env)
 
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
-        return list(pool.map(one, jobs))
+        try:
+            return list(pool.map(one, jobs))
+        except BaseException:  # Ctrl-C or an error: no child outlives the grid, no queued job starts
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_children()
+            raise
 
 
 @LAUNCHERS.register("local", "this machine: --per-gpu K concurrent runs on each of --gpus (or K on the CPU)")

@@ -8,24 +8,29 @@ because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import contextlib
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from fastfair import build, ops
+from fastfair import build, config, ops
+from fastfair.checks import check_config
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
-from fastfair.attacks import parse_attack
+from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend
 from fastfair.training.class_state import ClassState
+from fastfair.training.divergence import diverged, nonfinite_stats, nonfinite_tensors
 from fastfair.config import Config
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, init_model, load_checkpoint, save_atomic
-from fastfair.training.selection import SELECTION, policy_scores
+from fastfair.rundir import RunDir, init_model, load_checkpoint, notice, save_atomic
+from fastfair.training.selection import policy_scores
 
 
 def _seed(cfg: Config, epoch: int) -> None:
@@ -35,12 +40,11 @@ def _seed(cfg: Config, epoch: int) -> None:
 
 class Trainer:
     def __init__(self, cfg: Config, out: str | Path, resume: bool = False, quiet: bool = False):
+        check_config(cfg)  # every value, before any data is loaded or anything written
         self.cfg, self.out = cfg, Path(out)
         self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
         self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main)
         self.log = self.progress.print
-        SELECTION.get(cfg.train.select)
-        parse_attack(cfg.train.val_attack)
         self.dev = build.device(cfg)
         self.amp = build.autocast_dtype(cfg, self.dev)
         self.cl = build.channels_last(cfg, self.dev)
@@ -48,7 +52,8 @@ class Trainer:
         self.spec = build.model_spec(cfg, self.bundle)
         x, y = sp["train"]
         if len(y) < cfg.data.batch_size:
-            raise UserError(f"only {len(y)} training images for batch size {cfg.data.batch_size}; lower data.batch_size")  # noqa: E501
+            raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {len(y)} training images "
+                            f"(after the validation split); lower data.batch_size")
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
@@ -58,18 +63,23 @@ class Trainer:
         if cfg.train.init_from:
             init_model(self.model, cfg.train.init_from)
         self.model, self.train_model = distributed.prepare_model(self.model, cfg)  # DDP under torchrun
-        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)))
-        # The attack's autograd.grad must stay outside compiled code, so the model is compiled
-        # on its own (attack forwards) and the method's loss with the model inside it (one
-        # graph for the forwards + loss of the update). Checkpoints use the uncompiled module.
+        # Compiled (CUDA by default): the attack's K steps as one graph with the model traced
+        # inside (compile_descent), the method's loss with the model inside it (one graph for the
+        # forwards + loss of the update), and the model alone for validation. Checkpoints use
+        # the uncompiled module.
         compile_ = build.compiler(cfg, self.dev)
         self.net = compile_(self.model) if compile_ else self.model
+        if compile_ and cfg.train.compile_attack and can_compile_descent():
+            descent, self.attack_net = compile_descent(compile_), self.model
+        else:  # an eager loop of steps around the (compiled) model
+            descent, self.attack_net = descend, self.net
+        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)), descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         t = cfg.train
         self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
-                                   weight_decay=t.weight_decay, nesterov=t.nesterov)
+                                   weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
@@ -82,19 +92,39 @@ class Trainer:
         return RunDir(self.out)
 
     def _prepare_dir(self, resume: bool) -> None:
-        last = self.run.last
+        """A new run needs a folder without run files; a resumed one continues its saved config
+        (changed only in :data:`config.RESUMABLE` keys, recorded in ``history.jsonl``)."""
+        run, changed = self.run, {}
         if resume:
-            if not last.is_file():
-                raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume")
-            self._load(load_checkpoint(last))
-            if self.main:
-                self.run.truncate_metrics(self.start_epoch)
-            self.log(f"resuming {self.out} at epoch {self.start_epoch}")
-        elif last.is_file():
-            raise UserError(f"{self.out} already holds a run; pass --resume to continue it or --out for a new one")
+            changed = config.resume_changes(config.load_saved_text(run.read_config(), str(run.config)), self.cfg)
+            if run.last.is_file():
+                self._load(load_checkpoint(run.last))
+                self._reschedule(changed)
+                self.log(f"resuming {self.out} at epoch {self.start_epoch}")
+            else:  # stopped (killed, diverged) in its first epoch: nothing to keep
+                self.log(f"{self.out}: no epoch had finished; starting it again from the first")
+            if self.main and run.truncate_metrics(self.start_epoch):
+                notice(f"{run.metrics}: removed a half-written last line (the run was killed while writing it)")
+        elif run.run_files():
+            raise UserError(f"{self.out} already holds a run ({', '.join(run.run_files())}); pass --resume to "
+                            "continue it, or another --out for a new run")
         if self.main:
-            self.run.checkpoints.mkdir(parents=True, exist_ok=True)
-            self.run.write_config(self.cfg.to_toml())
+            run.checkpoints.mkdir(parents=True, exist_ok=True)
+            run.write_config(self.cfg.to_toml())
+            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch,
+                                "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                "changed": changed})
+
+    def _reschedule(self, changed: dict) -> None:
+        """After --resume changed the learning-rate schedule: the new one from the resumed epoch on."""
+        t = self.cfg.train
+        if not {"train.lr", "train.lr_milestones", "train.lr_gamma"} & set(changed):
+            return  # the loaded scheduler continues bit for bit
+        self.sched.base_lrs = [t.lr] * len(self.opt.param_groups)
+        self.sched.milestones, self.sched.gamma = collections.Counter(t.lr_milestones), t.lr_gamma
+        decays = bisect.bisect_right(sorted(t.lr_milestones), self.sched.last_epoch)
+        for group in self.opt.param_groups:
+            group["initial_lr"], group["lr"] = t.lr, t.lr * t.lr_gamma ** decays
 
     def _state(self, epoch: int) -> dict:
         return {
@@ -121,8 +151,7 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One step; no host sync (counters stay on the device)."""
         with self._autocast():
-            x_adv = self.method.perturb(self.net, x, y, self.state)
-            self.model.train()
+            x_adv = self.method.perturb(self.attack_net, x, y, self.state)
             loss, logits = self.loss_fn(self.train_model, x, x_adv, y, self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -138,6 +167,7 @@ class Trainer:
         _seed(self.cfg, epoch)
         self.method.begin_epoch(self.model, epoch)
         self.train_loader.set_epoch(epoch)
+        self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         lr = self.opt.param_groups[0]["lr"]
         t0 = time.perf_counter()
         with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader)) as advance:
@@ -146,12 +176,15 @@ class Trainer:
                 advance()
         distributed.reduce_class_state(self.state)
         stats = self.state.read()  # the epoch's one host sync
+        self._stop_if_diverged(epoch, nonfinite_stats(stats))
         seconds = time.perf_counter() - t0
         self.sched.step()
         distributed.sync_buffers(self.model)  # torchrun: every rank validates the same BN statistics
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
         self.method.end_epoch(self.state, epoch, {**stats, "val": val})
+        # before anything of the epoch is written: weights, optimiser and per-class state all finite
+        self._stop_if_diverged(epoch, nonfinite_tensors(self._state(epoch)))
         record = {
             "epoch": epoch, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
             "train_robust_acc_per_class": stats["train_acc_per_class"],
@@ -172,11 +205,17 @@ class Trainer:
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
         return record
 
+    def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
+        if nonfinite:
+            # last.pt holds the epoch before (written by this process or the one resumed from)
+            raise diverged(epoch, nonfinite, str(self.out), epoch - 1 if epoch > 0 else None, self.cfg.train.lr)
+
     def _average(self, epoch: int, worst: float) -> dict:
         """Average the epoch in (EMA/FAWA), then validate and keep the averaged model's checkpoints."""
         accepted = self.averager.update(self.model, epoch, worst / 100.0)
         if not self.averager.started:
             return {"accepted": accepted}
+        self._stop_if_diverged(epoch, [f"averaged {n}" for n in nonfinite_tensors(self.averager.model.state_dict())])
         val = self.validate(self.averager.model)
         va = val[self.cfg.train.val_attack]["summary"]
         self._keep_best(self.averager.model, epoch, va, averaged=True)
@@ -203,8 +242,9 @@ class Trainer:
     def fit(self) -> Path:
         if self.start_epoch == 0 and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        for epoch in range(self.start_epoch, self.cfg.train.epochs):
-            self.run_epoch(epoch)
+        with build.fastest_convolutions(self.dev):
+            for epoch in range(self.start_epoch, self.cfg.train.epochs):
+                self.run_epoch(epoch)
         distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the lent GPU, as the device `run` command (carry: .whl .devdata bench/results/gpu-suite):
+#     bash bench/gpu_lease.sh [suite flags]
+# installs fastfair and the wheels the image lacks, runs the parts of the GPU suite that fit this
+# command's time, and packs every result into $OUT/gpu-suite.tar.gz. Run it again to go on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 bench/gpu_suite.py --max-s "${MAX_S:-540}" --pack "${OUT:-/tmp/gpu-suite-out}" "$@"

@@ -1,0 +1,246 @@
+"""The GPU suite: every figure fastfair needs from a lent GPU, in priority order, resumable.
+
+A GPU comes rarely, for about 25 minutes, in commands of at most 10. So the suite runs its parts
+one after another in the order below, stops before a part that would not fit in this command's
+time (``--max-s``), and a rerun skips every part that already finished (each part writes its
+own record, ``<part>.json``, beside the benches' own result files). On a lease, in one
+``run`` call after another::
+
+    bash bench/gpu_lease.sh            # installs what the GPU image lacks, runs the suite, packs $OUT
+
+and locally, once before the lease: ``bash bench/gpu_prepare.sh`` (wheels and the real CIFAR-10
+subset into git-ignored folders that the ``run`` call carries). Unpack each returned
+``gpu-suite.tar.gz`` into ``bench/results/`` and carry ``bench/results/gpu-suite`` in the next
+call so it resumes.
+
+    python bench/gpu_suite.py --list   # the parts, their estimates and status
+    python bench/gpu_suite.py --smoke  # every part at tiny sizes on any device (CI)
+
+Parts (what issue 12 asks to be measured): the GPU tests; ResNet-18 PGD-10 AT seconds per
+epoch, reference-style loop beside fastfair's rungs and default at batch 128 and 512; MFU;
+TRADES and ME-TRADES; WRN-34-10 on a partial epoch; a real epoch's wall time with validation,
+checkpoint and the first epoch's compilation; AutoAttack images/s; kernels against Inductor;
+bf16-trained vs fp32-trained robust accuracy. ``env`` records the device, driver, versions,
+commit and whether a full CIFAR-10 exists anywhere on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench import common  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+SUITE_DIR = "gpu-suite"  # records of the parts, under --out
+PER_COMMAND_S = 540  # a lease's command may run 10 minutes; keep a margin for start-up and packing
+REAL_DATA = ("cifar10-subset.npz",)  # looked for in .devdata/ (carried to the GPU) and ../shared/data
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    what: str
+    estimate_s: int  # full size on an H100, compilation included: whether it fits the time left
+    args: Callable[[argparse.Namespace], list[str]] = field(default=lambda a: [])  # after `python`
+    run: Callable[[argparse.Namespace, Path], dict] | None = None  # in-process parts (env, real epoch)
+
+
+def bench(script: str, *full: str, smoke: tuple[str, ...] = (), tag: str = ""):
+    """``python bench/<script> --out OUT [--tag T] (--smoke SMOKE... | FULL...)``."""
+    def args(a: argparse.Namespace) -> list[str]:
+        out = [str(BENCH / script), "--out", str(a.out)] + (["--tag", tag] if tag else [])
+        return out + (["--smoke", *smoke] if a.smoke else list(full))
+    return args
+
+
+def real_data(a: argparse.Namespace) -> Path | None:
+    for folder in (common.ROOT / ".devdata", common.SHARED_DATA):
+        for name in REAL_DATA:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+# ---- in-process parts --------------------------------------------------------------------------
+
+def find_cifar10(timeout_s: int = 60) -> list[str]:
+    """Paths on this machine that look like a full CIFAR-10 (the python batches, or a 50k-image file)."""
+    try:
+        out = subprocess.run(["find", "/", "-xdev", "-iname", "*cifar*", "-not", "-path", "/proc/*"],
+                             capture_output=True, text=True, timeout=timeout_s).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [p for p in out.splitlines() if ".git/" not in p][:50]
+
+
+def env_part(a: argparse.Namespace, _: Path) -> dict:
+    dev = common.pick_device("auto")
+    found = [] if a.smoke else find_cifar10()
+    return {"header": common.header(dev), "cifar_paths": found,
+            "full_cifar10": any(p.endswith(("data_batch_5", "cifar-10-batches-py")) for p in found),
+            "real_subset": str(real_data(a) or "")}
+
+
+def real_epoch_part(a: argparse.Namespace, work: Path) -> dict:
+    """`fastfair train` as a user runs it: wall time of each epoch with validation and checkpoint,
+    the first one holding the compilation, on the real CIFAR-10 subset (digits in a smoke run)."""
+    data = None if a.smoke else real_data(a)
+    if data is None:
+        sets = ["--config", "demo", "--epochs", "2"] + (["--device", "cpu"] if a.smoke else [])
+    else:
+        sets = ["--method", "pgd-at", "--model", "resnet18", "--dataset", "npz", "--data-dir", str(data),
+                "--epochs", "3", "--set", "train.lr_milestones=[2]"]
+    run = work / "real-epoch-run"
+    cmd = [sys.executable, "-m", "fastfair", "train", *sets, "--out", str(run), "--set", 'eval.attacks=["clean"]']
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"fastfair train failed: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+    epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {"command": " ".join(cmd[1:]), "data": str(data or "digits (the demo)"), "wall_s": wall,
+            "epoch_train_s": [e["epoch_time_s"] for e in epochs], "images_per_s": [e["images_per_s"] for e in epochs],
+            "first_epoch_extra_s": epochs[0]["epoch_time_s"] - min(e["epoch_time_s"] for e in epochs[1:]),
+            "header": common.header(common.pick_device("auto"))}
+
+
+# ---- the parts, in priority order ----------------------------------------------------------------
+
+RN18 = ("--models", "resnet18")
+PARTS = (
+    Part("env", "device, driver, versions, commit; is a full CIFAR-10 on this machine?", 60, run=env_part),
+    Part("gpu-tests", "pytest -m gpu: the compiled + Triton step against eager on CUDA", 240,
+         args=lambda a: ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(common.ROOT / "tests")]
+         + (["-k", "kernels"] if a.smoke else [])),
+    Part("rn18-at", "ResNet-18 PGD-10 AT: reference loop, each rung, fastfair default; batch 128 and 512", 480,
+         args=bench("bench_training.py", "--methods", "pgd-at", *RN18, "--sweep", "512", "--steps", "10",
+                    "--warmup", "3", smoke=("--methods", "pgd-at"), tag="rn18-at")),
+    Part("mfu", "model FLOP utilisation of fastfair's default step (counted FLOPs / time / peak)", 180,
+         args=bench("bench_mfu.py", "--methods", "pgd-at", "trades", *RN18, "--steps", "10",
+                    smoke=("--methods", "pgd-at"), tag="rn18")),
+    Part("trades", "TRADES and ME-TRADES on ResNet-18: reference beside fastfair's compiled stack", 480,
+         args=bench("bench_training.py", "--methods", "trades", "me-trades", *RN18, "--sweep", "--steps", "10",
+                    "--warmup", "3", "--rungs", "reference", "+ compiled attack", "+ fused kernels", "fastfair default",
+                    smoke=("--methods", "trades", "--sweep"), tag="trades")),
+    Part("wrn", "WRN-34-10 PGD-10 AT on a partial epoch: reference beside fastfair default", 420,
+         args=bench("bench_training.py", "--methods", "pgd-at", "--models", "wrn-34-10", "--sweep", "--steps", "4",
+                    "--warmup", "2", "--rungs", "reference", "fastfair default",
+                    smoke=("--methods", "pgd-at", "--sweep", "--rungs", "reference", "fastfair default"), tag="wrn")),
+    Part("real-epoch", "fastfair train on real data: epoch wall time with validation, checkpoint, compilation", 300,
+         run=real_epoch_part),
+    Part("aa", "evaluation images/s: PGD-20, CW-20 and AutoAttack on ResNet-18", 300,
+         args=bench("bench_eval.py", *RN18)),
+    Part("kernels", "fused Triton kernels against eager and Inductor's code for the same maths", 240,
+         args=lambda a: [str(BENCH / "bench_kernels.py"), "--out", str(a.out)] + (["--smoke"] if a.smoke else [])),
+    Part("bf16", "robust accuracy of bf16-trained vs fp32-trained ResNet-18 on the real subset (fp32 eval)", 540,
+         args=lambda a: [str(BENCH / "check_bf16_robustness.py"), "--out", str(a.out)]
+         + (["--smoke"] if a.smoke else ["--epochs", "10", "--seeds", "0"])
+         + (["--data", str(real_data(a))] if real_data(a) else [])),
+)
+
+
+# ---- running -------------------------------------------------------------------------------------
+
+def record_path(a: argparse.Namespace, part: Part) -> Path:
+    return a.out / SUITE_DIR / f"{part.name}{'-smoke' if a.smoke else ''}.json"
+
+
+def done(a: argparse.Namespace, part: Part) -> bool:
+    path = record_path(a, part)
+    return path.is_file() and json.loads(path.read_text()).get("status") == "ok"
+
+
+def run_part(a: argparse.Namespace, part: Part, limit_s: float) -> dict:
+    """Run one part within ``limit_s`` seconds; its record says ok, failed or timeout, never raises."""
+    t0 = time.perf_counter()
+    rec: dict = {"part": part.name, "what": part.what, "smoke": a.smoke}
+    work = a.out / SUITE_DIR / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if part.run:
+            rec.update(status="ok", result=part.run(a, work))
+        else:
+            cmd = [sys.executable, *part.args(a)]
+            rec["command"] = " ".join(cmd[1:])
+            path = os.pathsep.join(filter(None, [str(common.ROOT), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+            proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True, timeout=limit_s)
+            rec["status"] = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+            rec["output_tail"] = (proc.stdout + proc.stderr)[-4000:]
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        rec.update(status="timeout", output_tail=out[-4000:])
+    except Exception as err:  # noqa: BLE001 -- a broken part is recorded; the suite goes on to the next
+        rec.update(status=f"failed: {type(err).__name__}: {err}")
+    rec["seconds"] = time.perf_counter() - t0
+    path = record_path(a, part)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def pack(a: argparse.Namespace, dest: Path) -> Path:
+    """Every result file under --out in one archive (a lease returns at most 8 files)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / "gpu-suite.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(a.out.rglob("*")):
+            if path.is_file() and "work" not in path.relative_to(a.out).parts:
+                tar.add(path, arcname=str(path.relative_to(a.out)))
+    return archive
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="every part at tiny sizes, on any device (CI)")
+    p.add_argument("--out", type=Path, default=common.RESULTS, help="where results go (bench/results)")
+    p.add_argument("--max-s", type=float, default=PER_COMMAND_S, help="this command's time; parts that would "
+                                                                      "not fit are left for the next run")
+    p.add_argument("--only", nargs="+", metavar="PART", help="run these parts (done or not)")
+    p.add_argument("--redo", action="store_true", help="run parts that already finished again")
+    p.add_argument("--pack", type=Path, metavar="DIR", help="afterwards, pack every result into DIR/gpu-suite.tar.gz")
+    p.add_argument("--list", action="store_true", help="list the parts and their status")
+    a = p.parse_args(argv)
+    names = [part.name for part in PARTS]
+    unknown = sorted(set(a.only or ()) - set(names))
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(names)}")
+    if a.list:
+        for part in PARTS:
+            print(f"{part.name:11s} {'done' if done(a, part) else 'to do':6s} ~{part.estimate_s:4d} s  {part.what}")
+        return 0
+    if not a.smoke and not torch.cuda.is_available():
+        p.error("no CUDA device: the suite measures a GPU; use --smoke to check it on this machine")
+    start = time.perf_counter()
+    todo = [part for part in PARTS if (part.name in a.only if a.only else a.redo or not done(a, part))]
+    left_over = []
+    for part in todo:
+        left = a.max_s - (time.perf_counter() - start)
+        if not a.smoke and part.estimate_s > left:
+            left_over.append(part.name)
+            continue  # a smaller later part may still fit
+        print(f"== {part.name}: {part.what} (~{part.estimate_s} s, {left:.0f} s left)", flush=True)
+        rec = run_part(a, part, max(left, 1.0) if not a.smoke else 600)
+        print(f"== {part.name}: {rec['status']} in {rec['seconds']:.0f} s", flush=True)
+    if a.pack:
+        print(f"packed {pack(a, a.pack)}")
+    failed = [part.name for part in PARTS if part in todo and part.name not in left_over and not done(a, part)]
+    print(f"not run, no time left: {', '.join(left_over)} (run the suite again)" if left_over
+          else "every part ran" if not failed else "", f"failed: {', '.join(failed)}" if failed else "")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The compiled training step on a CPU (Inductor): what a CPU can prove about the GPU hot path.
+
+The attack's K steps compile to one graph with the input gradients inside it; the compiled
+step equals the eager one; changing per-class eps (CCM, every epoch) never recompiles; and a
+step never waits for the host (no ``.item()``, no data-dependent shapes).
+"""
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fastfair import config
+from fastfair.attacks.pgd import can_compile_descent
+from fastfair.methods import METHODS
+from fastfair.rundir import save_atomic
+from fastfair.training.trainer import Trainer
+
+needs_traced_grad = pytest.mark.skipif(not can_compile_descent(), reason="torch without trace_autograd_ops")
+
+
+def trainer(tmp_path, method, compile_, *sets, name=""):
+    cfg = config.resolve("demo", {"method.name": method}, [
+        f"train.compile={compile_}", "train.kernels=torch", "train.progress=false", "attack.steps=3",
+        "data.batch_size=32", *sets])
+    return Trainer(cfg, tmp_path / f"{method}-{compile_}{name}", quiet=True)
+
+
+def buffers(model):
+    return {k: v.clone() for k, v in model.named_buffers()}
+
+
+@pytest.mark.slow
+@needs_traced_grad
+@pytest.mark.parametrize("method", ["pgd-at", "trades"])
+def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method):
+    """PGD-AT attacks in train-mode BN (its statistics move K times), TRADES in eval mode with the KL objective."""
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = trainer(tmp_path, method, "off"), trainer(tmp_path, method, "on")
+    assert compiled.attack_net is compiled.model  # the model is traced inside the compiled descent
+    x, y = next(iter(eager.train_loader))
+    before = buffers(compiled.model)
+    out = []
+    for t in (eager, compiled):
+        t.model.train()
+        torch.manual_seed(1)
+        out.append((t.method.perturb(t.attack_net, x, y, t.state), buffers(t.model)))
+    (adv_e, bn_e), (adv_c, bn_c) = out
+    # the random start is drawn eagerly, so only the sign of a ~0 gradient may differ (TRADES'
+    # KL starts at ~0: a few pixels)
+    assert (adv_e == adv_c).float().mean() > 0.99
+    assert (adv_c - x).abs().max() <= eager.cfg.attack.eps + 1e-6
+    for k in bn_e:
+        torch.testing.assert_close(bn_c[k], bn_e[k], rtol=1e-5, atol=1e-6)
+    if method == "pgd-at":  # the K train-mode forwards did move the BN statistics
+        assert any(not torch.equal(bn_c[k], before[k]) for k in before if "running_mean" in k)
+    assert counters["graph_break"] == {}, dict(counters["graph_break"])
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs == 1  # the descent: forwards, input gradients, steps and projection in one graph
+    compiled.state.set("eps", torch.linspace(0.05, 0.15, compiled.state.num_classes))  # CCM-style change
+    compiled.method.perturb(compiled.attack_net, x, y, compiled.state)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+@needs_traced_grad
+@pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
+def test_compiled_steps_track_eager_steps(tmp_path, method):
+    """Three whole steps (attack, loss, backward, SGD) compiled and eager, from the same weights and seeds.
+
+    TRADES starts at x + 0.001 N(0, I), where the KL's input gradient is ~0 and its sign is
+    rounding noise that differs between any two implementations; a uniform start keeps the
+    comparison about the step, not about that noise.
+    """
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = (trainer(tmp_path, method, c, "attack.init=uniform") for c in ("off", "on"))
+    compiled.model.load_state_dict(eager.model.state_dict())
+    batches = [b for _, b in zip(range(3), eager.train_loader)]
+    for t in (eager, compiled):
+        t.model.train()
+        torch.manual_seed(2)
+        for x, y in batches:
+            t.train_step(x, y)
+    for (k, a), b in zip(eager.model.state_dict().items(), compiled.model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+    torch.testing.assert_close(compiled.state.loss_sum, eager.state.loss_sum, rtol=1e-4, atol=1e-5)
+    assert torch.equal(compiled.state.correct, eager.state.correct)
+    assert counters["graph_break"] == {}, dict(counters["graph_break"])
+
+
+@pytest.mark.slow
+@needs_traced_grad
+def test_ccm_changes_eps_every_epoch_without_recompiling(tmp_path):
+    """CFA's CCM rewrites eps_k after every epoch; the compiled step and validation keep their graphs."""
+    torch._dynamo.reset()
+    counters.clear()
+    t = trainer(tmp_path, "pgd-at", "on", "ccm.enabled=true", "ccm.begin=0", "train.epochs=4",
+                "train.val_attack=pgd2", "data.classes=[0,1,2,3]")
+    eps = []
+    for epoch in range(4):
+        t.run_epoch(epoch)
+        eps.append(t.state["eps"].clone())
+        if epoch == 0:
+            warm = counters["stats"]["unique_graphs"]
+    assert all(not torch.equal(a, b) for a, b in zip(eps, eps[1:])), eps  # CCM moved eps every epoch
+    assert counters["stats"]["unique_graphs"] == warm, "a later epoch compiled a new graph"
+    assert counters["graph_break"] == {}, dict(counters["graph_break"])
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on any op that makes the host wait for the device: a scalar read, a data-dependent
+    shape, or a copy from a device to the host."""
+
+    SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim",
+               "aten::_unique2", "aten::is_nonzero", "aten::equal", "aten::item"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name in self.SYNCING:
+            raise AssertionError(f"host sync in the training step: {name}")
+        if name in ("aten::_to_copy", "aten::copy_"):
+            src = args[1] if name == "aten::copy_" else args[0]
+            dst = args[0].device if name == "aten::copy_" else kwargs.get("device") or src.device
+            if src.device.type != "cpu" and torch.device(dst).type == "cpu":
+                raise AssertionError(f"device-to-host copy in the training step: {name}")
+        return func(*args, **kwargs)
+
+
+def test_the_sync_tracer_catches_a_scalar_read():
+    with pytest.raises(AssertionError, match="_local_scalar_dense"), NoHostSync():
+        float(torch.ones(2).sum())
+
+
+def _step_kinds() -> list[str]:
+    """One preset per distinct (method, enabled options, head), and the demo for each method no preset uses."""
+    seen = {}
+    for name in config.preset_names():
+        cfg = config.resolve(name)
+        seen.setdefault((cfg.method.name, tuple(cfg.enabled_options()), cfg.model.head), name)
+    covered = {method for method, _, _ in seen}
+    return sorted(seen.values()) + [f"demo:{m}" for m in sorted(set(METHODS) - covered)]
+
+
+@pytest.mark.parametrize("kind", _step_kinds())
+def test_no_step_waits_for_the_host(tmp_path, kind):
+    """Each method and option, on the demo data and model: no host sync in a training step."""
+    small = ["data.dataset=digits", "data.data_dir=", "data.classes=[]", "data.val_per_class=5", "data.batch_size=32",
+             "model.name=tiny-cnn", "model.width=0", "attack.steps=2", "train.compile=off", "train.kernels=torch",
+             "train.progress=false", "train.device=cpu"]
+    preset, _, method = kind.partition(":")
+    cfg = config.resolve(preset, {"method.name": method} if method else {}, small)
+    if cfg.train.init_from or cfg.method.name.startswith("frl"):  # FRL fine-tunes a model: any of its shape will do
+        start = Trainer(config.resolve("demo", {"method.name": "pgd-at"}, small), tmp_path / "start", quiet=True)
+        save_atomic({"model": start.model.state_dict()}, tmp_path / "start.pt")
+        cfg = config.resolve(preset, {"method.name": method} if method else {},
+                             small + [f"train.init_from={tmp_path / 'start.pt'}"])
+    t = Trainer(cfg, tmp_path / "run", quiet=True)
+    t.method.begin_epoch(t.model, 60)  # schedules past their warm-up (CCM/CCR begin, FAT's tau milestones)
+    x, y = next(iter(t.train_loader))
+    t.model.train()
+    t.train_step(x, y)
+    with NoHostSync():
+        t.train_step(x, y)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
+def test_gpu_compiled_triton_steps_track_eager_steps(tmp_path, method):
+    """On CUDA: fastfair's compiled step with the fused Triton kernels against the eager PyTorch step (fp32)."""
+    torch._dynamo.reset()
+    counters.clear()
+    sets = ["attack.init=uniform", "train.device=cuda", "train.amp=off", "model.channels_last=off"]
+    eager = trainer(tmp_path, method, "off", *sets)
+    compiled = trainer(tmp_path, method, "on", *sets, "train.kernels=triton", name="-triton")
+    compiled.model.load_state_dict(eager.model.state_dict())
+    batches = [b for _, b in zip(range(3), eager.train_loader)]
+    for t in (eager, compiled):
+        t.model.train()
+        torch.manual_seed(2)
+        for x, y in batches:
+            t.train_step(x, y)
+    for (k, a), b in zip(eager.model.state_dict().items(), compiled.model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3, msg=lambda m, k=k: f"{k}: {m}")
+    assert counters["graph_break"] == {}, dict(counters["graph_break"])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("method", ["pgd-at", "trades"])
+def test_gpu_default_step_is_graph_break_free_and_stable(tmp_path, method):
+    """fastfair's CUDA default (bf16, channels_last, compiled attack, Triton kernels): no graph breaks,
+    no new graphs after the first step, a finite loss."""
+    torch._dynamo.reset()
+    counters.clear()
+    t = trainer(tmp_path, method, "auto", "train.device=cuda", "train.kernels=auto", "train.amp=auto")
+    x, y = next(iter(t.train_loader))
+    t.model.train()
+    t.train_step(x, y)
+    warm = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        t.train_step(x, y)
+    assert counters["graph_break"] == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == warm
+    assert torch.isfinite(t.state.loss_sum)

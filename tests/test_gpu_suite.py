@@ -1,0 +1,73 @@
+"""bench/gpu_suite.py: every part runs in --smoke on a CPU; the suite keeps to its time, records
+failures and resumes where it stopped."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path / "r"),
+           "--pack", str(tmp_path / "packed")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "r" / "gpu-suite").glob("*.json")}
+    assert sorted(records) == sorted(f"{part.name}-smoke.json" for part in gpu_suite.PARTS)
+    assert all(r["status"] == "ok" for r in records.values()), {k: r["status"] for k, r in records.items()}
+    assert records["env-smoke.json"]["result"]["header"]["torch"]
+    epoch = records["real-epoch-smoke.json"]["result"]
+    assert len(epoch["epoch_train_s"]) == 2 and epoch["wall_s"] > sum(epoch["epoch_train_s"])
+    with tarfile.open(tmp_path / "packed" / "gpu-suite.tar.gz") as tar:
+        names = tar.getnames()
+    assert "gpu-suite/rn18-at-smoke.json" in names and "training-rn18-at-smoke-cpu.md" in names
+    assert not any("/work/" in n or n.startswith("gpu-suite/work") for n in names)  # no run folders
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "== " not in again.stdout  # nothing left to run
+
+
+def test_parts_that_do_not_fit_wait_failures_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def work(name, fail=False):
+        def run(a, _):
+            ran.append(name)
+            if fail:
+                raise RuntimeError("the GPU said no")
+            return {"value": name}
+        return run
+
+    monkeypatch.setattr(gpu_suite, "PARTS", (
+        gpu_suite.Part("small", "fits", 10, run=work("small")),
+        gpu_suite.Part("huge", "does not fit in 100 s", 1000, run=work("huge")),
+        gpu_suite.Part("broken", "fails", 10, run=work("broken", fail=True)),
+    ))
+    monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: True)
+    args = ["--out", str(tmp_path), "--max-s", "100"]
+    assert gpu_suite.main(args) == 1  # broken failed
+    assert ran == ["small", "broken"]
+    out = capsys.readouterr().out
+    assert "not run, no time left: huge" in out and "failed: broken" in out
+    record = json.loads((tmp_path / "gpu-suite" / "broken.json").read_text())
+    assert record["status"] == "failed: RuntimeError: the GPU said no"
+    ran.clear()
+    gpu_suite.main(["--out", str(tmp_path), "--max-s", "2000"])
+    assert ran == ["huge", "broken"]  # small is done; the failed part is tried again
+    with pytest.raises(SystemExit):
+        gpu_suite.main(["--out", str(tmp_path), "--only", "nosuchpart"])
+
+
+def test_without_a_gpu_the_full_suite_refuses_at_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        gpu_suite.main(["--out", str(tmp_path)])
+    assert "use --smoke" in capsys.readouterr().err
