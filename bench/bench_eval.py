@@ -126,7 +126,7 @@ def main(argv=None) -> None:
                                               "aa_images", "aa_backend")}
     settings["image_shape"] = list(shape)
     paths = common.save("eval", head=common.header(dev), settings=settings, rows=rows, body=body,
-                        out_dir=args.out, smoke=args.smoke)
+                        out_dir=args.out, smoke=args.smoke, tag=args.tag)
     print(body)
     print("\nwritten:", *paths)
 

@@ -1,5 +1,6 @@
 """AutoAttack: the standard configuration, AA <= PGD-20 on every class, and resuming from saved flags."""
 import numpy as np
+import pyautoattack  # a declared dependency: the official backend runs for real in CI
 import pytest
 import torch
 from evalreport_helpers import cheap_aa_backend, digits_run
@@ -113,7 +114,6 @@ def _tiny_linear_case(n=10):
 
 @pytest.mark.slow
 def test_matches_the_official_package_exactly_per_class_and_per_image(tmp_path):
-    pyautoattack = pytest.importorskip("pyautoattack")
     model, x, y, loader = _tiny_linear_case()
     eps, classes = 0.02, [str(c) for c in range(10)]
     res = evaluate(model, loader, ["aa"], eps=eps, alpha=0.01, classes=classes, state_prefix=tmp_path / "ff")["aa"]
@@ -134,7 +134,6 @@ def test_matches_the_official_package_exactly_per_class_and_per_image(tmp_path):
 
 
 def test_official_backend_is_the_default_and_its_objects_are_read_back():
-    pytest.importorskip("pyautoattack")
     assert autoattack.default_backend() == "pyautoattack"
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
     bk = autoattack.build_backend(model, 8 / 255, 10, seed=7)

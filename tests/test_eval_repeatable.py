@@ -135,3 +135,14 @@ def test_final_evaluation_of_training_records_seed_and_fingerprint():
     rec = json.loads((run / "eval" / "best_pgd-test.json").read_text())
     assert rec["seed"] == cfg.eval.seed == 0
     assert set(rec["fingerprint"]) == {"weights", "data", "settings"} and rec["images"] > 0
+
+
+def test_eval_after_training_repeats_the_final_evaluation(tmp_path):
+    run = _copy_run(tmp_path)
+    final = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    _, cfg = digits_run()
+    again = evaluate_checkpoint(run / "checkpoints" / "best_pgd.pt", attacks=cfg.eval.attacks, device="cpu",
+                                quiet=True)
+    assert again["fingerprint"] == final["fingerprint"] and set(again["results"]) == set(final["results"])
+    for name in final["results"]:
+        assert again["results"][name]["confusion"] == final["results"][name]["confusion"], name
