@@ -141,7 +141,8 @@ PARTS = (
     Part("real-epoch", "fastfair train on real data: epoch wall time with validation, checkpoint, compilation", 300,
          run=real_epoch_part),
     Part("aa", "evaluation images/s: PGD-20, CW-20 and AutoAttack on ResNet-18", 300,
-         args=bench("bench_eval.py", *RN18)),
+         # AA's ceiling row runs every sub-attack on every image; 1000 images keep the part in its time
+         args=bench("bench_eval.py", *RN18, "--aa", "--aa-images", "1000", tag="rn18")),
     Part("kernels", "fused Triton kernels against eager and Inductor's code for the same maths", 240,
          args=lambda a: [str(BENCH / "bench_kernels.py"), "--out", str(a.out)] + (["--smoke"] if a.smoke else [])),
     Part("bf16", "robust accuracy of bf16-trained vs fp32-trained ResNet-18 on the real subset (fp32 eval)", 540,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from fastfair import config, ops
+from fastfair.attacks import autoattack
 from fastfair.checks import check_config
 from fastfair.config import preset_names, read_preset
 from fastfair.data import DATASETS, ffcv
@@ -23,6 +24,7 @@ from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 from fastfair.training.trainer import Trainer, final_evaluation
 
+SEED_HELP = "seed of every random start of the attacks (default: the run's eval.seed); recorded in the JSON"
 CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
 
@@ -116,14 +118,15 @@ def cmd_eval(args) -> None:
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
                         device=args.device, batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet,
-                        aa_backend=args.aa_backend)
+                        aa_backend=args.aa_backend, seed=args.seed)
 
 
 # ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
 
 def cmd_diagnose(args) -> None:
     diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
-                        device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet)
+                        device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet,
+                        seed=args.seed)
 
 
 def cmd_report(args) -> None:
@@ -143,6 +146,7 @@ def _add_report_commands(sub) -> None:
     d.add_argument("--data-dir")
     d.add_argument("--device", default="auto")
     d.add_argument("--batch-size", type=int)
+    d.add_argument("--seed", type=int, help=SEED_HELP)
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_diagnose)
 
@@ -228,7 +232,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int)
     e.add_argument("--bf16", action="store_true", help="attack and predict under bf16 autocast (default fp32)")
     e.add_argument("--quiet", action="store_true")
-    e.add_argument("--aa-backend", default="auto", help="AutoAttack backend: auto | autoattack | torchattacks")
+    e.add_argument("--aa-backend", default="auto", choices=["auto", *autoattack.BACKENDS],
+                   help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
+                        "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")
+    e.add_argument("--seed", type=int, help=SEED_HELP)
     e.set_defaults(func=cmd_eval)
     _add_report_commands(sub)
 

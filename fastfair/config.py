@@ -111,6 +111,7 @@ class EvalConfig:
     alpha: float = 2 / 255
     cw_kappa: float = 50.0  # CW-20 margin clamp of the FAT/MART code
     split: str = "test"
+    seed: int = 0  # seeds every random start of evaluation attacks (PGD, CW, T-PGD, AutoAttack)
 
 
 CORE = {"data": DataConfig, "model": ModelConfig, "attack": AttackConfig, "train": TrainConfig, "eval": EvalConfig}

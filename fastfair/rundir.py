@@ -7,6 +7,7 @@ this module is the one place that names its files::
     RUN/checkpoints/best_<policy>.pt                  best weights by each selection policy
     RUN/checkpoints/{best_<policy>,last}_avg.pt       the same for the EMA/FAWA-averaged model
     RUN/eval/<checkpoint>-<split>.json                per-class evaluation (+ .aa.npz: AutoAttack's resume state)
+    RUN/eval/previous/<checkpoint>-<split>-<hash>.json  earlier results of other weights, data or settings
     RUN/diagnostics/<checkpoint>-<split>-<attack>.json
     RUN/history.jsonl                                 one JSON line per start or resume (and what --resume changed)
     RUN/.lock                                         held (flock) by the one process writing the run
@@ -104,6 +105,10 @@ class RunDir:
 
     def eval_file(self, checkpoint: Path, split: str) -> Path:
         return self.path / "eval" / f"{Path(checkpoint).stem}-{split}.json"
+
+    def previous_eval_file(self, checkpoint: Path, split: str, tag: str) -> Path:
+        """Where an earlier result of other weights, data or settings goes instead of being overwritten."""
+        return self.path / "eval" / "previous" / f"{Path(checkpoint).stem}-{split}-{tag}.json"
 
     def eval_files(self) -> list[Path]:
         return sorted((self.path / "eval").glob("*.json"))

@@ -67,3 +67,19 @@ def cifar_run(folder: Path) -> Path:
             "model.name": "tiny-cnn", "train.epochs": 2})
     diagnose_checkpoint(out / "checkpoints" / "best_pgd.pt", attack="pgd10", device="cpu", tsne_points=80, quiet=True)
     return out
+
+
+def cheap_aa_backend(model, eps, num_classes, seed):
+    """Stand-in AutoAttack sub-attacks (seeded PGD) claiming the standard settings, to test the bookkeeping
+    around AutoAttack (resume, result files) in seconds."""
+    from fastfair.attacks import PGD, autoattack
+
+    def make(steps, objective):
+        def run(x, y):
+            torch.manual_seed(seed + steps)
+            e = torch.full((num_classes,), eps)
+            return PGD(steps=steps, objective=objective)(model, x, y, e, e / 4)
+        return run
+
+    attacks = {"apgd-ce": make(1, "ce"), "apgd-t": make(2, "cw"), "fab-t": make(3, "ce"), "square": make(4, "cw")}
+    return autoattack.Backend("cheap", attacks, autoattack.standard_settings(num_classes), "test", seed)

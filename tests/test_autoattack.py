@@ -1,8 +1,9 @@
 """AutoAttack: the standard configuration, AA <= PGD-20 on every class, and resuming from saved flags."""
 import numpy as np
+import pyautoattack  # a declared dependency: the official backend runs for real in CI
 import pytest
 import torch
-from evalreport_helpers import digits_run
+from evalreport_helpers import cheap_aa_backend, digits_run
 
 from fastfair import build, data
 from fastfair.attacks import autoattack
@@ -56,12 +57,14 @@ def test_aa_is_at_most_pgd20_on_every_class(tmp_path):
     # one batch: Square's 5000 queries run once (CPU time is dominated by them)
     model, loader, cfg, classes = _model_and_loader(n_per_class=2, batch=20)
     # twice the training radius, so that attacks have points to break
+    # torchattacks: the official backend's CPU run of this model takes minutes (it is compared exactly below)
     res = evaluate(model, loader, ["clean", "pgd20", "aa"], eps=0.2, alpha=0.02, classes=classes,
-                   state_prefix=tmp_path / "full")
+                   state_prefix=tmp_path / "full", aa_backend="torchattacks")
     aa, pgd = np.array(res["aa"]["per_class"]), np.array(res["pgd20"]["per_class"])
     assert (aa <= pgd).all(), (aa, pgd)
     rec = res["aa"]["autoattack"]
     assert rec["backend"] == "torchattacks" and rec["version"] == "standard" and rec["precision"] == "fp32"
+    assert rec["seed"] == 0 and rec["recheck"]["prediction_mismatches"] == 0 and rec["recheck"]["images"] == 20
     assert rec["settings"] == autoattack.standard_settings(10) and not rec["resumed"]
     after = [rec["robust_after"][k] for k in ("clean", *autoattack.SUBATTACKS)]
     assert after == sorted(after, reverse=True) and after[0] == pytest.approx(res["clean"]["summary"]["avg"])
@@ -70,23 +73,8 @@ def test_aa_is_at_most_pgd20_on_every_class(tmp_path):
     assert (tmp_path / "full.aa.npz").is_file()
 
 
-def _cheap_backend(model, eps, num_classes):
-    """Stand-in sub-attacks (seeded PGD) claiming the standard settings, to test the resume logic quickly."""
-    from fastfair.attacks import PGD
-
-    def make(steps, objective):
-        def run(x, y):
-            torch.manual_seed(steps)
-            e = torch.full((num_classes,), eps)
-            return PGD(steps=steps, objective=objective)(model, x, y, e, e / 4)
-        return run
-
-    attacks = {"apgd-ce": make(1, "ce"), "apgd-t": make(2, "cw"), "fab-t": make(3, "ce"), "square": make(4, "cw")}
-    return autoattack.Backend("cheap", attacks, autoattack.standard_settings(num_classes))
-
-
 def test_resumes_from_saved_flags_and_ignores_stale_ones(tmp_path, monkeypatch):
-    monkeypatch.setitem(autoattack.BACKENDS._items, "cheap", (_cheap_backend, "test stand-in"))
+    monkeypatch.setitem(autoattack.BACKENDS._items, "cheap", (cheap_aa_backend, "test stand-in"))
     model, loader, cfg, classes = _model_and_loader(n_per_class=6, batch=15)
     kw = dict(eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=classes, aa_backend="cheap")
     full = evaluate(model, loader, ["aa"], state_prefix=tmp_path / "full", **kw)["aa"]
@@ -109,3 +97,79 @@ def test_resumes_from_saved_flags_and_ignores_stale_ones(tmp_path, monkeypatch):
     with torch.no_grad():
         model.head.bias.add_(0.01)
     assert not evaluate(model, loader, ["aa"], state_prefix=tmp_path / "cut", **kw)["aa"]["autoattack"]["resumed"]
+
+
+def _tiny_linear_case(n=10):
+    """A 10-class linear model on 3x4x4 images with a few clean mistakes; one batch holds every image."""
+    from fastfair.data import DeviceLoader
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10)).eval()
+    x = torch.randint(0, 256, (n, 3, 4, 4), dtype=torch.uint8)
+    with torch.no_grad():
+        y = model(x.float() / 255).argmax(1)
+    y[::5] = (y[::5] + 1) % 10
+    return model, x, y, DeviceLoader(x, y, n, device="cpu", train=False)
+
+
+@pytest.mark.slow
+def test_matches_the_official_package_exactly_per_class_and_per_image(tmp_path):
+    model, x, y, loader = _tiny_linear_case()
+    eps, classes = 0.02, [str(c) for c in range(10)]
+    res = evaluate(model, loader, ["aa"], eps=eps, alpha=0.01, classes=classes, state_prefix=tmp_path / "ff")["aa"]
+    official = pyautoattack.AutoAttack(model, norm="Linf", eps=eps, version="standard", seed=0, device="cpu")
+    x_adv, y_adv = official.run_standard_evaluation(x.float() / 255, y, batch_size=len(y))
+    want = np.bincount(y.numpy() * 10 + y_adv.numpy(), minlength=100).reshape(10, 10)
+    assert np.array_equal(np.array(res["confusion"]), want)
+    assert 0 < res["summary"]["avg"] < res["autoattack"]["robust_after"]["clean"]  # AA broke some, not all
+    with np.load(tmp_path / "ff.aa.npz") as f:  # the same images, bit for bit
+        assert np.array_equal(f["pred"], y_adv.numpy())
+        assert torch.equal(torch.from_numpy(f["adv"]), x_adv[f["adv_index"]])
+    rec = res["autoattack"]
+    assert (rec["backend"], rec["backend_version"], rec["seed"]) == ("pyautoattack", pyautoattack.__version__, 0)
+    assert rec["settings"] == autoattack.standard_settings(10)
+    assert rec["recheck"] == {"images": 10, "prediction_mismatches": 0, "outside_eps_ball": 0, "outside_0_1": 0,
+                              "max_linf": pytest.approx(rec["recheck"]["max_linf"])}
+    assert 0 < rec["recheck"]["max_linf"] <= eps + autoattack.BALL_TOLERANCE
+
+
+def test_official_backend_is_the_default_and_its_objects_are_read_back():
+    assert autoattack.default_backend() == "pyautoattack"
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
+    bk = autoattack.build_backend(model, 8 / 255, 10, seed=7)
+    assert (bk.name, bk.version, bk.seed) == ("pyautoattack", "0.2.0", 7)
+    assert bk.settings == autoattack.standard_settings(10)
+
+
+def test_without_the_official_package_auto_names_the_install(monkeypatch):
+    from fastfair.errors import UserError
+
+    monkeypatch.setattr(autoattack.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install pyautoattack"):
+        autoattack.default_backend()
+
+
+def _flags_after(model, x, eps):
+    """Flags as a run that broke image 0 with a small step would leave them."""
+    xf = x.float() / 255
+    adv = xf.clone()
+    adv[0] = (adv[0] + eps).clamp(0, 1)
+    with torch.no_grad():
+        pred = model(adv).argmax(1).numpy()
+    broken = np.full(len(x), autoattack.ROBUST, np.int8)
+    broken[0] = 1
+    return xf, autoattack.Flags(broken, pred, np.ones((4, len(x)), bool), adv.numpy(), "fp")
+
+
+def test_recheck_passes_a_consistent_result_and_refuses_a_disagreement():
+    from fastfair.errors import UserError
+
+    model, x, y, _ = _tiny_linear_case()
+    xf, flags = _flags_after(model, x, 0.02)
+    assert autoattack.recheck(model, xf, flags, 0.02, 4)["prediction_mismatches"] == 0
+    flags.pred[3] = (flags.pred[3] + 1) % 10  # a flag that a clean pass does not reproduce
+    with pytest.raises(UserError, match="1 predict differently"):
+        autoattack.recheck(model, xf, flags, 0.02, 4)
+    xf, flags = _flags_after(model, x, 0.05)  # image 0 moved by 0.05 > eps
+    with pytest.raises(UserError, match="1 lie outside the eps-ball"):
+        autoattack.recheck(model, xf, flags, 0.02, 4)

@@ -19,7 +19,9 @@ def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
     results = {}
     for name, acc in (("clean", clean), ("pgd20", robust)):
         conf = [[acc[0] // 10, 10 - acc[0] // 10], [10 - acc[1] // 10, acc[1] // 10]]
-        results[name] = {"per_class": acc, "summary": measures.summary(acc), "confusion": conf}
+        # 10 images per class: the share of images correct equals the mean of the per-class accuracies
+        results[name] = {"per_class": acc, "summary": {**measures.summary(acc), "overall": sum(acc) / 2},
+                         "confusion": conf}
     rec = {"checkpoint": str(path / "checkpoints" / "best_pgd.pt"), "epoch": 1, "split": "test", "classes": ["a", "b"],
            "eps": 8 / 255, "precision": "fp32", "results": results}
     (path / "eval" / "best_pgd-test.json").write_text(json.dumps(rec))
@@ -49,10 +51,11 @@ def test_comparison_table_mean_std_and_rho(fake_runs):
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
     at, trades = rows["method.name=pgd-at (baseline)"], rows["method.name=trades"]
     # pgd-at robust avg 40, 44 -> 42 +- 2.83 (sample std); worst 30, 34 -> 32 +- 2.83; CV 100 both; MCD 20
-    assert "| 2 | 71.00 ± 1.41 | 61.00 ± 1.41 | 42.00 ± 2.83 | 32.00 ± 2.83 | 100.00 ± 0.00 | 20.00 ± 0.00 |" in at
+    assert ("| 2 | 71.00 ± 1.41 | 61.00 ± 1.41 | 42.00 ± 2.83 | 42.00 ± 2.83 | 32.00 ± 2.83 | 100.00 ± 0.00 | "
+            "20.00 ± 0.00 |") in at
     # trades: rho = (40 - 32) / 32 + (44 - 42) / 42 = 0.2976
-    assert "| 1 | 70.00 | 70.00 | 44.00 | 40.00 | 16.00 | 8.00 | 0.298 |" in trades
-    assert "pgd20 avg" in table.splitlines()[0]
+    assert "| 1 | 70.00 | 70.00 | 44.00 | 44.00 | 40.00 | 16.00 | 8.00 | 0.298 |" in trades
+    assert "pgd20 avg" in table.splitlines()[0] and "pgd20 share" in table.splitlines()[0]
     tex = compare(fake_runs, baseline=fake_runs[0], latex=True)
     assert r"$42.00 \pm 2.83$" in tex and r"\toprule" in tex and "method.name=trades" in tex
 
@@ -95,6 +98,8 @@ def test_report_of_a_real_cifar10_run(tmp_path):
         assert f"figures/{name}.png" in md
         assert _png_ok(out / "figures" / f"{name}.png"), name
     assert "| cat |" in md and "CVC clean" in md
+    assert "mean of per-class accuracies" in md and "share of images correct" in md  # both averages, labelled
     tex = (out / "tables.tex").read_text()
+    assert "share of images correct" in tex
     assert tex.count(r"\begin{tabular}") == 2
     assert main(["report", str(tmp_path / "nothing-here")]) == 2

@@ -6,19 +6,29 @@ p_init 0.8), each only on the points every earlier attack left robust, always in
 numbers come from the official package's ``set_version('standard')``; its Square also turns
 the query-schedule rescaling off (``resc_schedule=False``), which torchattacks turns on by default.
 
-Two backends build the sub-attacks: the official ``autoattack`` package when it is importable
-(it installs only from github.com/fra31/auto-attack), otherwise ``torchattacks`` with every
-sub-attack configured to the standard numbers (its own ``AutoAttack`` class runs 10 iterations
-and is not the standard version). Each backend reports the settings read back from the
-attack objects it built, and :func:`evaluate_split` records them with the result.
+Three backends build the sub-attacks. ``pyautoattack`` (the default, a declared dependency) is
+Croce & Hein's official code as published on PyPI; ``autoattack`` is the same code installed from
+github.com/fra31/auto-attack; ``torchattacks`` (only when asked for) has every sub-attack
+configured to the standard numbers (its own ``AutoAttack`` class runs 10 iterations and is not the
+standard version). Each backend reports its package version, its seed and the settings read back
+from the attack objects it built, and :func:`evaluate_split` records them with the result.
+
+After the run, :func:`recheck` predicts once more on the returned adversarial images: every
+prediction must equal the recorded one and every image must lie in the eps-ball and in [0, 1]
+(users of the official code reported flags that a clean pass did not reproduce,
+fra31/auto-attack issue 74). A disagreement is a :class:`~fastfair.errors.UserError`, never averaged in.
 
 Long runs resume: after every batch the per-sample flags (still robust, prediction after
-attack, which sub-attacks have tried the point) go atomically to an ``.npz`` next to the
-evaluation JSON, keyed by a fingerprint of the weights, data, eps and settings.
+attack, which sub-attacks have tried the point) and the adversarial images found so far go
+atomically to an ``.npz`` next to the evaluation JSON, keyed by a fingerprint of the weights,
+all images and labels, eps, seed and settings.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
 import io
 import time
 from dataclasses import dataclass
@@ -36,7 +46,8 @@ from fastfair.rundir import write_bytes_atomic
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
 PROGRESS_UNITS = 1 + len(SUBATTACKS)  # progress ticks per loader batch: the clean pass, then each sub-attack
-SEED = 0
+# float32 rounding of x + eps can land a few ulps outside the ball; anything beyond this is a real violation
+BALL_TOLERANCE = 1e-6
 # Standard-version settings per sub-attack (official autoattack.py, set_version('standard'),
 # and the constructor defaults it relies on). n_target_classes is min(9, C - 1).
 STANDARD = {
@@ -58,22 +69,32 @@ def standard_settings(num_classes: int) -> dict[str, dict]:
 
 @dataclass
 class Backend:
-    """Sub-attacks by name, each ``(x, y) -> x_adv``, and the settings read back from them."""
+    """Sub-attacks by name, each ``(x, y) -> x_adv``; the package version, and the seed and settings
+    read back from the attack objects."""
 
     name: str
     attacks: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
     settings: dict[str, dict]
+    version: str
+    seed: int
 
 
-BACKENDS: Registry[Callable[[torch.nn.Module, float, int], Backend]] = Registry("AutoAttack backend")
+BACKENDS: Registry[Callable[[torch.nn.Module, float, int, int], Backend]] = Registry("AutoAttack backend")
 
 
-@BACKENDS.register("autoattack", "the official package (pip install git+https://github.com/fra31/auto-attack)")
-def _official(model, eps: float, num_classes: int) -> Backend:
-    from autoattack import AutoAttack
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path, not installed
+        return "unknown"
 
+
+def _croce_hein(module: str, model, eps: float, num_classes: int, seed: int) -> Backend:
+    """The official runner's sub-attacks, called as its ``run_standard_evaluation`` calls them."""
+    official = importlib.import_module(module)
     dev = next(model.parameters()).device
-    aa = AutoAttack(model, norm="Linf", eps=eps, version="standard", seed=SEED, verbose=False, device=str(dev))
+    # keywords only: pyautoattack makes them keyword-only, the git package accepts them as keywords
+    aa = official.AutoAttack(model, norm="Linf", eps=eps, version="standard", seed=seed, device=str(dev))
     n_t = min(9, num_classes - 1)
     aa.apgd_targeted.n_target_classes = n_t
     aa.fab.n_target_classes = n_t
@@ -97,24 +118,38 @@ def _official(model, eps: float, num_classes: int) -> Backend:
         "square": {"n_queries": s.n_queries, "n_restarts": s.n_restarts, "p_init": s.p_init, "loss": s.loss,
                    "resc_schedule": s.rescale_schedule},
     }
-    return Backend("autoattack", attacks, settings)
+    seeds = {x.seed for x in (aa, a, t, f, s)}
+    if seeds != {seed}:
+        raise RuntimeError(f"{module} did not take seed {seed}: its attack objects hold {sorted(seeds)}")
+    return Backend(module, attacks, settings, _version(module), aa.seed)
+
+
+@BACKENDS.register("pyautoattack", "the official code by Croce & Hein from PyPI (pyautoattack, installed with "
+                                   "fastfair; the default)")
+def _pyautoattack(model, eps: float, num_classes: int, seed: int) -> Backend:
+    return _croce_hein("pyautoattack", model, eps, num_classes, seed)
+
+
+@BACKENDS.register("autoattack", "the official code from git (pip install git+https://github.com/fra31/auto-attack)")
+def _official_git(model, eps: float, num_classes: int, seed: int) -> Backend:
+    return _croce_hein("autoattack", model, eps, num_classes, seed)
 
 
 @BACKENDS.register("torchattacks", "torchattacks 3.5 sub-attacks configured to the standard numbers")
-def _torchattacks(model, eps: float, num_classes: int) -> Backend:
+def _torchattacks(model, eps: float, num_classes: int, seed: int) -> Backend:
     import torchattacks as ta
 
     std = standard_settings(num_classes)
     a, t, f, s = std["apgd-ce"], std["apgd-t"], std["fab-t"], std["square"]
     # torchattacks derives n_target_classes as n_classes - 1, so n_classes here is targets + 1.
-    apgd = ta.APGD(model, norm="Linf", eps=eps, steps=a["n_iter"], n_restarts=a["n_restarts"], seed=SEED,
+    apgd = ta.APGD(model, norm="Linf", eps=eps, steps=a["n_iter"], n_restarts=a["n_restarts"], seed=seed,
                    loss=a["loss"], eot_iter=a["eot_iter"], rho=a["rho"])
-    apgdt = ta.APGDT(model, norm="Linf", eps=eps, steps=t["n_iter"], n_restarts=t["n_restarts"], seed=SEED,
+    apgdt = ta.APGDT(model, norm="Linf", eps=eps, steps=t["n_iter"], n_restarts=t["n_restarts"], seed=seed,
                      eot_iter=t["eot_iter"], rho=t["rho"], n_classes=t["n_target_classes"] + 1)
     fab = ta.FAB(model, norm="Linf", eps=eps, steps=f["n_iter"], n_restarts=f["n_restarts"], alpha_max=f["alpha_max"],
-                 eta=f["eta"], beta=f["beta"], seed=SEED, multi_targeted=True, n_classes=f["n_target_classes"] + 1)
+                 eta=f["eta"], beta=f["beta"], seed=seed, multi_targeted=True, n_classes=f["n_target_classes"] + 1)
     square = ta.Square(model, norm="Linf", eps=eps, n_queries=s["n_queries"], n_restarts=s["n_restarts"],
-                       p_init=s["p_init"], loss=s["loss"], resc_schedule=s["resc_schedule"], seed=SEED)
+                       p_init=s["p_init"], loss=s["loss"], resc_schedule=s["resc_schedule"], seed=seed)
     settings = {
         "apgd-ce": {"n_iter": apgd.steps, "n_restarts": apgd.n_restarts, "loss": apgd.loss,
                     "eot_iter": apgd.eot_iter, "rho": apgd.thr_decr},
@@ -127,27 +162,33 @@ def _torchattacks(model, eps: float, num_classes: int) -> Backend:
         "square": {"n_queries": square.n_queries, "n_restarts": square.n_restarts, "p_init": square.p_init,
                    "loss": square.loss, "resc_schedule": square.rescale_schedule},
     }
-    return Backend("torchattacks", {"apgd-ce": apgd, "apgd-t": apgdt, "fab-t": fab, "square": square}, settings)
+    seeds = {x.seed for x in (apgd, apgdt, fab, square)}
+    if seeds != {seed}:
+        raise RuntimeError(f"torchattacks did not take seed {seed}: its attack objects hold {sorted(seeds)}")
+    return Backend("torchattacks", {"apgd-ce": apgd, "apgd-t": apgdt, "fab-t": fab, "square": square}, settings,
+                   ta.__version__, seed)
+
+
+OFFICIAL = ("pyautoattack", "autoattack")  # the official code, in the order ``auto`` tries it
 
 
 def default_backend() -> str:
-    """The official package when importable, else torchattacks."""
-    try:
-        import autoattack  # noqa: F401
-    except ImportError:
-        return "torchattacks"
-    return "autoattack"
+    """The official code: pyautoattack (a dependency of fastfair), else a git-installed autoattack."""
+    for name in OFFICIAL:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    raise UserError("AutoAttack needs the official package, which installs with fastfair: pip install "
+                    "pyautoattack==0.2.0 (or pick --aa-backend torchattacks)")
 
 
-def build_backend(model, eps: float, num_classes: int, name: str = "auto") -> Backend:
+def build_backend(model, eps: float, num_classes: int, name: str = "auto", seed: int = 0) -> Backend:
     """Build and check a backend: its read-back settings must equal the standard version's."""
     name = default_backend() if name == "auto" else name
     try:
-        backend = BACKENDS.get(name)(model, eps, num_classes)
+        backend = BACKENDS.get(name)(model, eps, num_classes, seed)
     except ImportError as err:
-        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); install it "
-                        "(pip install torchattacks, or the official package from its git repository) "
-                        "or pick the other with --aa-backend") from None
+        raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); pip install pyautoattack==0.2.0 "
+                        "(the default), or torchattacks, or pick another with --aa-backend") from None
     want = standard_settings(num_classes)
     if backend.settings != want:
         raise RuntimeError(f"{name} built a non-standard AutoAttack: {backend.settings} != {want}")
@@ -170,9 +211,9 @@ def _fingerprint(model, y: torch.Tensor, x: torch.Tensor, eps: float, backend: B
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     h.update(y.cpu().numpy().tobytes())
-    h.update(x[:: max(1, len(x) // 64)].cpu().numpy().tobytes())  # a sample of the images, not all of them
-    h.update(repr((float(eps), backend.name, sorted((k, sorted(v.items())) for k, v in backend.settings.items()),
-                   SEED)).encode())
+    h.update(x.cpu().numpy().tobytes())  # every image: a sample could miss a changed one
+    h.update(repr((float(eps), backend.name, backend.version, backend.seed,
+                   sorted((k, sorted(v.items())) for k, v in backend.settings.items()))).encode())
     return h.hexdigest()
 
 
@@ -181,28 +222,33 @@ ROBUST, CLEAN_WRONG = -1, 0
 
 @dataclass
 class Flags:
-    """Per-sample state of one AutoAttack run: who broke each point, prediction after attack, tried[k]."""
+    """Per-sample state of one AutoAttack run: who broke each point, prediction after attack, tried[k],
+    and the images the attack returned (the clean image for points nothing broke)."""
 
     broken_by: np.ndarray  # int8 (N,): ROBUST, CLEAN_WRONG, or 1 + index of the first sub-attack that fooled it
     pred: np.ndarray  # int64 (N,): clean prediction, replaced by the first successful attack's
     tried: np.ndarray  # bool (len(SUBATTACKS), N): sub-attack k has attacked the point
+    adv: np.ndarray  # float32 (N, ...): adversarial image of each point an attack broke, else the clean one
     fingerprint: str
 
     def save(self, path: Path) -> None:
+        broken = np.flatnonzero(self.broken_by > CLEAN_WRONG)  # only these differ from the clean images
         buf = io.BytesIO()
-        np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried,
-                 fingerprint=np.array(self.fingerprint))
+        np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried, adv_index=broken,
+                 adv=self.adv[broken], fingerprint=np.array(self.fingerprint))
         write_bytes_atomic(buf.getvalue(), path)
 
     @classmethod
-    def load(cls, path: Path, fingerprint: str) -> "Flags | None":
+    def load(cls, path: Path, fingerprint: str, clean: np.ndarray) -> "Flags | None":
         """The saved flags if they belong to this model, data and settings; otherwise None."""
         if not path.is_file():
             return None
         with np.load(path, allow_pickle=False) as f:
-            if str(f["fingerprint"]) != fingerprint:
+            if "adv" not in f.files or str(f["fingerprint"]) != fingerprint:
                 return None
-            return cls(f["broken_by"].copy(), f["pred"].copy(), f["tried"].copy(), fingerprint)
+            adv = clean.copy()
+            adv[f["adv_index"]] = f["adv"]
+            return cls(f["broken_by"].copy(), f["pred"].copy(), f["tried"].copy(), adv, fingerprint)
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -222,29 +268,61 @@ def _robust_after(broken_by: np.ndarray, k: int) -> float:
     return 100.0 * float(((broken_by == ROBUST) | (broken_by > 1 + k)).mean())
 
 
+def _inside(adv: torch.Tensor, x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image: (within eps of x in L-inf, within [0, 1])."""
+    a, c = adv.flatten(1), x.flatten(1)
+    return (a - c).abs().amax(1) <= eps + BALL_TOLERANCE, (a.amin(1) >= 0) & (a.amax(1) <= 1)
+
+
+def recheck(model, x: torch.Tensor, flags: Flags, eps: float, batch: int) -> dict:
+    """One clean pass over the returned images: predictions must equal the recorded ones, images must lie
+    in the eps-ball and [0, 1] (fra31/auto-attack issue 74); a UserError names any disagreement."""
+    adv = torch.from_numpy(flags.adv).to(x.device)
+    pred = _predict(model, adv, batch).cpu().numpy()
+    in_ball, in_range = (t.cpu().numpy() for t in _inside(adv, x, eps))
+    mismatch = np.flatnonzero(pred != flags.pred)
+    out = {"images": len(pred), "prediction_mismatches": len(mismatch), "outside_eps_ball": int((~in_ball).sum()),
+           "outside_0_1": int((~in_range).sum()),
+           "max_linf": float((adv - x).flatten(1).abs().amax(1).max()) if len(pred) else 0.0}
+    if out["prediction_mismatches"] or out["outside_eps_ball"] or out["outside_0_1"]:
+        raise UserError(
+            f"AutoAttack's result failed its re-check: of {len(pred)} returned images, {len(mismatch)} predict "
+            f"differently in a clean pass than the attack recorded (first indices {mismatch[:5].tolist()}), "
+            f"{out['outside_eps_ball']} lie outside the eps-ball and {out['outside_0_1']} outside [0, 1]; no result "
+            "was written. Make the model deterministic in eval mode (no dropout or test-time randomness) or "
+            "report the backend's bug")
+    return out
+
+
 def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: str | Path | None = None,
-                   backend: str = "auto", progress: Callable[[], None] | None = None,
+                   backend: str = "auto", seed: int = 0, progress: Callable[[], None] | None = None,
                    log: Callable[[str], None] | None = None) -> tuple[torch.Tensor, dict]:
     """Run standard AutoAttack over a split: ((C, C) confusion after attack, record of the run).
 
-    The record names the backend and its settings, and the robust accuracy after each
-    sub-attack. ``progress`` is called ``PROGRESS_UNITS * len(loader)`` times in total.
+    The record names the backend, its version, seed and settings, the robust accuracy after each
+    sub-attack and the re-check. ``progress`` is called ``PROGRESS_UNITS * len(loader)`` times in total.
+    The official sub-attacks reseed torch's generators; the caller's stream is restored afterwards.
     """
     model.eval()
     x, y = _collect(loader)
     n, batch = len(y), loader.batch_size
     n_batches = -(-n // batch)
     tick = progress or (lambda: None)
-    with attack_mode(model, "eval"), torch.autocast(x.device.type, enabled=False):
-        bk = build_backend(model, eps, num_classes, backend)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with attack_mode(model, "eval"), torch.autocast(x.device.type, enabled=False), \
+            torch.random.fork_rng(devices=devices):
+        bk = build_backend(model, eps, num_classes, backend, seed)
         fp = _fingerprint(model, y, x, eps, bk)
         path = Path(state_path) if state_path else None
-        flags = Flags.load(path, fp) if path else None
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        clean = x.cpu().numpy()
+        flags = Flags.load(path, fp, clean) if path else None
         resumed = flags is not None
         if flags is None:
             pred = _predict(model, x, batch)
             broken = np.where((pred == y).cpu().numpy(), ROBUST, CLEAN_WRONG).astype(np.int8)
-            flags = Flags(broken, pred.cpu().numpy(), np.zeros((len(SUBATTACKS), n), bool), fp)
+            flags = Flags(broken, pred.cpu().numpy(), np.zeros((len(SUBATTACKS), n), bool), clean.copy(), fp)
             if path:
                 flags.save(path)
         for _ in range(n_batches):
@@ -260,13 +338,12 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
                 with torch.enable_grad():
                     adv = bk.attacks[name](xb, yb).detach()
                 # a success must stay in the eps-ball and the image range, whatever the backend did
-                flat = adv.flatten(1)
-                inside = (((flat - xb.flatten(1)).abs().amax(1) <= eps + 1e-6)
-                          & (flat.amin(1) >= 0) & (flat.amax(1) <= 1))
+                in_ball, in_range = _inside(adv, xb, eps)
                 p = _predict(model, adv, batch)
-                fooled = ((p != yb) & inside).cpu().numpy()
+                fooled = ((p != yb) & in_ball & in_range).cpu().numpy()
                 flags.broken_by[idx_np[fooled]] = 1 + k
                 flags.pred[idx_np[fooled]] = p.cpu().numpy()[fooled]
+                flags.adv[idx_np[fooled]] = adv.cpu().numpy()[fooled]
                 flags.tried[k, idx_np] = True
                 if path:
                     flags.save(path)
@@ -276,11 +353,12 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
             seconds[name] = round(time.perf_counter() - t0, 3)
             if log:
                 log(f"AutoAttack {name}: robust accuracy {_robust_after(flags.broken_by, k):.2f}%")
+        checked = recheck(model, x, flags, eps, batch)
     after = {"clean": 100.0 * float((flags.broken_by != CLEAN_WRONG).mean()),
              **{name: _robust_after(flags.broken_by, k) for k, name in enumerate(SUBATTACKS)}}
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long)
     conf.index_add_(0, y.cpu() * num_classes + torch.from_numpy(flags.pred), torch.ones(n, dtype=torch.long))
-    record = {"version": "standard", "norm": "Linf", "eps": float(eps), "backend": bk.name, "seed": SEED,
-              "precision": "fp32", "settings": bk.settings, "robust_after": after,
-              "seconds_this_call": seconds, "resumed": resumed}
+    record = {"version": "standard", "norm": "Linf", "eps": float(eps), "backend": bk.name,
+              "backend_version": bk.version, "seed": bk.seed, "precision": "fp32", "settings": bk.settings,
+              "robust_after": after, "recheck": checked, "seconds_this_call": seconds, "resumed": resumed}
     return conf.view(num_classes, num_classes), record

@@ -2,7 +2,8 @@
 :mod:`fastfair.evaluation.measures`.
 
 Writes ``RUN/diagnostics/<checkpoint>-<split>-<attack>.json``, which ``fastfair report`` draws.
-Always fp32, BN in eval mode.
+Always fp32, BN in eval mode; the attack's random starts are seeded as in ``fastfair eval``
+(:mod:`fastfair.evaluation.seeds`), so diagnose and eval agree on the same checkpoint and seed.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from fastfair import build
 from fastfair.evaluation import measures as dg
-from fastfair.evaluation import measures
+from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
 from fastfair.rundir import RunDir, write_json_atomic
 
@@ -24,15 +25,18 @@ def _forward(model, x) -> tuple[torch.Tensor, torch.Tensor]:
     return feats.float(), model.head(feats).float().softmax(1)
 
 
-def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0) -> dict:
-    """Labels, and penultimate features and softmax probabilities on clean and attacked inputs (CPU)."""
+def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
+            seed: int = 0) -> dict:
+    """Labels, and penultimate features and softmax probabilities on clean and attacked inputs (CPU);
+    batch ``i`` is attacked under ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` does."""
     model.eval()
     dev = next(model.parameters()).device
     eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
     attack = parse_attack(attack_name, cw_kappa)
     out = {k: [] for k in ("y", "feat_clean", "prob_clean", "feat_adv", "prob_adv")}
-    for x, y in loader:
-        x_adv = attack(model, x, y, eps_c, alpha_c)
+    for i, (x, y) in enumerate(loader):
+        with seeds.seeded(seed, attack.name, i, device=dev):
+            x_adv = attack(model, x, y, eps_c, alpha_c)
         for tag, inp in (("clean", x), ("adv", x_adv)):
             f, p = _forward(model, inp)
             out[f"feat_{tag}"].append(f.cpu())
@@ -55,7 +59,7 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
         sim, nearest = dg.inter_class_similarity(feats, y, c)
         ent = dg.entropy_per_class(data[f"prob_{tag}"], y, c)
         out["accuracy"][tag] = acc.tolist()
-        out["summary"][tag] = measures.summary(acc)
+        out["summary"][tag] = measures.summary_of_confusion(conf[tag])
         out["cvc"][tag] = dg.cvc(data[f"prob_{tag}"], y, c).tolist()
         mean_entropy = float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())
         out["entropy"][tag] = {"per_class": ent.tolist(), "mean": mean_entropy}
@@ -78,21 +82,24 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
 
 def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, tsne_points: int = 500,
-                        quiet: bool = False) -> dict:
-    """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring."""
+                        quiet: bool = False, seed: int | None = None) -> dict:
+    """Diagnose a checkpoint file on a split; writes the JSON described in the module docstring.
+
+    ``seed`` (of the attack's random starts) defaults to the checkpoint's ``eval.seed``."""
     path = Path(path)
     parse_attack(attack)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size, channels_last_ok=False)
     loader = build.eval_loader(cfg, data, dev, False)
     c = bundle.num_classes
+    seed = cfg.eval.seed if seed is None else seed
     data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
-                   cw_kappa=cfg.eval.cw_kappa)
+                   cw_kappa=cfg.eval.cw_kappa, seed=seed)
     record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "attack": attack,
-              "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32",
+              "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32", "seed": seed,
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
     out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
-    out.parent.mkdir(exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:

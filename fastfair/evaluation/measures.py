@@ -36,20 +36,43 @@ def worst_k_mean(acc, fraction: float) -> float:
 
 
 def summary(acc) -> dict[str, float]:
-    """Average, worst class, worst-10% and worst-20% mean, CV and MCD of per-class accuracies."""
+    """Of per-class accuracies: their mean (``avg``), worst class, worst-10% and worst-20% mean, CV and MCD."""
     a = np.asarray(acc, dtype=np.float64)
     return {"avg": float(a.mean()), "worst": float(a.min()), "worst_class": int(a.argmin()),
             "worst10": worst_k_mean(a, 0.1), "worst20": worst_k_mean(a, 0.2), "cv": cv(a), "mcd": mcd(a)}
 
 
+def share_correct(confusion) -> float:
+    """Share of all images classified correctly, trace / sum in percent: the papers' "accuracy" over a test set."""
+    m = np.asarray(confusion, dtype=np.float64)
+    return float(100.0 * np.trace(m) / max(m.sum(), 1))
+
+
+def summary_of_confusion(confusion) -> dict[str, float]:
+    """:func:`summary` of the per-class accuracies, plus ``overall``, the share of images correct; the two
+    averages agree on a balanced split and differ on any other."""
+    return {**summary(per_class_accuracy(confusion)), "overall": share_correct(confusion)}
+
+
+# The summary rows every per-class table shows: key, label. Both averages are labelled by what they average.
+SUMMARY_ROWS = (("avg", "mean of per-class accuracies"), ("overall", "share of images correct"),
+                ("worst", "worst class"), ("cv", "CV"), ("mcd", "MCD"))
+
+
+def summary_cells(results: dict[str, dict], names: list[str], key: str) -> list[str]:
+    """One summary row's cells (two decimals); '-' where a result predates the key (older files lack ``overall``)."""
+    return [f"{results[n]['summary'][key]:.2f}" if key in results[n]["summary"] else "-" for n in names]
+
+
 def markdown_table(results: dict[str, dict], classes: list[str]) -> str:
-    """Rows: classes, then avg / worst / CV / MCD; columns: attacks (accuracy in percent)."""
+    """Rows: classes, then both averages, worst class, CV and MCD; columns: attacks (accuracy in percent)."""
     names = list(results)
     lines = ["| class | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for c, cname in enumerate(classes):
         lines.append(f"| {cname} | " + " | ".join(f"{results[n]['per_class'][c]:.2f}" for n in names) + " |")
-    for key, label in (("avg", "**average**"), ("worst", "**worst class**"), ("cv", "CV"), ("mcd", "MCD")):
-        lines.append(f"| {label} | " + " | ".join(f"{results[n]['summary'][key]:.2f}" for n in names) + " |")
+    for key, label in SUMMARY_ROWS:
+        bold = f"**{label}**" if key in ("avg", "overall", "worst") else label
+        lines.append(f"| {bold} | " + " | ".join(summary_cells(results, names, key)) + " |")
     return "\n".join(lines)
 
 

@@ -1,8 +1,17 @@
-"""Per-class evaluation under named attacks: confusion matrices on the device, metrics on the host."""
+"""Per-class evaluation under named attacks: confusion matrices on the device, metrics on the host.
+
+Every random start is seeded (:mod:`fastfair.evaluation.seeds`), so a checkpoint evaluated twice on
+the same data with the same settings gives the same numbers, per class. A result file records
+fingerprints of the weights, the data (every image and label of the split) and the attack
+settings; an evaluation adds its attacks to an earlier file only when all three agree, and moves
+an earlier file of other weights, data or settings to ``eval/previous/`` instead of overwriting it.
+"""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -11,21 +20,23 @@ from fastfair import build
 from fastfair.attacks import autoattack, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
-from fastfair.evaluation import measures
+from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
 from fastfair.rundir import RunDir, write_json_atomic
 from fastfair.scaleout import distributed
 
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
-              amp_dtype: torch.dtype | None = None, progress=None) -> torch.Tensor:
-    """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``."""
+              amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0) -> torch.Tensor:
+    """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``.
+
+    Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.name, i)``."""
     model.eval()
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
     cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-    for x, y in loader:
-        with cast:
+    for i, (x, y) in enumerate(loader):
+        with cast, seeds.seeded(seed, attack.name, i, device=dev):
             x_adv = attack(model, x, y, eps_c, alpha_c)
             with torch.no_grad():
                 pred = model(x_adv).argmax(1)
@@ -48,11 +59,13 @@ def check_attack_names(attack_names: list[str]) -> None:
 
 
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
-             amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", log=None) -> dict[str, dict]:
+             amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
+             log=None) -> dict[str, dict]:
     """{attack: {per_class, summary, confusion}} with accuracies in percent.
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
+    ``seed`` seeds every random start (recorded in each entry).
     """
     dev = next(model.parameters()).device
     c = len(classes)
@@ -64,52 +77,93 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
             state = f"{state_prefix}.aa.npz" if state_prefix else None
             conf, extra["autoattack"] = autoattack.evaluate_split(
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
-                backend=aa_backend, progress=progress, log=log)
+                backend=aa_backend, seed=seed, progress=progress, log=log)
         else:
-            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress)
+            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress,
+                             seed)
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
-        acc = measures.per_class_accuracy(conf.numpy())
-        out[name] = {"per_class": acc.tolist(), "summary": measures.summary(acc), "confusion": conf.tolist(), **extra}
+        out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
+                     "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
+                     "seed": seed, **extra}
     names.add_best(out, attack_names)
     return out
 
 
+# ---- fingerprints: which weights, data and settings a result belongs to ----------------------
+
+def _sha256(chunks) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(model, split: tuple[torch.Tensor, torch.Tensor], settings: dict) -> dict[str, str]:
+    """SHA-256 of the weights (every tensor of the state dict), of the split (every image and label, in
+    order) and of the settings that change a number (eps, alpha, CW kappa, precision, seed)."""
+    state = sorted(model.state_dict().items())
+    return {"weights": _sha256(b for k, t in state for b in (k.encode(), t.detach().cpu().contiguous().numpy()
+                                                                .tobytes())),
+            "data": _sha256(t.cpu().contiguous().numpy().tobytes() for t in split),
+            "settings": _sha256([json.dumps(settings, sort_keys=True).encode()])}
+
+
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
-                        quiet: bool = False, aa_backend: str = "auto") -> dict:
-    """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table."""
+                        quiet: bool = False, aa_backend: str = "auto", seed: int | None = None) -> dict:
+    """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table.
+
+    ``seed`` defaults to the checkpoint's ``eval.seed``."""
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size)
+    seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
-    out = RunDir.of_checkpoint(path).eval_file(path, split)
+    if autoattack.NAME in names.expand(attacks) and aa_backend == "auto":
+        aa_backend = autoattack.default_backend()  # resolved now, so a missing package fails before any work
+    run = RunDir.of_checkpoint(path)
+    out = run.eval_file(path, split)
+    out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
+    settings = {"eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "cw_kappa": cfg.eval.cw_kappa,
+                "precision": "bf16" if amp else "fp32", "seed": seed}
+    fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
-                           state_prefix=out.with_suffix(""), aa_backend=aa_backend, log=prog.print)
+                           state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print)
     record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
-              "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "precision": "bf16" if amp else "fp32",
-              "results": _merge_earlier(out, ck["epoch"], cfg.eval.eps, amp, results)}
+              "images": len(data[1]), **settings, "fingerprint": fp}
+    kept = None
     if distributed.current().is_main:
-        out.parent.mkdir(exist_ok=True)
+        earlier, kept = _earlier_results(out, fp, lambda tag: run.previous_eval_file(path, split, tag))
+        record["results"] = {**earlier, **results}
         write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
-        print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, per-class accuracy (%):\n")
+        print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
+              f"per-class accuracy (%):\n")
         print(measures.markdown_table(results, bundle.classes))
+        if kept:
+            print(f"\nan earlier result of other weights, data or settings was moved to {kept}")
         print(f"\nwritten: {out}")
     return record
 
 
-def _merge_earlier(path, epoch: int, eps: float, amp: bool, results: dict) -> dict:
-    """Keep attacks an earlier evaluation of the same weights (epoch, eps, precision) wrote to ``path``;
-    this run's attacks replace theirs, so ``eval --attacks aa`` after training adds AA to PGD/CW."""
+def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]:
+    """(results to keep, where an unrelated earlier file went). An earlier file of the same weights, data
+    and settings keeps its other attacks (so ``eval --attacks aa`` after training adds AA to PGD/CW);
+    any other earlier file is moved to ``previous(tag)``, tagged by its content's hash, rather than
+    merged or overwritten."""
     if not path.is_file():
-        return results
-    old = json.loads(path.read_text())
-    if (old.get("epoch"), old.get("eps"), old.get("precision")) != (epoch, eps, "bf16" if amp else "fp32"):
-        return results
-    return {**old.get("results", {}), **results}
+        return {}, None
+    text = path.read_bytes()
+    old = json.loads(text)
+    if old.get("fingerprint") == fp:
+        return old.get("results", {}), None
+    previous = previous(hashlib.sha256(text).hexdigest()[:12])
+    previous.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, previous)
+    return {}, previous

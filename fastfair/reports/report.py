@@ -124,7 +124,8 @@ def _records(groups: list[Group], split: str) -> dict[int, list[dict]]:
     return out
 
 
-COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} worst", "CV", "MCD", "rho")
+# avg: mean of per-class accuracies; share: share of all test images correct (what the papers' tables report)
+COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", "CV", "MCD", "rho")
 
 
 def comparison_rows(groups: list[Group], attack: str | None = None, baseline: int | None = None,
@@ -141,6 +142,7 @@ def comparison_rows(groups: list[Group], attack: str | None = None, baseline: in
             values["clean avg"].append(clean["avg"] if clean else float("nan"))
             values["clean worst"].append(clean["worst"] if clean else float("nan"))
             values["{a} avg"].append(rob["avg"])
+            values["{a} share"].append(rob.get("overall", float("nan")))  # results written before issue 13 lack it
             values["{a} worst"].append(rob["worst"])
             values["CV"].append(rob["cv"])
             values["MCD"].append(rob["mcd"])
@@ -250,6 +252,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
     md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
           f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
+          "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
+          "unbalanced split). "
           "CV = (1/C) Σ_c (a_c − mean a)² and MCD = max a − min a of the robust per-class accuracy; rho = relative "
           "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
     tex = ["% fastfair report tables (booktabs)", f"% comparison, split {split}, robust attack {attack}",
@@ -271,7 +275,8 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
     means = {n: _per_class_mean(recs, n) for n in attacks}
-    table = {n: {"per_class": means[n][0], "summary": measures.summary(means[n][0])} for n in attacks}
+    table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
+             for n in attacks}
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
               f"{recs[0]['epoch'] + 1}), mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
@@ -306,9 +311,15 @@ def _per_class_latex(table: dict, classes: list[str]) -> str:
     for c, cname in enumerate(classes):
         lines.append(esc(cname) + " & " + " & ".join(f"{table[n]['per_class'][c]:.2f}" for n in names) + r" \\")
     lines.append(r"\midrule")
-    for key, label in (("avg", "average"), ("worst", "worst class"), ("cv", "CV"), ("mcd", "MCD")):
-        lines.append(label + " & " + " & ".join(f"{table[n]['summary'][key]:.2f}" for n in names) + r" \\")
+    for key, label in measures.SUMMARY_ROWS:
+        lines.append(label + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
+
+
+def _mean_overall(recs: list[dict], attack: str) -> dict[str, float]:
+    """{"overall": mean over seeds of the share of images correct}, or {} when a record predates it."""
+    shares = [r["results"][attack]["summary"].get("overall") for r in recs]
+    return {} if None in shares else {"overall": float(np.mean(shares))}
 
 
 def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
