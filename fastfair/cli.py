@@ -39,7 +39,8 @@ def cmd_methods(args) -> None:
     rows = []
     for name in METHODS:
         rows += [(name, METHODS.doc(name))]
-        rows += [(f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in declared_keys() if owner == name]  # noqa: E501
+        rows += [(f"  {key}", f"{doc} (default {default!r})")
+                 for owner, key, default, doc in declared_keys() if owner == name]
     _listing(rows)
     print("\noptions that combine with the methods above (each a config section):")
     _listing([row for name in OPTIONS for row in [(name, OPTIONS.doc(name)),
@@ -170,7 +171,8 @@ def _int_list(text: str) -> list[int]:
 def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("fairness options (shorthands for --set keys)")
     g.add_argument("--ccm", action="store_const", const=True, help="CFA class-wise calibrated margin (ccm.enabled)")
-    g.add_argument("--ccr", action="store_const", const=True, help="CFA class-wise calibrated TRADES beta (ccr.enabled)")  # noqa: E501
+    g.add_argument("--ccr", action="store_const", const=True,
+                   help="CFA class-wise calibrated TRADES beta (ccr.enabled)")
     avg = g.add_mutually_exclusive_group()
     avg.add_argument("--ema", dest="averaging", action="store_const", const="ema", help="EMA of weights per epoch")
     avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",

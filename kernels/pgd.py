@@ -111,7 +111,8 @@ def pgd_step_op(
 
 
 @triton_op("fastfair::random_start", mutates_args=())
-def random_start_op(x: torch.Tensor, y: torch.Tensor, eps_c: torch.Tensor, seed: torch.Tensor, normal: bool) -> torch.Tensor:  # noqa: E501
+def random_start_op(x: torch.Tensor, y: torch.Tensor, eps_c: torch.Tensor, seed: torch.Tensor,
+                    normal: bool) -> torch.Tensor:
     """PGD init drawn in-kernel (Philox keyed by ``seed``, a 1-element int64 tensor)."""
     base = x if _batch_outer_dense(x) else x.contiguous()
     out = torch.empty_like(base)

@@ -61,8 +61,12 @@ def test_eval_smoke(tmp_path):
     smoke("bench_eval.py", tmp_path, "--device", "cpu")
     record, md = results(tmp_path, "eval")
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
-        [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64)]
+        [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64),
+         ("aa (random weights)", "fp32", 8), ("aa (ceiling)", "fp32", 8)]
     assert "| tiny-cnn | pgd20 | fp32 |" in md
+    aa = {r["attack"]: r for r in record["rows"] if r["attack"].startswith("aa")}
+    assert all(r["aa_backend"].startswith("pyautoattack") for r in aa.values())
+    assert aa["aa (ceiling)"]["aa_robust"] == 100.0  # at eps 1e-6 nothing breaks: every sub-attack ran on every image
 
 
 def test_bf16_check_smoke(tmp_path):

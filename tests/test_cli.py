@@ -60,7 +60,8 @@ def test_me_trades_end_to_end_on_real_cifar10(tmp_path):
     out = tmp_path / "run"
     r = fastfair("train", "--method", "me-trades", "--dataset", "npz", "--data-dir", str(npz), "--model", "tiny-cnn",
                  "--epochs", "2", "--out", str(out), "--set", "data.val_per_class=10", "--set", "data.batch_size=50",
-                 "--set", "attack.steps=3", "--set", "train.lr_milestones=[1]", "--set", "eval.attacks=['clean','pgd5']")  # noqa: E501
+                 "--set", "attack.steps=3", "--set", "train.lr_milestones=[1]",
+                 "--set", "eval.attacks=['clean','pgd5']")
     assert r.returncode == 0, r.stderr
     for cls in ("airplane", "cat", "truck"):
         assert f"| {cls} |" in r.stdout

@@ -26,7 +26,8 @@ def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
            "eps": 8 / 255, "precision": "fp32", "results": results}
     (path / "eval" / "best_pgd-test.json").write_text(json.dumps(rec))
     eps = eps_over_epochs or [[0.03, 0.03], [0.03, 0.03]]
-    lines = [{"epoch": e, "val": {k: {"avg": 50.0 + e, "worst": 30.0 + e, "per_class": [0, 0]} for k in ("clean", "pgd10")},  # noqa: E501
+    val = {k: {"avg": 50.0, "worst": 30.0, "per_class": [0, 0]} for k in ("clean", "pgd10")}
+    lines = [{"epoch": e, "val": {k: {**v, "avg": v["avg"] + e, "worst": v["worst"] + e} for k, v in val.items()},
               "vectors": {"eps": eps[e], "alpha": [0.008, 0.008]}} for e in range(2)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

@@ -30,7 +30,8 @@ def declared_keys() -> list[tuple[str, str, object, str]]:
                 rows.append((name, f"method.{key}", method.defaults.get(f"method.{key}", getattr(fresh, key)), doc))
     for name in OPTIONS:
         section = OPTIONS.get(name).section()
-        rows += [(name, f"{name}.{key}", getattr(section(), key), doc) for key, doc in schema.field_docs(section).items()]  # noqa: E501
+        rows += [(name, f"{name}.{key}", getattr(section(), key), doc)
+                 for key, doc in schema.field_docs(section).items()]
     return rows
 
 
