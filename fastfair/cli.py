@@ -1,33 +1,36 @@
-"""``fastfair`` command line: train, eval, diagnose, report, grid, data convert, and listings of what exists."""
+"""``fastfair`` command line (typer): train, eval, diagnose, report, grid, data convert, and listings.
+
+Each command imports what it runs inside its own body: importing torch and the registries takes
+seconds, and ``fastfair --help`` or ``fastfair presets`` should answer at once.
+"""
 from __future__ import annotations
 
-import argparse
-import contextlib
 import sys
 from pathlib import Path
+from typing import Annotated, List, Optional
 
-from fastfair import config, ops
-from fastfair.attacks import autoattack
-from fastfair.checks import check_config
-from fastfair.config import preset_names, read_preset
-from fastfair.data import DATASETS, ffcv
+import typer
+
 from fastfair.errors import UserError
-from fastfair.evaluation.diagnose import diagnose_checkpoint
-from fastfair.evaluation.per_class import evaluate_checkpoint
-from fastfair.methods import METHODS, OPTIONS, declared_keys
-from fastfair.models import MODELS
-from fastfair.reports.report import write_report
-from fastfair.rundir import RunDir
-from fastfair.scaleout import distributed
-from fastfair.scaleout.grid import run_grid
-from fastfair.training.averaging import AVERAGING
-from fastfair.training.selection import SELECTION
-from fastfair.training.trainer import Trainer, final_evaluation
 
+app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
+data_app = typer.Typer(help="data preparation", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+FAIRNESS = "fairness options (shorthands for --set keys)"
 SEED_HELP = "seed of every random start of the attacks (default: the run's eval.seed); recorded in the JSON"
 CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
+SPLIT_HELP = "test | val"
+Text = Optional[str]  # an option that, left out, leaves the config's value as it is
 
+
+class Interrupted(Exception):
+    """Ctrl-C, turned into one line saying what was kept and how to continue (exit code 130)."""
+
+
+# ---- listings: what exists, one line each ----------------------------------------------------
 
 def _listing(rows: list[tuple[str, str]]) -> None:
     width = max(len(n) for n, _ in rows)
@@ -35,17 +38,21 @@ def _listing(rows: list[tuple[str, str]]) -> None:
         print(f"{name:<{width}}  {doc}")
 
 
-def cmd_methods(args) -> None:
-    rows = []
-    for name in METHODS:
-        rows += [(name, METHODS.doc(name))]
-        rows += [(f"  {key}", f"{doc} (default {default!r})")
-                 for owner, key, default, doc in declared_keys() if owner == name]
-    _listing(rows)
+@app.command(help="list training methods, options, averaging, selection policies and kernel backends")
+def methods() -> None:
+    from fastfair import ops
+    from fastfair.methods import METHODS, OPTIONS, declared_keys
+    from fastfair.training.averaging import AVERAGING
+    from fastfair.training.selection import SELECTION
+
+    def rows(registry) -> list[tuple[str, str]]:
+        keys = declared_keys()
+        return [row for name in registry for row in [(name, registry.doc(name)), *[
+            (f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in keys if owner == name]]]
+
+    _listing(rows(METHODS))
     print("\noptions that combine with the methods above (each a config section):")
-    _listing([row for name in OPTIONS for row in [(name, OPTIONS.doc(name)),
-              *[(f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in declared_keys()
-                if owner == name]]])
+    _listing(rows(OPTIONS))
     print("\nweight averaging (train.averaging):")
     _listing(AVERAGING.table())
     print("\ncheckpoint selection (train.select; each scored policy keeps checkpoints/best_<name>.pt):")
@@ -54,233 +61,340 @@ def cmd_methods(args) -> None:
     _listing(ops.BACKENDS.table())
 
 
-def cmd_models(args) -> None:
+@app.command(help="list models")
+def models() -> None:
+    from fastfair.models import MODELS
     _listing(MODELS.table())
 
 
-def cmd_datasets(args) -> None:
+@app.command(help="list data sets")
+def datasets() -> None:
+    from fastfair.data import DATASETS
     _listing(DATASETS.table())
 
 
-def cmd_presets(args) -> None:
-    _listing([(n, str(read_preset(n).get("preset", ""))) for n in preset_names()])
+@app.command(help="list config presets and the paper tables they reproduce")
+def presets() -> None:
+    from fastfair.preset_files import preset_names, preset_title
+    _listing([(name, preset_title(name)) for name in preset_names()])
 
 
-def cmd_train(args) -> None:
-    flags = {"method.name": args.method, "data.dataset": args.dataset, "data.data_dir": args.data_dir,
-             "model.name": args.model, "train.epochs": args.epochs, "train.device": args.device,
-             "train.seed": args.seed, "train.kernels": args.kernels,
-             "train.compile": {True: "on", False: "off", None: None}[args.compile],
-             "train.cudagraphs": args.cudagraphs, "data.loader": args.loader, "data.beton_dir": args.beton_dir,
-             **_fairness_flags(args)}
-    saved = RunDir(args.out).config if args.out else None
-    if args.resume:
+# ---- train ------------------------------------------------------------------------------------
+
+def _int_list(text: Text, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated class indices such as 3,5; got {text!r}") from None
+
+
+def _fairness_flags(ccm: bool, ccr: bool, ema: bool, fawa: bool, init_from: Text, classes: Text,
+                    adv_classes: Text) -> dict:
+    """Config keys set by the shorthand flags; a flag left out sets nothing (None)."""
+    if ema and fawa:
+        raise UserError("--ema and --fawa are two kinds of weight averaging; pass one of them")
+    return {"ccm.enabled": ccm or None, "ccr.enabled": ccr or None,
+            "train.averaging": "ema" if ema else "fawa" if fawa else None, "train.init_from": init_from,
+            "data.classes": _int_list(classes, "--classes"), "adv_classes.classes": _int_list(adv_classes,
+                                                                                             "--adv-classes")}
+
+
+@app.command(help="train a model, then evaluate it per class")
+def train(
+    method: Annotated[Text, typer.Option(help="training method (fastfair methods)")] = None,
+    config: Annotated[Text, typer.Option(help="TOML preset: a file or a name from `fastfair presets`")] = None,
+    dataset: Annotated[Text, typer.Option(help="data set (fastfair datasets)")] = None,
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    model: Annotated[Text, typer.Option(help="model (fastfair models)")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="number of epochs (train.epochs)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="training seed (train.seed)")] = None,
+    device: Annotated[Text, typer.Option(help="auto | cpu | cuda | cuda:N")] = None,
+    out: Annotated[Text, typer.Option(help="run directory (default runs/METHOD-DATASET)")] = None,
+    kernels: Annotated[Text, typer.Option(help="loss/PGD-step ops: auto | triton | torch (default: triton on "
+                                               "CUDA)")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
+                                                    help="torch.compile the model and loss (default: on for CUDA)")]
+    = None,
+    cudagraphs: Annotated[bool, typer.Option("--cudagraphs",
+                                             help="CUDA graphs via torch.compile reduce-overhead")] = False,
+    loader: Annotated[Text, typer.Option(help="training/validation batches: device (default) | ffcv (needs "
+                                              "--beton-dir)")] = None,
+    beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
+                                                 "--loader ffcv)")] = None,
+    sets: Annotated[Optional[List[str]], typer.Option(
+        "--set", metavar="KEY=VALUE", help="override a config key, e.g. --set train.lr=0.05 (repeatable)")] = None,
+    resume: Annotated[bool, typer.Option("--resume",
+                                         help="continue the run in --out from its last checkpoint")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress or tables")] = False,
+    ccm: Annotated[bool, typer.Option("--ccm", help="CFA class-wise calibrated margin (ccm.enabled)",
+                                      rich_help_panel=FAIRNESS)] = False,
+    ccr: Annotated[bool, typer.Option("--ccr", help="CFA class-wise calibrated TRADES beta (ccr.enabled)",
+                                      rich_help_panel=FAIRNESS)] = False,
+    ema: Annotated[bool, typer.Option("--ema", help="EMA of weights per epoch (train.averaging=ema)",
+                                      rich_help_panel=FAIRNESS)] = False,
+    fawa: Annotated[bool, typer.Option("--fawa", help="CFA fairness-aware weight averaging (train.averaging=fawa)",
+                                       rich_help_panel=FAIRNESS)] = False,
+    init_from: Annotated[Text, typer.Option(metavar="CKPT", help="start from this checkpoint's model weights "
+                                            "(train.init_from)", rich_help_panel=FAIRNESS)] = None,
+    classes: Annotated[Text, typer.Option(metavar="I,J", help="train and test on these classes only "
+                                          "(data.classes)", rich_help_panel=FAIRNESS)] = None,
+    adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
+                                              "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
+) -> None:
+    from fastfair import config as configs
+    from fastfair.checks import check_config
+    from fastfair.rundir import RunDir
+
+    flags = {"method.name": method, "data.dataset": dataset, "data.data_dir": data_dir, "model.name": model,
+             "train.epochs": epochs, "train.device": device, "train.seed": seed, "train.kernels": kernels,
+             "train.compile": {True: "on", False: "off", None: None}[compile], "train.cudagraphs": cudagraphs or None,
+             "data.loader": loader, "data.beton_dir": beton_dir,
+             **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
+    saved = RunDir(out).config if out else None
+    if resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
         # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
-        cfg = config.resolve(args.config, flags, args.set, base=config.load_saved(saved))
+        cfg = configs.resolve(config, flags, sets or [], base=configs.load_saved(saved))
     else:
-        cfg = config.resolve(args.config, flags, args.set)
+        cfg = configs.resolve(config, flags, sets or [])
     check_config(cfg)  # before the run folder is made
-    out = Path(args.out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
+    _fit(cfg, Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}"), resume, quiet)
+
+
+def _fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
+    """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
+    import contextlib
+
+    from fastfair.rundir import RunDir
+    from fastfair.scaleout import distributed
+    from fastfair.training.trainer import Trainer, final_evaluation
+
     distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
+    training = True
     try:
         # one writer per run folder; torchrun's other ranks write nothing
         with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
-            trainer = Trainer(cfg, out, resume=args.resume, quiet=args.quiet)
-            trainer.fit()
-            final_evaluation(out, cfg, quiet=args.quiet)
+            Trainer(cfg, out, resume=resume, quiet=quiet).fit()
+            training = False
+            final_evaluation(out, cfg, quiet=quiet)
+    except KeyboardInterrupt:
+        if not training:
+            raise Interrupted(f"interrupted during the final evaluation; training is complete; evaluate with: "
+                              f"fastfair eval {out}") from None
+        done = _epochs_saved(out)
+        raise Interrupted(f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
+                          f"fastfair train --out {out} --resume") from None
     finally:
         distributed.shutdown()
 
 
-def cmd_data_convert(args) -> None:
-    paths = ffcv.convert_dataset(args.dataset, args.data_dir, args.out, val_per_class=args.val_per_class,
-                                        jpeg=args.jpeg, jpeg_quality=args.jpeg_quality, num_workers=args.workers)
-    meta = ffcv.read_meta(args.out)
+def _epochs_saved(out: Path) -> int:
+    from fastfair.rundir import RunDir
+    try:
+        return len(RunDir(out).read_metrics())
+    except (UserError, OSError):  # a torn last line: resume repairs it
+        return 0
+
+
+# ---- eval, diagnose, report ---------------------------------------------------------------------
+
+def _checkpoint_path(target: str, checkpoint: str) -> Path:
+    """RUN_DIR -> RUN_DIR/checkpoints/<checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
+    from fastfair import config as configs
+    from fastfair.rundir import RunDir
+
+    path = Path(target)
+    if not path.is_dir():
+        return path
+    run = RunDir(path)
+    if checkpoint != "auto":
+        return run.checkpoint(checkpoint)
+    return run.selected_checkpoint(configs.load_saved_text(run.read_config()).train.select)
+
+
+def _split(split: str) -> str:
+    if split not in ("test", "val"):
+        raise UserError(f"--split must be test or val; got {split!r}")
+    return split
+
+
+@app.command("eval", help="per-class evaluation of a run, a checkpoint, or a model file fastfair did not write "
+                          "(with --model)")
+def eval_(
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT|MODEL_FILE")],
+    attacks: Annotated[str, typer.Option(help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, "
+                                              "tpgdK@grid (1/T in 2,5,10,50), aa (AutoAttack standard)")]
+    = "clean,pgd20,cw20",
+    split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="evaluation batch size")] = None,
+    bf16: Annotated[bool, typer.Option("--bf16", help="attack and predict under bf16 autocast (default fp32)")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress or table")] = False,
+    aa_backend: Annotated[str, typer.Option(
+        help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
+             "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")] = "auto",
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    model: Annotated[Text, typer.Option(
+        help="architecture (fastfair models) of a model file fastfair did not write: a state dict, also nested "
+             "under state_dict/model/net, with the authors' key names (see README, Any model)",
+        rich_help_panel="a model file fastfair did not write")] = None,
+    dataset: Annotated[Text, typer.Option(help="its data set (fastfair datasets; default cifar10)",
+                                          rich_help_panel="a model file fastfair did not write")] = None,
+    normalize: Annotated[Text, typer.Option(
+        help="what the model expects: none (inputs in [0, 1], as TRADES and CFA train) | dataset (the data set's "
+             "mean and std) | MEAN/STD (e.g. 0.5,0.5,0.5/0.25,0.25,0.25); not needed when the file holds them",
+        rich_help_panel="a model file fastfair did not write")] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="classes of its head (default: the data set's)",
+                                                       rich_help_panel="a model file fastfair did not write")]
+    = None,
+) -> None:
+    from fastfair.attacks import autoattack
+    from fastfair.evaluation.per_class import evaluate_checkpoint
+
+    if aa_backend not in ("auto", *autoattack.BACKENDS):
+        raise UserError(f"--aa-backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got {aa_backend!r}")
+    names = [a.strip() for a in attacks.split(",") if a.strip()]
+    common = dict(attacks=names, split=_split(split), data_dir=data_dir, device=device, batch_size=batch_size,
+                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed)
+    foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
+    try:
+        if model:
+            from fastfair.evaluation.foreign import evaluate_foreign
+            evaluate_foreign(Path(target), model=model, dataset=dataset or "cifar10", normalize=normalize,
+                             num_classes=num_classes, **common)
+            return
+        given = [flag for flag, value in foreign.items() if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: only for a model file fastfair did not write; add --model ARCH "
+                            "(fastfair models), or leave it out for a run or a fastfair checkpoint")
+        evaluate_checkpoint(_checkpoint_path(target, checkpoint), **common)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
+                          "and resumes); run the same command again") from None
+
+
+@app.command(help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
+def diagnose(
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    attack: Annotated[str, typer.Option(help="attack for the adversarial side (clean, fgsm, pgdK, cwK, "
+                                             "tpgdK@tT)")] = "pgd20",
+    split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    tsne: Annotated[int, typer.Option(metavar="N", help="images in the t-SNE (0: skip it)")] = 500,
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="evaluation batch size")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
+) -> None:
+    from fastfair.evaluation.diagnose import diagnose_checkpoint
+
+    try:
+        diagnose_checkpoint(_checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
+                            data_dir=data_dir, device=device, batch_size=batch_size, tsne_points=tsne, quiet=quiet,
+                            seed=seed)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; no diagnostics were written; run the same command again") from None
+
+
+@app.command(help="Markdown report with PNG figures and LaTeX tables of one or more runs")
+def report(
+    runs: Annotated[List[str], typer.Argument(metavar="RUN_DIR...")],
+    out: Annotated[Text, typer.Option(help="output folder (default RUN_DIR/report for one run, ./report for "
+                                           "several)")] = None,
+    baseline: Annotated[Text, typer.Option(metavar="RUN_DIR", help="run (or one seed of a group) that rho is "
+                                                                   "measured against")] = None,
+    attack: Annotated[Text, typer.Option(help="robust column of the comparison (default: aa when every run has "
+                                              "it)")] = None,
+    split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
+) -> None:
+    from fastfair.reports.report import write_report
+
+    folder = Path(out or (Path(runs[0]) / "report" if len(runs) == 1 else "report"))
+    path = write_report(runs, folder, baseline=baseline, attack=attack, split=_split(split))
+    print(f"written: {path} (figures in {folder / 'figures'}, LaTeX tables in {folder / 'tables.tex'})")
+
+
+# ---- grid, data ---------------------------------------------------------------------------------
+
+@app.command(help="run a grid of trainings (axes over config keys), then one comparison table")
+def grid(
+    grid: Annotated[str, typer.Argument(metavar="GRID", help="grid TOML file (see configs/grids/) or the name of "
+                                                             "a shipped grid")],
+    out: Annotated[Text, typer.Option(help="grid directory (default runs/grids/GRID_NAME); one folder per run "
+                                           "inside")] = None,
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else "
+                                           "cpu)")] = "auto",
+    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU (see "
+                                                           "bench/bench_concurrency.py)")] = 1,
+    launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays; pip install "
+                                               "fastfair\\[submitit])")] = "local",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the runs the grid expands to and their state; run "
+                                               "nothing")] = False,
+) -> int:
+    from fastfair.scaleout.grid import run_grid
+
+    try:
+        return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; the grid's runs stopped with it; run the same command again to go on "
+                          "(finished runs are skipped, interrupted ones resume)") from None
+
+
+@data_app.command(help="write train/val/test .beton files for --loader ffcv (needs fastfair\\[ffcv])")
+def convert(
+    dataset: Annotated[str, typer.Option(help="data set (fastfair datasets)")],
+    out: Annotated[str, typer.Option(help="folder for train.beton, val.beton, test.beton and meta.json")],
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    val_per_class: Annotated[Optional[int], typer.Option(
+        help="validation images per class, as data.val_per_class of the runs (default: the data set's)")] = None,
+    jpeg: Annotated[bool, typer.Option("--jpeg", help="store RGB images as JPEG (large images; lossy)")] = False,
+    jpeg_quality: Annotated[int, typer.Option(help="JPEG quality with --jpeg")] = 90,
+    workers: Annotated[Optional[int], typer.Option(help="writer processes (default: up to 8 CPUs)")] = None,
+) -> None:
+    from fastfair.data import ffcv
+
+    paths = ffcv.convert_dataset(dataset, data_dir, out, val_per_class=val_per_class, jpeg=jpeg,
+                                 jpeg_quality=jpeg_quality, num_workers=workers)
+    meta = ffcv.read_meta(out)
     for split, path in paths.items():
         print(f"{split:5s} {meta['splits'][split]['n']:7d} images  {path}")
-    print(f"train with: fastfair train --dataset {args.dataset} --loader ffcv --beton-dir {args.out}"
-          + (f" --data-dir {args.data_dir}" if args.data_dir else ""))
+    print(f"train with: fastfair train --dataset {dataset} --loader ffcv --beton-dir {out}"
+          + (f" --data-dir {data_dir}" if data_dir else ""))
 
 
-def _checkpoint_path(args) -> Path:
-    """RUN_DIR -> RUN_DIR/checkpoints/<--checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
-    target = Path(args.target)
-    if not target.is_dir():
-        return target
-    run = RunDir(target)
-    if args.checkpoint != "auto":
-        return run.checkpoint(args.checkpoint)
-    return run.selected_checkpoint(config.load_saved_text(run.read_config()).train.select)
+# ---- entry point --------------------------------------------------------------------------------
 
-
-def cmd_eval(args) -> None:
-    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
-    evaluate_checkpoint(_checkpoint_path(args), attacks=attacks, split=args.split, data_dir=args.data_dir,
-                        device=args.device, batch_size=args.batch_size, amp=args.bf16, quiet=args.quiet,
-                        aa_backend=args.aa_backend, seed=args.seed)
-
-
-# ---- evaluation-and-report additions (diagnose, report) ---------------------------------------
-
-def cmd_diagnose(args) -> None:
-    diagnose_checkpoint(_checkpoint_path(args), attack=args.attack, split=args.split, data_dir=args.data_dir,
-                        device=args.device, batch_size=args.batch_size, tsne_points=args.tsne, quiet=args.quiet,
-                        seed=args.seed)
-
-
-def cmd_report(args) -> None:
-    out = Path(args.out or (Path(args.runs[0]) / "report" if len(args.runs) == 1 else "report"))
-    path = write_report(args.runs, out, baseline=args.baseline, attack=args.attack, split=args.split)
-    print(f"written: {path} (figures in {out / 'figures'}, LaTeX tables in {out / 'tables.tex'})")
-
-
-def _add_report_commands(sub) -> None:
-    d = sub.add_parser("diagnose", help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
-    d.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
-    d.add_argument("--attack", default="pgd20",
-                   help="attack for the adversarial side (clean, fgsm, pgdK, cwK, tpgdK@tT)")
-    d.add_argument("--split", default="test", choices=["test", "val"])
-    d.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
-    d.add_argument("--tsne", type=int, default=500, metavar="N", help="images in the t-SNE (0: skip it)")
-    d.add_argument("--data-dir")
-    d.add_argument("--device", default="auto")
-    d.add_argument("--batch-size", type=int)
-    d.add_argument("--seed", type=int, help=SEED_HELP)
-    d.add_argument("--quiet", action="store_true")
-    d.set_defaults(func=cmd_diagnose)
-
-    r = sub.add_parser("report", help="Markdown report with PNG figures and LaTeX tables of one or more runs")
-    r.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    r.add_argument("--out", help="output folder (default RUN_DIR/report for one run, ./report for several)")
-    r.add_argument("--baseline", metavar="RUN_DIR", help="run (or one seed of a group) that rho is measured against")
-    r.add_argument("--attack", help="robust column of the comparison (default: aa when every run has it)")
-    r.add_argument("--split", default="test", choices=["test", "val"])
-    r.set_defaults(func=cmd_report)
-
-
-# ---- fairness-method flags (shorthands for config keys) ---------------------------------------
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated class indices such as 3,5; got {text!r}") from None
-
-
-def _add_fairness_flags(t: argparse.ArgumentParser) -> None:
-    g = t.add_argument_group("fairness options (shorthands for --set keys)")
-    g.add_argument("--ccm", action="store_const", const=True, help="CFA class-wise calibrated margin (ccm.enabled)")
-    g.add_argument("--ccr", action="store_const", const=True,
-                   help="CFA class-wise calibrated TRADES beta (ccr.enabled)")
-    avg = g.add_mutually_exclusive_group()
-    avg.add_argument("--ema", dest="averaging", action="store_const", const="ema", help="EMA of weights per epoch")
-    avg.add_argument("--fawa", dest="averaging", action="store_const", const="fawa",
-                     help="CFA fairness-aware weight averaging (train.averaging=fawa)")
-    g.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's model weights (train.init_from)")
-    g.add_argument("--classes", type=_int_list, metavar="I,J",
-                   help="train and test on these classes only (data.classes)")
-    g.add_argument("--adv-classes", type=_int_list, metavar="I,J",
-                   help="adversarial examples only for these classes (adv_classes.classes)")
-
-
-def _fairness_flags(args) -> dict:
-    return {"ccm.enabled": args.ccm, "ccr.enabled": args.ccr, "train.averaging": args.averaging,
-            "train.init_from": args.init_from, "data.classes": args.classes, "adv_classes.classes": args.adv_classes}
-
-
-def cmd_grid(args) -> int:
-    return run_grid(args.grid, out=args.out, gpus=args.gpus, per_gpu=args.per_gpu, launcher=args.launcher,
-                    dry_run=args.dry_run)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fastfair", description="Fast class-wise fair adversarial training.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train a model, then evaluate it per class")
-    t.add_argument("--method", help="training method (fastfair methods)")
-    t.add_argument("--config", help="TOML preset: a file or a name from `fastfair presets`")
-    t.add_argument("--dataset", help="data set (fastfair datasets)")
-    t.add_argument("--data-dir", help="folder (or .npz file) holding the data set")
-    t.add_argument("--model", help="model (fastfair models)")
-    t.add_argument("--epochs", type=int)
-    t.add_argument("--seed", type=int)
-    t.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    t.add_argument("--out", help="run directory (default runs/METHOD-DATASET)")
-    t.add_argument("--kernels", choices=["auto", "triton", "torch"], help="loss/PGD-step ops (default: triton on CUDA)")
-    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model and loss (default: on for CUDA)")
-    t.add_argument("--cudagraphs", action="store_true", default=None,
-                   help="CUDA graphs via torch.compile reduce-overhead")
-    t.add_argument("--loader", help="training/validation batches: device (default) | ffcv (needs --beton-dir)")
-    t.add_argument("--beton-dir", help="folder of .beton files from `fastfair data convert` (for --loader ffcv)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.lr=0.05 (repeatable)")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    t.add_argument("--quiet", action="store_true")
-    _add_fairness_flags(t)
-    t.set_defaults(func=cmd_train)
-
-    e = sub.add_parser("eval", help="per-class evaluation of a run or checkpoint")
-    e.add_argument("target", help="RUN_DIR or CHECKPOINT.pt")
-    e.add_argument("--attacks", default="clean,pgd20,cw20",
-                   help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, tpgdK@grid (1/T in 2,5,10,50), "
-                        "aa (AutoAttack standard)")
-    e.add_argument("--split", default="test", choices=["test", "val"])
-    e.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
-    e.add_argument("--data-dir")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--batch-size", type=int)
-    e.add_argument("--bf16", action="store_true", help="attack and predict under bf16 autocast (default fp32)")
-    e.add_argument("--quiet", action="store_true")
-    e.add_argument("--aa-backend", default="auto", choices=["auto", *autoattack.BACKENDS],
-                   help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
-                        "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")
-    e.add_argument("--seed", type=int, help=SEED_HELP)
-    e.set_defaults(func=cmd_eval)
-    _add_report_commands(sub)
-
-    d = sub.add_parser("data", help="data preparation").add_subparsers(dest="data_command", required=True)
-    c = d.add_parser("convert", help="write train/val/test .beton files for --loader ffcv (needs fastfair[ffcv])")
-    c.add_argument("--dataset", required=True, help="data set (fastfair datasets)")
-    c.add_argument("--data-dir", help="folder (or .npz file) holding the data set")
-    c.add_argument("--out", required=True, help="folder for train.beton, val.beton, test.beton and meta.json")
-    c.add_argument("--val-per-class", type=int,
-                   help="validation images per class, as data.val_per_class of the runs (default: the data set's)")
-    c.add_argument("--jpeg", action="store_true", help="store RGB images as JPEG (large images; lossy)")
-    c.add_argument("--jpeg-quality", type=int, default=90)
-    c.add_argument("--workers", type=int, help="writer processes (default: up to 8 CPUs)")
-    c.set_defaults(func=cmd_data_convert)
-
-    g = sub.add_parser("grid", help="run a grid of trainings (axes over config keys), then one comparison table")
-    g.add_argument("grid", help="grid TOML file (see configs/grids/) or the name of a shipped grid")
-    g.add_argument("--out", help="grid directory (default runs/grids/GRID_NAME); one folder per run inside")
-    g.add_argument("--gpus", default="auto",
-                   help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else cpu)")
-    g.add_argument("--per-gpu", type=int, default=1, metavar="K",
-                   help="concurrent runs per GPU (see bench/bench_concurrency.py)")
-    g.add_argument("--launcher", default="local",
-                   help="local | submitit (SLURM job arrays; pip install fastfair[submitit])")
-    g.add_argument("--dry-run", action="store_true",
-                   help="print the runs the grid expands to and their state; run nothing")
-    g.set_defaults(func=cmd_grid)
-
-    for name, func, helptext in (("methods", cmd_methods, "list training methods"),
-                                 ("models", cmd_models, "list models"),
-                                 ("datasets", cmd_datasets, "list data sets"),
-                                 ("presets", cmd_presets, "list config presets and the paper tables they reproduce")):
-        sub.add_parser(name, help=helptext).set_defaults(func=func)
-    return p
+def _error(message: str, code: int) -> int:
+    print(f"fastfair: error: {message}", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2."""
+    command = typer.main.get_command(app)
     try:
-        return args.func(args) or 0  # grid returns 1 when a run failed
+        result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
+                              standalone_mode=False)
     except UserError as err:
-        print(f"fastfair: error: {err}", file=sys.stderr)
-        return 2
+        return _error(str(err), 2)
+    except Interrupted as err:
+        print(f"fastfair: {err}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        # click's usage errors (unknown option, missing argument, bad integer), whichever click typer uses
+        if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):
+            raise
+        where = getattr(getattr(err, "ctx", None), "command_path", "fastfair")
+        if not err.format_message():  # a command group run without a command: its help is already shown
+            return err.exit_code
+        return _error(f"{err.format_message()} (see: {where} --help)", err.exit_code)
+    return result if isinstance(result, int) else 0  # grid returns 1 when a run failed
 
 
 if __name__ == "__main__":

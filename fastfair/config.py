@@ -15,7 +15,6 @@ import dataclasses
 import difflib
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from fastfair import schema
 from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
+from fastfair.preset_files import preset_names, preset_text  # noqa: F401  (preset_names: part of config's API)
 
 
 @dataclass
@@ -264,22 +264,9 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("fastfair.presets").iterdir() if p.name.endswith(".toml"))
-
-
 def read_preset(name_or_path: str) -> dict[str, Any]:
     """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``)."""
-    path = Path(name_or_path)
-    if path.is_file():
-        text = path.read_text()
-    else:
-        res = resources.files("fastfair.presets") / f"{name_or_path.removesuffix('.toml')}.toml"
-        if not res.is_file():
-            close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise UserError(f"no config file or preset {name_or_path!r}.{hint} List presets with: fastfair presets")
-        text = res.read_text()
+    text = preset_text(name_or_path)
     try:
         return flatten(tomllib.loads(text))
     except tomllib.TOMLDecodeError as err:

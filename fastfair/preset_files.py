@@ -1,0 +1,39 @@
+"""The presets shipped in ``configs/`` (installed as ``fastfair.presets``): their names and TOML text.
+
+Kept apart from :mod:`fastfair.config`, which imports the method and data registries (and so torch),
+so that ``fastfair presets`` lists them at once."""
+from __future__ import annotations
+
+import difflib
+import sys
+from importlib import resources
+from pathlib import Path
+
+from fastfair.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("fastfair.presets").iterdir() if p.name.endswith(".toml"))
+
+
+def preset_text(name_or_path: str) -> str:
+    """The TOML text of a file path, or of a preset shipped in ``configs/`` (``fastfair presets``)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path.read_text()
+    res = resources.files("fastfair.presets") / f"{name_or_path.removesuffix('.toml')}.toml"
+    if not res.is_file():
+        close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UserError(f"no config file or preset {name_or_path!r}.{hint} List presets with: fastfair presets")
+    return res.read_text()
+
+
+def preset_title(name: str) -> str:
+    """The paper table and row a shipped preset reproduces (its top-level ``preset`` line)."""
+    return str(tomllib.loads(preset_text(name)).get("preset", ""))
