@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastfair import cli, config, data
+from fastfair import cli, data
 from fastfair.data.subsets import select
 from fastfair.errors import UserError
 from fastfair.models import NORMS
@@ -33,17 +33,26 @@ def test_class_subset_keeps_and_relabels_in_the_given_order():
             select(b, bad)
 
 
-def test_cli_shorthands_set_the_config_keys():
-    args = cli.parser().parse_args(["train", "--method", "trades", "--ccm", "--ccr", "--fawa", "--classes", "3,5",
-                                    "--adv-classes", "1", "--init-from", "a.pt"])
-    cfg = config.resolve(None, {"method.name": "trades", "data.dataset": "digits", **cli._fairness_flags(args)})
+def _trained_config(monkeypatch, *argv):
+    """The config ``fastfair train ARGV`` would train, caught where training would start."""
+    seen = []
+    monkeypatch.setattr(cli, "_fit", lambda cfg, out, resume, quiet: seen.append(cfg))
+    assert cli.main(["train", "--method", "trades", "--dataset", "digits", *argv]) == 0
+    return seen[0]
+
+
+def test_cli_shorthands_set_the_config_keys(monkeypatch, capsys):
+    cfg = _trained_config(monkeypatch, "--ccm", "--ccr", "--fawa", "--classes", "3,5", "--adv-classes", "1",
+                          "--init-from", "a.pt")
     assert (cfg.ccm.enabled, cfg.ccr.enabled, cfg.train.averaging) == (True, True, "fawa")
     assert (cfg.data.classes, cfg.adv_classes.classes, cfg.train.init_from) == ([3, 5], [1], "a.pt")
-    plain = config.resolve(None, {"method.name": "trades", "data.dataset": "digits",
-                                  **cli._fairness_flags(cli.parser().parse_args(["train"]))})
+    plain = _trained_config(monkeypatch)
     assert (plain.ccm.enabled, plain.train.averaging, plain.data.classes) == (False, "none", [])
-    with pytest.raises(SystemExit):
-        cli.parser().parse_args(["train", "--ema", "--fawa"])
+    capsys.readouterr()
+    assert cli.main(["train", "--ema", "--fawa"]) == 2
+    assert "--ema and --fawa" in capsys.readouterr().err
+    assert cli.main(["train", "--classes", "3,cat"]) == 2
+    assert "--classes takes comma-separated class indices" in capsys.readouterr().err
 
 
 def test_methods_listing_names_every_method_option_and_paper(capsys):

@@ -117,6 +117,15 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size)
+    return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
+                           aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"]},
+                           title=f"{path.stem} (epoch {ck['epoch'] + 1})")
+
+
+def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
+                    quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str) -> dict:
+    """Evaluate a loaded model (from ``path``) per class; writes the JSON beside ``path``'s run and prints a
+    table. ``record`` adds what the result must say about where the model came from."""
     seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
@@ -134,7 +143,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print)
-    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
+    record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
               "images": len(data[1]), **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
@@ -143,8 +152,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
         write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
-        print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
-              f"per-class accuracy (%):\n")
+        print(f"\n{title} on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, per-class accuracy (%):\n")
         print(measures.markdown_table(results, bundle.classes))
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")

@@ -1,0 +1,223 @@
+"""Per-class evaluation of a model file fastfair did not write: an authors' released checkpoint, a
+RobustBench file, any state dict of a registry architecture.
+
+The file is read with ``weights_only=True`` and turned into a fastfair state dict in four steps:
+unwrap (``state_dict``, ``model``, ``net``, ...), strip wrapper prefixes (``module.`` of
+DataParallel, ``_orig_mod.`` of torch.compile, ``model.``), take out the normaliser's mean and std
+(fastfair's models normalise inside), and rename the authors' layer names to the registry's
+(:data:`AUTHORS_KEYS`). A file that still does not match is refused with the keys that differ.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from fastfair import build, config, models
+from fastfair.errors import UserError
+from fastfair.evaluation.per_class import evaluate_loaded
+from fastfair.registry import Registry
+
+NESTED = ("state_dict", "model_state_dict", "model", "net", "state")  # where authors' scripts keep the weights
+WRAPPERS = ("module.", "_orig_mod.", "model.", "net.")  # DataParallel, torch.compile, wrapper modules
+MEAN_NAMES, STD_NAMES = ("mean", "mu"), ("std", "sigma")  # RobustBench's models call them mu and sigma
+
+Rename = list[tuple[str, object]]  # (regex at the start of a key, replacement string or function of the match)
+AUTHORS_KEYS: Registry[Rename] = Registry("architecture with authors' key names")
+
+
+def _block(first: int, per_stage: int):
+    """``stage S, block B`` (S from 1) -> ``body.<index>.``: the registry models keep blocks in one Sequential."""
+    return lambda m: f"body.{first + per_stage * (int(m[1]) - 1) + int(m[2])}."
+
+
+AUTHORS_KEYS.register("resnet18", "conv1, bn1, layer1-4.B, shortcut.0/1, linear (ResNet-18 of the ME paper's "
+                                  "code, the common CIFAR ResNet)")([
+    (r"conv1\.", "body.0."), (r"bn1\.", "body.1."), (r"layer(\d)\.(\d)\.", _block(3, 2)),
+    (r"(linear|fc)\.", "head.")])
+AUTHORS_KEYS.register("preact-resnet18", "conv1, layer1-4.B (shortcut.0), bn, linear (PreActResNet-18 of the CFA "
+                                         "and FRL code)")([
+    (r"conv1\.", "body.0."), (r"layer(\d)\.(\d)\.shortcut\.0\.", lambda m: _block(1, 2)(m) + "shortcut."),
+    (r"layer(\d)\.(\d)\.", _block(1, 2)), (r"bn\.", "body.9."), (r"(linear|fc)\.", "head.")])
+
+
+def _wide_resnet(depth: int) -> Rename:
+    n = (depth - 4) // 6
+    return [(r"conv1\.", "body.0."),
+            (r"block(\d)\.layer\.(\d+)\.convShortcut\.", lambda m: _block(1, n)(m) + "shortcut."),
+            (r"block(\d)\.layer\.(\d+)\.", _block(1, n)), (r"bn1\.", f"body.{3 * n + 1}."), (r"fc\.", "head.")]
+
+
+AUTHORS_KEYS.register("wrn-34-10", "conv1, block1-3.layer.i (convShortcut), bn1, fc (WideResNet of the TRADES, "
+                                   "MART and FAT code)")(_wide_resnet(34))
+AUTHORS_KEYS.register("wrn-28-10", "as wrn-34-10, 4 blocks per stage")(_wide_resnet(28))
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a model file, unwrapped and without wrapper prefixes; nothing is unpickled."""
+    if not path.is_file():
+        raise UserError(f"no model file at {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(f"{path} is unsafe to load: it holds Python objects other than tensors, which could run "
+                        "code; fastfair does not unpickle it. Save the model's state_dict() instead") from None
+    except Exception as err:  # torch.load's errors on a file that is not a torch save vary by version and format
+        raise UserError(f"{path} is not a file written by torch.save ({type(err).__name__}); pass a saved "
+                        "state dict") from None
+    while isinstance(obj, dict) and not _is_state_dict(obj):
+        inner = next((obj[k] for k in NESTED if isinstance(obj.get(k), dict)), None)
+        if inner is None:
+            break
+        obj = inner
+    if not _is_state_dict(obj):
+        raise UserError(f"{path} holds no state dict (a dict of tensors, also under {', '.join(NESTED)}); "
+                        "save the model's state_dict()")
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPERS:
+            if all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix):]: v for k, v in state.items()}
+                stripped = True
+    return state
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, dict) and any(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def split_normaliser(state: dict) -> tuple[dict, dict[str, list[float]] | None]:
+    """(weights, {mean, std} of a normaliser inside the file or None). A normaliser is a buffer named mean/mu
+    and std/sigma at the top or one level down (``normalize.mean``, or ``0.mean`` when the file is
+    ``nn.Sequential(normaliser, network)``, whose ``1.`` prefix then goes too)."""
+    found, rest = {}, {}
+    for key, value in state.items():
+        parts = key.split(".")
+        kind = "mean" if parts[-1] in MEAN_NAMES else "std" if parts[-1] in STD_NAMES else None
+        if kind and len(parts) <= 2:
+            found[kind] = (parts[0] if len(parts) == 2 else "", value)
+        else:
+            rest[key] = value
+    if set(found) != {"mean", "std"}:
+        return state, None
+    if found["mean"][0] == "0" and all(k.startswith("1.") for k in rest):
+        rest = {k[2:]: v for k, v in rest.items()}
+    return rest, {k: v.flatten().tolist() for k, (_, v) in found.items()}
+
+
+def rename(state: dict, model: str, expected: set[str]) -> tuple[dict, str]:
+    """(state with fastfair's key names, which naming the file used)."""
+    if set(state) == expected or model not in AUTHORS_KEYS:
+        return state, "fastfair"
+    rules = [(re.compile(pattern), repl) for pattern, repl in AUTHORS_KEYS.get(model)]
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            m = pattern.match(key)
+            if m:
+                key = (repl(m) if callable(repl) else repl) + key[m.end():]
+                break
+        out[key] = value
+    return out, f"authors' ({AUTHORS_KEYS.doc(model)})"
+
+
+def normalisation(flag: str | None, in_file: dict | None, dataset_mean_std, channels: int) -> dict:
+    """{source, mean, std}: the file's own normaliser, else what ``--normalize`` says."""
+    if in_file:
+        if flag is not None:
+            raise UserError(f"the file holds its own normalisation (mean {in_file['mean']}, std {in_file['std']}); "
+                            "leave out --normalize")
+        return {"source": "the file", **in_file}
+    if flag is None:
+        raise UserError("say how the model expects its input: --normalize none (images in [0, 1], as the TRADES and "
+                        "CFA code train), dataset (the data set's mean and std), or MEAN/STD such as "
+                        "0.4914,0.4822,0.4465/0.2471,0.2435,0.2616")
+    if flag == "none":
+        return {"source": "none", "mean": [0.0] * channels, "std": [1.0] * channels}
+    if flag == "dataset":
+        mean, std = dataset_mean_std()
+        return {"source": "the data set", "mean": mean, "std": std}
+    try:
+        mean, std = ([float(v) for v in half.split(",")] for half in flag.split("/"))
+    except ValueError:
+        raise UserError(f"--normalize takes none, dataset or MEAN/STD (comma-separated numbers); "
+                        f"got {flag!r}") from None
+    if len(mean) == 1 and len(std) == 1:
+        mean, std = mean * channels, std * channels
+    if len(mean) != channels or len(std) != channels or min(std) <= 0:
+        raise UserError(f"--normalize {flag}: give {channels} means and {channels} positive stds (or one of each)")
+    return {"source": "--normalize", "mean": mean, "std": std}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _refuse(path: Path, model: str, loaded: set[str], expected: set[str]) -> UserError:
+    missing, unexpected = sorted(expected - loaded), sorted(loaded - expected)
+    few = lambda keys: ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    known = ", ".join(AUTHORS_KEYS)
+    return UserError(f"{path} does not fit --model {model}: missing {few(missing) or 'none'}; unexpected "
+                     f"{few(unexpected) or 'none'}. Pass the architecture it was trained with; authors' key names "
+                     f"are read for {known} (README, Any model)")
+
+
+def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
+                 split: str, device: str, data_dir: str | None, batch_size: int | None):
+    """(cfg, dev, model, bundle, (x, y) of split, the record of where the model came from)."""
+    models.MODELS.get(model)  # an unknown name fails before the file or the data is read
+    state, in_file = split_normaliser(read_state_dict(path))
+    if in_file is None and normalize is None:
+        normalisation(None, None, None, 0)  # refuses now, before the data loads
+    cfg = config.resolve(None, {"method.name": "standard", "data.dataset": dataset, "data.data_dir": data_dir,
+                                "model.name": model, "train.device": device, "data.eval_batch_size": batch_size})
+    dev = build.device(cfg)
+    bundle, splits = build.splits(cfg)
+    classes = num_classes or bundle.num_classes
+    if classes != bundle.num_classes:
+        raise UserError(f"--num-classes {num_classes}, but {dataset} has {bundle.num_classes} classes")
+    with torch.device("meta"):  # only the key names: no memory, no initialisation
+        probe = models.build(model, num_classes=classes, in_channels=bundle.shape[0], mean=[0.0] * bundle.shape[0],
+                             std=[1.0] * bundle.shape[0])
+    expected = {k for k in probe.state_dict() if k not in ("mean", "std")}
+    state, naming = rename(state, model, expected)
+    # files saved before PyTorch 0.4.1 have no BatchNorm step counters, which evaluation never reads
+    state.update({k: torch.tensor(0) for k in expected - set(state) if k.endswith(".num_batches_tracked")})
+    if set(state) != expected:
+        raise _refuse(path, model, set(state), expected)
+    first_conv = state["body.0.weight"]  # the width the file was trained with (0 would mean the paper's)
+    norm = normalisation(normalize, in_file, bundle.mean_std, first_conv.shape[1])
+    net = models.build(model, num_classes=classes, in_channels=first_conv.shape[1], mean=norm["mean"],
+                       std=norm["std"], width=first_conv.shape[0])
+    try:
+        net.load_state_dict({**state, "mean": net.mean, "std": net.std})
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise UserError(f"{path} does not fit --model {model}: {detail}; check --model and --num-classes") from None
+    cl = build.channels_last(cfg, dev)
+    net = net.to(dev, memory_format=torch.channels_last) if cl else net.to(dev)
+    source = {"file": str(path), "sha256": _sha256(path), "model": model, "width": first_conv.shape[0],
+              "key_names": naming, "normalization": norm}
+    return cfg, dev, net, bundle, splits[split], source
+
+
+def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
+                     attacks: list[str], split: str, data_dir: str | None, device: str, batch_size: int | None,
+                     amp: bool, quiet: bool, aa_backend: str, seed: int | None) -> dict:
+    """``fastfair eval FILE --model ARCH``: the same per-class attacks, table and JSON as for a fastfair checkpoint;
+    the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used."""
+    cfg, dev, net, bundle, data, source = load_foreign(
+        path, model=model, dataset=dataset, normalize=normalize, num_classes=num_classes, split=split,
+        device=device, data_dir=data_dir, batch_size=batch_size)
+    return evaluate_loaded(path, net, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
+                           aa_backend=aa_backend, seed=seed, record={"epoch": None, "source": source},
+                           title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})")
