@@ -1,12 +1,15 @@
 """The CLI as a user types it (subprocesses, real data)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from fastfair.rundir import RunDir
 from helpers import cifar_subset_npz
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +76,49 @@ def test_me_trades_end_to_end_on_real_cifar10(tmp_path):
     r = fastfair("eval", str(out), "--attacks", "clean,fgsm", "--split", "val", "--quiet")
     assert r.returncode == 0, r.stderr
     assert (out / "eval" / "best_pgd-val.json").is_file()
+
+
+def test_help_and_presets_answer_without_importing_torch():
+    probe = ("import sys; from fastfair import cli; code = cli.main(sys.argv[1:]); "
+             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]; "
+             "sys.exit(code)")
+    for args, shown in ((["--help"], "presets"), (["presets"], "me-table2-me-trades-l27"),
+                        (["train", "--help"], "--resume"), (["eval", "--help"], "--normalize")):
+        r = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert r.returncode == 0 and shown in r.stdout, (args, r.stderr)
+
+
+def test_usage_mistakes_are_one_error_line():
+    for args, match in ((["train", "--epochs", "two"], "'--epochs'"), (["train", "--bogus"], "--bogus"),
+                        (["eval"], "Missing argument"), (["trian"], "No such command 'trian'")):
+        r = fastfair(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fastfair: error: "), (args, r.stderr)
+        assert match in lines[0]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
+    out = tmp_path / "run"
+    train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--set", "model.width=4",
+             "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+    proc = subprocess.Popen([sys.executable, "-m", "fastfair", *train], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and metrics.read_text().endswith("\n")):  # epoch 1 is written
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    saved = len(RunDir(out).read_metrics())
+    assert err.strip().splitlines() == [f"fastfair: interrupted in epoch {saved + 1} of 50 ({saved} saved); "
+                                        f"continue with: fastfair train --out {out} --resume"]
+    assert RunDir(out).locked_by() == "" and RunDir(out).lock_file.read_text() == ""  # released, not stale
+    assert not list(out.rglob("*.tmp"))
+    r = fastfair(*train[:train.index("--epochs")], "--epochs", str(saved + 1), *train[train.index("--out"):],
+                 "--resume")
+    assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == list(range(saved + 1))
