@@ -246,7 +246,7 @@ def eval_(
     dataset: Annotated[Text, typer.Option(help="its data set (fastfair datasets; default cifar10)",
                                           rich_help_panel="a model file fastfair did not write")] = None,
     normalize: Annotated[Text, typer.Option(
-        help="what the model expects: none (inputs in [0, 1], as TRADES and CFA train) | dataset (the data set's "
+        help="what the model expects: none (inputs in [0, 1], as the TRADES code trains) | dataset (the data set's "
              "mean and std) | MEAN/STD (e.g. 0.5,0.5,0.5/0.25,0.25,0.25); not needed when the file holds them",
         rich_help_panel="a model file fastfair did not write")] = None,
     num_classes: Annotated[Optional[int], typer.Option(help="classes of its head (default: the data set's)",

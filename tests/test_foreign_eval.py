@@ -16,9 +16,10 @@ from helpers import cifar_subset_npz
 ATTACKS = "clean,pgd2"
 
 
-def as_cfa_preact(state: dict) -> dict:
-    """A fastfair preact-resnet18 state dict under the CFA code's names (conv1, layerS.B, shortcut.0, bn,
-    linear): written here from the layout of that code, independently of fastfair's own renaming."""
+def as_authors_preact(state: dict) -> dict:
+    """A fastfair preact-resnet18 state dict under the names of kuangliu/pytorch-cifar's PreActResNet-18
+    (conv1, layerS.B, shortcut.0, bn, linear): written here from that layout, independently of fastfair's
+    own renaming."""
     out = {}
     for key, value in state.items():
         m = re.match(r"body\.(\d+)\.(.*)", key)
@@ -72,7 +73,7 @@ def test_an_authors_checkpoint_gives_the_fastfair_checkpoints_per_class_results(
     # normaliser outside the model (the user says which), DataParallel prefix, nested under "state_dict"
     outside = tmp_path / "outside" / "model_best.pth"
     outside.parent.mkdir()
-    torch.save({"epoch": 99, "state_dict": {f"module.{k}": v for k, v in as_cfa_preact(state).items()}}, outside)
+    torch.save({"epoch": 99, "state_dict": {f"module.{k}": v for k, v in as_authors_preact(state).items()}}, outside)
     mean, std = (",".join(str(v) for v in ck["spec"][k]) for k in ("mean", "std"))
     assert _eval(outside, npz, "--normalize", f"{mean}/{std}") == 0
     result = outside.parent / "eval" / "model_best-test.json"
@@ -84,7 +85,7 @@ def test_an_authors_checkpoint_gives_the_fastfair_checkpoints_per_class_results(
     # normaliser inside, as nn.Sequential(normaliser, network) saves it, nested under "net"
     inside = tmp_path / "inside.pt"
     torch.save({"net": {"0.mean": ck["model"]["mean"], "0.std": ck["model"]["std"],
-                        **{f"1.{k}": v for k, v in as_cfa_preact(state).items()}}}, inside)
+                        **{f"1.{k}": v for k, v in as_authors_preact(state).items()}}}, inside)
     assert _eval(inside, npz) == 0
     assert _per_class(tmp_path / "eval" / "inside-test.json") == expected
 
@@ -113,3 +114,53 @@ def test_a_file_that_does_not_fit_is_one_line_naming_the_keys(trained, tmp_path,
     assert cli.main(["eval", str(no_norm), "--dataset", "npz"]) == 2  # --dataset without --model
     assert "add --model ARCH" in _one_error(capsys)
     assert not (tmp_path / "eval").exists()
+
+
+def _bn(prefix: str, c: int) -> dict:
+    return {f"{prefix}.{n}": (c,) for n in ("weight", "bias", "running_mean", "running_var")} | {
+        f"{prefix}.num_batches_tracked": ()}
+
+
+def authors_resnet18() -> dict:
+    """Key -> shape of kuangliu/pytorch-cifar's ResNet-18 for CIFAR-10, from its layout."""
+    keys = {"conv1.weight": (64, 3, 3, 3), **_bn("bn1", 64), "linear.weight": (10, 512), "linear.bias": (10,)}
+    cin = 64
+    for stage, c in enumerate((64, 128, 256, 512), 1):
+        for b in range(2):
+            p = f"layer{stage}.{b}"
+            keys |= {f"{p}.conv1.weight": (c, cin, 3, 3), **_bn(f"{p}.bn1", c), f"{p}.conv2.weight": (c, c, 3, 3),
+                     **_bn(f"{p}.bn2", c)}
+            if cin != c:
+                keys |= {f"{p}.shortcut.0.weight": (c, cin, 1, 1), **_bn(f"{p}.shortcut.1", c)}
+            cin = c
+    return keys
+
+
+def authors_wrn34_10() -> dict:
+    """Key -> shape of the TRADES code's WideResNet-34-10, from its layout (5 blocks per stage)."""
+    keys = {"conv1.weight": (16, 3, 3, 3), **_bn("bn1", 640), "fc.weight": (10, 640), "fc.bias": (10,)}
+    cin = 16
+    for stage, c in enumerate((160, 320, 640), 1):
+        for i in range(5):
+            p = f"block{stage}.layer.{i}"
+            keys |= {**_bn(f"{p}.bn1", cin), f"{p}.conv1.weight": (c, cin, 3, 3), **_bn(f"{p}.bn2", c),
+                     f"{p}.conv2.weight": (c, c, 3, 3)}
+            if cin != c:
+                keys |= {f"{p}.convShortcut.weight": (c, cin, 1, 1)}
+            cin = c
+    return keys
+
+
+@pytest.mark.parametrize("model, authors", [("resnet18", authors_resnet18), ("wrn-34-10", authors_wrn34_10)])
+def test_authors_layer_names_map_onto_the_registry_model_shape_for_shape(model, authors):
+    from fastfair import models
+    from fastfair.evaluation import foreign
+
+    with torch.device("meta"):
+        ours = {k: tuple(v.shape) for k, v in models.build(model, num_classes=10, in_channels=3, mean=[0.0] * 3,
+                                                          std=[1.0] * 3).state_dict().items()
+                if k not in ("mean", "std")}
+    theirs = authors()
+    renamed, naming = foreign.rename({k: torch.empty(s, device="meta") for k, s in theirs.items()}, model, set(ours))
+    assert naming.startswith("authors'")
+    assert {k: tuple(v.shape) for k, v in renamed.items()} == ours

@@ -34,12 +34,12 @@ def _block(first: int, per_stage: int):
     return lambda m: f"body.{first + per_stage * (int(m[1]) - 1) + int(m[2])}."
 
 
-AUTHORS_KEYS.register("resnet18", "conv1, bn1, layer1-4.B, shortcut.0/1, linear (ResNet-18 of the ME paper's "
-                                  "code, the common CIFAR ResNet)")([
+AUTHORS_KEYS.register("resnet18", "conv1, bn1, layer1-4.B, shortcut.0/1, linear (the CIFAR ResNet-18 of "
+                                  "kuangliu/pytorch-cifar)")([
     (r"conv1\.", "body.0."), (r"bn1\.", "body.1."), (r"layer(\d)\.(\d)\.", _block(3, 2)),
     (r"(linear|fc)\.", "head.")])
-AUTHORS_KEYS.register("preact-resnet18", "conv1, layer1-4.B (shortcut.0), bn, linear (PreActResNet-18 of the CFA "
-                                         "and FRL code)")([
+AUTHORS_KEYS.register("preact-resnet18", "conv1, layer1-4.B (shortcut.0), bn, linear (the PreActResNet-18 of "
+                                         "kuangliu/pytorch-cifar)")([
     (r"conv1\.", "body.0."), (r"layer(\d)\.(\d)\.shortcut\.0\.", lambda m: _block(1, 2)(m) + "shortcut."),
     (r"layer(\d)\.(\d)\.", _block(1, 2)), (r"bn\.", "body.9."), (r"(linear|fc)\.", "head.")])
 
@@ -51,8 +51,8 @@ def _wide_resnet(depth: int) -> Rename:
             (r"block(\d)\.layer\.(\d+)\.", _block(1, n)), (r"bn1\.", f"body.{3 * n + 1}."), (r"fc\.", "head.")]
 
 
-AUTHORS_KEYS.register("wrn-34-10", "conv1, block1-3.layer.i (convShortcut), bn1, fc (WideResNet of the TRADES, "
-                                   "MART and FAT code)")(_wide_resnet(34))
+AUTHORS_KEYS.register("wrn-34-10", "conv1, block1-3.layer.i (convShortcut), bn1, fc (the WideResNet of the "
+                                   "TRADES code)")(_wide_resnet(34))
 AUTHORS_KEYS.register("wrn-28-10", "as wrn-34-10, 4 blocks per stage")(_wide_resnet(28))
 
 
@@ -134,8 +134,8 @@ def normalisation(flag: str | None, in_file: dict | None, dataset_mean_std, chan
                             "leave out --normalize")
         return {"source": "the file", **in_file}
     if flag is None:
-        raise UserError("say how the model expects its input: --normalize none (images in [0, 1], as the TRADES and "
-                        "CFA code train), dataset (the data set's mean and std), or MEAN/STD such as "
+        raise UserError("say how the model expects its input: --normalize none (images in [0, 1], as the TRADES code "
+                        "trains), dataset (the data set's mean and std), or MEAN/STD such as "
                         "0.4914,0.4822,0.4465/0.2471,0.2435,0.2616")
     if flag == "none":
         return {"source": "none", "mean": [0.0] * channels, "std": [1.0] * channels}
