@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.optimize import root
 
 from fastfair.errors import UserError
 from fastfair.ops.losses import label_mask
@@ -55,6 +54,8 @@ def cmp_scale(target: float, gram: np.ndarray) -> float:
     def gap(t):
         p = max_probability(math.exp(t[0]), gram)
         return [math.log(p) - math.log1p(-p) - goal]
+
+    from scipy.optimize import root  # here, not at the top: importing scipy slows every `fastfair` command
 
     sol = root(gap, [math.log(math.log(target * (c - 1) / (1 - target)))], method="hybr")
     if not sol.success:
