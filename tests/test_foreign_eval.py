@@ -107,8 +107,11 @@ def test_a_file_that_does_not_fit_is_one_line_naming_the_keys(trained, tmp_path,
     assert "unexpected final_bn.bias" in line
     no_norm = tmp_path / "no_norm.pt"
     torch.save({k: v for k, v in state.items() if k not in ("mean", "std")}, no_norm)
-    assert _eval(no_norm, npz) == 2
+    # refused before the data loads: no CIFAR-10 is needed to learn that --normalize is missing
+    assert cli.main(["eval", str(no_norm), "--model", "preact-resnet18", "--data-dir", str(tmp_path / "none")]) == 2
     assert "--normalize none" in _one_error(capsys)
+    assert _eval(run / "checkpoints" / "last.pt", npz, "--normalize", "dataset") == 2  # it has its own
+    assert "holds its own normalisation" in _one_error(capsys)
     assert _eval(no_norm, npz, "--normalize", "0.5,0.5/0.2") == 2
     assert "give 3 means and 3 positive stds" in _one_error(capsys)
     assert cli.main(["eval", str(no_norm), "--dataset", "npz"]) == 2  # --dataset without --model

@@ -68,10 +68,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     except Exception as err:  # torch.load's errors on a file that is not a torch save vary by version and format
         raise UserError(f"{path} is not a file written by torch.save ({type(err).__name__}); pass a saved "
                         "state dict") from None
-    while isinstance(obj, dict) and not _is_state_dict(obj):
-        inner = next((obj[k] for k in NESTED if isinstance(obj.get(k), dict)), None)
-        if inner is None:
-            break
+    # a state dict's values are tensors, so a dict under one of these names is always a wrapping
+    while isinstance(obj, dict) and (inner := next((obj[k] for k in NESTED if isinstance(obj.get(k), dict)),
+                                                   None)) is not None:
         obj = inner
     if not _is_state_dict(obj):
         raise UserError(f"{path} holds no state dict (a dict of tensors, also under {', '.join(NESTED)}); "
@@ -130,7 +129,8 @@ def normalisation(flag: str | None, in_file: dict | None, dataset_mean_std, chan
     """{source, mean, std}: the file's own normaliser, else what ``--normalize`` says."""
     if in_file:
         if flag is not None:
-            raise UserError(f"the file holds its own normalisation (mean {in_file['mean']}, std {in_file['std']}); "
+            shown = {k: [round(v, 4) for v in in_file[k]] for k in ("mean", "std")}
+            raise UserError(f"the file holds its own normalisation (mean {shown['mean']}, std {shown['std']}); "
                             "leave out --normalize")
         return {"source": "the file", **in_file}
     if flag is None:
@@ -176,36 +176,44 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
     """(cfg, dev, model, bundle, (x, y) of split, the record of where the model came from)."""
     models.MODELS.get(model)  # an unknown name fails before the file or the data is read
     state, in_file = split_normaliser(read_state_dict(path))
-    if in_file is None and normalize is None:
-        normalisation(None, None, None, 0)  # refuses now, before the data loads
-    cfg = config.resolve(None, {"method.name": "standard", "data.dataset": dataset, "data.data_dir": data_dir,
-                                "model.name": model, "train.device": device, "data.eval_batch_size": batch_size})
-    dev = build.device(cfg)
-    bundle, splits = build.splits(cfg)
-    classes = num_classes or bundle.num_classes
-    if classes != bundle.num_classes:
-        raise UserError(f"--num-classes {num_classes}, but {dataset} has {bundle.num_classes} classes")
-    with torch.device("meta"):  # only the key names: no memory, no initialisation
-        probe = models.build(model, num_classes=classes, in_channels=bundle.shape[0], mean=[0.0] * bundle.shape[0],
-                             std=[1.0] * bundle.shape[0])
+    with torch.device("meta"):  # only the key names, which do not depend on classes or channels: no memory
+        probe = models.build(model, num_classes=10, in_channels=3, mean=[0.0] * 3, std=[1.0] * 3)
     expected = {k for k in probe.state_dict() if k not in ("mean", "std")}
     state, naming = rename(state, model, expected)
     # files saved before PyTorch 0.4.1 have no BatchNorm step counters, which evaluation never reads
     state.update({k: torch.tensor(0) for k in expected - set(state) if k.endswith(".num_batches_tracked")})
     if set(state) != expected:
         raise _refuse(path, model, set(state), expected)
-    first_conv = state["body.0.weight"]  # the width the file was trained with (0 would mean the paper's)
-    norm = normalisation(normalize, in_file, bundle.mean_std, first_conv.shape[1])
-    net = models.build(model, num_classes=classes, in_channels=first_conv.shape[1], mean=norm["mean"],
-                       std=norm["std"], width=first_conv.shape[0])
+    # the registry models' first convolution and head give the width, channels and classes as trained (a
+    # model registered with other names keeps its paper's width and takes the data set's channels and classes)
+    first, head = state.get("body.0.weight"), state.get("head.weight")
+    width, channels = (first.shape[0], first.shape[1]) if first is not None and first.dim() == 4 else (0, None)
+    classes = head.shape[0] if head is not None else num_classes
+    if num_classes is not None and num_classes != classes:
+        raise UserError(f"--num-classes {num_classes}, but the model in {path} has {classes} outputs")
+    # every mistake in --normalize shows before the data loads; only `dataset` needs the data
+    early = channels is not None and not (normalize == "dataset" and not in_file)
+    norm = normalisation(normalize, in_file, None, channels) if early else None
+    cfg = config.resolve(None, {"method.name": "standard", "data.dataset": dataset, "data.data_dir": data_dir,
+                                "model.name": model, "train.device": device, "data.eval_batch_size": batch_size})
+    dev = build.device(cfg)
+    bundle, splits = build.splits(cfg)
+    classes, channels = classes or bundle.num_classes, channels or bundle.shape[0]
+    if (classes, channels) != (bundle.num_classes, bundle.shape[0]):
+        raise UserError(f"the model in {path} takes {channels}-channel images and has {classes} outputs; "
+                        f"{dataset} has {bundle.shape[0]}-channel images and {bundle.num_classes} classes; "
+                        "pass the data set it was trained on (--dataset)")
+    norm = norm or normalisation(normalize, in_file, bundle.mean_std, channels)
+    net = models.build(model, num_classes=classes, in_channels=channels, mean=norm["mean"], std=norm["std"],
+                       width=width)
     try:
         net.load_state_dict({**state, "mean": net.mean, "std": net.std})
     except RuntimeError as err:
         detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
-        raise UserError(f"{path} does not fit --model {model}: {detail}; check --model and --num-classes") from None
+        raise UserError(f"{path} does not fit --model {model}: {detail}; check --model") from None
     cl = build.channels_last(cfg, dev)
     net = net.to(dev, memory_format=torch.channels_last) if cl else net.to(dev)
-    source = {"file": str(path), "sha256": _sha256(path), "model": model, "width": first_conv.shape[0],
+    source = {"file": str(path), "sha256": _sha256(path), "model": model, "width": width,
               "key_names": naming, "normalization": norm}
     return cfg, dev, net, bundle, splits[split], source
 
