@@ -82,12 +82,21 @@ def test_an_authors_checkpoint_gives_the_fastfair_checkpoints_per_class_results(
     assert source["sha256"] == hashlib.sha256(outside.read_bytes()).hexdigest()
     assert source["model"] == "preact-resnet18" and source["normalization"]["source"] == "--normalize"
     assert source["key_names"].startswith("authors'") and source["file"] == str(outside)
-    # normaliser inside, as nn.Sequential(normaliser, network) saves it, nested under "net"
+    # normaliser inside, as nn.Sequential(normaliser, network) saves it, nested under "net", in torch.save's
+    # format before PyTorch 1.6
     inside = tmp_path / "inside.pt"
     torch.save({"net": {"0.mean": ck["model"]["mean"], "0.std": ck["model"]["std"],
-                        **{f"1.{k}": v for k, v in as_authors_preact(state).items()}}}, inside)
+                        **{f"1.{k}": v for k, v in as_authors_preact(state).items()}}}, inside,
+               _use_new_zipfile_serialization=False)
     assert _eval(inside, npz) == 0
     assert _per_class(tmp_path / "eval" / "inside-test.json") == expected
+    # saved before PyTorch 0.4.1 counted BatchNorm steps: the same results (the counters never enter them)
+    old = tmp_path / "old.pt"
+    torch.save({k: v for k, v in ck["model"].items() if not k.endswith("num_batches_tracked")}, old)
+    assert _eval(old, npz) == 0
+    without_counters = _per_class(tmp_path / "eval" / "old-test.json")
+    assert without_counters.pop("fingerprint")["weights"] != expected["fingerprint"]["weights"]
+    assert without_counters == {k: v for k, v in expected.items() if k != "fingerprint"}
 
 
 def _one_error(capsys) -> str:
