@@ -16,7 +16,7 @@ from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
-from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 
 
 @torch.no_grad()
@@ -95,7 +95,7 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     seed = cfg.eval.seed if seed is None else seed
     data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
                    cw_kappa=cfg.eval.cw_kappa, seed=seed)
-    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "attack": attack,
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], **EPOCH_NUMBERING, "split": split, "attack": attack,
               "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32", "seed": seed,
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
     out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)

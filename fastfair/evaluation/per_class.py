@@ -22,7 +22,7 @@ from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -134,8 +134,8 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print)
-    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "classes": bundle.classes,
-              "images": len(data[1]), **settings, "fingerprint": fp}
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], **EPOCH_NUMBERING, "split": split,
+              "classes": bundle.classes, "images": len(data[1]), **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
         earlier, kept = _earlier_results(out, fp, lambda tag: run.previous_eval_file(path, split, tag))
@@ -143,7 +143,7 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
         write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
-        print(f"\n{path.stem} (epoch {ck['epoch'] + 1}) on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
+        print(f"\n{path.stem} (epoch {ck['epoch']}) on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
               f"per-class accuracy (%):\n")
         print(measures.markdown_table(results, bundle.classes))
         if kept:

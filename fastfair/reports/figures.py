@@ -82,7 +82,7 @@ def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | 
            ylabel: str = "accuracy (%)") -> Path:
     """Lines over epochs, ``name -> (means, stds or None)``; a shaded band shows +- std over seeds."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ep = np.asarray(epochs) + 1
+    ep = np.asarray(epochs)  # 1-based, as every file fastfair writes numbers them
     for name, (mean, std) in lines.items():
         mean = np.asarray(mean, dtype=float)
         ax.plot(ep, mean, marker="o" if len(ep) < 15 else None, ms=3, label=name)
@@ -103,7 +103,7 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "viridis")
     for k, name in enumerate(classes):
-        ax.plot(np.asarray(epochs) + 1, v[:, k], color=cmap(k / max(1, len(classes) - 1)) if len(classes) > 10
+        ax.plot(epochs, v[:, k], color=cmap(k / max(1, len(classes) - 1)) if len(classes) > 10
                 else cmap(k), label=name if len(classes) <= 10 else None)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, read_json, write_text_atomic
+from fastfair.rundir import RunDir, one_based_epoch, read_json, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -125,7 +124,7 @@ def _records(groups: list[Group], split: str) -> dict[int, list[dict]]:
 
 
 # avg: mean of per-class accuracies; share: share of all test images correct (what the papers' tables report)
-COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", "CV", "MCD", "rho")
+COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", measures.CV_LABEL, "MCD", "rho")
 
 
 def comparison_rows(groups: list[Group], attack: str | None = None, baseline: int | None = None,
@@ -144,7 +143,7 @@ def comparison_rows(groups: list[Group], attack: str | None = None, baseline: in
             values["{a} avg"].append(rob["avg"])
             values["{a} share"].append(rob.get("overall", float("nan")))  # results written before issue 13 lack it
             values["{a} worst"].append(rob["worst"])
-            values["CV"].append(rob["cv"])
+            values[measures.CV_LABEL].append(rob["cv"])
             values["MCD"].append(rob["mcd"])
         rows.append({"label": g.label, "seeds": g.seeds, "raw": values,
                      **{c: _mean_std(v) for c, v in values.items()}})
@@ -172,7 +171,7 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
     if not latex:
         lines = ["| " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
         return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body])
-    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    esc = measures.latex_label
     lines = [r"\begin{tabular}{l r " + "r " * len(COLUMNS) + "}", r"\toprule",
              " & ".join(esc(h) for h in heads) + r" \\", r"\midrule"]
     lines += [" & ".join([esc(cells[0])] + cells[1:]) + r" \\" for cells in body]
@@ -254,7 +253,7 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
           f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
-          "CV = (1/C) Σ_c (a_c − mean a)² and MCD = max a − min a of the robust per-class accuracy; rho = relative "
+          f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
     tex = ["% fastfair report tables (booktabs)", f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]
@@ -278,7 +277,7 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
              for n in attacks}
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
-              f"{recs[0]['epoch'] + 1}), mean over {len(recs)} seed(s):\n")
+              f"{one_based_epoch(recs[0])}), mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
     shown = {n: means[n] for n in ("clean", attack) if n in means}
@@ -305,14 +304,14 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
 
 def _per_class_latex(table: dict, classes: list[str]) -> str:
     names = list(table)
-    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    esc = measures.latex_label
     lines = [r"\begin{tabular}{l " + "r " * len(names) + "}", r"\toprule",
              "class & " + " & ".join(esc(n) for n in names) + r" \\", r"\midrule"]
     for c, cname in enumerate(classes):
         lines.append(esc(cname) + " & " + " & ".join(f"{table[n]['per_class'][c]:.2f}" for n in names) + r" \\")
     lines.append(r"\midrule")
     for key, label in measures.SUMMARY_ROWS:
-        lines.append(label + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
+        lines.append(esc(label) + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
 
 

@@ -29,7 +29,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, init_model, load_checkpoint, notice, save_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores
 
 
@@ -84,6 +84,7 @@ class Trainer:
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
+        self._said_negative = False  # the note on a loss below 0 (ME's entropy bonus), printed once
         self._prepare_dir(resume)
 
     # ---- run directory ------------------------------------------------------------------
@@ -100,7 +101,7 @@ class Trainer:
             if run.last.is_file():
                 self._load(load_checkpoint(run.last))
                 self._reschedule(changed)
-                self.log(f"resuming {self.out} at epoch {self.start_epoch}")
+                self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
             else:  # stopped (killed, diverged) in its first epoch: nothing to keep
                 self.log(f"{self.out}: no epoch had finished; starting it again from the first")
             if self.main and run.truncate_metrics(self.start_epoch):
@@ -111,7 +112,8 @@ class Trainer:
         if self.main:
             run.checkpoints.mkdir(parents=True, exist_ok=True)
             run.write_config(self.cfg.to_toml())
-            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch,
+            # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
+            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 "changed": changed})
 
@@ -126,9 +128,11 @@ class Trainer:
         for group in self.opt.param_groups:
             group["initial_lr"], group["lr"] = t.lr, t.lr * t.lr_gamma ** decays
 
+    # Inside the loop ``epoch`` is 0-based (it seeds the RNGs and the loader, so resumed runs stay
+    # bit-exact); everything written or printed says ``epoch + 1``, the epoch's number from 1.
     def _state(self, epoch: int) -> dict:
         return {
-            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "epoch": epoch + 1, **EPOCH_NUMBERING, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "class_state": self.state.state_dict(),
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
             "average": self.averager.state_dict() if self.averager else None,
@@ -142,7 +146,7 @@ class Trainer:
         self.best = dict(ck["best"])
         if self.averager:
             self.averager.load_state_dict(ck["average"])
-        self.start_epoch = ck["epoch"] + 1
+        self.start_epoch = ck["epoch"]  # epochs done (1-based number of the last) = 0-based index of the next
 
     # ---- the loop -------------------------------------------------------------------------
     def _autocast(self):
@@ -186,7 +190,7 @@ class Trainer:
         # before anything of the epoch is written: weights, optimiser and per-class state all finite
         self._stop_if_diverged(epoch, nonfinite_tensors(self._state(epoch)))
         record = {
-            "epoch": epoch, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
+            "epoch": epoch + 1, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
             "train_robust_acc_per_class": stats["train_acc_per_class"],
             "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
                     for k, v in val.items()},
@@ -203,6 +207,10 @@ class Trainer:
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
+        if stats["loss"] < 0 and not self._said_negative:
+            self._said_negative = True
+            self.log("  (the loss is below 0 because the method subtracts a term from it, e.g. the ME entropy "
+                     "bonus beta*H(p); that is expected, not a fault)")
         return record
 
     def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
@@ -225,8 +233,8 @@ class Trainer:
     def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
         """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
         scores a new best; for the averaged model also ``last_avg.pt``."""
-        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec, "config": self.cfg.to_toml(),
-                   "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
+        weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
+                   "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
         for policy, score in policy_scores(summary).items():
             key = policy + ("_avg" if averaged else "")  # the keys of older checkpoints: pgd, fair, pgd_avg, fair_avg
             if score > self.best.get(key, float("-inf")):
