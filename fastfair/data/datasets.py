@@ -171,7 +171,8 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"{path}: x_train images are {tuple(x_train.shape[1:])} and x_test images "
                         f"{tuple(x_test.shape[1:])}; both splits need one image shape")
     y_train = _npz_labels(path, "y_train", arrays["y_train"], len(x_train), len(names) if names else None)
-    classes = names or [str(i) for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
+    # without class_names, tables and figures say "class 3" rather than a bare "3" that reads as a value
+    classes = names or [f"class {i}" for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
     y_test = _npz_labels(path, "y_test", arrays["y_test"], len(x_test), len(classes))
     if not len(y_train) or not len(y_test):
         raise UserError(f"{path}: a split is empty; it needs {NPZ_FORMAT}")

@@ -16,6 +16,7 @@ from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
+from fastfair.reports import figures
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 
 
@@ -102,9 +103,16 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, out)
     record["path"] = str(out)
+    if "tsne" in record:  # the picture the numbers are for, beside the JSON
+        t = record["tsne"]
+        record["tsne_png"] = str(figures.tsne(
+            t["clean"], t["adv"], t["labels"], bundle.classes,
+            f"{path.stem} (epoch {ck['epoch']}), {split}: t-SNE of penultimate features, clean and {attack}",
+            out.with_name(out.stem + "-tsne.png")))
     if not quiet:
         s = record["summary"]
         print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "
               f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); weight-norm rank correlation "
-              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}")
+              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}"
+              + (f"\nt-SNE figure: {record['tsne_png']}" if "tsne_png" in record else ""))
     return record

@@ -280,18 +280,19 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
               f"{one_based_epoch(recs[0])}), mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
-    shown = {n: means[n] for n in ("clean", attack) if n in means}
-    p = figures.per_class_bars(classes, shown, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
-    md.append(_figure_md(p, out, "per-class clean and robust accuracy"))
+    p = figures.per_class_bars(classes, means, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
+    md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(means)})"))
     conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
     p = figures.heatmap(conf, classes, f"{g.label}: {attack} confusion (% of true class)",
                         fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
     md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
     epochs, lines, val_attack = _curves(g.runs)
     if lines:
+        selected = (one_based_epoch(recs[0]), Path(recs[0]["checkpoint"]).stem)
         p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})",
-                           fig_dir / f"{tag}-curves.png")
-        md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy"))
+                           fig_dir / f"{tag}-curves.png", selected=selected)
+        md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy; the dotted "
+                                     "line marks the evaluated checkpoint's epoch"))
         for name, v in _varying_vectors(g.runs[0]).items():
             p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{g.label}: per-class {name}",
                                          fig_dir / f"{tag}-vector-{name}.png", name)
