@@ -43,6 +43,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.epochs": _at_least(1), "train.lr": _POSITIVE, "train.momentum": _within(0, 1),
     "train.weight_decay": _at_least(0), "train.lr_gamma": _POSITIVE,
     "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
+    "train.progress_every_s": _POSITIVE,
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
     "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,

@@ -92,7 +92,8 @@ class TrainConfig:
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
-    progress: bool = True
+    progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
+    progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
     averaging: str = "none"  # weight averaging per epoch: none | ema | fawa (CFA Sec. 4.3); see fastfair/averaging.py
     avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
     # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
@@ -147,6 +148,7 @@ RESUMABLE: dict[str, str] = {
     "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
     "train.progress": "display only",
+    "train.progress_every_s": "display only",
     "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
     "data.eval_batch_size": "memory only: the same per-class accuracies",
     "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",

@@ -43,7 +43,8 @@ class Trainer:
         check_config(cfg)  # every value, before any data is loaded or anything written
         self.cfg, self.out = cfg, Path(out)
         self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
-        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main)
+        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main,
+                                 every_s=cfg.train.progress_every_s)
         self.log = self.progress.print
         self.dev = build.device(cfg)
         self.amp = build.autocast_dtype(cfg, self.dev)
@@ -86,6 +87,8 @@ class Trainer:
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
         self._said_negative = False  # the note on a loss below 0 (ME's entropy bonus), printed once
         self._prepare_dir(resume)
+        if self.main:  # the run folder keeps the console's lines and the periodic progress lines
+            self.progress.attach(self.run.train_log)
 
     # ---- run directory ------------------------------------------------------------------
     @property
@@ -174,7 +177,8 @@ class Trainer:
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         lr = self.opt.param_groups[0]["lr"]
         t0 = time.perf_counter()
-        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader)) as advance:
+        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader),
+                                images_per_step=self.cfg.data.batch_size) as advance:
             for x, y in self.train_loader:
                 self.train_step(x, y)
                 advance()
