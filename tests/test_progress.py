@@ -39,7 +39,8 @@ def test_a_quiet_run_still_logs_to_its_file_and_prints_nothing(tmp_path, monkeyp
         for _ in range(4):
             advance()
     assert capsys.readouterr().out == ""
-    assert (tmp_path / "train.log").read_text().splitlines() == ["epoch   1  loss 2.3", "epoch 1/1  step 3/4  ETA 0:00:10"]
+    logged = (tmp_path / "train.log").read_text().splitlines()
+    assert logged == ["epoch   1  loss 2.3", "epoch 1/1  step 3/4  ETA 0:00:10"]
 
 
 def test_no_second_copy_when_stdout_already_is_the_log_file(tmp_path, monkeypatch):
