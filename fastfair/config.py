@@ -37,6 +37,10 @@ class DataConfig:
     dataset: str = "cifar10"
     data_dir: str = ""  # folder (torchvision sets, Tiny-ImageNet) or file (npz)
     val_per_class: int = 100  # CFA: first N training images of each class form the validation split
+    # quick runs on part of a data set: only the first N images of each class of train (after the
+    # validation split) and of test; 0 keeps all. Recorded in config.toml and named in every table.
+    train_per_class: int = 0
+    test_per_class: int = 0
     crop_padding: int = 4
     flip: bool = True
     batch_size: int = 128

@@ -16,6 +16,7 @@ import numpy as np
 
 from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
+from fastfair import data
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
@@ -239,6 +240,11 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
     return f"![{caption}]({path.relative_to(out).as_posix()})\n"
 
 
+def _subset_lines(groups: list[Group]) -> list[str]:
+    """A line above the comparison for every group that is a quick run (part of its data set)."""
+    return [f"**{g.label}: {_subset_note(g.runs[0])}.**\n" for g in groups if _subset_note(g.runs[0])]
+
+
 def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
     out = Path(out)
@@ -250,7 +256,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
     classes = recs[0][0]["classes"]
     md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
-          f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
+          f"are one group, shown as mean ± std).\n", *_subset_lines(groups), "## Comparison\n",
+          _table(attack, rows, base, False) + "\n",
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
@@ -272,6 +279,9 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
                    tex: list[str]) -> list[str]:
     tag = f"g{i}"
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
+    note = _subset_note(g.runs[0])
+    if note:
+        md.append(f"**{note[0].upper() + note[1:]}.**\n")
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
     means = {n: _per_class_mean(recs, n) for n in attacks}
     table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
@@ -301,6 +311,12 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     if diag:
         md += _diagnostics_section(tag, g.label, diag, out, fig_dir)
     return md
+
+
+def _subset_note(run: Run) -> str:
+    c = run.config
+    return data.subset_note(c.get("data.dataset", "?"), c.get("data.train_per_class", 0),
+                            c.get("data.test_per_class", 0))
 
 
 def _per_class_latex(table: dict, classes: list[str]) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, ops
+from fastfair import build, config, data, ops
 from fastfair.checks import check_config
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
@@ -58,6 +58,10 @@ class Trainer:
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
+        d = cfg.data
+        if d.train_per_class or d.test_per_class:
+            self.log(f"{data.subset_note(d.dataset, d.train_per_class, d.test_per_class)}: {len(y)} training, "
+                     f"{len(sp['test'][1])} test images")
 
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
