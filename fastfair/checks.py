@@ -19,6 +19,7 @@ from fastfair.methods import METHODS
 from fastfair.models import HEADS, MODELS, NORMS
 from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
+from fastfair.reports.tracking import TRACKERS
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
@@ -57,7 +58,7 @@ NAMES: dict[str, Any] = {
     "model.head": HEADS, "train.averaging": AVERAGING, "train.select": SELECTION,
     "train.kernels": ("auto", *BACKENDS), "attack.objective": OBJECTIVES, "attack.init": INITS,
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
-    "model.channels_last": AUTO_ON_OFF, "eval.split": ("test", "val"),
+    "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
     "data.order": ("random", "quasi_random", "sequential"),
 }
 

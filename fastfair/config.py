@@ -98,6 +98,8 @@ class TrainConfig:
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
+    # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)
+    track: str = "none"
     averaging: str = "none"  # weight averaging per epoch: none | ema | fawa (CFA Sec. 4.3); see fastfair/averaging.py
     avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
     # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
@@ -153,6 +155,7 @@ RESUMABLE: dict[str, str] = {
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
     "train.progress": "display only",
     "train.progress_every_s": "display only",
+    "train.track": "where the numbers are also sent; the run's files stay the same",
     "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
     "data.eval_batch_size": "memory only: the same per-class accuracies",
     "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",

@@ -29,6 +29,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
+from fastfair.reports import tracking
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores
 
@@ -93,6 +94,8 @@ class Trainer:
         self._prepare_dir(resume)
         if self.main:  # the run folder keeps the console's lines and the periodic progress lines
             self.progress.attach(self.run.train_log)
+        # train.track (TensorBoard, W&B): rank 0 alone; a missing package fails here, before any epoch
+        self.tracker = _tracker(cfg, self.out) if self.main else tracking.Tracker(self.out, {})
 
     # ---- run directory ------------------------------------------------------------------
     @property
@@ -212,6 +215,7 @@ class Trainer:
             # and resuming drops the metrics lines of epochs the checkpoint does not hold.
             self.run.append_metrics(record)
             self._checkpoint(epoch, va)
+            self.tracker.log(tracking.scalars(record, self.bundle.classes), epoch + 1)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
@@ -261,8 +265,13 @@ class Trainer:
         with build.fastest_convolutions(self.dev):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
+        self.tracker.close()
         distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
+
+
+def _tracker(cfg: Config, out: Path) -> tracking.Tracker:
+    return tracking.open_tracker(cfg.train.track, out, config.flatten(config.tomllib.loads(cfg.to_toml())))
 
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
@@ -274,4 +283,22 @@ def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     if averaged.is_file():
         result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
                                                 device=cfg.train.device, quiet=quiet)
+    if cfg.train.track != "none" and distributed.current().is_main:
+        _track_final(out, cfg, result)
     return result
+
+
+def _track_final(out: Path, cfg: Config, result: dict) -> None:
+    """The final evaluation to the tracker: its per-class scalars and the per-class figure of every attack."""
+    from fastfair.reports import figures  # matplotlib only when a tracker wants the picture
+
+    tracker, split, classes = _tracker(cfg, out), result["split"], result["classes"]
+    step = cfg.train.epochs  # the last epoch's step: the evaluation belongs to the end of training
+    tracker.log(tracking.result_scalars(split, result["results"], classes), step)
+    png = Path(out) / "figures" / f"{Path(result['checkpoint']).stem}-{split}-per-class.png"
+    png.parent.mkdir(exist_ok=True)
+    figures.per_class_bars(classes, {n: (r["per_class"], None) for n, r in result["results"].items()},
+                           f"{Path(result['checkpoint']).stem} (epoch {result['epoch']}), {split}: per-class accuracy",
+                           png)
+    tracker.image(f"{split}/per_class", png, step)
+    tracker.close()
