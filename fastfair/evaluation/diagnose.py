@@ -107,8 +107,8 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
         t = record["tsne"]
         record["tsne_png"] = str(figures.tsne(
             t["clean"], t["adv"], t["labels"], bundle.classes,
-            f"{path.stem} (epoch {ck['epoch']}), {split}: t-SNE of penultimate features, clean and {attack}",
-            out.with_name(out.stem + "-tsne.png")))
+            f"{path.stem} (epoch {ck['epoch']}), {split}: t-SNE of penultimate features",
+            out.with_name(out.stem + "-tsne.png"), attack=attack))
     if not quiet:
         s = record["summary"]
         print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "

@@ -57,6 +57,7 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
         handles.append(bars)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
     _class_axis(ax, classes)
+    ax.set_xlabel("class")
     ax.set_ylim(0, 102)  # accuracies: a +- std bar past 0 or 100 is cut at the axis
     ax.set_ylabel(ylabel)
     ax.set_title(_title(title))
@@ -140,12 +141,13 @@ def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str,
     return _save(fig, path)
 
 
-def tsne(clean, adv, labels, classes: list[str], title: str, path: Path) -> Path:
+def tsne(clean, adv, labels, classes: list[str], title: str, path: Path, attack: str = "") -> Path:
     """t-SNE of penultimate features: clean (left) and adversarial (right) on one shared embedding."""
     clean, adv, labels = np.asarray(clean), np.asarray(adv), np.asarray(labels)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharex=True, sharey=True)
     cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "viridis")
-    for ax, pts, name in ((axes[0], clean, "clean"), (axes[1], adv, "adversarial")):
+    adv_name = f"adversarial ({attack})" if attack else "adversarial"
+    for ax, pts, name in ((axes[0], clean, "clean"), (axes[1], adv, adv_name)):
         for k, cname in enumerate(classes):
             sel = labels == k
             if sel.any():

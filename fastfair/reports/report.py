@@ -364,6 +364,6 @@ def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path
     if "tsne" in d:
         t = d["tsne"]
         p = figures.tsne(t["clean"], t["adv"], t["labels"], classes, f"{label}: t-SNE of penultimate features",
-                         fig_dir / f"{tag}-tsne.png")
+                         fig_dir / f"{tag}-tsne.png", attack=atk)
         md.append(_figure_md(p, out, "t-SNE of penultimate features, clean and adversarial"))
     return md
