@@ -74,6 +74,18 @@ def test_runs_from_before_the_one_based_numbering_report_their_epochs_one_based(
     assert [e["epoch"] for e in load_run(fake_runs[0]).epochs] == [1, 2]
 
 
+def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path):
+    run = fake_runs[0]
+    cfg = Config()
+    cfg.method.name, cfg.data.train_per_class = "pgd-at", 100
+    (run / "config.toml").write_text(cfg.to_toml())
+    write_report([run], tmp_path / "r")
+    note = "quick run: trained on the first 100/class of cifar10"
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert md.count(note) == 1 and md.count(note[0].upper() + note[1:]) == 1  # above the comparison, in the section
+    assert note in (tmp_path / "r" / "tables.tex").read_text()
+
+
 def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path):
     write_report(fake_runs, tmp_path / "rep", baseline=fake_runs[0])
     figs = {p.name for p in (tmp_path / "rep" / "figures").iterdir()}

@@ -262,7 +262,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
-    tex = ["% fastfair report tables (booktabs)", f"% comparison, split {split}, robust attack {attack}",
+    tex = ["% fastfair report tables (booktabs)", *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups)),
+           f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]
     if len(groups) > 1:
         series = {g.label: _per_class_mean(recs[i], attack) for i, g in enumerate(groups)}

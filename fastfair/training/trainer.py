@@ -29,7 +29,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.reports import tracking
+from fastfair.reports import figures, tracking
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores
 
@@ -290,8 +290,6 @@ def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
 
 def _track_final(out: Path, cfg: Config, result: dict) -> None:
     """The final evaluation to the tracker: its per-class scalars and the per-class figure of every attack."""
-    from fastfair.reports import figures  # matplotlib only when a tracker wants the picture
-
     tracker, split, classes = _tracker(cfg, out), result["split"], result["classes"]
     step = cfg.train.epochs  # the last epoch's step: the evaluation belongs to the end of training
     tracker.log(tracking.result_scalars(split, result["results"], classes), step)
