@@ -69,7 +69,7 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
 
 def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
     bundle = subsets.select(data.load(cfg.data.dataset, cfg.data.data_dir or None), cfg.data.classes)
-    return bundle, data.split(bundle, cfg.data.val_per_class)
+    return bundle, data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
 
 
 def _loader_options(cfg: Config) -> dict:

@@ -19,6 +19,7 @@ from fastfair.methods import METHODS
 from fastfair.models import HEADS, MODELS, NORMS
 from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
+from fastfair.reports.tracking import TRACKERS
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
@@ -43,6 +44,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.epochs": _at_least(1), "train.lr": _POSITIVE, "train.momentum": _within(0, 1),
     "train.weight_decay": _at_least(0), "train.lr_gamma": _POSITIVE,
     "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
+    "train.progress_every_s": _POSITIVE, "data.train_per_class": _at_least(0), "data.test_per_class": _at_least(0),
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
     "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
@@ -56,7 +58,7 @@ NAMES: dict[str, Any] = {
     "model.head": HEADS, "train.averaging": AVERAGING, "train.select": SELECTION,
     "train.kernels": ("auto", *BACKENDS), "attack.objective": OBJECTIVES, "attack.init": INITS,
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
-    "model.channels_last": AUTO_ON_OFF, "eval.split": ("test", "val"),
+    "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
     "data.order": ("random", "quasi_random", "sequential"),
 }
 
@@ -83,6 +85,9 @@ def check_config(cfg) -> None:
         parse_attack(cfg.train.val_attack)
     except UserError as err:
         raise UserError(f"train.val_attack: {err}") from None
+    if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
+        raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
+                        f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
     try:

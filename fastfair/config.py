@@ -37,6 +37,10 @@ class DataConfig:
     dataset: str = "cifar10"
     data_dir: str = ""  # folder (torchvision sets, Tiny-ImageNet) or file (npz)
     val_per_class: int = 100  # CFA: first N training images of each class form the validation split
+    # quick runs on part of a data set: only the first N images of each class of train (after the
+    # validation split) and of test; 0 keeps all. Recorded in config.toml and named in every table.
+    train_per_class: int = 0
+    test_per_class: int = 0
     crop_padding: int = 4
     flip: bool = True
     batch_size: int = 128
@@ -92,7 +96,10 @@ class TrainConfig:
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
-    progress: bool = True
+    progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
+    progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
+    # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)
+    track: str = "none"
     averaging: str = "none"  # weight averaging per epoch: none | ema | fawa (CFA Sec. 4.3); see fastfair/averaging.py
     avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
     # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
@@ -147,6 +154,8 @@ RESUMABLE: dict[str, str] = {
     "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
     "train.progress": "display only",
+    "train.progress_every_s": "display only",
+    "train.track": "where the numbers are also sent; the run's files stay the same",
     "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
     "data.eval_batch_size": "memory only: the same per-class accuracies",
     "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",

@@ -1,30 +1,105 @@
-"""A rich progress bar for long loops, and console output that does not fight with it."""
+"""Progress of long loops: a bar on a terminal, plain periodic lines elsewhere (a cluster log), and a log file.
+
+On a terminal a rich bar redraws in place. Where the output is a file or a pipe, a bar would write
+nothing useful, so every ``every_s`` seconds one plain line says where the loop is:
+``epoch 3/10  step 120/391  1850 img/s  ETA 0:02:27``. Lines and (when ``log_file`` is given) the
+same periodic lines are appended to a log file too, so a run folder tells how far it got.
+
+Only host values are read: the step count and the wall clock. No tensor is read per step, so the
+training step keeps its one sync per epoch. On CUDA the clock measures how fast steps are queued,
+which follows the GPU's pace once the queue is full; the epoch's figure in the console line after it
+is the exact one.
+"""
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+EVERY_S = 30.0  # default seconds between plain progress lines (train.progress_every_s)
+
+
+def _same_file(path: Path, stream) -> bool:
+    """Whether ``stream`` already writes to ``path`` (a grid sends a run's stdout to its train.log)."""
+    try:
+        return path.exists() and os.path.samestat(os.fstat(stream.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # a stream without a file (pytest's capture)
+        return False
+
+
+def _clock(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
+
 
 class Progress:
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, every_s: float = EVERY_S, log_file: str | Path | None = None):
+        self.enabled, self.every_s = enabled, every_s
         self.console = Console(highlight=False)
+        self.log_file: Path | None = None
+        if log_file:
+            self.attach(log_file)
+
+    def attach(self, log_file: str | Path) -> None:
+        """Append lines to ``log_file`` from now on, unless stdout already goes there."""
+        log = Path(log_file)
+        self.log_file = None if _same_file(log, sys.stdout) else log
 
     def print(self, *args) -> None:
         if self.enabled:
             self.console.print(*args, markup=False, soft_wrap=True)
+        self._to_file(" ".join(map(str, args)))
+
+    def _to_file(self, line: str) -> None:
+        if self.log_file:
+            with open(self.log_file, "a") as f:
+                f.write(line + "\n")
+
+    def line(self, description: str, done: int, total: int, seconds: float, images_per_step: int | None) -> str:
+        """``description  step done/total  N img/s  ETA h:mm:ss`` from host numbers."""
+        rate = done / seconds if seconds > 0 else 0.0
+        speed = f"  {rate * images_per_step:.0f} img/s" if images_per_step else ""
+        eta = _clock((total - done) / rate) if rate > 0 else "?"
+        return f"{description}  step {done}/{total}{speed}  ETA {eta}"
 
     @contextlib.contextmanager
-    def task(self, description: str, total: int):
-        """Yields ``advance()``; draws a transient bar when the console is a terminal."""
-        if not (self.enabled and self.console.is_terminal):
+    def task(self, description: str, total: int, images_per_step: int | None = None):
+        """Yields ``advance()``: a transient bar on a terminal; on other output and in the log file a
+        plain line every ``every_s`` seconds."""
+        bar_on = self.enabled and self.console.is_terminal
+        plain_on = self.enabled and not bar_on
+        if not (bar_on or plain_on or self.log_file):
             yield lambda: None
+            return
+        t0 = last = time.monotonic()
+        done = 0
+
+        def tick() -> None:
+            nonlocal done, last
+            done += 1
+            now = time.monotonic()
+            if now - last >= self.every_s and done < total:
+                last = now
+                text = self.line(description, done, total, now - t0, images_per_step)
+                if plain_on:
+                    print(text, flush=True)
+                self._to_file(text)
+
+        if not bar_on:
+            yield tick
             return
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TimeRemainingColumn())
         with RichProgress(*columns, console=self.console, transient=True) as bar:
             tid = bar.add_task(description, total=total)
-            yield lambda: bar.advance(tid)
+
+            def advance() -> None:
+                bar.advance(tid)
+                tick()
+            yield advance

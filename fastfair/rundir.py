@@ -41,6 +41,23 @@ CHECKPOINTS = "checkpoints"
 RUN_FILES = ("config.toml", "metrics.jsonl", "history.jsonl", CHECKPOINTS, "eval", "diagnostics")
 # The keys every checkpoint fastfair writes holds (last.pt adds the training state)
 CHECKPOINT_KEYS = ("epoch", "model", "spec", "config")
+# Epochs are numbered from 1 in every file and line fastfair writes ("epoch 3" = the third epoch,
+# checkpoints say which epoch they finished). Files written before this numbering counted from 0
+# and lack this marker; readers shift them on load (:func:`one_based_epoch`).
+EPOCH_NUMBERING = {"epoch_numbering": "1-based"}
+
+
+def one_based_epoch(record: dict) -> int:
+    """The 1-based epoch of a checkpoint or eval/diagnostics record, also of one written before the
+    numbering was 1-based (those lack :data:`EPOCH_NUMBERING` and counted from 0)."""
+    return record["epoch"] + (0 if record.get("epoch_numbering") == "1-based" else 1)
+
+
+def _metrics_one_based(records: list[dict]) -> list[dict]:
+    """metrics.jsonl of runs from before the 1-based numbering starts at epoch 0: shift every line."""
+    if records and records[0]["epoch"] == 0:
+        return [{**r, "epoch": r["epoch"] + 1} for r in records]
+    return records
 
 
 class RunDir:
@@ -135,7 +152,7 @@ class RunDir:
         append_jsonl(record, self.metrics)
 
     def read_metrics(self) -> list[dict]:
-        return read_jsonl(self.metrics)[0]
+        return _metrics_one_based(read_jsonl(self.metrics)[0])
 
     def append_history(self, record: dict) -> None:
         append_jsonl(record, self.history)
@@ -143,13 +160,15 @@ class RunDir:
     def read_history(self) -> list[dict]:
         return read_jsonl(self.history)[0]
 
-    def truncate_metrics(self, epoch: int) -> bool:
-        """Drop the lines of ``epoch`` and later: on resume, the epochs ``last.pt`` does not hold (a kill
-        between an epoch's metrics line and its checkpoint leaves such a line; the epoch is redone).
-        A torn last line (a kill while appending) goes too; returns whether there was one."""
+    def truncate_metrics(self, done: int) -> bool:
+        """Keep the lines of the first ``done`` epochs: on resume, drop those ``last.pt`` does not hold (a
+        kill between an epoch's metrics line and its checkpoint leaves such a line; the epoch is redone).
+        A torn last line (a kill while appending) goes too; returns whether there was one. Lines of a
+        run from before the 1-based numbering are rewritten 1-based."""
         records, torn = read_jsonl(self.metrics)
+        records = _metrics_one_based(records)
         if self.metrics.is_file():
-            write_text_atomic("".join(json.dumps(r) + "\n" for r in records if r["epoch"] < epoch), self.metrics)
+            write_text_atomic("".join(json.dumps(r) + "\n" for r in records if r["epoch"] <= done), self.metrics)
         return torn
 
     # ---- one writer ---------------------------------------------------------------------------
@@ -334,6 +353,8 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if missing:
         raise UserError(f"{path} is not a checkpoint written by fastfair train (it lacks {', '.join(missing)}); "
                         "pass a run directory or a .pt file from its checkpoints/")
+    if "epoch" in ck:  # older checkpoints counted from 0: read every one 1-based
+        ck.update(epoch=one_based_epoch(ck), **EPOCH_NUMBERING)
     return ck
 
 

@@ -77,7 +77,14 @@ def test_resumes_from_saved_flags_and_ignores_stale_ones(tmp_path, monkeypatch):
     monkeypatch.setitem(autoattack.BACKENDS._items, "cheap", (cheap_aa_backend, "test stand-in"))
     model, loader, cfg, classes = _model_and_loader(n_per_class=6, batch=15)
     kw = dict(eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=classes, aa_backend="cheap")
-    full = evaluate(model, loader, ["aa"], state_prefix=tmp_path / "full", **kw)["aa"]
+    said = []
+    full = evaluate(model, loader, ["aa"], state_prefix=tmp_path / "full", log=said.append, **kw)["aa"]
+    after = full["autoattack"]["robust_after"]
+    # one line as each sub-attack ends, with the robust accuracy it left and the least robust class
+    done = [line for line in said if line.startswith("AutoAttack ")]
+    assert [line.split()[1] for line in done] == list(autoattack.SUBATTACKS)
+    for line, name in zip(done, autoattack.SUBATTACKS):
+        assert f"robust accuracy {after[name]:.2f}%, worst class " in line
     ticks = {"n": 0}
 
     def stop_after_one_apgd_batch():
@@ -97,6 +104,13 @@ def test_resumes_from_saved_flags_and_ignores_stale_ones(tmp_path, monkeypatch):
     with torch.no_grad():
         model.head.bias.add_(0.01)
     assert not evaluate(model, loader, ["aa"], state_prefix=tmp_path / "cut", **kw)["aa"]["autoattack"]["resumed"]
+
+
+def test_worst_class_after_counts_points_no_sub_attack_so_far_broke():
+    y = np.array([0, 0, 1, 1, 2])
+    broken_by = np.array([autoattack.ROBUST, 2, autoattack.ROBUST, autoattack.ROBUST, 1], dtype=np.int8)
+    assert autoattack._worst_class_after(broken_by, y, 0, 4) == (2, 0.0)  # class 2 broken by the first; 3 absent
+    assert autoattack._worst_class_after(broken_by[:4], y[:4], 1, 4) == (0, 50.0)  # the second broke one of 0's
 
 
 def _tiny_linear_case(n=10):

@@ -316,7 +316,7 @@ def test_divergence_stops_keeps_the_last_good_epoch_and_resumes_with_a_lower_lr(
     assert [h["event"] for h in history] == ["start", "resume", "resume"]
     assert history[1]["changed"] == {"train.epochs": [1, 2], "train.lr": [0.05, 1e6]}
     assert history[2]["changed"] == {"train.lr": [1e6, 0.05]}
-    assert [r["epoch"] for r in RunDir(run).read_metrics()] == [0, 1]
+    assert [r["epoch"] for r in RunDir(run).read_metrics()] == [1, 2]
     assert RunDir(run).read_metrics()[1]["lr"] == pytest.approx(0.05)
     assert not RunDir(run).locked_by()
 
@@ -326,14 +326,14 @@ def test_a_torn_metrics_line_and_a_stale_lock_are_repaired_on_resume(trained, tm
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     with open(run / "metrics.jsonl", "a") as f:
-        f.write('{"epoch": 1, "lo')  # killed while appending epoch 2's line
+        f.write('{"epoch": 2, "lo')  # killed while appending epoch 2's line
     (run / ".lock").write_text("pid 999999 on elsewhere")  # its holder died without a clean end
-    assert RunDir(run).read_metrics()[-1]["epoch"] == 0  # readers skip the torn line
+    assert RunDir(run).read_metrics()[-1]["epoch"] == 1  # readers skip the torn line
     assert cli.main(_train(run, "--resume", "--epochs", "2")) == 0
     err = capsys.readouterr().err
     assert "taking over the lock of pid 999999 on elsewhere, which is no longer running" in err
     assert "removed a half-written last line" in err
-    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert (run / ".lock").read_text() == ""
 
 
@@ -387,7 +387,7 @@ def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert "taking over the lock" in resumed.stderr  # the killed process's lock was stale
-    assert [r["epoch"] for r in RunDir(out).read_metrics()] == [0, 1, 2]  # none twice, none lost
+    assert [r["epoch"] for r in RunDir(out).read_metrics()] == [1, 2, 3]  # none twice, none lost
     history = RunDir(out).read_history()
     assert [h["event"] for h in history] == ["start", "resume"] and history[1]["epoch"] == kept + 1
     assert not list(out.rglob("*.tmp"))

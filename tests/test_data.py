@@ -13,6 +13,18 @@ def test_val_split_is_first_n_of_each_class():
     assert sp["train"][0].flatten().tolist() == [4, 5, 8, 9, 10, 11]
 
 
+def test_a_quick_run_keeps_the_first_n_per_class_after_the_validation_split():
+    x = torch.arange(12, dtype=torch.uint8).view(12, 1, 1, 1)
+    y = torch.tensor([0, 1, 0, 1, 0, 1, 2, 2, 2, 0, 1, 2])
+    b = data.DataBundle("t", x, y, x, y, ["a", "b", "c"])
+    sp = data.split(b, 1, train_per_class=2, test_per_class=1)
+    assert sp["val"][0].flatten().tolist() == [0, 1, 6]  # as in the full run
+    assert sp["train"][0].flatten().tolist() == [2, 3, 4, 5, 7, 8]  # then two of each class, in file order
+    assert sp["test"][0].flatten().tolist() == [0, 1, 6] and sp["test"][1].tolist() == [0, 1, 2]
+    assert data.subset_note("t", 2, 1) == "quick run: trained on the first 2/class and tested on the first 1/class of t"
+    assert data.subset_note("t", 0, 0) == ""
+
+
 def test_crop_is_a_shift_of_the_zero_padded_image():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(1, 255, (64, 3, 8, 8), dtype=torch.uint8, generator=g)

@@ -158,7 +158,7 @@ labels = ["a", "b", "c"]
     assert state("b")["status"] == "done" and state("b")["attempt"] == 2
     assert "--resume" in state("b")["command"]
     epochs = [json.loads(l)["epoch"] for l in (out / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert epochs == [0, 1]  # resumed after epoch 0, no epoch logged twice
+    assert epochs == [1, 2]  # resumed after epoch 1, no epoch logged twice
     assert state("c")["status"] == "failed" and state("c")["returncode"] == 2
     assert "lower data.batch_size" in (out / "c" / "train.log").read_text()
     assert "c (log:" in lines[-1]

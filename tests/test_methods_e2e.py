@@ -42,7 +42,7 @@ def cfa_run(npz, tmp_path_factory):
 def test_trades_cfa_calibrates_eps_and_beta_and_averages(cfa_run):
     out, records, result = cfa_run
     first, second = records
-    # each line logs the vectors its epoch trained with: epoch 1's come from epoch 0's A_k
+    # each line logs the vectors its epoch trained with: epoch 2's come from epoch 1's A_k
     assert first["vectors"]["eps"] == [pytest.approx(8 / 255)] * 10
     acc = torch.tensor(first["train_robust_acc_per_class"]) / 100
     assert torch.allclose(torch.tensor(second["vectors"]["eps"]), (0.3 + acc) * 8 / 255, atol=1e-6)

@@ -68,6 +68,24 @@ def test_compare_names_a_missing_attack(fake_runs):
         compare(fake_runs, attack="aa")
 
 
+def test_runs_from_before_the_one_based_numbering_report_their_epochs_one_based(fake_runs, tmp_path):
+    write_report(fake_runs[:1], tmp_path / "r")
+    assert "(epoch 2)" in (tmp_path / "r" / "report.md").read_text()  # saved 0-based as 1: the second epoch
+    assert [e["epoch"] for e in load_run(fake_runs[0]).epochs] == [1, 2]
+
+
+def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path):
+    run = fake_runs[0]
+    cfg = Config()
+    cfg.method.name, cfg.data.train_per_class = "pgd-at", 100
+    (run / "config.toml").write_text(cfg.to_toml())
+    write_report([run], tmp_path / "r")
+    note = "quick run: trained on the first 100/class of cifar10"
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert md.count(note) == 1 and md.count(note[0].upper() + note[1:]) == 1  # above the comparison, in the section
+    assert note in (tmp_path / "r" / "tables.tex").read_text()
+
+
 def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path):
     write_report(fake_runs, tmp_path / "rep", baseline=fake_runs[0])
     figs = {p.name for p in (tmp_path / "rep" / "figures").iterdir()}
@@ -99,6 +117,11 @@ def test_report_of_a_real_cifar10_run(tmp_path):
         assert f"figures/{name}.png" in md
         assert _png_ok(out / "figures" / f"{name}.png"), name
     assert "| cat |" in md and "CVC clean" in md
+    assert "every evaluated attack (clean, pgd10, fgsm)" in md  # per-class bars of each attack, not two
+    assert "the dotted line marks the evaluated checkpoint's epoch" in md
+    assert "| CV (variance, %²) |" in md and r"CV (variance, \%$^2$)" in (out / "tables.tex").read_text()
+    diag_png = run / "diagnostics" / "best_pgd-test-pgd10-tsne.png"  # diagnose draws its t-SNE itself
+    assert _png_ok(diag_png)
     assert "mean of per-class accuracies" in md and "share of images correct" in md  # both averages, labelled
     tex = (out / "tables.tex").read_text()
     assert "share of images correct" in tex

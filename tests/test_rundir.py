@@ -1,9 +1,10 @@
 """The run directory: file names (the contract between commands), metrics truncation on resume, safe loads."""
+import json
 import pytest
 import torch
 
 from fastfair.errors import UserError
-from fastfair.rundir import RunDir, load_checkpoint, save_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, load_checkpoint, one_based_epoch, save_atomic
 
 
 def test_every_file_has_its_contract_name(tmp_path):
@@ -35,10 +36,10 @@ def test_selected_checkpoint_follows_the_policy_name(tmp_path):
 def test_truncation_keeps_only_the_epochs_before_the_resumed_one(tmp_path):
     run = RunDir(tmp_path)
     run.write_config("preset = \"\"\n")
-    for epoch in range(3):
+    for epoch in (1, 2, 3):
         run.append_metrics({"epoch": epoch})
-    run.truncate_metrics(2)  # last.pt holds epoch 1: epoch 2's line was written before a kill
-    assert [r["epoch"] for r in run.read_metrics()] == [0, 1]
+    run.truncate_metrics(2)  # last.pt holds epoch 2: epoch 3's line was written before a kill
+    assert [r["epoch"] for r in run.read_metrics()] == [1, 2]
     assert run.read_config() == "preset = \"\"\n"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     empty = RunDir(tmp_path / "new")
@@ -46,8 +47,20 @@ def test_truncation_keeps_only_the_epochs_before_the_resumed_one(tmp_path):
     assert empty.read_metrics() == [] and not empty.metrics.exists()
 
 
+def test_runs_from_before_the_one_based_numbering_read_one_based(tmp_path):
+    run = RunDir(tmp_path)
+    for epoch in (0, 1, 2):  # metrics.jsonl of an older run: numbered from 0
+        run.append_metrics({"epoch": epoch})
+    assert [r["epoch"] for r in run.read_metrics()] == [1, 2, 3]
+    run.truncate_metrics(2)  # resuming it after its second epoch rewrites it 1-based
+    assert [json.loads(line)["epoch"] for line in run.metrics.read_text().splitlines()] == [1, 2]
+    save_atomic({"epoch": 1}, tmp_path / "old.pt")  # an older checkpoint of the second epoch
+    assert load_checkpoint(tmp_path / "old.pt", needs=("epoch",))["epoch"] == 2
+    assert one_based_epoch({"epoch": 1}) == 2 and one_based_epoch({"epoch": 1, **EPOCH_NUMBERING}) == 1
+
+
 def test_checkpoints_round_trip_and_other_paths_are_user_errors(tmp_path):
-    save_atomic({"epoch": 3, "w": torch.ones(2)}, tmp_path / "a.pt")
+    save_atomic({"epoch": 3, **EPOCH_NUMBERING, "w": torch.ones(2)}, tmp_path / "a.pt")
     ck = load_checkpoint(tmp_path / "a.pt", needs=("epoch",))
     assert ck["epoch"] == 3 and torch.equal(ck["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]  # no temporary file left behind

@@ -30,16 +30,16 @@ def test_resume_continues_a_killed_run_exactly(tmp_path):
     killed = Trainer(cfg, tmp_path / "resumed", quiet=True)
     killed.run_epoch(0)
     killed.run_epoch(1)
-    # a kill after epoch 2's metrics line but before its checkpoint: --resume redoes epoch 2 only
+    # a kill after epoch 3's metrics line but before its checkpoint: --resume redoes epoch 3 only
     with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"epoch": 2, "partial": True}) + "\n")
+        f.write(json.dumps({"epoch": 3, "partial": True}) + "\n")
     del killed
     resumed = Trainer(cfg, tmp_path / "resumed", resume=True, quiet=True)
     assert resumed.start_epoch == 2
     resumed.fit()
 
     a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
-    assert [r["epoch"] for r in b] == [0, 1, 2]
+    assert [r["epoch"] for r in b] == [1, 2, 3]
     assert [comparable(r) for r in a] == [comparable(r) for r in b]
     wa = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
     wb = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]

@@ -268,6 +268,15 @@ def _robust_after(broken_by: np.ndarray, k: int) -> float:
     return 100.0 * float(((broken_by == ROBUST) | (broken_by > 1 + k)).mean())
 
 
+def _worst_class_after(broken_by: np.ndarray, y: np.ndarray, k: int, num_classes: int) -> tuple[int, float]:
+    """(class, its robust accuracy in %) of the least robust class after sub-attacks 0..k."""
+    robust = (broken_by == ROBUST) | (broken_by > 1 + k)
+    counts = np.bincount(y, minlength=num_classes)
+    acc = 100.0 * np.bincount(y, weights=robust, minlength=num_classes) / np.maximum(counts, 1)
+    acc = np.where(counts > 0, acc, np.inf)  # a class absent from the split is nobody's worst
+    return int(acc.argmin()), float(acc.min())
+
+
 def _inside(adv: torch.Tensor, x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image: (within eps of x in L-inf, within [0, 1])."""
     a, c = adv.flatten(1), x.flatten(1)
@@ -316,7 +325,7 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
         path = Path(state_path) if state_path else None
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
-        clean = x.cpu().numpy()
+        clean, y_np = x.cpu().numpy(), y.cpu().numpy()
         flags = Flags.load(path, fp, clean) if path else None
         resumed = flags is not None
         if flags is None:
@@ -351,8 +360,10 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
             for _ in range(n_batches - len(chunks)):
                 tick()
             seconds[name] = round(time.perf_counter() - t0, 3)
-            if log:
-                log(f"AutoAttack {name}: robust accuracy {_robust_after(flags.broken_by, k):.2f}%")
+            if log:  # each sub-attack can take many minutes: say what it left standing as soon as it ends
+                worst, worst_acc = _worst_class_after(flags.broken_by, y_np, k, num_classes)
+                log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) done in {seconds[name]:.0f} s: robust accuracy "
+                    f"{_robust_after(flags.broken_by, k):.2f}%, worst class {worst} {worst_acc:.2f}%")
         checked = recheck(model, x, flags, eps, batch)
     after = {"clean": 100.0 * float((flags.broken_by != CLEAN_WRONG).mean()),
              **{name: _robust_after(flags.broken_by, k) for k, name in enumerate(SUBATTACKS)}}

@@ -171,7 +171,8 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"{path}: x_train images are {tuple(x_train.shape[1:])} and x_test images "
                         f"{tuple(x_test.shape[1:])}; both splits need one image shape")
     y_train = _npz_labels(path, "y_train", arrays["y_train"], len(x_train), len(names) if names else None)
-    classes = names or [str(i) for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
+    # without class_names, tables and figures say "class 3" rather than a bare "3" that reads as a value
+    classes = names or [f"class {i}" for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
     y_test = _npz_labels(path, "y_test", arrays["y_test"], len(x_test), len(classes))
     if not len(y_train) or not len(y_test):
         raise UserError(f"{path}: a split is empty; it needs {NPZ_FORMAT}")
@@ -234,8 +235,31 @@ def load(name: str, data_dir: str | Path | None = None) -> DataBundle:
     return DATASETS.get(name).load(Path(data_dir).expanduser() if data_dir else None)
 
 
-def split(bundle: DataBundle, val_per_class: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """train / val / test; val = the first ``val_per_class`` training images of each class (CFA, Sec. 5.1)."""
+def subset_note(dataset: str, train_per_class: int, test_per_class: int) -> str:
+    """The words every table of a quick run carries ("" for a full run): results on part of a data set
+    must never pass for results on all of it."""
+    parts = [f"{what} on the first {n}/class" for what, n in (("trained", train_per_class),
+                                                              ("tested", test_per_class)) if n]
+    return f"quick run: {' and '.join(parts)} of {dataset}" if parts else ""
+
+
+def _first_per_class(y: torch.Tensor, num_classes: int, n: int) -> torch.Tensor:
+    """Mask of the first ``n`` images of each class, in file order (0: every image)."""
+    if not n:
+        return torch.ones_like(y, dtype=torch.bool)
+    keep = torch.zeros_like(y, dtype=torch.bool)
+    for c in range(num_classes):
+        keep[(y == c).nonzero().flatten()[:n]] = True
+    return keep
+
+
+def split(bundle: DataBundle, val_per_class: int, train_per_class: int = 0,
+          test_per_class: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """train / val / test; val = the first ``val_per_class`` training images of each class (CFA, Sec. 5.1).
+
+    A quick run (``data.train_per_class`` / ``data.test_per_class`` above 0) then keeps only the first N
+    images of each class of train (after val is taken, so val is the same as in the full run) and of
+    test, so its per-class numbers still cover every class evenly."""
     y = bundle.y_train
     is_val = torch.zeros_like(y, dtype=torch.bool)
     for c in range(bundle.num_classes):
@@ -245,8 +269,11 @@ def split(bundle: DataBundle, val_per_class: int) -> dict[str, tuple[torch.Tenso
                             f"{bundle.classes[c]} ({len(members)} images), leaving none to train on; "
                             f"lower data.val_per_class below {len(members)}")
         is_val[members[:val_per_class]] = True
+    x_train, y_train = bundle.x_train[~is_val], y[~is_val]
+    train = _first_per_class(y_train, bundle.num_classes, train_per_class)
+    test = _first_per_class(bundle.y_test, bundle.num_classes, test_per_class)
     return {
-        "train": (bundle.x_train[~is_val], y[~is_val]),
+        "train": (x_train[train], y_train[train]),
         "val": (bundle.x_train[is_val], y[is_val]),
-        "test": (bundle.x_test, bundle.y_test),
+        "test": (bundle.x_test[test], bundle.y_test[test]),
     }

@@ -16,7 +16,8 @@ from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
-from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.reports import figures
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 
 
 @torch.no_grad()
@@ -95,16 +96,23 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     seed = cfg.eval.seed if seed is None else seed
     data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
                    cw_kappa=cfg.eval.cw_kappa, seed=seed)
-    record = {"checkpoint": str(path), "epoch": ck["epoch"], "split": split, "attack": attack,
+    record = {"checkpoint": str(path), "epoch": ck["epoch"], **EPOCH_NUMBERING, "split": split, "attack": attack,
               "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32", "seed": seed,
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
     out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, out)
     record["path"] = str(out)
+    if "tsne" in record:  # the picture the numbers are for, beside the JSON
+        t = record["tsne"]
+        record["tsne_png"] = str(figures.tsne(
+            t["clean"], t["adv"], t["labels"], bundle.classes,
+            f"{path.stem} (epoch {ck['epoch']}), {split}: t-SNE of penultimate features",
+            out.with_name(out.stem + "-tsne.png"), attack=attack))
     if not quiet:
         s = record["summary"]
         print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "
               f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); weight-norm rank correlation "
-              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}")
+              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}"
+              + (f"\nt-SNE figure: {record['tsne_png']}" if "tsne_png" in record else ""))
     return record

@@ -8,6 +8,8 @@ produce the inputs; the report draws the outputs.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -54,14 +56,26 @@ def summary_of_confusion(confusion) -> dict[str, float]:
     return {**summary(per_class_accuracy(confusion)), "overall": share_correct(confusion)}
 
 
+# Tian et al. call the population variance of the per-class accuracies "CV"; it is not a coefficient
+# of variation, so every table says what it is (JSON keeps the key ``cv``, in %^2).
+CV_LABEL = "CV (variance, %²)"
+CV_NOTE = ("CV = (1/C) Σ_c (a_c − mean a)², the variance of the per-class accuracies in %² "
+           "(Tian et al. KDD 2021 call it CV; it is not a coefficient of variation)")
+
 # The summary rows every per-class table shows: key, label. Both averages are labelled by what they average.
 SUMMARY_ROWS = (("avg", "mean of per-class accuracies"), ("overall", "share of images correct"),
-                ("worst", "worst class"), ("cv", "CV"), ("mcd", "MCD"))
+                ("worst", "worst class"), ("cv", CV_LABEL), ("mcd", "MCD (max − min, %)"))
 
 
 def summary_cells(results: dict[str, dict], names: list[str], key: str) -> list[str]:
     """One summary row's cells (two decimals); '-' where a result predates the key (older files lack ``overall``)."""
     return [f"{results[n]['summary'][key]:.2f}" if key in results[n]["summary"] else "-" for n in names]
+
+
+def latex_label(text: str) -> str:
+    """A table label for LaTeX: special characters escaped, ² and − as LaTeX writes them."""
+    text = re.sub(r"([_&%#])", r"\\\1", text)
+    return text.replace("²", "$^2$").replace("−", "$-$")
 
 
 def markdown_table(results: dict[str, dict], classes: list[str]) -> str:

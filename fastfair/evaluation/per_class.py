@@ -20,9 +20,10 @@ from fastfair import build
 from fastfair.attacks import autoattack, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
+from fastfair.data import subset_note as data_subset_note
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -118,8 +119,8 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size)
     return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
-                           aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"]},
-                           title=f"{path.stem} (epoch {ck['epoch'] + 1})")
+                           aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"], **EPOCH_NUMBERING},
+                           title=f"{path.stem} (epoch {ck['epoch']})")
 
 
 def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
@@ -143,8 +144,9 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print)
+    note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
-              "images": len(data[1]), **settings, "fingerprint": fp}
+              "images": len(data[1]), "subset": note, **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
         earlier, kept = _earlier_results(out, fp, lambda tag: run.previous_eval_file(path, split, tag))
@@ -152,7 +154,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
-        print(f"\n{title} on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, per-class accuracy (%):\n")
+        print(f"\n{title} on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
+              f"{note + ', ' if note else ''}per-class accuracy (%):\n")
         print(measures.markdown_table(results, bundle.classes))
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")

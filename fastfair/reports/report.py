@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +16,11 @@ import numpy as np
 
 from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
+from fastfair import data
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, read_json, write_text_atomic
+from fastfair.rundir import RunDir, one_based_epoch, read_json, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -125,7 +125,7 @@ def _records(groups: list[Group], split: str) -> dict[int, list[dict]]:
 
 
 # avg: mean of per-class accuracies; share: share of all test images correct (what the papers' tables report)
-COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", "CV", "MCD", "rho")
+COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", measures.CV_LABEL, "MCD", "rho")
 
 
 def comparison_rows(groups: list[Group], attack: str | None = None, baseline: int | None = None,
@@ -144,7 +144,7 @@ def comparison_rows(groups: list[Group], attack: str | None = None, baseline: in
             values["{a} avg"].append(rob["avg"])
             values["{a} share"].append(rob.get("overall", float("nan")))  # results written before issue 13 lack it
             values["{a} worst"].append(rob["worst"])
-            values["CV"].append(rob["cv"])
+            values[measures.CV_LABEL].append(rob["cv"])
             values["MCD"].append(rob["mcd"])
         rows.append({"label": g.label, "seeds": g.seeds, "raw": values,
                      **{c: _mean_std(v) for c, v in values.items()}})
@@ -172,7 +172,7 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
     if not latex:
         lines = ["| " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
         return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body])
-    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    esc = measures.latex_label
     lines = [r"\begin{tabular}{l r " + "r " * len(COLUMNS) + "}", r"\toprule",
              " & ".join(esc(h) for h in heads) + r" \\", r"\midrule"]
     lines += [" & ".join([esc(cells[0])] + cells[1:]) + r" \\" for cells in body]
@@ -240,6 +240,11 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
     return f"![{caption}]({path.relative_to(out).as_posix()})\n"
 
 
+def _subset_lines(groups: list[Group]) -> list[str]:
+    """A line above the comparison for every group that is a quick run (part of its data set)."""
+    return [f"**{g.label}: {_subset_note(g.runs[0])}.**\n" for g in groups if _subset_note(g.runs[0])]
+
+
 def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
     out = Path(out)
@@ -251,12 +256,14 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
     classes = recs[0][0]["classes"]
     md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
-          f"are one group, shown as mean ± std).\n", "## Comparison\n", _table(attack, rows, base, False) + "\n",
+          f"are one group, shown as mean ± std).\n", *_subset_lines(groups), "## Comparison\n",
+          _table(attack, rows, base, False) + "\n",
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
-          "CV = (1/C) Σ_c (a_c − mean a)² and MCD = max a − min a of the robust per-class accuracy; rho = relative "
+          f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
-    tex = ["% fastfair report tables (booktabs)", f"% comparison, split {split}, robust attack {attack}",
+    tex = ["% fastfair report tables (booktabs)", *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups)),
+           f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]
     if len(groups) > 1:
         series = {g.label: _per_class_mean(recs[i], attack) for i, g in enumerate(groups)}
@@ -273,26 +280,30 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
                    tex: list[str]) -> list[str]:
     tag = f"g{i}"
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
+    note = _subset_note(g.runs[0])
+    if note:
+        md.append(f"**{note[0].upper() + note[1:]}.**\n")
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
     means = {n: _per_class_mean(recs, n) for n in attacks}
     table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
              for n in attacks}
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
-              f"{recs[0]['epoch'] + 1}), mean over {len(recs)} seed(s):\n")
+              f"{one_based_epoch(recs[0])}), mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
-    shown = {n: means[n] for n in ("clean", attack) if n in means}
-    p = figures.per_class_bars(classes, shown, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
-    md.append(_figure_md(p, out, "per-class clean and robust accuracy"))
+    p = figures.per_class_bars(classes, means, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
+    md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(means)})"))
     conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
     p = figures.heatmap(conf, classes, f"{g.label}: {attack} confusion (% of true class)",
                         fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
     md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
     epochs, lines, val_attack = _curves(g.runs)
     if lines:
+        selected = (one_based_epoch(recs[0]), Path(recs[0]["checkpoint"]).stem)
         p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})",
-                           fig_dir / f"{tag}-curves.png")
-        md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy"))
+                           fig_dir / f"{tag}-curves.png", selected=selected)
+        md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy; the dotted "
+                                     "line marks the evaluated checkpoint's epoch"))
         for name, v in _varying_vectors(g.runs[0]).items():
             p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{g.label}: per-class {name}",
                                          fig_dir / f"{tag}-vector-{name}.png", name)
@@ -303,16 +314,22 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     return md
 
 
+def _subset_note(run: Run) -> str:
+    c = run.config
+    return data.subset_note(c.get("data.dataset", "?"), c.get("data.train_per_class", 0),
+                            c.get("data.test_per_class", 0))
+
+
 def _per_class_latex(table: dict, classes: list[str]) -> str:
     names = list(table)
-    esc = lambda s: re.sub(r"([_&%#])", r"\\\1", s)  # noqa: E731
+    esc = measures.latex_label
     lines = [r"\begin{tabular}{l " + "r " * len(names) + "}", r"\toprule",
              "class & " + " & ".join(esc(n) for n in names) + r" \\", r"\midrule"]
     for c, cname in enumerate(classes):
         lines.append(esc(cname) + " & " + " & ".join(f"{table[n]['per_class'][c]:.2f}" for n in names) + r" \\")
     lines.append(r"\midrule")
     for key, label in measures.SUMMARY_ROWS:
-        lines.append(label + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
+        lines.append(esc(label) + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
 
 
@@ -348,6 +365,6 @@ def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path
     if "tsne" in d:
         t = d["tsne"]
         p = figures.tsne(t["clean"], t["adv"], t["labels"], classes, f"{label}: t-SNE of penultimate features",
-                         fig_dir / f"{tag}-tsne.png")
+                         fig_dir / f"{tag}-tsne.png", attack=atk)
         md.append(_figure_md(p, out, "t-SNE of penultimate features, clean and adversarial"))
     return md

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, ops
+from fastfair import build, config, data, ops
 from fastfair.checks import check_config
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
@@ -29,7 +29,8 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.rundir import RunDir, init_model, load_checkpoint, notice, save_atomic
+from fastfair.reports import figures, tracking
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores
 
 
@@ -43,7 +44,8 @@ class Trainer:
         check_config(cfg)  # every value, before any data is loaded or anything written
         self.cfg, self.out = cfg, Path(out)
         self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
-        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main)
+        self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main,
+                                 every_s=cfg.train.progress_every_s)
         self.log = self.progress.print
         self.dev = build.device(cfg)
         self.amp = build.autocast_dtype(cfg, self.dev)
@@ -57,6 +59,10 @@ class Trainer:
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
+        d = cfg.data
+        if d.train_per_class or d.test_per_class:
+            self.log(f"{data.subset_note(d.dataset, d.train_per_class, d.test_per_class)}: {len(y)} training, "
+                     f"{len(sp['test'][1])} test images")
 
         torch.manual_seed(cfg.train.seed)
         self.model = build.model_from_spec(self.spec, self.dev, self.cl)
@@ -84,7 +90,12 @@ class Trainer:
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
+        self._said_negative = False  # the note on a loss below 0 (ME's entropy bonus), printed once
         self._prepare_dir(resume)
+        if self.main:  # the run folder keeps the console's lines and the periodic progress lines
+            self.progress.attach(self.run.train_log)
+        # train.track (TensorBoard, W&B): rank 0 alone; a missing package fails here, before any epoch
+        self.tracker = _tracker(cfg, self.out) if self.main else tracking.Tracker(self.out, {})
 
     # ---- run directory ------------------------------------------------------------------
     @property
@@ -100,7 +111,7 @@ class Trainer:
             if run.last.is_file():
                 self._load(load_checkpoint(run.last))
                 self._reschedule(changed)
-                self.log(f"resuming {self.out} at epoch {self.start_epoch}")
+                self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
             else:  # stopped (killed, diverged) in its first epoch: nothing to keep
                 self.log(f"{self.out}: no epoch had finished; starting it again from the first")
             if self.main and run.truncate_metrics(self.start_epoch):
@@ -111,7 +122,8 @@ class Trainer:
         if self.main:
             run.checkpoints.mkdir(parents=True, exist_ok=True)
             run.write_config(self.cfg.to_toml())
-            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch,
+            # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
+            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 "changed": changed})
 
@@ -126,9 +138,11 @@ class Trainer:
         for group in self.opt.param_groups:
             group["initial_lr"], group["lr"] = t.lr, t.lr * t.lr_gamma ** decays
 
+    # Inside the loop ``epoch`` is 0-based (it seeds the RNGs and the loader, so resumed runs stay
+    # bit-exact); everything written or printed says ``epoch + 1``, the epoch's number from 1.
     def _state(self, epoch: int) -> dict:
         return {
-            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "epoch": epoch + 1, **EPOCH_NUMBERING, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "class_state": self.state.state_dict(),
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
             "average": self.averager.state_dict() if self.averager else None,
@@ -142,7 +156,7 @@ class Trainer:
         self.best = dict(ck["best"])
         if self.averager:
             self.averager.load_state_dict(ck["average"])
-        self.start_epoch = ck["epoch"] + 1
+        self.start_epoch = ck["epoch"]  # epochs done (1-based number of the last) = 0-based index of the next
 
     # ---- the loop -------------------------------------------------------------------------
     def _autocast(self):
@@ -170,7 +184,8 @@ class Trainer:
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         lr = self.opt.param_groups[0]["lr"]
         t0 = time.perf_counter()
-        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader)) as advance:
+        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader),
+                                images_per_step=self.cfg.data.batch_size) as advance:
             for x, y in self.train_loader:
                 self.train_step(x, y)
                 advance()
@@ -186,7 +201,7 @@ class Trainer:
         # before anything of the epoch is written: weights, optimiser and per-class state all finite
         self._stop_if_diverged(epoch, nonfinite_tensors(self._state(epoch)))
         record = {
-            "epoch": epoch, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
+            "epoch": epoch + 1, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
             "train_robust_acc_per_class": stats["train_acc_per_class"],
             "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
                     for k, v in val.items()},
@@ -200,9 +215,14 @@ class Trainer:
             # and resuming drops the metrics lines of epochs the checkpoint does not hold.
             self.run.append_metrics(record)
             self._checkpoint(epoch, va)
+            self.tracker.log(tracking.scalars(record, self.bundle.classes), epoch + 1)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
+        if stats["loss"] < 0 and not self._said_negative:
+            self._said_negative = True
+            self.log("  (the loss is below 0 because the method subtracts a term from it, e.g. the ME entropy "
+                     "bonus beta*H(p); that is expected, not a fault)")
         return record
 
     def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
@@ -225,8 +245,8 @@ class Trainer:
     def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
         """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
         scores a new best; for the averaged model also ``last_avg.pt``."""
-        weights = {"epoch": epoch, "model": model.state_dict(), "spec": self.spec, "config": self.cfg.to_toml(),
-                   "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
+        weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
+                   "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
         for policy, score in policy_scores(summary).items():
             key = policy + ("_avg" if averaged else "")  # the keys of older checkpoints: pgd, fair, pgd_avg, fair_avg
             if score > self.best.get(key, float("-inf")):
@@ -245,8 +265,13 @@ class Trainer:
         with build.fastest_convolutions(self.dev):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
+        self.tracker.close()
         distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
+
+
+def _tracker(cfg: Config, out: Path) -> tracking.Tracker:
+    return tracking.open_tracker(cfg.train.track, out, config.flatten(config.tomllib.loads(cfg.to_toml())))
 
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
@@ -258,4 +283,20 @@ def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
     if averaged.is_file():
         result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
                                                 device=cfg.train.device, quiet=quiet)
+    if cfg.train.track != "none" and distributed.current().is_main:
+        _track_final(out, cfg, result)
     return result
+
+
+def _track_final(out: Path, cfg: Config, result: dict) -> None:
+    """The final evaluation to the tracker: its per-class scalars and the per-class figure of every attack."""
+    tracker, split, classes = _tracker(cfg, out), result["split"], result["classes"]
+    step = cfg.train.epochs  # the last epoch's step: the evaluation belongs to the end of training
+    tracker.log(tracking.result_scalars(split, result["results"], classes), step)
+    png = Path(out) / "figures" / f"{Path(result['checkpoint']).stem}-{split}-per-class.png"
+    png.parent.mkdir(exist_ok=True)
+    figures.per_class_bars(classes, {n: (r["per_class"], None) for n, r in result["results"].items()},
+                           f"{Path(result['checkpoint']).stem} (epoch {result['epoch']}), {split}: per-class accuracy",
+                           png)
+    tracker.image(f"{split}/per_class", png, step)
+    tracker.close()
