@@ -269,7 +269,20 @@ def preset_names() -> list[str]:
 
 
 def read_preset(name_or_path: str) -> dict[str, Any]:
-    """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``)."""
+    """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``), as flat
+    run keys. Its ``[paper]`` section (the paper's numbers, :func:`read_paper`) describes the run and
+    is no part of it."""
+    data = _read_toml(name_or_path)
+    data.pop("paper", None)
+    return flatten(data)
+
+
+def read_paper(name_or_path: str) -> dict[str, Any]:
+    """A preset's ``[paper]`` section as written (``fastfair.reproduce.paper`` checks it); {} if none."""
+    return _read_toml(name_or_path).get("paper", {})
+
+
+def _read_toml(name_or_path: str) -> dict[str, Any]:
     path = Path(name_or_path)
     if path.is_file():
         text = path.read_text()
@@ -281,7 +294,7 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
             raise UserError(f"no config file or preset {name_or_path!r}.{hint} List presets with: fastfair presets")
         text = res.read_text()
     try:
-        return flatten(tomllib.loads(text))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{name_or_path}: not valid TOML ({err})") from None
 
