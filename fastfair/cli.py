@@ -17,6 +17,8 @@ from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.methods import METHODS, OPTIONS, declared_keys
 from fastfair.models import MODELS
 from fastfair.reports.report import write_report
+from fastfair.reproduce.command import reproduce
+from fastfair.reproduce.runs import SCALES
 from fastfair.rundir import RunDir
 from fastfair.scaleout import distributed
 from fastfair.scaleout.grid import run_grid
@@ -194,6 +196,11 @@ def cmd_grid(args) -> int:
                     dry_run=args.dry_run)
 
 
+def cmd_reproduce(args) -> int:
+    return reproduce(args.table, seeds=args.seeds, data_dir=args.data_dir, per_gpu=args.per_gpu, scale=args.scale,
+                     list_only=args.list, out=args.out, gpus=args.gpus, sets=args.set)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastfair", description="Fast class-wise fair adversarial training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -265,6 +272,21 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--dry-run", action="store_true",
                    help="print the runs the grid expands to and their state; run nothing")
     g.set_defaults(func=cmd_grid)
+
+    r = sub.add_parser("reproduce", help="re-run a paper's table and print it beside the paper's numbers")
+    r.add_argument("table", nargs="?", help="paper table, e.g. cfa-t1 or me-t2 (--list shows them)")
+    r.add_argument("--list", action="store_true", help="every table with its runs and an estimate of GPU hours")
+    r.add_argument("--seeds", type=int, default=1, help="seeds per row (0..N-1); reported as mean ± std")
+    r.add_argument("--data-dir", default="", help="full: folder holding cifar-10-batches-py; subset: a FILE.npz")
+    r.add_argument("--per-gpu", type=int, default=1, metavar="K", help="concurrent runs per GPU")
+    r.add_argument("--gpus", default="auto", help="comma-separated GPU ids, 'cpu', or auto")
+    r.add_argument("--scale", default="full", choices=list(SCALES),
+                   help="; ".join(f"{n}: {SCALES.doc(n)}" for n in SCALES))
+    r.add_argument("--out", help="folder for the runs, reproduce.md and reproduce.png "
+                                 "(default runs/reproduce/TABLE-SCALE)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run; the verdicts then say not comparable")
+    r.set_defaults(func=cmd_reproduce)
 
     for name, func, helptext in (("methods", cmd_methods, "list training methods"),
                                  ("models", cmd_models, "list models"),
