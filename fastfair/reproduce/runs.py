@@ -17,6 +17,7 @@ import numpy as np
 
 from fastfair import config
 from fastfair.attacks import autoattack
+from fastfair.data.datasets import CIFAR10_CLASSES
 from fastfair.errors import UserError
 from fastfair.registry import Registry
 from fastfair.reproduce.paper import PaperRow
@@ -75,6 +76,8 @@ def _subset_data(data_dir: str, out: Path) -> dict[str, Any]:
                 raise UserError(f"{src}: no array {err}; the file needs x_train, y_train, x_test, y_test") from None
             if "class_names" in f.files:
                 arrays["class_names"] = f["class_names"]
+            elif len(np.unique(f["y_train"])) == len(CIFAR10_CLASSES):  # the tables' data set: name its classes
+                arrays["class_names"] = np.array(CIFAR10_CLASSES)
         dest.parent.mkdir(parents=True, exist_ok=True)
         np.savez(dest, **arrays)
     return {"data.dataset": "npz", "data.data_dir": str(dest.resolve()), "data.val_per_class": SUBSET_VAL_PER_CLASS}

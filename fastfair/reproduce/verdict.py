@@ -67,7 +67,7 @@ def _stats(number: Number, classes: list[str]) -> list[tuple[str, float, int | N
     """(label, paper value, class index or None, tolerance kind) for every value the paper gives."""
     out = [(s, v, None, s) for s, v in (("avg", number.avg), ("worst", number.worst)) if v is not None]
     out += [(classes[k], v, k, "class") for k, v in enumerate(number.per_class)]
-    out += [(name, v, classes.index(name), "class") for name, v in number.classes.items()]
+    out += [(name, v, classes.index(name), "class") for name, v in number.classes.items() if name in classes]
     return out
 
 

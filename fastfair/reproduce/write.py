@@ -38,6 +38,8 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * n))
     for i, c in enumerate(comparisons):
         y = n - 1 - i
+        if i and c.preset != comparisons[i - 1].preset:  # a rule between the table's rows
+            ax.axhline(y + 0.5, color="0.6", lw=0.6)
         ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
         ax.plot(c.paper, y, "o", mfc="white", mec="black", ms=6)
         if c.mean is not None:
@@ -51,10 +53,9 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
                plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
     handles += [plt.Line2D([], [], marker="o", ls="", color=COLOURS[v], label=f"fastfair: {v}")
                 for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
-    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (1.2 + 0.28 * n) - 0.02),
-              ncol=3, frameon=False)
-    note = "" if scale == "full" else f" — {scale} scale, not comparable to the paper"
-    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9)
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
+    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
