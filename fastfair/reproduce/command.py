@@ -15,7 +15,7 @@ from fastfair import config
 from fastfair.attacks import autoattack
 from fastfair.errors import UserError
 from fastfair.reproduce import cost, runs, tables
-from fastfair.reproduce.paper import PAPERS
+from fastfair.reproduce.paper import PAPERS, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write
 from fastfair.rundir import RunDir, read_json
@@ -31,7 +31,7 @@ def listing(seeds: int, echo=print) -> None:
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
         for row in table.rows:
-            numbers = ", ".join(f"{a} {'/'.join(s for s in ('avg', 'worst') if getattr(n, s) is not None) or 'per class'}"
+            numbers = ", ".join(f"{a} {'/'.join(s for s in STATS if getattr(n, s) is not None) or 'per class'}"
                                 for a, n in row.numbers.items())
             echo(f"  {row.preset:<32} {row.row} [{numbers}; follows {row.follows}]")
         echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
@@ -88,27 +88,14 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             if todo:
                 LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
                                        echo=echo)
-        failed, comparisons, rows_seen, run_lines = [], [], set(), []
-        records: dict[str, list[dict]] = {}
-        classes: list[str] = []
-        for p, j in zip(planned, jobs):
-            state = read_state(j.run_dir)["status"]
-            rec, ckpt = _record(Path(j.run_dir), p) if state == "done" else (None, "-")
-            if rec is None:
-                failed.append(f"{j.name} (log: {RunDir(j.run_dir).train_log})")
-            else:
-                records.setdefault(p.row.preset, []).append(rec)
-                classes = rec["classes"]
-            run_lines.append((str(j.run_dir), state, ckpt))
-        for p in planned:
-            if p.row.preset not in rows_seen and classes:
-                rows_seen.add(p.row.preset)
-                comparisons += compare_row(p.row, records.get(p.row.preset, []),
-                                           scale_spec.comparable and not user_sets, classes)
-        if comparisons:
-            notes = _notes(tab, scale, user_sets)
+        records, run_lines, failed = _collect(planned, jobs)
+        classes = next((recs[0]["classes"] for recs in records.values()), None)
+        if classes:  # at least one run finished: the table with what there is
+            comparable = scale_spec.comparable and not user_sets
+            comparisons = [c for row in tab.ordered() for c in compare_row(row, records.get(row.preset, []),
+                                                                             comparable, classes)]
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
-                         runs=run_lines, user_sets=list(sets or []), notes=notes)
+                         runs=run_lines, user_sets=list(sets or []), notes=_notes(tab, scale, user_sets))
             echo(f"written: {path} and {root / 'reproduce.png'}")
     if failed:
         echo(f"{len(failed)} run(s) failed: {', '.join(failed)}\nfix the cause and run the same command again: "
@@ -117,11 +104,28 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     return 0
 
 
+def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], list, list[str]]:
+    """(preset -> the evaluation records of its finished seeds, (run folder, status, checkpoint) per run,
+    the runs that did not finish, with their logs)."""
+    records: dict[str, list[dict]] = {}
+    run_lines, failed = [], []
+    for p, j in zip(planned, jobs):
+        state = read_state(j.run_dir)["status"]
+        rec, ckpt = _record(Path(j.run_dir), p) if state == "done" else (None, "-")
+        if rec is None:
+            failed.append(f"{j.name} (log: {RunDir(j.run_dir).train_log})")
+        else:
+            records.setdefault(p.row.preset, []).append(rec)
+        run_lines.append((str(j.run_dir), state, ckpt))
+    return records, run_lines, failed
+
+
 def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
     notes = []
     for row in tab.rows:
         preset = config.resolve(row.preset)
-        notes.append(f"`{row.preset}` ({row.row}): follows the {'paper and code (they agree)' if row.follows == 'both' else row.follows}; "
+        follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
+        notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"paper's checkpoint: {row.selection}; fastfair: train.select = {preset.train.select} on the "
                      f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}. "
                      f"Preset: {preset.preset}")

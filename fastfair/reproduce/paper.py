@@ -37,7 +37,8 @@ PAPERS: dict[str, Paper] = {
     "me": Paper("ME-AT/ME-TRADES (ICLR 2022 submission)",
                 "Understanding the robustness-accuracy tradeoff by rethinking robust fairness"),
     "cfa": Paper("Wei et al. 2023 (NeurIPS)", "CFA: Class-wise Calibrated Fair Adversarial Training"),
-    "tian-iclr": Paper("Tian et al. (ICLR 2021 submission)", "Intriguing class-wise properties of adversarial training"),
+    "tian-iclr": Paper("Tian et al. (ICLR 2021 submission)",
+                       "Intriguing class-wise properties of adversarial training"),
     "tian-kdd": Paper("Tian et al. 2021 (KDD)", "Analysis and Applications of Class-wise Robustness in Adversarial "
                                                 "Training"),
 }
