@@ -79,7 +79,9 @@ def _subset_data(data_dir: str, out: Path) -> dict[str, Any]:
             elif len(np.unique(f["y_train"])) == len(CIFAR10_CLASSES):  # the tables' data set: name its classes
                 arrays["class_names"] = np.array(CIFAR10_CLASSES)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(dest, **arrays)
+        partial = dest.with_suffix(f".{os.getpid()}.npz")  # complete or absent, whoever else reads it
+        np.savez(partial, **arrays)
+        os.replace(partial, dest)
     return {"data.dataset": "npz", "data.data_dir": str(dest.resolve()), "data.val_per_class": SUBSET_VAL_PER_CLASS}
 
 

@@ -14,7 +14,9 @@ from fastfair.reproduce.tables import Table  # noqa: E402
 from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison  # noqa: E402
 from fastfair.rundir import write_text_atomic  # noqa: E402
 
-COLOURS = {"agrees": "tab:green", "higher": "tab:orange", "lower": "tab:red", NOT_COMPARABLE: "tab:grey"}
+# colour and marker per verdict: the shape alone tells higher from lower in grey print
+STYLE = {"agrees": ("tab:green", "o"), "higher": ("tab:orange", "^"), "lower": ("tab:red", "v"),
+         NOT_COMPARABLE: ("tab:grey", "o")}
 FIGURE = "reproduce.png"
 
 
@@ -41,9 +43,10 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
         if i and c.preset != comparisons[i - 1].preset:  # a rule between the table's rows
             ax.axhline(y + 0.5, color="0.6", lw=0.6)
         ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
-        ax.plot(c.paper, y, "o", mfc="white", mec="black", ms=6)
+        ax.plot(c.paper, y, "o", mfc="none", mec="black", ms=7, zorder=4)  # drawn over ours: both stay visible
         if c.mean is not None:
-            ax.errorbar(c.mean, y, xerr=c.std or 0, fmt="o", color=COLOURS[c.verdict], ms=5, capsize=2)
+            colour, marker = STYLE[c.verdict]
+            ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"{c.row} · {c.attack} {c.stat}" for c in reversed(comparisons)], fontsize=7)
     ax.set_ylim(-0.7, n - 0.3)
@@ -51,9 +54,10 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     ax.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
                plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
-    handles += [plt.Line2D([], [], marker="o", ls="", color=COLOURS[v], label=f"fastfair: {v}")
+    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
                 for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
-    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+              frameon=False)
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
     ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
     fig.tight_layout()
