@@ -4,11 +4,12 @@ import re
 import struct
 import zlib
 
+import numpy as np
 import pytest
 
 from fastfair import cli, config
 from fastfair.errors import UserError
-from fastfair.reproduce import paper, tables
+from fastfair.reproduce import paper, runs, tables
 from fastfair.reproduce.command import reproduce
 from fastfair.reproduce.paper import Number, PaperRow
 from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compare_row
@@ -152,3 +153,26 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     assert reproduce("tian-iclr-t5", **args) == 0
     assert "3 runs" in lines[0] and "3 done" in lines[0] and not any(line.startswith("start ") for line in lines)
     assert ckpt.stat().st_mtime_ns == before
+    # other settings for runs already started are refused before anything runs
+    with pytest.raises(UserError, match=r"started with other settings: .*tian-iclr-t5-he-s0 \(model.width\)"):
+        reproduce("tian-iclr-t5", **{**args, "sets": ["train.epochs=1", "model.width=8"]})
+
+
+def test_frl_rows_run_after_and_start_from_the_row_they_fine_tune(tmp_path):
+    table = tables.get("cfa-t1")
+    order = [row.preset for row in table.ordered()]
+    assert order[-2:] == ["cfa-t1-frl", "cfa-t1-frl-ema"] and "cfa-t1-trades-paper" in order[:-2]
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    planned = {p.name: p for p in runs.plan(table, 2, "subset", str(npz), tmp_path / "out", {})}
+    frl = planned["cfa-t1-frl-s1"]
+    assert frl.sets["train.init_from"] == str(tmp_path / "out" / "runs" / "cfa-t1-trades-paper-s1" / "checkpoints"
+                                              / "best_fair.pt")
+    assert "train.init_from" not in planned["cfa-t1-trades-paper-s1"].sets
+    # the subset shrinks every epoch count with train.epochs, and averaged rows compare the averaged model
+    ema = planned["cfa-t1-at-ema-paper-s0"]
+    assert ema.averaged and ema.sets["train.epochs"] == runs.SUBSET_EPOCHS
+    assert ema.sets["train.lr_milestones"] == [round(m * runs.SUBSET_EPOCHS / 200) for m in (100, 150)]
+    assert ema.sets["train.avg_begin"] == max(1, round(50 * runs.SUBSET_EPOCHS / 200))
+    assert ema.attacks == ("clean", "aa")
