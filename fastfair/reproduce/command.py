@@ -45,7 +45,9 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
     averaged = run.selected_checkpoint(cfg.train.select, averaged=True)
     ckpt = averaged if planned.averaged and averaged.is_file() else plain
     path = run.eval_file(ckpt, cfg.eval.split)
-    return (read_json(path) if path.is_file() else None), ckpt.name
+    # FAWA averages in only the epochs that pass its fairness threshold: there may be none
+    label = ckpt.name + (" (no averaged model was written)" if planned.averaged and ckpt == plain else "")
+    return (read_json(path) if path.is_file() else None), label
 
 
 def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int = 1, scale: str = "full",

@@ -47,8 +47,14 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
         if c.mean is not None:
             colour, marker = STYLE[c.verdict]
             ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
+    # a row the table holds twice (the paper's and the authors' code's settings) is named by its preset
+    presets_of = {}
+    for c in comparisons:
+        presets_of.setdefault(c.row, set()).add(c.preset)
+    names = [f"{c.row} ({c.preset})" if len(presets_of[c.row]) > 1 else c.row for c in reversed(comparisons)]
     ax.set_yticks(range(n))
-    ax.set_yticklabels([f"{c.row} · {c.attack} {c.stat}" for c in reversed(comparisons)], fontsize=7)
+    ax.set_yticklabels([f"{name} · {c.attack} {c.stat}" for name, c in zip(names, reversed(comparisons))],
+                       fontsize=7)
     ax.set_ylim(-0.7, n - 0.3)
     ax.set_xlabel("accuracy (%)")
     ax.grid(axis="x", alpha=0.3)
