@@ -19,7 +19,7 @@ from fastfair.reproduce.paper import PAPERS, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write
 from fastfair.rundir import RunDir, read_json
-from fastfair.scaleout.grid import prepare
+from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import read_state
 from fastfair.scaleout.launchers import LAUNCHERS
 
@@ -84,6 +84,10 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     echo(f"reproduce {tab.title} at scale {scale}: {len(jobs)} runs in {root}, "
          f"{sum(s == 'done' for s in status.values())} done")
     with RunDir(root).lock(echo):
+        busy = [f"{j.name} ({holder})" for j in jobs if status[j.name] == "running" and (holder := still_held(j, echo))]
+        if busy:
+            raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them to end "
+                            "(or stop them), then run the same command again")
         # A row that fine-tunes another row's model (FRL) starts once that row's runs have ended.
         for wave in (lambda p: not p.row.init_from, lambda p: bool(p.row.init_from)):
             todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]

@@ -198,14 +198,14 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     return pairs
 
 
-def _gone(run: Run, job: Job, echo) -> str:
+def still_held(job: Job, echo) -> str:
     """Who still holds a run marked running, or nothing once its process has ended (after up to
     DYING_S for the child of a killed grid to die)."""
     deadline = time.time() + DYING_S
     while (holder := RunDir(job.run_dir).locked_by()) and time.time() < deadline:
         time.sleep(0.1)
     if not holder:
-        echo(f"  {run.name} was marked running but its process is gone; it resumes")
+        echo(f"  {job.name} was marked running but its process is gone; it resumes")
     return holder
 
 
@@ -234,7 +234,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         return 0
     with RunDir(root).lock(echo):  # one grid process per grid folder
         busy = [f"{run.name} ({holder})" for run, job in pairs
-                if status[run.name] == "running" and (holder := _gone(run, job, echo))]
+                if status[run.name] == "running" and (holder := still_held(job, echo))]
         if busy:
             raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them "
                             "to end (or stop them), then run the grid again")
