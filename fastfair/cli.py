@@ -128,6 +128,16 @@ def train(
     resume: Annotated[bool, typer.Option("--resume",
                                          help="continue the run in --out from its last checkpoint")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress or tables")] = False,
+    quick: Annotated[Optional[int], typer.Option(metavar="N", help="a quick run: only the first N training images "
+                                                 "of each class, after the validation split "
+                                                 "(data.train_per_class; named in every table)")] = None,
+    quick_test: Annotated[Optional[int], typer.Option(metavar="N", help="evaluate on the first N test images of "
+                                                      "each class (data.test_per_class)")] = None,
+    track: Annotated[Text, typer.Option(help="also send the numbers to: none | tensorboard | wandb (train.track; "
+                                             "pip install fastfair\\[tensorboard] or \\[wandb])")] = None,
+    progress_every: Annotated[Optional[float], typer.Option(metavar="S", help="seconds between plain progress "
+                                                            "lines where output is not a terminal, and in "
+                                                            "RUN/train.log (train.progress_every_s)")] = None,
     ccm: Annotated[bool, typer.Option("--ccm", help="CFA class-wise calibrated margin (ccm.enabled)",
                                       rich_help_panel=FAIRNESS)] = False,
     ccr: Annotated[bool, typer.Option("--ccr", help="CFA class-wise calibrated TRADES beta (ccr.enabled)",
@@ -150,7 +160,8 @@ def train(
     flags = {"method.name": method, "data.dataset": dataset, "data.data_dir": data_dir, "model.name": model,
              "train.epochs": epochs, "train.device": device, "train.seed": seed, "train.kernels": kernels,
              "train.compile": {True: "on", False: "off", None: None}[compile], "train.cudagraphs": cudagraphs or None,
-             "data.loader": loader, "data.beton_dir": beton_dir,
+             "data.loader": loader, "data.beton_dir": beton_dir, "data.train_per_class": quick,
+             "data.test_per_class": quick_test, "train.track": track, "train.progress_every_s": progress_every,
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
     saved = RunDir(out).config if out else None
     if resume:
@@ -343,6 +354,34 @@ def grid(
         return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; the grid's runs stopped with it; run the same command again to go on "
+                          "(finished runs are skipped, interrupted ones resume)") from None
+
+
+@app.command(help="re-run a paper's table and print it beside the paper's numbers, with a verdict per row")
+def reproduce(
+    table: Annotated[Text, typer.Argument(metavar="TABLE", help="paper table, e.g. cfa-t1 or me-t2 (--list shows "
+                                                                "them)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="every table with its runs and an estimate of GPU hours, "
+                                                       "and the scales")] = False,
+    seeds: Annotated[int, typer.Option(help="seeds per row (0..N-1); reported as mean ± std")] = 1,
+    data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py; subset: a FILE.npz")] = "",
+    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU")] = 1,
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto")] = "auto",
+    scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
+                                            "| subset (a few images per class of FILE.npz, a tiny model, 5 epochs: "
+                                            "a quick look, not comparable); --list says exactly")] = "full",
+    out: Annotated[Text, typer.Option(help="folder for the runs, reproduce.md and reproduce.png "
+                                           "(default runs/reproduce/TABLE-SCALE)")] = None,
+    set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(
+        "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
+) -> int:
+    from fastfair.reproduce.command import reproduce as run_table
+
+    try:
+        return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
+                         out=out, gpus=gpus, sets=set_ or [])
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; the table's runs stopped with it; run the same command again to go on "
                           "(finished runs are skipped, interrupted ones resume)") from None
 
 

@@ -274,10 +274,23 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def read_preset(name_or_path: str) -> dict[str, Any]:
-    """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``)."""
+    """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``), as flat
+    run keys. Its ``[paper]`` section (the paper's numbers, :func:`read_paper`) describes the run and
+    is no part of it."""
+    data = _read_toml(name_or_path)
+    data.pop("paper", None)
+    return flatten(data)
+
+
+def read_paper(name_or_path: str) -> dict[str, Any]:
+    """A preset's ``[paper]`` section as written (``fastfair.reproduce.paper`` checks it); {} if none."""
+    return _read_toml(name_or_path).get("paper", {})
+
+
+def _read_toml(name_or_path: str) -> dict[str, Any]:
     text = preset_text(name_or_path)
     try:
-        return flatten(tomllib.loads(text))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{name_or_path}: not valid TOML ({err})") from None
 

@@ -8,6 +8,8 @@
    ``kernels/`` to ``fastfair.kernels``. When the package is not installed (``pip install -e .``)
    a finder appended to ``sys.meta_path`` maps that one name to the folder, so no top-level
    ``kernels`` module ever becomes importable.
+3. ``fastfair.presets`` (pyproject maps ``configs/`` to it) is always this checkout's folder, so
+   the presets under test are the ones beside the tests.
 """
 import importlib.abc
 import importlib.util
@@ -33,3 +35,20 @@ class _KernelsFinder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.append(_KernelsFinder())
+
+_PRESETS = Path(__file__).resolve().parents[1] / "configs"
+
+
+class _PresetsFinder(importlib.abc.MetaPathFinder):
+    """``fastfair.presets`` is this checkout's ``configs/`` even when another checkout is the one
+    installed in editable mode (a git worktree testing its own presets)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "fastfair.presets" or not (_PRESETS / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            name, _PRESETS / "__init__.py", submodule_search_locations=[str(_PRESETS)]
+        )
+
+
+sys.meta_path.insert(0, _PresetsFinder())  # first: before the editable install's own finder

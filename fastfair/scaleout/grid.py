@@ -158,26 +158,35 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
 
 
 # ---- the grid -----------------------------------------------------------------------------
+def prepare(name: str, base: str, sets: dict[str, Any], run_dir: Path) -> tuple[Job, config.Config, str]:
+    """One run's job and config, after checking the config resolves exactly as train will resolve it;
+    the third item names the keys that changed since the run started ("" when none did, or only keys
+    --resume may change)."""
+    args = tuple(f"{k}={_toml_value(v)}" for k, v in sets.items())
+    cfg = config.resolve(base or None, None, list(args))
+    check_config(cfg)
+    saved, changed = RunDir(run_dir), ""
+    if saved.config.is_file() and saved.read_config() != cfg.to_toml():
+        # the keys --resume may change (a lower lr for a diverged run, more epochs) may change here too
+        old, new = config.flatten(config.load_saved(saved.config)), config.flatten(cfg.to_dict())
+        keys = [k for k in new if old.get(k) != new[k] and k != "preset" and k not in config.RESUMABLE]
+        changed = ", ".join(keys)
+    return Job(name, str(run_dir), base, args), cfg, changed
+
+
 def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
     and that runs already started were started with the same config."""
     pairs, changed, robust = [], [], []
     for run in grid.runs():
-        sets = tuple(f"{k}={_toml_value(v)}" for k, v in run.sets.items())
         try:
-            cfg = config.resolve(grid.base or None, None, list(sets))
-            check_config(cfg)
+            job, cfg, keys = prepare(run.name, grid.base, run.sets, out / run.name)
         except UserError as err:
             raise UserError(f"grid {grid.name}, run {run.name}: {err}") from None
         robust.append((run.name, [a for a in cfg.eval.attacks if a != "clean"]))
-        saved = RunDir(out / run.name)
-        if saved.config.is_file() and saved.read_config() != cfg.to_toml():
-            # the keys --resume may change (a lower lr for a diverged run, more epochs) may change here too
-            old, new = config.flatten(config.load_saved(saved.config)), config.flatten(cfg.to_dict())
-            keys = [k for k in new if old.get(k) != new[k] and k != "preset" and k not in config.RESUMABLE]
-            if keys:
-                changed.append(f"{run.name} ({', '.join(keys)})")
-        pairs.append((run, Job(run.name, str(out / run.name), grid.base, sets)))
+        if keys:
+            changed.append(f"{run.name} ({keys})")
+        pairs.append((run, job))
     if changed:
         raise UserError(f"the grid file changed for runs already started: {'; '.join(changed)}. "
                         f"Restore the grid file, or delete those run folders under {out} to start them anew")
@@ -189,14 +198,14 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
     return pairs
 
 
-def _gone(run: Run, job: Job, echo) -> str:
+def still_held(job: Job, echo) -> str:
     """Who still holds a run marked running, or nothing once its process has ended (after up to
     DYING_S for the child of a killed grid to die)."""
     deadline = time.time() + DYING_S
     while (holder := RunDir(job.run_dir).locked_by()) and time.time() < deadline:
         time.sleep(0.1)
     if not holder:
-        echo(f"  {run.name} was marked running but its process is gone; it resumes")
+        echo(f"  {job.name} was marked running but its process is gone; it resumes")
     return holder
 
 
@@ -225,7 +234,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         return 0
     with RunDir(root).lock(echo):  # one grid process per grid folder
         busy = [f"{run.name} ({holder})" for run, job in pairs
-                if status[run.name] == "running" and (holder := _gone(run, job, echo))]
+                if status[run.name] == "running" and (holder := still_held(job, echo))]
         if busy:
             raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them "
                             "to end (or stop them), then run the grid again")

@@ -1,0 +1,145 @@
+"""``fastfair reproduce TABLE``: run a paper's table and print it beside the paper's numbers.
+
+The runs go through the grid machinery (:mod:`fastfair.scaleout`): each is ``fastfair train`` in
+its own folder ``OUT/runs/<preset>-s<seed>`` with a grid state, so a second invocation skips the
+runs done and resumes killed ones, and ``--per-gpu K`` runs K at once on each GPU. Training ends
+with the final evaluation of the checkpoint the preset selects (the paper's criterion, on the
+validation split) under the attacks the paper reports; the EMA/FAWA model's where the row is an
+averaged one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastfair import config
+from fastfair.attacks import autoattack
+from fastfair.errors import UserError
+from fastfair.reproduce import cost, runs, tables
+from fastfair.reproduce.paper import PAPERS, STATS
+from fastfair.reproduce.verdict import compare_row
+from fastfair.reproduce.write import write
+from fastfair.rundir import RunDir, read_json
+from fastfair.scaleout.grid import prepare, still_held
+from fastfair.scaleout.jobs import read_state
+from fastfair.scaleout.launchers import LAUNCHERS
+
+
+def listing(seeds: int, echo=print) -> None:
+    """Every table with its rows and runs, and what it costs."""
+    speeds = cost.gpu_images_per_s()
+    echo("scales (--scale):")
+    for name in runs.SCALES:
+        echo(f"  {name}: {runs.SCALES.doc(name)}")
+    for key, table in tables.tables().items():
+        echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
+             f"{len(table.rows) * seeds} runs")
+        for row in table.rows:
+            numbers = ", ".join(f"{a} {'/'.join(s for s in STATS if getattr(n, s) is not None) or 'per class'}"
+                                for a, n in row.numbers.items())
+            echo(f"  {row.preset:<32} {row.row} [{numbers}; follows {row.follows}]")
+        echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
+
+
+def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
+    """The evaluation record the paper's numbers compare with, and the checkpoint it is of."""
+    run = RunDir(run_dir)
+    cfg = config.load_saved_text(run.read_config(), str(run.config))
+    plain = run.selected_checkpoint(cfg.train.select)
+    averaged = run.selected_checkpoint(cfg.train.select, averaged=True)
+    ckpt = averaged if planned.averaged and averaged.is_file() else plain
+    path = run.eval_file(ckpt, cfg.eval.split)
+    # FAWA averages in only the epochs that pass its fairness threshold: there may be none
+    label = ckpt.name + (" (no averaged model was written)" if planned.averaged and ckpt == plain else "")
+    return (read_json(path) if path.is_file() else None), label
+
+
+def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int = 1, scale: str = "full",
+              list_only: bool = False, out: str | None = None, gpus: str = "auto", sets: list[str] | None = None,
+              echo=print) -> int:
+    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed."""
+    if list_only:
+        listing(seeds, echo)
+        return 0
+    if not table:
+        raise UserError("name a table (fastfair reproduce TABLE), or list them: fastfair reproduce --list")
+    if per_gpu < 1:
+        raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
+    tab = tables.get(table)
+    scale_spec = runs.SCALES.get(scale)
+    root = Path(out or f"runs/reproduce/{table}-{scale}")
+    user_sets = config.parse_set(sets or [])
+    planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets)
+    if runs.needs_autoattack(planned):
+        autoattack.default_backend()  # a missing AutoAttack package stops here, before any training
+    jobs, changed = [], []
+    for p in planned:
+        try:
+            job, _, keys = prepare(p.name, p.row.preset, p.sets, p.run_dir(root))
+        except UserError as err:
+            raise UserError(f"table {table}, run {p.name}: {err}") from None
+        if keys:
+            changed.append(f"{p.name} ({keys})")
+        jobs.append(job)
+    if changed:
+        raise UserError(f"runs already started under {root} were started with other settings: {'; '.join(changed)}. "
+                        "Use the same options as then, another --out, or delete those run folders")
+    status = {j.name: read_state(j.run_dir)["status"] for j in jobs}
+    echo(f"reproduce {tab.title} at scale {scale}: {len(jobs)} runs in {root}, "
+         f"{sum(s == 'done' for s in status.values())} done")
+    with RunDir(root).lock(echo):
+        busy = [f"{j.name} ({holder})" for j in jobs if status[j.name] == "running" and (holder := still_held(j, echo))]
+        if busy:
+            raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them to end "
+                            "(or stop them), then run the same command again")
+        # A row that fine-tunes another row's model (FRL) starts once that row's runs have ended.
+        for wave in (lambda p: not p.row.init_from, lambda p: bool(p.row.init_from)):
+            todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]
+            if todo:
+                LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
+                                       echo=echo)
+        records, run_lines, failed = _collect(planned, jobs)
+        classes = next((recs[0]["classes"] for recs in records.values()), None)
+        if classes:  # at least one run finished: the table with what there is
+            comparable = scale_spec.comparable and not user_sets
+            comparisons = [c for row in tab.ordered() for c in compare_row(row, records.get(row.preset, []),
+                                                                             comparable, classes)]
+            path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
+                         runs=run_lines, user_sets=list(sets or []), notes=_notes(tab, scale, user_sets))
+            echo(f"written: {path} and {root / 'reproduce.png'}")
+    if failed:
+        echo(f"{len(failed)} run(s) failed: {', '.join(failed)}\nfix the cause and run the same command again: "
+             "done runs are skipped, the others resume")
+        return 1
+    return 0
+
+
+def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], list, list[str]]:
+    """(preset -> the evaluation records of its finished seeds, (run folder, status, checkpoint) per run,
+    the runs that did not finish, with their logs)."""
+    records: dict[str, list[dict]] = {}
+    run_lines, failed = [], []
+    for p, j in zip(planned, jobs):
+        state = read_state(j.run_dir)["status"]
+        rec, ckpt = _record(Path(j.run_dir), p) if state == "done" else (None, "-")
+        if rec is None:
+            failed.append(f"{j.name} (log: {RunDir(j.run_dir).train_log})")
+        else:
+            records.setdefault(p.row.preset, []).append(rec)
+        run_lines.append((str(j.run_dir), state, ckpt))
+    return records, run_lines, failed
+
+
+def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
+    notes = []
+    for row in tab.rows:
+        preset = config.resolve(row.preset)
+        follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
+        notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
+                     f"paper's checkpoint: {row.selection}; fastfair: train.select = {preset.train.select} on the "
+                     f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}. "
+                     f"Preset: {preset.preset}")
+    if scale != "full":
+        notes.append(f"Scale {scale}: {runs.SCALES.doc(scale)}.")
+    if user_sets:
+        notes.append("Every run also got --set " + ", ".join(f"{k}={v!r}" for k, v in user_sets.items()) + ".")
+    return notes

@@ -1,0 +1,127 @@
+"""What a paper reported for one preset: its ``[paper]`` section, read and checked.
+
+A preset's ``[paper]`` section names its source (a key of :data:`PAPERS`), the table or figure and
+the row it reproduces, whether fastfair follows the paper or the authors' code where they differ,
+how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation attack::
+
+    [paper]
+    source = "cfa"
+    table = "1"                      # or figure = "3(a)"
+    row = "AT + CFA"
+    follows = "paper"                # paper | code | both (they agree)
+    selection = "highest sum of average and worst-class robustness"
+    also_in = ["2"]                  # optional: other tables printing this row with the same numbers
+    init_from = "cfa-t1-trades-paper"  # optional: fine-tunes that preset's run (FRL)
+    clean = {avg = 80.8, worst = 64.6}
+    aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastfair import config
+from fastfair.attacks import autoattack
+from fastfair.attacks.names import members, parse_attack
+from fastfair.errors import UserError
+
+
+@dataclass(frozen=True)
+class Paper:
+    cite: str  # how reproduce.md names it
+    title: str
+
+
+PAPERS: dict[str, Paper] = {
+    "me": Paper("ME-AT/ME-TRADES (ICLR 2022 submission)",
+                "Understanding the robustness-accuracy tradeoff by rethinking robust fairness"),
+    "cfa": Paper("Wei et al. 2023 (NeurIPS)", "CFA: Class-wise Calibrated Fair Adversarial Training"),
+    "tian-iclr": Paper("Tian et al. (ICLR 2021 submission)",
+                       "Intriguing class-wise properties of adversarial training"),
+    "tian-kdd": Paper("Tian et al. 2021 (KDD)", "Analysis and Applications of Class-wise Robustness in Adversarial "
+                                                "Training"),
+}
+FOLLOWS = ("paper", "code", "both")
+STATS = ("avg", "worst")  # the statistics a number may give; per class below
+
+
+@dataclass(frozen=True)
+class Number:
+    """One attack's reported accuracies; None where the paper gives none."""
+
+    avg: float | None = None
+    worst: float | None = None
+    std: dict[str, float] = field(default_factory=dict)  # stat -> the paper's std over its seeds
+    per_class: tuple[float, ...] = ()
+    classes: dict[str, float] = field(default_factory=dict)  # class name -> accuracy (a figure's text)
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    preset: str
+    source: str
+    table: str  # "" for a figure
+    figure: str
+    row: str
+    follows: str
+    selection: str
+    numbers: dict[str, Number]  # attack name (as fastfair eval names it) -> Number
+    also_in: tuple[str, ...] = ()
+    init_from: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"Table {self.table}" if self.table else f"Fig. {self.figure}"
+
+
+def _percent(preset: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100 or math.isnan(value):
+        raise UserError(f"preset {preset}: [paper] {key} must be an accuracy in % (0 to 100); got {value!r}")
+    return float(value)
+
+
+def _number(preset: str, attack: str, spec: Any) -> Number:
+    where = f"[paper] {attack}"
+    if not isinstance(spec, dict):
+        raise UserError(f"preset {preset}: {where} must be a table such as {{avg = 50.1, worst = 24.4}}")
+    known = {*STATS, *(f"std_{s}" for s in STATS), "per_class", "classes"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise UserError(f"preset {preset}: {where} has unknown entries {unknown}; it takes {', '.join(sorted(known))}")
+    if attack != autoattack.NAME:  # the name must be one fastfair eval runs
+        for name in members(attack):
+            parse_attack(name)
+    per_class = tuple(_percent(preset, f"{attack}.per_class", v) for v in spec.get("per_class", []))
+    classes = {str(k): _percent(preset, f"{attack}.classes.{k}", v) for k, v in spec.get("classes", {}).items()}
+    return Number(avg=_percent(preset, f"{attack}.avg", spec["avg"]) if "avg" in spec else None,
+                  worst=_percent(preset, f"{attack}.worst", spec["worst"]) if "worst" in spec else None,
+                  std={s: _percent(preset, f"{attack}.std_{s}", spec[f"std_{s}"]) for s in STATS if f"std_{s}" in spec},
+                  per_class=per_class, classes=classes)
+
+
+FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from"}
+
+
+def load(preset: str) -> PaperRow | None:
+    """The preset's ``[paper]`` section checked, or None when it has none (the demo)."""
+    raw = config.read_paper(preset)
+    if not raw:
+        return None
+    text = {k: v for k, v in raw.items() if k in FIELDS}
+    numbers = {k: v for k, v in raw.items() if k not in FIELDS}
+    if text.get("source") not in PAPERS:
+        raise UserError(f"preset {preset}: [paper] source must be one of {', '.join(PAPERS)}; got "
+                        f"{text.get('source')!r}")
+    if ("table" in text) == ("figure" in text):
+        raise UserError(f"preset {preset}: [paper] names either table = \"N\" or figure = \"N\"")
+    if text.get("follows") not in FOLLOWS:
+        raise UserError(f"preset {preset}: [paper] follows must be one of {', '.join(FOLLOWS)}")
+    for key in ("row", "selection"):
+        if not isinstance(text.get(key), str) or not text[key]:
+            raise UserError(f"preset {preset}: [paper] {key} must be a non-empty string")
+    return PaperRow(preset=preset, source=text["source"], table=str(text.get("table", "")),
+                    figure=str(text.get("figure", "")), row=text["row"], follows=text["follows"],
+                    selection=text["selection"],
+                    numbers={a: _number(preset, a, s) for a, s in numbers.items()},
+                    also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""))

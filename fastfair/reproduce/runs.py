@@ -1,0 +1,160 @@
+"""A paper table expanded into runs: rows x seeds, at a scale, each a grid job in its own run folder.
+
+Scales (:data:`SCALES`) say exactly what they change. ``full`` runs the presets as they are on the
+full data set; ``subset`` keeps every method setting but swaps in a small real data set (the
+first images of each class of an ``.npz``), fastfair's tiny CNN and a few epochs, with every
+epoch count of the schedule (:data:`EPOCH_KEYS`) scaled to them; its numbers say how the code
+behaves, never how close the paper came.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fastfair import config
+from fastfair.attacks import autoattack
+from fastfair.data.datasets import CIFAR10_CLASSES
+from fastfair.errors import UserError
+from fastfair.registry import Registry
+from fastfair.reproduce.paper import PaperRow
+from fastfair.reproduce.tables import Table
+from fastfair.rundir import RunDir
+
+# Keys that count epochs: the subset scale shrinks them with train.epochs so a schedule keeps its shape.
+EPOCH_KEYS = ("train.lr_milestones", "train.avg_begin", "ccm.begin", "ccr.begin", "method.tau_milestones",
+              "method.halve_every", "he.pmax_epoch")
+SUBSET_EPOCHS = 5
+SUBSET_TRAIN_PER_CLASS = 100  # of which SUBSET_VAL_PER_CLASS form the validation split
+SUBSET_VAL_PER_CLASS = 5
+SUBSET_TEST_PER_CLASS = 50
+SUBSET_MODEL = {"model.name": "tiny-cnn", "model.width": 16}
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+# Where torchvision's loader (fastfair.data.datasets) finds each data set the tables use, under the data folder.
+FULL_DATA = {"cifar10": ("cifar-10-batches-py", "CIFAR-10 python version (cifar-10-python.tar.gz)")}
+
+
+@dataclass(frozen=True)
+class Scale:
+    comparable: bool  # may a verdict compare its numbers with the paper's
+    # (data_dir, the reproduce folder) -> the data keys every run gets; checks the data first
+    data: Callable[[str, Path], dict[str, Any]]
+    # (the row's resolved config as flat keys, the user's --set keys) -> the keys this scale changes
+    changes: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+SCALES: Registry[Scale] = Registry("scale")
+
+
+def _full_data(data_dir: str, out: Path) -> dict[str, Any]:
+    root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
+    folder, what = FULL_DATA["cifar10"]
+    if not (root / folder).is_dir():
+        raise UserError(f"the paper tables use the full CIFAR-10, and {root / folder} does not exist: download the "
+                        f"{what} from {CIFAR_URL}, unpack it into a folder and pass --data-dir FOLDER "
+                        f"(or run --scale subset --data-dir FILE.npz for a quick look)")
+    return {"data.data_dir": str(root)}
+
+
+def _subset_data(data_dir: str, out: Path) -> dict[str, Any]:
+    src = Path(data_dir).expanduser() if data_dir else None
+    if src is None or src.suffix != ".npz" or not src.is_file():
+        raise UserError(f"--scale subset reads a small real data set from an .npz file (uint8 x_train/x_test, int "
+                        f"y_train/y_test, e.g. a CIFAR-10 subset); pass --data-dir FILE.npz (got {data_dir!r})")
+    dest = out / "data" / "subset.npz"
+    if not dest.is_file():  # written once, so a second invocation trains on the very same images
+        with np.load(src) as f:
+            try:
+                train = _first_per_class(f["y_train"], SUBSET_TRAIN_PER_CLASS)
+                test = _first_per_class(f["y_test"], SUBSET_TEST_PER_CLASS)
+                arrays = {"x_train": f["x_train"][train], "y_train": f["y_train"][train],
+                          "x_test": f["x_test"][test], "y_test": f["y_test"][test]}
+            except KeyError as err:
+                raise UserError(f"{src}: no array {err}; the file needs x_train, y_train, x_test, y_test") from None
+            if "class_names" in f.files:
+                arrays["class_names"] = f["class_names"]
+            elif len(np.unique(f["y_train"])) == len(CIFAR10_CLASSES):  # the tables' data set: name its classes
+                arrays["class_names"] = np.array(CIFAR10_CLASSES)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_suffix(f".{os.getpid()}.npz")  # complete or absent, whoever else reads it
+        np.savez(partial, **arrays)
+        os.replace(partial, dest)
+    return {"data.dataset": "npz", "data.data_dir": str(dest.resolve()), "data.val_per_class": SUBSET_VAL_PER_CLASS}
+
+
+def _first_per_class(labels: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the first ``n`` images of each class, in the file's order."""
+    keep = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        keep[np.flatnonzero(labels == c)[:n]] = True
+    return np.flatnonzero(keep)
+
+
+def _subset_changes(flat: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    epochs = int(user.get("train.epochs", SUBSET_EPOCHS))
+    factor = epochs / flat["train.epochs"]
+
+    def shrink(v: int) -> int:  # 0 keeps its meaning (from the start, never); others stay >= 1
+        return v and max(1, round(v * factor))
+
+    out = {**SUBSET_MODEL, "train.epochs": epochs}
+    for key in EPOCH_KEYS:
+        if key in flat:
+            v = flat[key]
+            out[key] = [shrink(x) for x in v] if isinstance(v, list) else shrink(v)
+    return out
+
+
+SCALES.register("full", "the presets as they are, on the full CIFAR-10 (--data-dir FOLDER): the paper's table")(
+    Scale(True, _full_data, lambda flat, user: {}))
+SCALES.register("subset", f"the first {SUBSET_TRAIN_PER_CLASS} train / {SUBSET_TEST_PER_CLASS} test images per class "
+                          f"of --data-dir FILE.npz ({SUBSET_VAL_PER_CLASS} per class for validation), tiny-cnn width "
+                          f"16, {SUBSET_EPOCHS} epochs with the schedule's epoch counts scaled: for CI and a quick "
+                          "look, not comparable to the paper")(Scale(False, _subset_data, _subset_changes))
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    row: PaperRow
+    seed: int
+    name: str  # folder name under OUT/runs
+    sets: dict[str, Any]  # every override of the preset, as --set takes them
+    attacks: tuple[str, ...]
+    averaged: bool  # the paper's number is the EMA/FAWA model's
+
+    def run_dir(self, out: Path) -> Path:
+        return out / "runs" / self.name
+
+
+def paper_attacks(row: PaperRow) -> tuple[str, ...]:
+    """The attacks the paper's numbers need, clean first (cheap, and every report shows it)."""
+    return tuple(dict.fromkeys(["clean", *row.numbers]))
+
+
+def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any]) -> list[PlannedRun]:
+    """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides."""
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1; got {seeds}")
+    spec = SCALES.get(scale)
+    data = spec.data(data_dir, out)
+    runs = []
+    for row in table.ordered():
+        flat = config.flatten(config.resolve(row.preset).to_dict())
+        attacks = paper_attacks(row)
+        for seed in range(seeds):
+            name = f"{row.preset}-s{seed}"
+            sets = {**data, **spec.changes(flat, user_sets), "train.seed": seed, "eval.attacks": list(attacks)}
+            if row.init_from:  # FRL fine-tunes the same seed's run of the row it names, its selected checkpoint
+                base = config.resolve(row.init_from)
+                sets["train.init_from"] = str(RunDir(out / "runs" / f"{row.init_from}-s{seed}")
+                                              .selected_checkpoint(base.train.select).resolve())
+            sets.update(user_sets)
+            runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none"))
+    return runs
+
+
+def needs_autoattack(runs: list[PlannedRun]) -> bool:
+    return any(autoattack.NAME in r.attacks for r in runs)

@@ -1,0 +1,65 @@
+"""Paper tables: the presets whose ``[paper]`` section names a table (or lists it in ``also_in``).
+
+A table's key is ``<source>-t<table>`` (``me-t2``, ``cfa-t1``, ``tian-iclr-t5``); its rows are the
+presets in natural name order. A row that appears in several of a paper's tables with the same
+numbers (CFA prints AT, TRADES and FAT in Tables 1 and 2) belongs to each. Figures are not tables:
+their presets record the paper's numbers but ``fastfair reproduce`` does not run them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fastfair import config
+from fastfair.errors import UserError
+from fastfair.reproduce.paper import PAPERS, PaperRow, load
+
+
+@dataclass(frozen=True)
+class Table:
+    key: str
+    source: str
+    number: str
+    rows: tuple[PaperRow, ...]
+
+    @property
+    def title(self) -> str:
+        return f"{PAPERS[self.source].cite}, Table {self.number}"
+
+    def ordered(self) -> list[PaperRow]:
+        """The rows in run order: a row another row starts from (``init_from``) comes first."""
+        first = [r for r in self.rows if not r.init_from]
+        return first + [r for r in self.rows if r.init_from]
+
+
+def _natural(name: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def paper_rows() -> list[PaperRow]:
+    """Every shipped preset's ``[paper]`` section (the demo has none)."""
+    return [row for name in config.preset_names() if (row := load(name)) is not None]
+
+
+def tables() -> dict[str, Table]:
+    rows = paper_rows()
+    members: dict[tuple[str, str], list[PaperRow]] = {}
+    for row in rows:
+        for number in ([row.table] if row.table else []) + list(row.also_in):
+            members.setdefault((row.source, number), []).append(row)
+    out = {}
+    for (source, number), group in sorted(members.items(), key=lambda kv: _natural(f"{kv[0][0]}-{kv[0][1]}")):
+        group.sort(key=lambda r: _natural(r.preset))
+        names = {r.preset for r in group}
+        for r in group:
+            if r.init_from and r.init_from not in names:
+                raise UserError(f"preset {r.preset}: [paper] init_from = {r.init_from!r} is not a row of its table")
+        out[f"{source}-t{number}"] = Table(f"{source}-t{number}", source, number, tuple(group))
+    return out
+
+
+def get(key: str) -> Table:
+    known = tables()
+    if key not in known:
+        raise UserError(f"no paper table {key!r}; tables: {', '.join(known)} (fastfair reproduce --list shows them)")
+    return known[key]

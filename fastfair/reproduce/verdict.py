@@ -1,0 +1,84 @@
+"""Each number the paper reports beside ours: the difference, our seed mean and std, and a verdict.
+
+A number agrees when |our seed mean - the paper's| <= the tolerance: the paper's std for that
+number where it gives one, else :data:`DEFAULT_TOLERANCE` (percentage points). Worst-class and
+single-class accuracies get a wider default than averages because they move by several points
+between neighbouring checkpoints and seeds (CFA Sec. 3.3 measures it), while an average over
+10,000 test images moves by well under one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastfair.reproduce.paper import Number, PaperRow
+
+DEFAULT_TOLERANCE = {"avg": 1.0, "worst": 3.0, "class": 3.0}
+NOT_COMPARABLE = "not comparable to the paper"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    preset: str
+    row: str
+    attack: str
+    stat: str  # avg | worst | a class name
+    paper: float
+    ours: list[float]  # one value per seed that finished
+    tolerance: float
+    tolerance_from: str  # "paper std" | "default"
+    comparable: bool
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.ours)) if self.ours else None
+
+    @property
+    def std(self) -> float | None:
+        return float(np.std(self.ours, ddof=1)) if len(self.ours) > 1 else None
+
+    @property
+    def diff(self) -> float | None:
+        return None if self.mean is None else self.mean - self.paper
+
+    @property
+    def verdict(self) -> str:
+        if not self.ours:
+            return "no result"
+        if not self.comparable:
+            return NOT_COMPARABLE
+        if abs(self.diff) <= self.tolerance:
+            return "agrees"
+        return "higher" if self.diff > 0 else "lower"
+
+
+def _ours(record: dict, attack: str, stat: str, k: int | None) -> float:
+    """Our value of one statistic from an evaluation record (accuracies in %)."""
+    result = record["results"][attack]
+    if k is not None:
+        return float(result["per_class"][k])
+    if stat == "avg":  # the papers' "accuracy" is the share of test images correct
+        return float(result["summary"].get("overall", result["summary"]["avg"]))
+    return float(result["summary"]["worst"])
+
+
+def _stats(number: Number, classes: list[str]) -> list[tuple[str, float, int | None, str]]:
+    """(label, paper value, class index or None, tolerance kind) for every value the paper gives."""
+    out = [(s, v, None, s) for s, v in (("avg", number.avg), ("worst", number.worst)) if v is not None]
+    out += [(classes[k], v, k, "class") for k, v in enumerate(number.per_class)]
+    out += [(name, v, classes.index(name), "class") for name, v in number.classes.items() if name in classes]
+    return out
+
+
+def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: list[str]) -> list[Comparison]:
+    """Every number of ``row`` beside ours from ``records`` (one evaluation record per finished seed)."""
+    out = []
+    for attack, number in row.numbers.items():
+        for label, paper, k, kind in _stats(number, classes):
+            std = number.std.get(kind) if kind in ("avg", "worst") else None
+            ours = [_ours(rec, attack, label, k) for rec in records if attack in rec["results"]]
+            out.append(Comparison(row.preset, row.row, attack, label, paper, ours,
+                                  std if std is not None else DEFAULT_TOLERANCE[kind],
+                                  "paper std" if std is not None else "default", comparable))
+    return out

@@ -1,0 +1,102 @@
+"""``reproduce.md`` and ``reproduce.png``: the paper's numbers beside ours, with verdicts."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fastfair.reproduce.paper import PAPERS  # noqa: E402
+from fastfair.reproduce.tables import Table  # noqa: E402
+from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison  # noqa: E402
+from fastfair.rundir import write_text_atomic  # noqa: E402
+
+# colour and marker per verdict: the shape alone tells higher from lower in grey print
+STYLE = {"agrees": ("tab:green", "o"), "higher": ("tab:orange", "^"), "lower": ("tab:red", "v"),
+         NOT_COMPARABLE: ("tab:grey", "o")}
+FIGURE = "reproduce.png"
+
+
+def _cell(value: float | None, signed: bool = False) -> str:
+    return "-" if value is None else (f"{value:+.2f}" if signed else f"{value:.2f}")
+
+
+def numbers_table(comparisons: list[Comparison]) -> str:
+    lines = ["| row | preset | attack | number | paper | ours (seed mean ± std) | seeds | ours − paper | tolerance "
+             "| verdict |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for c in comparisons:
+        ours = _cell(c.mean) + (f" ± {c.std:.2f}" if c.std is not None else "")
+        lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {c.paper:.2f} | {ours} | {len(c.ours)} | "
+                     f"{_cell(c.diff, True)} | ±{c.tolerance:g} ({c.tolerance_from}) | {c.verdict} |")
+    return "\n".join(lines)
+
+
+def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
+    """One line per number: the paper's value (hollow), ours (filled, seed std as a bar), the tolerance band."""
+    n = len(comparisons)
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * n))
+    for i, c in enumerate(comparisons):
+        y = n - 1 - i
+        if i and c.preset != comparisons[i - 1].preset:  # a rule between the table's rows
+            ax.axhline(y + 0.5, color="0.6", lw=0.6)
+        ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
+        ax.plot(c.paper, y, "o", mfc="none", mec="black", ms=7, zorder=4)  # drawn over ours: both stay visible
+        if c.mean is not None:
+            colour, marker = STYLE[c.verdict]
+            ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
+    # a row the table holds twice (the paper's and the authors' code's settings) is named by its preset
+    presets_of = {}
+    for c in comparisons:
+        presets_of.setdefault(c.row, set()).add(c.preset)
+    names = [f"{c.row} ({c.preset})" if len(presets_of[c.row]) > 1 else c.row for c in reversed(comparisons)]
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"{name} · {c.attack} {c.stat}" for name, c in zip(names, reversed(comparisons))],
+                       fontsize=7)
+    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_xlabel("accuracy (%)")
+    ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
+               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
+    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
+                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+              frameon=False)
+    note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
+    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: int,
+          runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str]) -> Path:
+    """``out/reproduce.md`` and ``out/reproduce.png``; ``runs`` holds (run folder, status, evaluated checkpoint)."""
+    figure(table, comparisons, out / FIGURE, scale)
+    paper = PAPERS[table.source]
+    counts = Counter(c.verdict for c in comparisons)
+    comparable = scale == "full" and not user_sets
+    md = [f"# Reproduce: {table.title}\n",
+          f"Paper: {paper.cite}, *{paper.title}*, Table {table.number}. Scale: **{scale}** ({scale_doc}). "
+          f"Seeds: {seeds} per row.\n"]
+    if not comparable:
+        why = f"the {scale} scale" if scale != "full" else "--set " + " ".join(user_sets)
+        md.append(f"**These numbers are not comparable to the paper** ({why} changes the runs); the verdicts say so. "
+                  "They show the table runs end to end.\n")
+    md += ["## Numbers\n", numbers_table(comparisons) + "\n",
+           "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ".\n",
+           "ours: share of test images correct (the papers' accuracy) for averages; worst class and per class from "
+           "the per-class accuracies; mean ± std over the seeds that finished. A number agrees when |ours − paper| is "
+           "within the tolerance: the paper's std where it gives one, else fastfair's default of "
+           f"±{DEFAULT_TOLERANCE['avg']:g} points for averages and ±{DEFAULT_TOLERANCE['worst']:g} for worst-class "
+           "and single-class numbers (docs/reproduce.md says why).\n",
+           f"![paper vs fastfair, every number]({FIGURE})\n", "## Protocol and differences from the paper\n"]
+    md += [f"- {n}" for n in notes]
+    md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
+    md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
+    path = out / "reproduce.md"
+    write_text_atomic("\n".join(md) + "\n", path)
+    return path

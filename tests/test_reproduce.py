@@ -1,0 +1,178 @@
+"""``fastfair reproduce``: the presets' paper numbers, verdicts, --list, the missing-data error, and one
+table end to end at the subset scale on the real CIFAR-10 subset (structure only, never the numbers)."""
+import re
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from fastfair import cli, config
+from fastfair.errors import UserError
+from fastfair.reproduce import paper, runs, tables
+from fastfair.reproduce.command import reproduce
+from fastfair.reproduce.paper import Number, PaperRow
+from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compare_row
+from fastfair.rundir import RunDir
+
+from helpers import CIFAR10, CIFAR_SUBSET
+
+
+@pytest.mark.parametrize("preset", [p for p in config.preset_names() if p != "demo"])
+def test_every_preset_names_its_source_and_numbers_that_parse(preset):
+    row = paper.load(preset)
+    assert row is not None and row.source in paper.PAPERS and row.row
+    assert (row.table or row.figure) and row.follows in paper.FOLLOWS
+    # its prose description names the same table or figure
+    where = f"Table {row.table}" if row.table else f"Fig. {row.figure}"
+    assert where in config.resolve(preset).preset
+    for number in row.numbers.values():
+        values = [number.avg, number.worst, *number.per_class, *number.classes.values()]
+        assert all(0 <= v <= 100 for v in values if v is not None)
+        if number.per_class:
+            assert len(number.per_class) == 10 and number.worst == min(number.per_class)
+            assert number.avg == pytest.approx(sum(number.per_class) / 10, abs=0.05)
+
+
+def test_paper_numbers_stay_out_of_the_run_config():
+    assert not any(k.startswith("paper") for k in config.read_preset("cfa-t1-at"))
+    assert "paper" not in config.resolve("cfa-t1-at").to_dict()
+
+
+def test_every_table_row_reports_numbers():
+    for table in tables.tables().values():
+        assert all(row.numbers for row in table.rows), table.key
+
+
+def test_a_broken_paper_section_is_one_user_error(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[paper]\nsource = "cfa"\ntable = "1"\nrow = "AT"\nfollows = "paper"\nselection = "best"\n'
+                    'aa = {avg = 146.7}\n')
+    with pytest.raises(UserError, match=r"aa.avg must be an accuracy in %"):
+        paper.load(str(path))
+    path.write_text('[paper]\nsource = "nope"\n')
+    with pytest.raises(UserError, match="source must be one of"):
+        paper.load(str(path))
+
+
+def _row(**numbers) -> PaperRow:
+    return PaperRow("p", "cfa", "1", "", "AT", "paper", "best", numbers)
+
+
+def _record(avg, worst, per_class=None, overall=None):
+    per_class = per_class or [worst] + [avg] * 9
+    return {"classes": CIFAR10, "results": {"aa": {"per_class": per_class, "summary": {
+        "avg": avg, "worst": worst, **({"overall": overall} if overall is not None else {})}}}}
+
+
+def test_verdicts_against_the_default_tolerance_and_the_papers_std():
+    row = _row(aa=Number(avg=50.0, worst=24.0))
+    comps = {c.stat: c for c in compare_row(row, [_record(50.5, 20.0), _record(50.9, 20.4)], True, CIFAR10)}
+    assert comps["avg"].mean == pytest.approx(50.7) and comps["avg"].verdict == "agrees"
+    assert comps["avg"].tolerance == DEFAULT_TOLERANCE["avg"] and comps["avg"].tolerance_from == "default"
+    assert comps["avg"].std == pytest.approx(0.2828, abs=1e-3)
+    assert comps["worst"].diff == pytest.approx(-3.8) and comps["worst"].verdict == "lower"
+    # the paper's std replaces the default: 0.5 off is outside a std of 0.3
+    strict = compare_row(_row(aa=Number(avg=50.0, std={"avg": 0.3})), [_record(50.5, 20.0)], True, CIFAR10)[0]
+    assert (strict.tolerance, strict.tolerance_from, strict.verdict) == (0.3, "paper std", "higher")
+    # averages compare with the share of images correct (the papers' accuracy) where the record has it
+    share = compare_row(_row(aa=Number(avg=50.0)), [_record(40.0, 20.0, overall=50.2)], True, CIFAR10)[0]
+    assert share.mean == 50.2 and share.verdict == "agrees"
+
+
+def test_verdicts_per_class_and_when_not_comparable():
+    per = [60.0] * 10
+    row = _row(aa=Number(per_class=tuple(per), classes={"cat": 30.0}))
+    rec = _record(60.0, 25.0, per_class=[60.0] * 3 + [25.0] + [64.0] * 6)
+    comps = {c.stat: c for c in compare_row(row, [rec], True, CIFAR10)}
+    assert comps["airplane"].verdict == "agrees" and comps["frog"].verdict == "higher"
+    assert comps["cat"].paper == 30.0 and comps["cat"].verdict == "lower"
+    assert all(c.verdict == NOT_COMPARABLE for c in compare_row(row, [rec], False, CIFAR10))
+    assert all(c.verdict == "no result" for c in compare_row(row, [], True, CIFAR10))
+
+
+def test_list_shows_every_table_its_runs_and_cost(capsys):
+    assert cli.main(["reproduce", "--list", "--seeds", "3"]) == 0
+    out = capsys.readouterr().out
+    for key in ("me-t2", "me-t3", "me-t4", "cfa-t1", "cfa-t2", "cfa-t3", "tian-iclr-t5"):
+        assert re.search(rf"^{key}: .*rows x 3 seed\(s\) = \d+ runs", out, re.M), key
+    assert "me-table2-me-trades-l27" in out and "8 rows x 3 seed(s) = 24 runs" in out
+    assert out.count("no GPU figure yet") == len(tables.tables())  # bench/results holds CPU figures only
+
+
+def test_full_scale_without_cifar10_stops_at_once_naming_data_dir(tmp_path, capsys):
+    code = cli.main(["reproduce", "me-t3", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("fastfair: error:")
+    assert "--data-dir" in err and "https://www.cs.toronto.edu/~kriz/cifar.html" in err
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_unknown_table_and_subset_without_npz_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="tables: .*cfa-t1"):
+        reproduce("cfa-t9", out=str(tmp_path))
+    with pytest.raises(UserError, match="--data-dir FILE.npz"):
+        reproduce("me-t3", scale="subset", data_dir=str(tmp_path), out=str(tmp_path))
+
+
+def _png_ok(path) -> bool:
+    data = path.read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return False
+    length, kind = struct.unpack(">I4s", data[8:16])
+    crc = struct.unpack(">I", data[16 + length:20 + length])[0]
+    return kind == b"IHDR" and zlib.crc32(data[12:16 + length]) == crc
+
+
+def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
+    if not CIFAR_SUBSET.is_file():
+        pytest.skip(f"real data not found at {CIFAR_SUBSET}")
+    out, lines = tmp_path / "t5", []
+    args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=3,
+                sets=["train.epochs=1", "model.width=4"], echo=lines.append)
+    assert reproduce("tian-iclr-t5", **args) == 0
+    md = (out / "reproduce.md").read_text()
+    assert md.startswith("# Reproduce: Tian et al. (ICLR 2021 submission), Table 5\n")
+    assert "**These numbers are not comparable to the paper**" in md
+    for section in ("## Numbers", "## Protocol and differences from the paper", "## Runs"):
+        assert section in md
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "`tian-iclr-t5-" in line
+            and " | pgd20 |" in line]
+    assert len(rows) == 3 * 12  # per row: pgd20 avg, worst and ten classes
+    assert all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows)
+    assert "| HE | `tian-iclr-t5-he` | pgd20 | cat | 34.30 |" in md
+    assert "![paper vs fastfair, every number](reproduce.png)" in md and _png_ok(out / "reproduce.png")
+    assert md.count("| done | best_pgd.pt |") == 3
+    # the runs trained the subset: tiny-cnn, one epoch, the paper's attacks
+    cfg = config.load_saved_text(RunDir(out / "runs" / "tian-iclr-t5-he-s0").read_config())
+    assert (cfg.model.name, cfg.train.epochs, cfg.eval.attacks, cfg.data.dataset) == ("tiny-cnn", 1, ["clean", "pgd20"],
+                                                                                     "npz")
+    ckpt = RunDir(out / "runs" / "tian-iclr-t5-he-s0").last
+    before = ckpt.stat().st_mtime_ns
+    lines.clear()
+    assert reproduce("tian-iclr-t5", **args) == 0
+    assert "3 runs" in lines[0] and "3 done" in lines[0] and not any(line.startswith("start ") for line in lines)
+    assert ckpt.stat().st_mtime_ns == before
+    # other settings for runs already started are refused before anything runs
+    with pytest.raises(UserError, match=r"started with other settings: .*tian-iclr-t5-he-s0 \(model.width\)"):
+        reproduce("tian-iclr-t5", **{**args, "sets": ["train.epochs=1", "model.width=8"]})
+
+
+def test_frl_rows_run_after_and_start_from_the_row_they_fine_tune(tmp_path):
+    table = tables.get("cfa-t1")
+    order = [row.preset for row in table.ordered()]
+    assert order[-2:] == ["cfa-t1-frl", "cfa-t1-frl-ema"] and "cfa-t1-trades-paper" in order[:-2]
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    planned = {p.name: p for p in runs.plan(table, 2, "subset", str(npz), tmp_path / "out", {})}
+    frl = planned["cfa-t1-frl-s1"]
+    assert frl.sets["train.init_from"] == str(tmp_path / "out" / "runs" / "cfa-t1-trades-paper-s1" / "checkpoints"
+                                              / "best_fair.pt")
+    assert "train.init_from" not in planned["cfa-t1-trades-paper-s1"].sets
+    # the subset shrinks every epoch count with train.epochs, and averaged rows compare the averaged model
+    ema = planned["cfa-t1-at-ema-paper-s0"]
+    assert ema.averaged and ema.sets["train.epochs"] == runs.SUBSET_EPOCHS
+    assert ema.sets["train.lr_milestones"] == [round(m * runs.SUBSET_EPOCHS / 200) for m in (100, 150)]
+    assert ema.sets["train.avg_begin"] == max(1, round(50 * runs.SUBSET_EPOCHS / 200))
+    assert ema.attacks == ("clean", "aa")
