@@ -121,4 +121,4 @@ def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
     r = fastfair(*train[:train.index("--epochs")], "--epochs", str(saved + 1), *train[train.index("--out"):],
                  "--resume")
     assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
-    assert [m["epoch"] for m in RunDir(out).read_metrics()] == list(range(saved + 1))
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == list(range(1, saved + 2))  # 1-based
