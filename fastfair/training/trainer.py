@@ -119,6 +119,7 @@ class Trainer:
         elif run.run_files():
             raise UserError(f"{self.out} already holds a run ({', '.join(run.run_files())}); pass --resume to "
                             "continue it, or another --out for a new run")
+        distributed.barrier()  # every rank has looked at the folder before rank 0 writes into it
         if self.main:
             run.checkpoints.mkdir(parents=True, exist_ok=True)
             run.write_config(self.cfg.to_toml())
