@@ -7,6 +7,7 @@ from torch import nn
 
 from fastfair import config
 from fastfair.checks import check_config
+from fastfair.errors import UserError
 from fastfair.methods import METHODS
 from fastfair.methods.dafa import dafa_weights
 from fastfair.reproduce import paper
@@ -117,7 +118,7 @@ def test_at_code_variant_takes_a_second_unscaled_step_past_the_class_eps():
 def test_methods_list_dafa_with_its_paper():
     for name in ("dafa-trades", "dafa-at"):
         assert "Lee et al. 2024" in METHODS.doc(name)
-    with pytest.raises(Exception, match="warmup"):
+    with pytest.raises(UserError, match="warmup"):
         make_method("dafa-trades", "method.warmup=0")
 
 

@@ -125,7 +125,8 @@ class DAFATrades(DAFA, TRADES):
 def descend_twice(attack, model, x, y, eps_c, alpha_c, eps0_c, alpha0_c, x_adv):
     """The DAFA code's PGD-AT attack (losses.py, ``madry_loss``): each of the K steps is a class-scaled
     step projected onto the eps_y ball, then a second step with the same gradient and the unscaled
-    alpha, projected onto the unscaled eps ball and [0, 1]."""
+    alpha, projected onto the unscaled eps ball and [0, 1]. The code clips to [0, 1] only after the
+    second projection; here both steps clip (``pgd_step``), which differs only at the pixel range's ends."""
     o = attack.ops
     x_adv = x_adv.detach()
     for _ in range(attack.steps):
