@@ -49,5 +49,9 @@ def test_preset_resolves_to_the_same_run(preset):
                              "method.adv_classes", "method.he_margin")) or old["model.head"] == "cosine"
 
 
+# Presets added after issue 11 have no pre-issue-11 form to compare with.
+ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa"}
+
+
 def test_every_shipped_preset_is_covered():
-    assert sorted(BEFORE) == config.preset_names()
+    assert sorted(BEFORE) == sorted(set(config.preset_names()) - ADDED_AFTER)

@@ -37,6 +37,10 @@ class TRADES(Method):
         state.add_vector("kl_weight", m.kl_weight_per_class or m.kl_weight)
         super().setup(state)
 
+    def ce_weight(self, state, y):
+        """Per-sample weight of the natural CE term alone (1.0; DAFA's code weights only this term)."""
+        return 1.0
+
     def loss(self, model, x, x_adv, y, state):
         m = self.cfg.method
         o = self.ops
@@ -45,11 +49,12 @@ class TRADES(Method):
         beta = state["kl_weight"][y]
         scale = 1.0 / (1.0 + beta) if m.normalize else 1.0
         ent = m.entropy_weight * scale if m.entropy_weight else 0.0
+        ce = self.ce_weight(state, y) * scale
         z_ce = self.ce_logits(model, z_nat, y)
         if z_ce is z_nat:
-            rows = o.row_loss(z_nat, z_adv, y, ce_nat=scale, kl=beta * scale, ent_nat=ent, smoothing=m.smoothing)
+            rows = o.row_loss(z_nat, z_adv, y, ce_nat=ce, kl=beta * scale, ent_nat=ent, smoothing=m.smoothing)
         else:  # HE: the margin enters the CE term only; the KL compares the unmargined s cos logits
-            rows = (o.row_loss(z_ce, None, y, ce_nat=scale, smoothing=m.smoothing)
+            rows = (o.row_loss(z_ce, None, y, ce_nat=ce, smoothing=m.smoothing)
                     + o.row_loss(z_nat, z_adv, y, kl=beta * scale, ent_nat=ent))
         return rows, z_adv
 

@@ -39,6 +39,7 @@ PAPERS: dict[str, Paper] = {
     "cfa": Paper("Wei et al. 2023 (NeurIPS)", "CFA: Class-wise Calibrated Fair Adversarial Training"),
     "tian-iclr": Paper("Tian et al. (ICLR 2021 submission)",
                        "Intriguing class-wise properties of adversarial training"),
+    "dafa": Paper("Lee et al. 2024 (ICLR)", "DAFA: Distance-Aware Fair Adversarial Training"),
     "tian-kdd": Paper("Tian et al. 2021 (KDD)", "Analysis and Applications of Class-wise Robustness in Adversarial "
                                                 "Training"),
 }
