@@ -12,6 +12,7 @@ from fastfair.evaluation import seeds
 from fastfair.training.trainer import Trainer, final_evaluation
 from fastfair.methods.wat import hedge_weights
 from fastfair.rundir import load_checkpoint
+from fastfair.scaleout.grid import load, run_grid
 
 from helpers import cifar_subset_npz, make_method
 
@@ -136,3 +137,19 @@ def test_wat_trains_on_the_cifar10_subset_and_resumes_its_weights(tmp_path):
     again = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["class_state"]
     for name in ("wat_cum_loss", "wat_cum_avg", "loss_weight_wat"):
         torch.testing.assert_close(again[name], ck[name])
+
+
+def test_code_grids_resolve_every_run_with_the_authors_settings(tmp_path):
+    grid, _ = load("wat-code-trades-wat")
+    assert [r.point["method.name"] for r in grid.runs()] == ["trades", "wat"]
+    lines = []
+    assert run_grid("wat-code-trades-wat", out=str(tmp_path / "a"), dry_run=True, echo=lines.append) == 0
+    cmd = lines[-1]
+    for item in ("attack.eps=0.031", "attack.alpha=0.007", "train.lr_milestones=[74, 89, 99]",
+                 "train.weight_decay=0.0002", "data.val_per_class=300", "model.name=\"resnet18\""):
+        assert item in cmd, item
+    eta, _ = load("wat-code-eta")
+    assert [r.point["method.eta"] for r in eta.runs()] == [0.02, 0.05, 0.1, 0.2, 0.5]
+    assert run_grid("wat-code-eta", out=str(tmp_path / "b"), dry_run=True, echo=lines.append) == 0
+    cfg = config.resolve(None, None, [f"{k}={v}" for k, v in grid.runs()[1].point.items()] + ["data.dataset=digits"])
+    assert cfg.method.name == "wat" and cfg.attack.objective == "kl" and cfg.attack.bn_mode == "eval"
