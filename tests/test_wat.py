@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastfair import config
+from fastfair import cli, config
 from fastfair.evaluation import seeds
 from fastfair.training.trainer import Trainer, final_evaluation
 from fastfair.methods.wat import hedge_weights
@@ -153,3 +153,11 @@ def test_code_grids_resolve_every_run_with_the_authors_settings(tmp_path):
     assert run_grid("wat-code-eta", out=str(tmp_path / "b"), dry_run=True, echo=lines.append) == 0
     cfg = config.resolve(None, None, [f"{k}={v}" for k, v in grid.runs()[1].point.items()] + ["data.dataset=digits"])
     assert cfg.method.name == "wat" and cfg.attack.objective == "kl" and cfg.attack.bn_mode == "eval"
+
+
+def test_fastfair_methods_lists_wat_with_its_paper_and_keys(capsys):
+    assert cli.main(["methods"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("wat "))
+    assert "Li & Liu 2023" in line
+    assert "method.eta" in out and "method.average_expert" in out

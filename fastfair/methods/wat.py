@@ -55,7 +55,7 @@ def hedge_weights(cum_loss: torch.Tensor, cum_avg: float | torch.Tensor, eta: fl
     w = k * torch.softmax(eta * entries, dim=0)  # softmax: exp(eta S) / sum, without overflow
     if average_expert:
         return w[:k], w[k]
-    return w, torch.zeros(())
+    return w, torch.zeros((), device=w.device)
 
 
 @METHODS.register("wat", "WAT: TRADES with Hedge class weights from per-class validation TRADES loss, eta 0.1, "
