@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fastfair import cli, config
+from fastfair.checks import check_config
 from fastfair.evaluation import seeds
 from fastfair.training.trainer import Trainer, final_evaluation
 from fastfair.methods.wat import hedge_weights
@@ -151,8 +152,13 @@ def test_code_grids_resolve_every_run_with_the_authors_settings(tmp_path):
     eta, _ = load("wat-code-eta")
     assert [r.point["method.eta"] for r in eta.runs()] == [0.02, 0.05, 0.1, 0.2, 0.5]
     assert run_grid("wat-code-eta", out=str(tmp_path / "b"), dry_run=True, echo=lines.append) == 0
-    cfg = config.resolve(None, None, [f"{k}={v}" for k, v in grid.runs()[1].point.items()] + ["data.dataset=digits"])
-    assert cfg.method.name == "wat" and cfg.attack.objective == "kl" and cfg.attack.bn_mode == "eval"
+    for g in (grid, eta):
+        for r in g.runs():
+            cfg = config.resolve(None, None, [f"{k}={json.dumps(v)}" for k, v in {**g.sets, **r.point}.items()])
+            check_config(cfg)
+            if cfg.method.name == "wat":
+                assert cfg.attack.objective == "kl" and cfg.attack.bn_mode == "eval" and cfg.attack.init == "normal"
+                assert cfg.method.eta == r.point.get("method.eta", 0.1) and cfg.method.kl_weight == 6.0
 
 
 def test_fastfair_methods_lists_wat_with_its_paper_and_keys(capsys):
