@@ -118,6 +118,8 @@ def test_wat_trains_on_the_cifar10_subset_and_resumes_its_weights(tmp_path):
     assert records[0]["vectors"]["loss_weight"] == [pytest.approx(2.0)] * 10  # the code's ones(K+1) start
     w = torch.tensor(records[1]["vectors"]["loss_weight_wat"])  # from epoch 1's validation loss
     assert torch.isfinite(w).all() and (w > 0).all() and w.std() > 0
+    loss1 = torch.tensor(records[1]["vectors"]["wat_cum_loss"])  # epoch 1's per-class validation loss
+    assert torch.equal(w.argsort(), loss1.argsort())  # the class that loses most weighs most
     # the Hedge weights of the last epoch's factor sum to K over the K + 1 entries
     ck = load_checkpoint(straight / "checkpoints" / "last.pt")["class_state"]
     w, w_avg = hedge_weights(ck["wat_cum_loss"], ck["wat_cum_avg"][0], 0.1, True)
@@ -167,3 +169,16 @@ def test_fastfair_methods_lists_wat_with_its_paper_and_keys(capsys):
     line = next(line for line in out.splitlines() if line.startswith("wat "))
     assert "Li & Liu 2023" in line
     assert "method.eta" in out and "method.average_expert" in out
+
+
+def test_wat_weights_multiply_with_other_class_weights():
+    """Method.objective scales TRADES rows by WAT's factor times any option's (cost-sensitive here)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    x, y = torch.rand(6, 3, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    m, state = make_method("wat", "cost_sensitive.weights=[0, 1, 3]")
+    epoch_end(m, state, 0, [1.0, 2.0, 3.0], 2.0)
+    wat = state.factors["loss_weight"]["loss_weight_wat"]
+    rows, _ = m.loss(model, x, x.clamp(0.1, 0.9), y, state)
+    loss, _ = m.objective(model, x, x.clamp(0.1, 0.9), y, state)
+    torch.testing.assert_close(loss, (rows * (wat * torch.tensor([0.0, 1, 3]))[y]).mean())
