@@ -39,11 +39,18 @@ def _listing(rows: list[tuple[str, str]]) -> None:
 
 
 @app.command(help="list training methods, options, averaging, selection policies and kernel backends")
-def methods() -> None:
+def methods(
+    markdown: Annotated[bool, typer.Option("--markdown", help="print docs/keys.md: every key of every method "
+                                                              "and option, as a Markdown table")] = False,
+) -> None:
     from fastfair import ops
-    from fastfair.methods import METHODS, OPTIONS, declared_keys
+    from fastfair.methods import METHODS, OPTIONS, declared_keys, keys_markdown
     from fastfair.training.averaging import AVERAGING
     from fastfair.training.selection import SELECTION
+
+    if markdown:
+        print(keys_markdown(), end="")
+        return
 
     def rows(registry) -> list[tuple[str, str]]:
         keys = declared_keys()

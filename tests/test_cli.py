@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fastfair.methods import keys_markdown
 from fastfair.rundir import RunDir
 from helpers import cifar_subset_npz
 
@@ -30,6 +31,12 @@ def test_listings_name_their_papers():
     assert "resnet18" in fastfair("models").stdout
     assert "digits" in fastfair("datasets").stdout
     assert "Table 2" in fastfair("presets").stdout
+
+
+def test_methods_markdown_prints_the_keys_document():
+    done = fastfair("methods", "--markdown")
+    assert done.returncode == 0 and done.stdout == keys_markdown()
+    assert (ROOT / "docs" / "keys.md").read_text() == done.stdout  # the command the docs name regenerates them
 
 
 def test_unknown_method_lists_the_known_ones(tmp_path):

@@ -112,6 +112,14 @@ class Method:
         for option in self.options:
             option.end_epoch(state, epoch, stats)
 
+    def validation_pass(self, model: nn.Module, loader, state: ClassState, epoch: int) -> dict:
+        """Per-class statistics of the method's own over the validation split, once per epoch after
+        the validation; ``end_epoch`` reads them as ``stats["val_method"]``. Default: none.
+
+        Runs outside the training step, so it may sum on the device and read the sums once (WAT:
+        per-class validation TRADES loss)."""
+        return {}
+
     def before_training(self, state: ClassState, val: dict) -> None:
         """Called once before the first epoch with a validation of the initial model.
 

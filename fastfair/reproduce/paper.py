@@ -42,6 +42,8 @@ PAPERS: dict[str, Paper] = {
     "dafa": Paper("Lee et al. 2024 (ICLR)", "DAFA: Distance-Aware Fair Adversarial Training"),
     "tian-kdd": Paper("Tian et al. 2021 (KDD)", "Analysis and Applications of Class-wise Robustness in Adversarial "
                                                 "Training"),
+    # no preset names it yet: its tables' numbers still have to be typed from the paper (docs/methods.md)
+    "wat": Paper("Li & Liu 2023 (AAAI)", "WAT: Improve the Worst-class Robustness in Adversarial Training"),
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below

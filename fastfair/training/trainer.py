@@ -198,7 +198,9 @@ class Trainer:
         distributed.sync_buffers(self.model)  # torchrun: every rank validates the same BN statistics
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
-        self.method.end_epoch(self.state, epoch, {**stats, "val": val})
+        # the method's own pass over the validation split (WAT's per-class loss); {} for most methods
+        val_method = self.method.validation_pass(self.attack_net, self.val_loader, self.state, epoch)
+        self.method.end_epoch(self.state, epoch, {**stats, "val": val, "val_method": val_method})
         # before anything of the epoch is written: weights, optimiser and per-class state all finite
         self._stop_if_diverged(epoch, nonfinite_tensors(self._state(epoch)))
         record = {

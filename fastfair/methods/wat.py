@@ -1,0 +1,114 @@
+"""WAT: worst-class adversarial training by no-regret dynamics (Li & Liu, AAAI 2023, arXiv 2302.04025).
+
+WAT trains on TRADES (beta 6) with one weight per class. The weights are an online learner's
+(Hedge / exponential weights) play against the network: after each epoch it reads every class's
+TRADES loss on a held-out validation split and moves weight towards the classes that lose most.
+The rule implemented is the one in the authors' code (``boqili/WAT``,
+``worst_class_adversarial_train.py``: ``train``, ``validate`` and the epoch loop), which this
+module was checked against; the paper's own text and equations could not be consulted when it was
+written, so no equation numbers are cited (see docs/methods.md).
+
+* Per-class validation loss after epoch t, on the validation split, with x' from the training
+  attack (TRADES-PGD on the KL, BN in eval mode)::
+
+      L_k^t = mean over class-k images of  CE(f(x), y) + beta KL(p(x) || p(x'))
+
+  and, with ``method.average_expert``, L_avg^t = the same mean over all images (the code's
+  (K+1)-th entry, "the expected loss in the decision set").
+* Hedge from uniform weights, i.e. exponential weights of the cumulative losses, scaled to sum
+  to K over the decision set (K or K + 1 entries)::
+
+      w^t = K softmax(eta sum_{s<=t} [L_1^s, ..., L_K^s, L_avg^s])
+
+* Training loss of the next epoch, per image i: (w_{y_i} + w_avg) (CE + beta KL), i.e. the
+  code's class-weighted TRADES sum plus the plain TRADES mean times w_avg. The per-class
+  factor ``loss_weight_wat`` = w_k + w_avg goes on ``loss_weight``. Before the first update the
+  code's weights are all ones, so the first epoch trains with factor 2 (1 without the average
+  expert).
+
+The code normalises class k's validation sum by (batches x batch size) / K rather than by the
+class's image count; on its balanced 300-per-class split that differs only through the last,
+partial batch (a factor 3000/3072 on every loss, i.e. on eta). fastfair divides by the count.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastfair.evaluation import seeds
+from fastfair.methods.base import METHODS
+from fastfair.methods.trades import TRADES
+from fastfair.scaleout import distributed
+from fastfair.schema import Key
+
+
+def hedge_weights(cum_loss: torch.Tensor, cum_avg: float | torch.Tensor, eta: float,
+                  average_expert: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_k (K,), w_avg ()) = K softmax(eta [S_1..S_K, S_avg]) (or of eta S alone without the average expert).
+
+    Exponential weights of the cumulative validation losses S: Hedge started from uniform weights
+    (WAT code: ``class_factor = exp(eta sum_t cost_t)``, weights = K class_factor / sum)."""
+    k = cum_loss.shape[0]
+    entries = cum_loss.float()
+    if average_expert:
+        entries = torch.cat([entries, torch.as_tensor(cum_avg, dtype=torch.float32).reshape(1)])
+    w = k * torch.softmax(eta * entries, dim=0)  # softmax: exp(eta S) / sum, without overflow
+    if average_expert:
+        return w[:k], w[k]
+    return w, torch.zeros((), device=w.device)
+
+
+@METHODS.register("wat", "WAT: TRADES with Hedge class weights from per-class validation TRADES loss, eta 0.1, "
+                         "beta 6 (Li & Liu 2023, AAAI)")
+class WAT(TRADES):
+    """TRADES rows times w_{y} + w_avg, the Hedge weights of the cumulative per-class validation loss."""
+
+    keys = {
+        "eta": Key(0.1, "WAT Hedge step: weights are exp(eta x each class's cumulative validation TRADES loss), "
+                        "normalised (WAT code --eta; Li & Liu 2023)"),
+        "average_expert": Key(True, "WAT: the all-class mean validation loss is a (K+1)-th Hedge entry whose weight "
+                                    "scales every class (WAT code: 'expected loss in the decision set')"),
+    }
+
+    def setup(self, state):
+        super().setup(state)
+        state.add_vector("wat_cum_loss", 0.0)  # S_k: the sum over epochs of class k's validation loss
+        state.add_vector("wat_cum_avg", 0.0)  # S_avg, held in every entry (a ClassState vector is per class)
+        first = 2.0 if self.cfg.method.average_expert else 1.0  # the code's initial weights are all ones
+        state.add_factor("loss_weight", "loss_weight_wat", first, owner="wat")
+
+    @torch.no_grad()
+    def _loss_sums(self, model, x, x_adv, y, state, sums, counts):
+        z_nat, z_adv = model(x), model(x_adv)
+        rows = self.ops.row_loss(z_nat, z_adv, y, ce_nat=1.0, kl=state["kl_weight"][y])
+        sums.index_add_(0, y, rows.float())
+        counts.index_add_(0, y, torch.ones_like(rows))
+
+    def validation_pass(self, model: nn.Module, loader, state, epoch: int) -> dict:
+        """Per-class and mean validation TRADES loss of the current model (one host read at the end)."""
+        dev, k = state.device, state.num_classes
+        sums, counts = torch.zeros(k, device=dev), torch.zeros(k, device=dev)
+        was_training = model.training
+        model.eval()
+        try:
+            for i, (x, y) in enumerate(loader):
+                with seeds.seeded(self.cfg.train.seed, "wat-val", epoch, i, device=dev):
+                    x_adv = self.perturb(model, x, y, state)
+                self._loss_sums(model, x, x_adv, y, state, sums, counts)
+        finally:
+            model.train(was_training)
+        sums, counts = distributed.all_reduce_sum(sums), distributed.all_reduce_sum(counts)
+        sums, counts = sums.cpu(), counts.cpu()
+        return {"wat_loss_per_class": (sums / counts.clamp(min=1)).tolist(),
+                "wat_loss_avg": float(sums.sum() / counts.sum().clamp(min=1))}
+
+    def end_epoch(self, state, epoch, stats):
+        m = self.cfg.method
+        val = stats["val_method"]
+        cum = state["wat_cum_loss"] + torch.tensor(val["wat_loss_per_class"], device=state.device)
+        cum_avg = state["wat_cum_avg"] + val["wat_loss_avg"]
+        w, w_avg = hedge_weights(cum, cum_avg[0], m.eta, m.average_expert)
+        state.set("wat_cum_loss", cum)
+        state.set("wat_cum_avg", cum_avg)
+        state.set("loss_weight_wat", w + w_avg)
+        super().end_epoch(state, epoch, stats)
