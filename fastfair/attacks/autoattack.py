@@ -305,12 +305,14 @@ def recheck(model, x: torch.Tensor, flags: Flags, eps: float, batch: int) -> dic
 
 def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: str | Path | None = None,
                    backend: str = "auto", seed: int = 0, progress: Callable[[], None] | None = None,
-                   log: Callable[[str], None] | None = None) -> tuple[torch.Tensor, dict]:
+                   log: Callable[[str], None] | None = None,
+                   classes: list[str] | None = None) -> tuple[torch.Tensor, dict]:
     """Run standard AutoAttack over a split: ((C, C) confusion after attack, record of the run).
 
     The record names the backend, its version, seed and settings, the robust accuracy after each
     sub-attack and the re-check. ``progress`` is called ``PROGRESS_UNITS * len(loader)`` times in total.
     The official sub-attacks reseed torch's generators; the caller's stream is restored afterwards.
+    ``classes`` names the classes in the log lines (their indices without it).
     """
     model.eval()
     x, y = _collect(loader)
@@ -363,7 +365,8 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
             if log:  # each sub-attack can take many minutes: say what it left standing as soon as it ends
                 worst, worst_acc = _worst_class_after(flags.broken_by, y_np, k, num_classes)
                 log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) done in {seconds[name]:.0f} s: robust accuracy "
-                    f"{_robust_after(flags.broken_by, k):.2f}%, worst class {worst} {worst_acc:.2f}%")
+                    f"{_robust_after(flags.broken_by, k):.2f}%, worst class {classes[worst] if classes else worst} "
+                    f"{worst_acc:.2f}%")
         checked = recheck(model, x, flags, eps, batch)
     after = {"clean": 100.0 * float((flags.broken_by != CLEAN_WRONG).mean()),
              **{name: _robust_after(flags.broken_by, k) for k, name in enumerate(SUBATTACKS)}}

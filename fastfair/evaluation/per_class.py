@@ -78,7 +78,7 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
             state = f"{state_prefix}.aa.npz" if state_prefix else None
             conf, extra["autoattack"] = autoattack.evaluate_split(
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
-                backend=aa_backend, seed=seed, progress=progress, log=log)
+                backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
         else:
             conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress,
                              seed)
