@@ -331,6 +331,10 @@ def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
     return records, False
 
 
+# another program's model file is often what a user meant: fastfair eval reads it when told its architecture
+FOREIGN_HINT = "; to evaluate a model file fastfair did not write, add --model ARCH (fastfair models)"
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
     """Load a fastfair checkpoint without unpickling arbitrary objects; a file that is not one
     (empty, truncated, another program's, or holding objects other than tensors) is a UserError."""
@@ -339,7 +343,7 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
         raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; torch.load on other files fails obscurely
         raise UserError(f"{path} is not a checkpoint written by fastfair train (empty, truncated or another "
-                        "format); pass a run directory or a .pt file from its checkpoints/")
+                        f"format); pass a run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
@@ -352,7 +356,7 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     missing = [k for k in needs if not isinstance(ck, dict) or k not in ck]
     if missing:
         raise UserError(f"{path} is not a checkpoint written by fastfair train (it lacks {', '.join(missing)}); "
-                        "pass a run directory or a .pt file from its checkpoints/")
+                        f"pass a run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
     if "epoch" in ck:  # older checkpoints counted from 0: read every one 1-based
         ck.update(epoch=one_based_epoch(ck), **EPOCH_NUMBERING)
     return ck

@@ -253,7 +253,7 @@ CASES: dict[str, Case] = {
                               truncated_checkpoint, "none"),
     "eval-unsafe-pt": Case(["eval", "{tmp}/bad.pt", "--quiet"], r"bad.pt is unsafe to load.*does not unpickle",
                            unsafe_checkpoint, "none"),
-    "eval-foreign-pt": Case(["eval", "{tmp}/bad.pt", "--quiet"], r"bad.pt is not a checkpoint .*lacks epoch, model",
+    "eval-foreign-pt": Case(["eval", "{tmp}/bad.pt", "--quiet"], r"bad.pt is not a checkpoint .*lacks epoch, model.*add --model ARCH",
                             foreign_checkpoint, "none"),
     "eval-npz-as-pt": Case(["eval", "{tmp}/bad.pt", "--quiet"], r"bad.pt is damaged or not a checkpoint",
                            npz_as_checkpoint, "none"),
