@@ -43,13 +43,18 @@ class Progress:
         self.enabled, self.every_s = enabled, every_s
         self.console = Console(highlight=False)
         self.log_file: Path | None = None
+        # lines said before the run folder was ready (the quick-run note): written when it is attached
+        self._early: list[str] | None = []
         if log_file:
             self.attach(log_file)
 
     def attach(self, log_file: str | Path) -> None:
-        """Append lines to ``log_file`` from now on, unless stdout already goes there."""
+        """Append lines to ``log_file`` from now on (and the lines said before), unless stdout already goes there."""
         log = Path(log_file)
         self.log_file = None if _same_file(log, sys.stdout) else log
+        early, self._early = self._early or [], None
+        for line in early:
+            self._to_file(line)
 
     def print(self, *args) -> None:
         if self.enabled:
@@ -57,7 +62,9 @@ class Progress:
         self._to_file(" ".join(map(str, args)))
 
     def _to_file(self, line: str) -> None:
-        if self.log_file:
+        if self._early is not None:
+            self._early.append(line)
+        elif self.log_file:
             with open(self.log_file, "a") as f:
                 f.write(line + "\n")
 

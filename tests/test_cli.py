@@ -39,6 +39,15 @@ def test_methods_markdown_prints_the_keys_document():
     assert (ROOT / "docs" / "keys.md").read_text() == done.stdout  # the command the docs name regenerates them
 
 
+def test_a_quick_run_says_so_on_the_terminal_and_in_its_log(tmp_path):
+    done = fastfair("train", "--config", "demo", "--quick", "5", "--epochs", "1", "--set", "data.batch_size=25", "--out", str(tmp_path / "q"),
+                    "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
+                    "--set", "eval.attacks=['clean']")
+    assert done.returncode == 0, done.stderr
+    note = "quick run: trained on the first 5/class"
+    assert note in done.stdout and note in RunDir(tmp_path / "q").train_log.read_text()
+
+
 def test_unknown_method_lists_the_known_ones(tmp_path):
     r = fastfair("train", "--method", "me-trade", "--out", str(tmp_path / "x"))
     assert r.returncode == 2

@@ -49,3 +49,13 @@ def test_no_second_copy_when_stdout_already_is_the_log_file(tmp_path, monkeypatc
         monkeypatch.setattr(progress_module.sys, "stdout", f)
         assert Progress(enabled=True, log_file=log).log_file is None
     assert Progress(enabled=True, log_file=tmp_path / "other.log").log_file == tmp_path / "other.log"
+
+
+def test_lines_said_before_the_run_folder_exists_reach_its_log_file(tmp_path, capsys):
+    p = Progress(enabled=True)
+    p.console.file = io.StringIO()
+    p.print("quick run: trained on the first 5/class of digits")  # said while the data loads
+    p.attach(tmp_path / "train.log")
+    p.print("epoch   1  loss 2.3")
+    assert (tmp_path / "train.log").read_text().splitlines() == [
+        "quick run: trained on the first 5/class of digits", "epoch   1  loss 2.3"]
