@@ -87,15 +87,15 @@ def kl_ball_weights(scores: torch.Tensor, rho: float, present: torch.Tensor | No
     bottom = torch.where(mask, c, torch.full_like(c, math.inf)).amin()
     spread = (top - bottom).clamp(min=1e-30)
     gaps = torch.where(mask, (top - c) / spread, torch.zeros_like(c))  # in [0, 1]; 0 at the worst class
-    lo = torch.full((), -LOG_RANGE, dtype=torch.float64, device=c.device)
-    hi = torch.full((), LOG_RANGE, dtype=torch.float64, device=c.device)
+    lo = torch.full((1,), -LOG_RANGE, dtype=torch.float64, device=c.device)
+    hi = torch.full((1,), LOG_RANGE, dtype=torch.float64, device=c.device)
     steps = torch.linspace(0.0, 1.0, points, dtype=torch.float64, device=c.device)
     for _ in range(rounds):
         grid = lo + (hi - lo) * steps
         _, d = _family(gaps, mask, n, grid.exp(), divergence)
-        first = (d > rho).sum().clamp(1, points - 1)  # D falls along the grid: the first feasible point
-        lo, hi = grid[first - 1], grid[first]
-    w, d = _family(gaps, mask, n, hi.exp().reshape(1), divergence)
+        first = (d > rho).sum().clamp(1, points - 1).reshape(1)  # D falls along the grid: the first feasible point
+        lo, hi = grid.index_select(0, first - 1), grid.index_select(0, first)  # tensor indices: no host read
+    w, d = _family(gaps, mask, n, hi.exp(), divergence)
     return torch.where(d[0] <= rho, w[0], uniform).float()
 
 
