@@ -2,8 +2,8 @@
 
 FAAL fine-tunes a robust model (the authors: 2 epochs at lr 0.01, from a PGD-AT or TRADES model;
 ``train.init_from``) with class weights that change every batch: the worst class distribution w in
-a KL ball around the uniform one, for the batch's per-class adversarial losses L_k (the paper's
-class-wise distributionally adversarial weights, CDAW)::
+a KL ball around the uniform one, for the batch's per-class adversarial losses L_k (named
+class-wise distributionally adversarial weights, CDAW, in summaries of the paper)::
 
     w* = argmax_{w in simplex} sum_k w_k c_k   s.t.  D(w, u) <= rho
 
