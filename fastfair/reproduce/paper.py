@@ -44,6 +44,8 @@ PAPERS: dict[str, Paper] = {
                                                 "Training"),
     # no preset names it yet: its tables' numbers still have to be typed from the paper (docs/methods.md)
     "wat": Paper("Li & Liu 2023 (AAAI)", "WAT: Improve the Worst-class Robustness in Adversarial Training"),
+    # no preset names it yet either: the paper's tables could not be read (docs/methods.md, FAAL)
+    "faal": Paper("Zhang et al. 2024 (CVPR)", "Towards Fairness-Aware Adversarial Learning"),
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below
