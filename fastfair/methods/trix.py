@@ -5,7 +5,8 @@ method: strong classes (well separated, robust early) train on *weaker targeted*
 targets are sampled uniformly, weak classes on *stronger untargeted* ones, plus per-class loss
 weights and per-class perturbation budgets "building on prior work" to emphasise weak classes.
 Only the abstract of the paper could be read when this module was written; the rule below is the
-one of the authors' (anonymised) code, ``github.com/Fairness-a11y/TRIX`` (``losses.py``
+one of an anonymous repository presenting itself as TRIX's code (presumably the
+authors'), ``github.com/Fairness-a11y/TRIX`` (``losses.py``
 ``mixed_trades_loss``, ``train.py``, ``utils.py``, ``scripts/trix.sh``), so no equation numbers
 are cited (see docs/methods.md, "TRIX").
 
@@ -60,7 +61,7 @@ def draw_targets(y: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 @METHODS.register("trix", "TRIX: DAFA-TRADES whose strong classes train on targeted PGD to uniform random "
                           "targets, weak classes on untargeted TRADES-PGD (Medi et al. 2025, arXiv 2507.07768; "
-                          "authors' code)")
+                          "rule from the code at Fairness-a11y/TRIX)")
 class TRIX(DAFATrades):
     """DAFA-TRADES (Lee et al. 2024) with TRIX's mixed attack (Medi et al. 2025; code ``mixed_trades_loss``)."""
 
