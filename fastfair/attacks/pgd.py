@@ -1,7 +1,8 @@
 """One L-inf PGD engine for training and evaluation (Madry et al. 2018, Eq. 2-3).
 
 Objectives: ``ce`` (PGD-AT, PGD-k eval), ``kl`` (TRADES-PGD: KL(p(x) || p(x'))), ``cw``
-(CW-inf margin), ``ce`` with ``temperature`` (Temperature-PGD, Tian et al.). FGSM is one step
+(CW-inf margin), ``ce`` with ``temperature`` (Temperature-PGD, Tian et al.); per sample, a
+``toward`` mask instead descends CE to a ``target`` class (TRIX's targeted rows). FGSM is one step
 with ``alpha = eps``. ``eps`` and ``alpha`` are per-class ``(C,)`` tensors gathered by label
 (per-class budgets of CFA/FRL), so changing them never recompiles. During the attack the
 model's parameters are frozen (no weight gradients are computed) and only
@@ -68,8 +69,13 @@ class StopRule(Protocol):
 
 
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
-            x_adv: torch.Tensor) -> torch.Tensor:
+            x_adv: torch.Tensor, target: torch.Tensor | None = None,
+            toward: torch.Tensor | None = None) -> torch.Tensor:
     """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
+
+    With ``target`` and the bool mask ``toward`` (both (N,)), the rows where ``toward`` holds ascend
+    -CE(f(x'), target), i.e. step towards the target class (a targeted PGD), and the others ascend
+    the attack's objective: one loss, selected per row with ``torch.where``, so no host sync.
 
     The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
     the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
@@ -86,8 +92,10 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
     for _ in range(attack.steps):
         x_adv.requires_grad_(True)
         z_adv = model(x_adv)
-        loss = o.row_loss(z_nat, z_adv, y, **weights, temperature=attack.temperature, kappa=attack.kappa).sum()
-        (grad,) = torch.autograd.grad(loss, x_adv)
+        rows = o.row_loss(z_nat, z_adv, y, **weights, temperature=attack.temperature, kappa=attack.kappa)
+        if toward is not None:
+            rows = torch.where(toward, -o.row_loss(None, z_adv, target, ce_adv=1.0), rows)
+        (grad,) = torch.autograd.grad(rows.sum(), x_adv)
         stepped = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
         if attack.stop:
             moves, rule = attack.stop.update(rule, z_adv.detach(), y)
@@ -143,20 +151,25 @@ class PGD:
         if self.init not in INITS:
             raise UserError(f"unknown PGD init {self.init!r}; known: {', '.join(INITS)}")
 
-    def _run(self, model, x, y, eps_c, alpha_c):
+    def _run(self, model, x, y, eps_c, alpha_c, targeting):
         # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
         # descent then sees the same start as an eager one, and --resume stays exact (Inductor
         # draws random numbers its own way).
         x_start = self.ops.random_start(x, y, eps_c, self.init).detach()
-        return self.descend(self, model, x, y, eps_c, alpha_c, x_start)
+        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, *targeting)
 
-    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c) -> torch.Tensor:
-        """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``."""
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
+                 target: torch.Tensor | None = None, toward: torch.Tensor | None = None) -> torch.Tensor:
+        """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``; rows where the
+        bool mask ``toward`` holds step towards ``target`` instead (see :func:`descend`)."""
+        if (target is None) != (toward is None):
+            raise UserError("a targeted PGD needs both target and toward (or neither)")
+        targeting = () if target is None else (target, toward)
         with attack_mode(model, self.bn_mode), torch.enable_grad():
-            best = self._run(model, x, y, eps_c, alpha_c)
+            best = self._run(model, x, y, eps_c, alpha_c, targeting)
             for _ in range(self.restarts - 1):
                 with torch.no_grad():
                     robust = model(best).argmax(1) == y
-                cand = self._run(model, x, y, eps_c, alpha_c)
+                cand = self._run(model, x, y, eps_c, alpha_c, targeting)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best

@@ -46,6 +46,9 @@ PAPERS: dict[str, Paper] = {
     "wat": Paper("Li & Liu 2023 (AAAI)", "WAT: Improve the Worst-class Robustness in Adversarial Training"),
     # no preset names it yet either: the paper's tables could not be read (docs/methods.md, FAAL)
     "faal": Paper("Zhang et al. 2024 (CVPR)", "Towards Fairness-Aware Adversarial Learning"),
+    # no preset names it yet: only the abstract could be read, so its tables' numbers are not typed (docs/methods.md)
+    "trix": Paper("Medi, Jung & Keuper 2025 (arXiv 2507.07768)",
+                  "TRIX- Trading Adversarial Fairness via Mixed Adversarial Training"),
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below
