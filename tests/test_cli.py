@@ -114,20 +114,31 @@ def test_usage_mistakes_are_one_error_line():
         assert match in lines[0]
 
 
+def _as_from_a_terminal():
+    """The child gets Ctrl-C as a shell's foreground job does: SIGINT neither ignored nor blocked, whatever
+    the test worker inherited (a child started with SIGINT ignored keeps ignoring it, by POSIX and Python)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
     train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--set", "model.width=4",
              "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
     proc = subprocess.Popen([sys.executable, "-m", "fastfair", *train], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     while not (metrics.is_file() and metrics.read_text().endswith("\n")):  # epoch 1 is written
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"Ctrl-C did not stop training within 120 s; stderr: {proc.communicate()[1][-2000:]}")
     assert proc.returncode == 130, err
     saved = len(RunDir(out).read_metrics())
     assert err.strip().splitlines() == [f"fastfair: interrupted in epoch {saved + 1} of 50 ({saved} saved); "
