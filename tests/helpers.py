@@ -36,3 +36,15 @@ def make_method(method: str, *sets: str, classes: int = 3):
     state = ClassState(classes, "cpu")
     m.setup(state)
     return m, state
+
+
+# a training run on the CIFAR-10 subset cut to seconds: a tiny CNN, 2 PGD steps, 5 validation images per class
+SMALL_RUN = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
+             "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]",
+             'eval.attacks=["clean", "pgd2"]']
+
+
+def small_run_config(npz: Path, method: str, *sets: str):
+    """The config of a :data:`SMALL_RUN` of ``method`` on the data set in ``npz``, with ``sets`` applied."""
+    return config.resolve(None, {"method.name": method, "data.dataset": "npz", "data.data_dir": str(npz)},
+                          SMALL_RUN + list(sets))

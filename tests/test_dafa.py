@@ -14,7 +14,7 @@ from fastfair.reproduce import paper
 from fastfair.rundir import load_checkpoint
 from fastfair.training.trainer import Trainer, final_evaluation
 
-from helpers import cifar_subset_npz, make_method
+from helpers import cifar_subset_npz, make_method, small_run_config
 
 # p_i(j): row i is the mean softmax over class i's adversarial examples. Class 0 is the hardest
 # (p_0(0) = 0.6), class 2 the easiest (p_2(2) = 0.8).
@@ -141,9 +141,6 @@ def test_presets_resolve_and_record_the_papers_table(preset):
         assert (m.name, m.warmup, m.dafa_lambda, m.kl_weight, m.weight_terms) == ("dafa-trades", 70, 1.0, 6.0, "ce")
 
 
-SMALL = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
-         "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]", 'eval.attacks=["clean", "pgd2"]',
-         "method.warmup=1"]
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +149,7 @@ def npz(tmp_path_factory):
 
 
 def small_cfg(npz, method, *sets):
-    return config.resolve(None, {"method.name": method, "data.dataset": "npz", "data.data_dir": str(npz)},
-                          SMALL + list(sets))
+    return small_run_config(npz, method, "method.warmup=1", *sets)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from fastfair.rundir import load_checkpoint
 from fastfair.scaleout.grid import load, run_grid
 from fastfair.training.trainer import Trainer, final_evaluation
 
-from helpers import cifar_subset_npz, make_method
+from helpers import cifar_subset_npz, make_method, small_run_config
 
 DIVERGENCES = ("reverse", "forward")
 
@@ -228,8 +228,6 @@ def test_code_grid_resolves_every_run_with_the_authors_settings(tmp_path):
         assert a.alpha == pytest.approx(2 / 255) and a.eps == pytest.approx(8 / 255)
 
 
-SMALL = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
-         "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]", 'eval.attacks=["clean", "pgd2"]']
 
 
 @pytest.fixture(scope="module")
@@ -237,9 +235,7 @@ def npz(tmp_path_factory):
     return cifar_subset_npz(tmp_path_factory.mktemp("data"), n_train=400, n_test=100)
 
 
-def small_cfg(npz, method, *sets):
-    return config.resolve(None, {"method.name": method, "data.dataset": "npz", "data.data_dir": str(npz)},
-                          SMALL + list(sets))
+small_cfg = small_run_config
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from fastfair.rundir import load_checkpoint
 from fastfair.scaleout.grid import load, run_grid
 from fastfair.training.trainer import Trainer, final_evaluation
 
-from helpers import cifar_subset_npz, make_method
+from helpers import cifar_subset_npz, make_method, small_run_config
 from test_compiled_step import NoHostSync
 
 # p_i(j) of a batch whose class-i rows all have softmax P[i]. DAFA Algorithm 2 with lambda 1 (see
@@ -180,9 +180,6 @@ def test_code_grid_resolves_every_run_with_the_authors_settings(tmp_path):
             assert (m.warmup, m.dafa_lambda, m.weight_terms, m.targeted) == (70, 1.0, "ce", True)
 
 
-SMALL = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
-         "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]", 'eval.attacks=["clean", "pgd2"]',
-         "method.warmup=1", "train.compile=off", "train.device=cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +188,7 @@ def npz(tmp_path_factory):
 
 
 def small_cfg(npz, *sets):
-    return config.resolve(None, {"method.name": "trix", "data.dataset": "npz", "data.data_dir": str(npz)},
-                          SMALL + list(sets))
+    return small_run_config(npz, "trix", "method.warmup=1", "train.compile=off", "train.device=cpu", *sets)
 
 
 def test_a_training_step_never_waits_for_the_host(npz, tmp_path):
