@@ -1,5 +1,6 @@
 """fastfair report: seed grouping and the comparison table on hand-made runs, figures from a real CIFAR-10 run."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +8,7 @@ from evalreport_helpers import cifar_run
 from fastfair.evaluation import measures
 from fastfair.cli import main
 from fastfair.config import Config
+from fastfair.reports import report as report_module
 from fastfair.reports.report import compare, group_runs, load_run, write_report
 
 
@@ -84,6 +86,29 @@ def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert md.count(note) == 1 and md.count(note[0].upper() + note[1:]) == 1  # above the comparison, in the section
     assert note in (tmp_path / "r" / "tables.tex").read_text()
+
+
+def test_every_figure_of_a_quick_run_says_so_in_its_title(fake_runs, tmp_path, monkeypatch):
+    titles, legends = {}, []
+    for name in ("per_class_bars", "heatmap", "curves", "per_class_curves", "scatter_rank", "tsne"):
+        draw = getattr(report_module.figures, name)
+
+        def record(*args, _draw=draw, **kw):
+            at = next(i for i, a in enumerate(args) if isinstance(a, Path))  # every figure takes (..., title, path)
+            titles[args[at].name] = args[at - 1]
+            if args[at].name == "compare-per-class.png":
+                legends.append(list(args[1]))
+            return _draw(*args, **kw)
+        monkeypatch.setattr(report_module.figures, name, record)
+    cfg = Config()
+    cfg.method.name, cfg.data.train_per_class = "pgd-at", 100
+    (fake_runs[0] / "config.toml").write_text(cfg.to_toml())
+    write_report(fake_runs, tmp_path / "r")
+    note = "quick run: trained on the first 100/class of cifar10"
+    assert titles and all(note in t for f, t in titles.items() if f.startswith("g0-")), titles
+    assert not any(note in t for f, t in titles.items() if not f.startswith("g0-"))  # the other runs used all data
+    assert legends[0] == ["data.train_per_class=100, method.name=pgd-at (quick run)",  # one quick group of three
+                          "data.train_per_class=0, method.name=pgd-at", "data.train_per_class=0, method.name=trades"]
 
 
 def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path):

@@ -266,8 +266,12 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
            f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]
     if len(groups) > 1:
-        series = {g.label: _per_class_mean(recs[i], attack) for i, g in enumerate(groups)}
-        p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy", fig_dir / "compare-per-class.png")
+        notes = [_subset_note(g.runs[0]) for g in groups]
+        shared = notes[0] if len(set(notes)) == 1 else ""  # every group the same quick run: the title says it
+        series = {g.label + (" (quick run)" if n and not shared else ""): _per_class_mean(recs[i], attack)
+                  for i, (g, n) in enumerate(zip(groups, notes))}
+        p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy" + (f" ({shared})" if shared else ""),
+                                   fig_dir / "compare-per-class.png")
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
@@ -281,6 +285,7 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     tag = f"g{i}"
     md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
     note = _subset_note(g.runs[0])
+    label = f"{g.label} ({note})" if note else g.label  # a figure cut out of the report still says it
     if note:
         md.append(f"**{note[0].upper() + note[1:]}.**\n")
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
@@ -291,26 +296,26 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
               f"{one_based_epoch(recs[0])}), mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
-    p = figures.per_class_bars(classes, means, f"{g.label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
+    p = figures.per_class_bars(classes, means, f"{label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
     md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(means)})"))
     conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
-    p = figures.heatmap(conf, classes, f"{g.label}: {attack} confusion (% of true class)",
+    p = figures.heatmap(conf, classes, f"{label}: {attack} confusion (% of true class)",
                         fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
     md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
     epochs, lines, val_attack = _curves(g.runs)
     if lines:
         selected = (one_based_epoch(recs[0]), Path(recs[0]["checkpoint"]).stem)
-        p = figures.curves(epochs, lines, f"{g.label}: validation accuracy ({val_attack})",
+        p = figures.curves(epochs, lines, f"{label}: validation accuracy ({val_attack})",
                            fig_dir / f"{tag}-curves.png", selected=selected)
         md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy; the dotted "
                                      "line marks the evaluated checkpoint's epoch"))
         for name, v in _varying_vectors(g.runs[0]).items():
-            p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{g.label}: per-class {name}",
+            p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{label}: per-class {name}",
                                          fig_dir / f"{tag}-vector-{name}.png", name)
             md.append(_figure_md(p, out, f"per-class {name} over epochs"))
     diag = next((d for r in g.runs for d in r.diagnostics), None)
     if diag:
-        md += _diagnostics_section(tag, g.label, diag, out, fig_dir)
+        md += _diagnostics_section(tag, label, diag, out, fig_dir)
     return md
 
 

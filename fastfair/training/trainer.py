@@ -299,7 +299,8 @@ def _track_final(out: Path, cfg: Config, result: dict) -> None:
     png = Path(out) / "figures" / f"{Path(result['checkpoint']).stem}-{split}-per-class.png"
     png.parent.mkdir(exist_ok=True)
     figures.per_class_bars(classes, {n: (r["per_class"], None) for n, r in result["results"].items()},
-                           f"{Path(result['checkpoint']).stem} (epoch {result['epoch']}), {split}: per-class accuracy",
+                           f"{Path(result['checkpoint']).stem} (epoch {result['epoch']}), {split}: per-class accuracy"
+                           + (f" ({result['subset']})" if result.get("subset") else ""),
                            png)
     tracker.image(f"{split}/per_class", png, step)
     tracker.close()
