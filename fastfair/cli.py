@@ -84,6 +84,7 @@ def datasets() -> None:
 def presets() -> None:
     from fastfair.preset_files import preset_names, preset_title
     _listing([(name, preset_title(name)) for name in preset_names()])
+    print("\nwhole tables (every row and seed, the paper's numbers beside ours): fastfair reproduce --list")
 
 
 # ---- train ------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ def test_listings_name_their_papers():
     assert "train.select" in methods and "CFA's choice" in methods  # the selection policies
     assert "resnet18" in fastfair("models").stdout
     assert "digits" in fastfair("datasets").stdout
-    assert "Table 2" in fastfair("presets").stdout
+    presets = fastfair("presets").stdout
+    assert "Table 2" in presets and "fastfair reproduce --list" in presets  # where whole tables are listed
 
 
 def test_methods_markdown_prints_the_keys_document():
