@@ -5,6 +5,7 @@ seconds, and ``fastfair --help`` or ``fastfair presets`` should answer at once.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -28,6 +29,20 @@ Text = Optional[str]  # an option that, left out, leaves the config's value as i
 
 class Interrupted(Exception):
     """Ctrl-C, turned into one line saying what was kept and how to continue (exit code 130)."""
+
+
+@contextlib.contextmanager
+def _ctrl_c_says(message: str):
+    """Ctrl-C inside the block ends the command with ``message`` (what was kept, how to go on)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(message) from None
+
+
+# grid and reproduce: both leave a folder of runs that the same command picks up again
+RUNS_RESUME = ("interrupted; the {what}'s runs stopped with it; run the same command again to go on (finished runs "
+               "are skipped, interrupted ones resume)")
 
 
 # ---- listings: what exists, one line each ----------------------------------------------------
@@ -185,8 +200,6 @@ def train(
 
 def _fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
-    import contextlib
-
     from fastfair.rundir import RunDir
     from fastfair.scaleout import distributed
     from fastfair.training.trainer import Trainer, final_evaluation
@@ -281,7 +294,8 @@ def eval_(
     common = dict(attacks=names, split=_split(split), data_dir=data_dir, device=device, batch_size=batch_size,
                   amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
-    try:
+    with _ctrl_c_says("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
+                      "and resumes); run the same command again"):
         if model:
             from fastfair.evaluation.foreign import evaluate_foreign
             evaluate_foreign(Path(target), model=model, dataset=dataset or "cifar10", normalize=normalize,
@@ -292,9 +306,6 @@ def eval_(
             raise UserError(f"{', '.join(given)}: only for a model file fastfair did not write; add --model ARCH "
                             "(fastfair models), or leave it out for a run or a fastfair checkpoint")
         evaluate_checkpoint(_checkpoint_path(target, checkpoint), **common)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
-                          "and resumes); run the same command again") from None
 
 
 @app.command(help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
@@ -313,12 +324,10 @@ def diagnose(
 ) -> None:
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
-    try:
+    with _ctrl_c_says("interrupted; no diagnostics were written; run the same command again"):
         diagnose_checkpoint(_checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
                             data_dir=data_dir, device=device, batch_size=batch_size, tsne_points=tsne, quiet=quiet,
                             seed=seed)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; no diagnostics were written; run the same command again") from None
 
 
 @app.command(help="Markdown report with PNG figures and LaTeX tables of one or more runs")
@@ -358,11 +367,8 @@ def grid(
 ) -> int:
     from fastfair.scaleout.grid import run_grid
 
-    try:
+    with _ctrl_c_says(RUNS_RESUME.format(what="grid")):
         return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run)
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; the grid's runs stopped with it; run the same command again to go on "
-                          "(finished runs are skipped, interrupted ones resume)") from None
 
 
 @app.command(help="re-run a paper's table and print it beside the paper's numbers, with a verdict per row")
@@ -385,12 +391,9 @@ def reproduce(
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
-    try:
+    with _ctrl_c_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
                          out=out, gpus=gpus, sets=set_ or [])
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; the table's runs stopped with it; run the same command again to go on "
-                          "(finished runs are skipped, interrupted ones resume)") from None
 
 
 @data_app.command(help="write train/val/test .beton files for --loader ffcv (needs fastfair\\[ffcv])")

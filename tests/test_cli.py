@@ -1,4 +1,5 @@
 """The CLI as a user types it (subprocesses, real data)."""
+import importlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fastfair import cli
 from fastfair.methods import keys_markdown
 from fastfair.rundir import RunDir
 from helpers import cifar_subset_npz
@@ -113,6 +115,23 @@ def test_usage_mistakes_are_one_error_line():
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fastfair: error: "), (args, r.stderr)
         assert match in lines[0]
+
+
+@pytest.mark.parametrize("argv, module, function, says", [
+    (["eval", "m.pt"], "fastfair.evaluation.per_class", "evaluate_checkpoint", "this evaluation wrote no result"),
+    (["diagnose", "m.pt"], "fastfair.evaluation.diagnose", "diagnose_checkpoint", "no diagnostics were written"),
+    (["grid", "g.toml"], "fastfair.scaleout.grid", "run_grid", "the grid's runs stopped with it"),
+    (["reproduce", "cfa-t1"], "fastfair.reproduce.command", "reproduce", "the table's runs stopped with it"),
+])
+def test_ctrl_c_in_a_long_command_is_one_line_saying_how_to_go_on(argv, module, function, says, monkeypatch,
+                                                                   capsys):
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(importlib.import_module(module), function, pressed)
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fastfair: interrupted; ") and says in err[0], err
+    assert "run the same command again" in err[0]
 
 
 def _as_from_a_terminal():
