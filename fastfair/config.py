@@ -29,7 +29,7 @@ from fastfair import schema
 from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
-from fastfair.preset_files import preset_names, preset_text  # noqa: F401  (preset_names: part of config's API)
+from fastfair.preset_files import preset_text
 
 
 @dataclass

@@ -14,6 +14,7 @@ from fastfair.attacks.pgd import can_compile_descent
 from fastfair.methods import METHODS
 from fastfair.rundir import save_atomic
 from fastfair.training.trainer import Trainer
+from fastfair.preset_files import preset_names
 
 needs_traced_grad = pytest.mark.skipif(not can_compile_descent(), reason="torch without trace_autograd_ops")
 
@@ -136,7 +137,7 @@ def test_the_sync_tracer_catches_a_scalar_read():
 def _step_kinds() -> list[str]:
     """One preset per distinct (method, enabled options, head), and the demo for each method no preset uses."""
     seen = {}
-    for name in config.preset_names():
+    for name in preset_names():
         cfg = config.resolve(name)
         seen.setdefault((cfg.method.name, tuple(cfg.enabled_options()), cfg.model.head), name)
     covered = {method for method, _, _ in seen}

@@ -2,6 +2,7 @@ import pytest
 
 from fastfair import config
 from fastfair.errors import UserError
+from fastfair.preset_files import preset_names
 
 
 def test_method_defaults_then_preset_then_flags_then_set(tmp_path):
@@ -79,6 +80,6 @@ def test_roundtrip_through_toml():
 
 
 def test_every_shipped_preset_resolves():
-    for name in config.preset_names():
+    for name in preset_names():
         cfg = config.resolve(name)
         assert cfg.preset, f"preset {name} must say which paper table it reproduces"

@@ -14,11 +14,12 @@ from fastfair.reproduce.command import reproduce
 from fastfair.reproduce.paper import Number, PaperRow
 from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compare_row
 from fastfair.rundir import RunDir
+from fastfair.preset_files import preset_names
 
 from helpers import CIFAR10, CIFAR_SUBSET
 
 
-@pytest.mark.parametrize("preset", [p for p in config.preset_names() if p != "demo"])
+@pytest.mark.parametrize("preset", [p for p in preset_names() if p != "demo"])
 def test_every_preset_names_its_source_and_numbers_that_parse(preset):
     row = paper.load(preset)
     assert row is not None and row.source in paper.PAPERS and row.row

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fastfair import config
 from fastfair.errors import UserError
 from fastfair.reproduce.paper import PAPERS, PaperRow, load
+from fastfair.preset_files import preset_names
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def _natural(name: str) -> list:
 
 def paper_rows() -> list[PaperRow]:
     """Every shipped preset's ``[paper]`` section (the demo has none)."""
-    return [row for name in config.preset_names() if (row := load(name)) is not None]
+    return [row for name in preset_names() if (row := load(name)) is not None]
 
 
 def tables() -> dict[str, Table]:
