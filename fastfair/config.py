@@ -95,7 +95,7 @@ class TrainConfig:
     compile_attack: bool = True
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
-    select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | last
+    select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
     # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)

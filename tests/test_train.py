@@ -60,6 +60,9 @@ def test_run_directory_contract(tmp_path):
     best = load_checkpoint(out / "checkpoints" / "best_fair.pt")
     assert best["val_robust"]["avg"] + best["val_robust"]["worst"] == pytest.approx(
         max(r["val"]["pgd3"]["avg"] + r["val"]["pgd3"]["worst"] for r in metrics(out)))
+    worst = load_checkpoint(out / "checkpoints" / "best_worst.pt")  # TRIX rebuttal's rule: the best worst class
+    assert worst["val_robust"]["worst"] == pytest.approx(max(r["val"]["pgd3"]["worst"] for r in metrics(out)))
+    assert worst["epoch"] == 1 + max(range(2), key=lambda e: metrics(out)[e]["val"]["pgd3"]["worst"])
 
 
 def test_starting_over_an_existing_run_is_refused(tmp_path):
@@ -86,7 +89,7 @@ def test_a_registered_selection_policy_keeps_its_checkpoints(tmp_path):
         assert {"best_even.pt", "best_even_avg.pt", "best_pgd.pt", "best_fair_avg.pt", "last_avg.pt"} <= names
         assert trainer.best["even"] == -min(r["val"]["pgd3"]["cv"] for r in metrics(out))
         assert set(load_checkpoint(out / "checkpoints" / "last.pt")["best"]) == {
-            "pgd", "fair", "even", "pgd_avg", "fair_avg", "even_avg"}
+            "pgd", "fair", "worst", "even", "pgd_avg", "fair_avg", "worst_avg", "even_avg"}
         result = final_evaluation(out, cfg, quiet=True)  # train.select = even evaluates best_even.pt
         assert result["checkpoint"].endswith("best_even.pt") and result["average"]["checkpoint"].endswith("_avg.pt")
     finally:

@@ -25,6 +25,12 @@ def best_average_and_worst(summary: dict) -> float:
     return summary["avg"] + summary["worst"]
 
 
+@SELECTION.register("worst", "best worst-class robust accuracy on the validation split (TRIX rebuttal Table 1's "
+                             "choice; FAAL's code keeps its worst_best checkpoint by the same rule)")
+def best_worst_class(summary: dict) -> float:
+    return summary["worst"]
+
+
 SELECTION.register("last", "the last epoch")(None)
 
 
