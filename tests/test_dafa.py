@@ -120,6 +120,8 @@ def test_methods_list_dafa_with_its_paper():
         assert "Lee et al. 2024" in METHODS.doc(name)
     with pytest.raises(UserError, match="warmup"):
         make_method("dafa-trades", "method.warmup=0")
+    with pytest.raises(UserError, match=r"method.warmup = 70 is not below train.epochs = 20: .*method.warmup=13"):
+        make_method("dafa-trades", "train.epochs=20")  # a short run would silently be plain TRADES
 
 
 @pytest.mark.parametrize("preset", ["dafa-t1-trades", "dafa-t1-trades-dafa"])

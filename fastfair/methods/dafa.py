@@ -83,6 +83,11 @@ class DAFA(Method):
         if self.cfg.method.warmup < 1:
             raise UserError(f"method.warmup must be at least 1 (DAFA computes its weights after the warm-up epoch "
                             f"tau); got {self.cfg.method.warmup}")
+        if self.cfg.method.warmup >= self.cfg.train.epochs:  # else the run is plain TRADES/PGD-AT, silently
+            raise UserError(f"method.warmup = {self.cfg.method.warmup} is not below train.epochs = "
+                            f"{self.cfg.train.epochs}: DAFA's class weights would never be used; lower it, e.g. "
+                            f"--set method.warmup={max(1, round(self.cfg.train.epochs * 70 / 110))} (the code's 70 of "
+                            f"110 epochs)")
         state.add_vector("dafa_weight", 1.0)  # W itself, as the checkpoint and metrics.jsonl show it
         for vector, factor in self.weighted_factors():
             state.add_factor(vector, factor, 1.0, owner="method " + self.cfg.method.name)
