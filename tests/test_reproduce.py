@@ -1,5 +1,6 @@
 """``fastfair reproduce``: the presets' paper numbers, verdicts, --list, the missing-data error, and one
 table end to end at the subset scale on the real CIFAR-10 subset (structure only, never the numbers)."""
+import dataclasses
 import re
 import struct
 import zlib
@@ -9,7 +10,7 @@ import pytest
 
 from fastfair import cli, config
 from fastfair.errors import UserError
-from fastfair.reproduce import paper, runs, tables
+from fastfair.reproduce import paper, runs, tables, verdict, write
 from fastfair.reproduce.command import reproduce
 from fastfair.reproduce.paper import Number, PaperRow
 from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compare_row
@@ -177,3 +178,55 @@ def test_frl_rows_run_after_and_start_from_the_row_they_fine_tune(tmp_path):
     assert ema.sets["train.lr_milestones"] == [round(m * runs.SUBSET_EPOCHS / 200) for m in (100, 150)]
     assert ema.sets["train.avg_begin"] == max(1, round(50 * runs.SUBSET_EPOCHS / 200))
     assert ema.attacks == ("clean", "aa")
+
+
+def test_subset_scale_shrinks_dafas_warm_up_with_the_epochs(tmp_path):
+    """At 5 of 110 (DAFA) or 150 (TRIX) epochs a 70-epoch warm-up would never end: it shrinks with them."""
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    for key, epochs in (("dafa-t1", 110), ("trix-rebuttal-t1", 150)):
+        planned = {p.name: p for p in runs.plan(tables.get(key), 1, "subset", str(npz), tmp_path / key, {})}
+        for name, run in planned.items():
+            if config.resolve(run.row.preset).method.name in ("dafa-trades", "trix"):
+                assert run.sets["method.warmup"] == round(70 * runs.SUBSET_EPOCHS / epochs) < runs.SUBSET_EPOCHS, name
+            else:
+                assert "method.warmup" not in run.sets, name
+
+
+def test_rho_from_the_paper_numbers_matches_what_dafa_prints():
+    """DAFA Table 1(a) prints rho against TRADES; the same rho computed from its printed accuracies agrees."""
+    table = tables.get("dafa-t1")
+    printed = {("TRADES + DAFA", "clean"): 0.03, ("TRADES + DAFA", "aa"): 0.42,
+               ("TRADES + WAT", "clean"): 0.06, ("TRADES + WAT", "aa"): 0.27}
+    rhos = verdict.rho_rows(list(table.rows), [])
+    assert {(r.row, r.attack): round(r.paper, 2) for r in rhos} == printed
+    assert all(r.baseline == "TRADES" and r.ours is None for r in rhos)  # no runs yet: no rho of ours
+
+
+def test_rho_of_ours_comes_from_our_seed_means(tmp_path):
+    table = tables.get("trix-rebuttal-t1")
+    ours = {"trix-rebuttal-t1-trades": (50.0, 20.0), "trix-rebuttal-t1-trades-trix": (49.0, 30.0)}
+    comparisons = [verdict.Comparison(p, "", "aa", stat, 0.0, [v - 1, v + 1], 1.0, "default", True)
+                   for p, (avg, worst) in ours.items() for stat, v in (("avg", avg), ("worst", worst))]
+    got = {r.preset: r for r in verdict.rho_rows(list(table.rows), comparisons) if r.attack == "aa"}
+    assert got["trix-rebuttal-t1-trades-trix"].ours == pytest.approx((30 - 20) / 20 + (49 - 50) / 50)
+    assert got["trix-rebuttal-t1-trades-dafa"].ours is None  # that row has no results
+    assert got["trix-rebuttal-t1-trades-trix"].paper == pytest.approx((32.64 - 23.80) / 23.80 + (48.80 - 49.22) / 49.22)
+    md = write.rho_table(table, comparisons)
+    assert "| + TRIX | `trix-rebuttal-t1-trades-trix` | aa | TRADES | +0.363 | +0.480 |" in md
+    zero = [dataclasses.replace(c, ours=[0.0]) if c.preset.endswith("-trades") and c.stat == "worst" else c
+            for c in comparisons]  # a tiny run can leave the baseline's worst class at 0: rho has no value then
+    assert "| +0.363 | undefined (the baseline's worst class is 0) |" in write.rho_table(table, zero)
+
+
+def test_a_baseline_outside_its_table_is_refused(monkeypatch):
+    real = paper.load
+
+    def load(name):
+        row = real(name)
+        return dataclasses.replace(row, baseline="cfa-t1-at") if name == "dafa-t1-trades-wat" else row
+
+    monkeypatch.setattr(tables, "load", load)
+    with pytest.raises(UserError, match=r"dafa-t1-trades-wat: \[paper\] baseline = 'cfa-t1-at' is not a row"):
+        tables.tables()

@@ -222,3 +222,39 @@ def test_trix_on_real_cifar10_sets_valid_vectors_and_resumes_exactly(npz, tmp_pa
         assert torch.equal(a["class_state"][name], b["class_state"][name]), name
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
+
+
+REBUTTAL_T1 = {  # Table 1 of the TRIX authors' rebuttal (R/R.pdf): AA at 8/255, ResNet-18, five seeds
+    "trades": ("trades", "TRADES", (81.75, 66.52), (49.22, 23.80, 1.35)),
+    "trades-dafa": ("dafa-trades", "+ DAFA", (81.49, 66.66), (48.03, 31.02, 0.66)),
+    "trades-wat": ("wat", "+ WAT", (79.02, 70.00), (45.92, 29.44, 1.39)),
+    "trades-trix": ("trix", "+ TRIX", (81.60, 68.10), (48.80, 32.64, 0.73)),
+}
+
+
+@pytest.mark.parametrize("row", sorted(REBUTTAL_T1))
+def test_rebuttal_presets_run_the_code_setup_and_record_its_table(row):
+    preset = f"trix-rebuttal-t1-{row}"
+    method, label, clean, aa = REBUTTAL_T1[row]
+    cfg = config.resolve(preset)
+    check_config(cfg)
+    assert cfg.method.name == method and "Table 1" in cfg.preset and "follows" in cfg.preset
+    assert (cfg.model.name, cfg.train.epochs, cfg.train.lr_milestones, cfg.train.nesterov, cfg.train.weight_decay) == (
+        "resnet18", 150, [139, 144], True, 5e-4)
+    assert (cfg.attack.eps, cfg.attack.alpha, cfg.attack.steps, cfg.attack.init) == (0.031, 0.007, 10, "normal")
+    assert cfg.train.select == "worst"  # "best represents best worse robust class accuracy" (Table 1 caption)
+    assert cfg.data.val_per_class == (300 if method == "wat" else 100)
+    if method in ("dafa-trades", "trix"):
+        assert (cfg.method.warmup, cfg.method.dafa_lambda, cfg.method.weight_terms) == (70, 1.0, "ce")
+    got = paper.load(preset)
+    assert (got.source, got.table, got.row, got.follows) == ("trix-rebuttal", "1", label, "code")
+    assert (got.numbers["clean"].avg, got.numbers["clean"].worst) == clean
+    assert (got.numbers["aa"].avg, got.numbers["aa"].worst, got.numbers["aa"].std["worst"]) == aa
+
+
+def test_reproduce_lists_the_rebuttal_table_with_its_four_rows():
+    from fastfair.reproduce import tables
+
+    table = tables.get("trix-rebuttal-t1")
+    assert "rebuttal" in table.title and len(table.rows) == 4
+    assert {r.row for r in table.rows} == {"TRADES", "+ DAFA", "+ WAT", "+ TRIX"}

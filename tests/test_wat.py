@@ -182,3 +182,19 @@ def test_wat_weights_multiply_with_other_class_weights():
     rows, _ = m.loss(model, x, x.clamp(0.1, 0.9), y, state)
     loss, _ = m.objective(model, x, x.clamp(0.1, 0.9), y, state)
     torch.testing.assert_close(loss, (rows * (wat * torch.tensor([0.0, 1, 3]))[y]).mean())
+
+
+def test_dafa_table_1_wat_row_runs_wat_in_dafas_setup():
+    from fastfair.reproduce import paper
+
+    cfg = config.resolve("dafa-t1-trades-wat")
+    check_config(cfg)
+    assert (cfg.method.name, cfg.method.eta, cfg.method.average_expert, cfg.method.kl_weight) == ("wat", 0.1, True, 6.0)
+    assert cfg.data.val_per_class == 300  # WAT's validation split (data_loader.py: 300 per class)
+    base = config.resolve("dafa-t1-trades")  # the table's shared setup
+    for section in ("model", "attack", "train", "eval"):
+        assert getattr(cfg, section) == getattr(base, section), section
+    row = paper.load("dafa-t1-trades-wat")
+    assert (row.source, row.table, row.row) == ("dafa", "1", "TRADES + WAT")
+    assert (row.numbers["clean"].avg, row.numbers["clean"].worst) == (80.97, 70.57)
+    assert (row.numbers["aa"].avg, row.numbers["aa"].worst, row.numbers["aa"].std["avg"]) == (46.30, 28.55, 0.27)

@@ -12,6 +12,7 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     selection = "highest sum of average and worst-class robustness"
     also_in = ["2"]                  # optional: other tables printing this row with the same numbers
     init_from = "cfa-t1-trades-paper"  # optional: fine-tunes that preset's run (FRL)
+    baseline = "cfa-t1-trades-paper"   # optional: the row rho is measured against (DAFA and WAT report it)
     clean = {avg = 80.8, worst = 64.6}
     aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
 """
@@ -42,13 +43,14 @@ PAPERS: dict[str, Paper] = {
     "dafa": Paper("Lee et al. 2024 (ICLR)", "DAFA: Distance-Aware Fair Adversarial Training"),
     "tian-kdd": Paper("Tian et al. 2021 (KDD)", "Analysis and Applications of Class-wise Robustness in Adversarial "
                                                 "Training"),
-    # no preset names it yet: its tables' numbers still have to be typed from the paper (docs/methods.md)
+    # No preset names the next three: their own tables could not be read (docs/methods.md). WAT's and
+    # TRIX's numbers enter through DAFA's Table 1 and the TRIX authors' rebuttal tables below.
     "wat": Paper("Li & Liu 2023 (AAAI)", "WAT: Improve the Worst-class Robustness in Adversarial Training"),
-    # no preset names it yet either: the paper's tables could not be read (docs/methods.md, FAAL)
     "faal": Paper("Zhang et al. 2024 (CVPR)", "Towards Fairness-Aware Adversarial Learning"),
-    # no preset names it yet: only the abstract could be read, so its tables' numbers are not typed (docs/methods.md)
     "trix": Paper("Medi, Jung & Keuper 2025 (arXiv 2507.07768)",
                   "TRIX- Trading Adversarial Fairness via Mixed Adversarial Training"),
+    "trix-rebuttal": Paper("Medi, Jung & Keuper 2025, the authors' rebuttal (github.com/Fairness-a11y/TRIX, R/R.pdf)",
+                           "TRIX- Trading Adversarial Fairness via Mixed Adversarial Training: rebuttal tables"),
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below
@@ -77,6 +79,7 @@ class PaperRow:
     numbers: dict[str, Number]  # attack name (as fastfair eval names it) -> Number
     also_in: tuple[str, ...] = ()
     init_from: str = ""
+    baseline: str = ""
 
     @property
     def where(self) -> str:
@@ -108,7 +111,7 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
                   per_class=per_class, classes=classes)
 
 
-FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from"}
+FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline"}
 
 
 def load(preset: str) -> PaperRow | None:
@@ -132,4 +135,5 @@ def load(preset: str) -> PaperRow | None:
                     figure=str(text.get("figure", "")), row=text["row"], follows=text["follows"],
                     selection=text["selection"],
                     numbers={a: _number(preset, a, s) for a, s in numbers.items()},
-                    also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""))
+                    also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
+                    baseline=text.get("baseline", ""))

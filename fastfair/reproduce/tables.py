@@ -52,8 +52,9 @@ def tables() -> dict[str, Table]:
         group.sort(key=lambda r: _natural(r.preset))
         names = {r.preset for r in group}
         for r in group:
-            if r.init_from and r.init_from not in names:
-                raise UserError(f"preset {r.preset}: [paper] init_from = {r.init_from!r} is not a row of its table")
+            for field, name in (("init_from", r.init_from), ("baseline", r.baseline)):
+                if name and name not in names:
+                    raise UserError(f"preset {r.preset}: [paper] {field} = {name!r} is not a row of its table")
         out[f"{source}-t{number}"] = Table(f"{source}-t{number}", source, number, tuple(group))
     return out
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastfair.evaluation.measures import rho
 from fastfair.reproduce.paper import Number, PaperRow
 
 DEFAULT_TOLERANCE = {"avg": 1.0, "worst": 3.0, "class": 3.0}
@@ -81,4 +82,37 @@ def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: l
             out.append(Comparison(row.preset, row.row, attack, label, paper, ours,
                                   std if std is not None else DEFAULT_TOLERANCE[kind],
                                   "paper std" if std is not None else "default", comparable))
+    return out
+
+
+@dataclass(frozen=True)
+class Rho:
+    """One row's rho against its table's baseline row for one attack: the paper's, from its own numbers, and ours."""
+
+    preset: str
+    row: str
+    attack: str
+    baseline: str  # the baseline row's label
+    paper: float
+    ours: float | None  # from the seed means; None until both rows have results
+
+
+def rho_rows(rows: list[PaperRow], comparisons: list[Comparison]) -> list[Rho]:
+    """rho (DAFA Sec. 5, WAT) of every row naming a ``baseline``, per attack whose average and worst class both
+    rows report; the paper's rho comes from the numbers it prints, ours from our seed means of the same cells."""
+    by_preset = {r.preset: r for r in rows}
+    means = {(c.preset, c.attack, c.stat): c.mean for c in comparisons}
+    out = []
+    for row in rows:
+        base = by_preset.get(row.baseline)
+        if base is None:
+            continue
+        for attack, number in row.numbers.items():
+            ref = base.numbers.get(attack)
+            if ref is None or None in (number.avg, number.worst, ref.avg, ref.worst):
+                continue
+            cells = [means.get((p, attack, s)) for p in (row.preset, base.preset) for s in ("avg", "worst")]
+            ours = None if None in cells else rho(cells[0], cells[1], cells[2], cells[3])
+            out.append(Rho(row.preset, row.row, attack, base.row, rho(number.avg, number.worst, ref.avg, ref.worst),
+                           ours))
     return out

@@ -1,6 +1,7 @@
 """``reproduce.md`` and ``reproduce.png``: the paper's numbers beside ours, with verdicts."""
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fastfair.reproduce.paper import PAPERS  # noqa: E402
 from fastfair.reproduce.tables import Table  # noqa: E402
-from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison  # noqa: E402
+from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison, rho_rows  # noqa: E402
 from fastfair.rundir import write_text_atomic  # noqa: E402
 
 # colour and marker per verdict: the shape alone tells higher from lower in grey print
@@ -32,6 +33,23 @@ def numbers_table(comparisons: list[Comparison]) -> str:
         lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {c.paper:.2f} | {ours} | {len(c.ours)} | "
                      f"{_cell(c.diff, True)} | ±{c.tolerance:g} ({c.tolerance_from}) | {c.verdict} |")
     return "\n".join(lines)
+
+
+def rho_table(table: Table, comparisons: list[Comparison]) -> str:
+    """The rows that name a baseline: rho against it, the paper's (from its printed numbers) and ours; '' if none."""
+    rhos = rho_rows(list(table.rows), comparisons)
+    if not rhos:
+        return ""
+    lines = ["| row | preset | attack | against | paper rho | ours rho |", "|---|---|---|---|---:|---:|"]
+    lines += [f"| {r.row} | `{r.preset}` | {r.attack} | {r.baseline} | {_rho(r.paper)} | {_rho(r.ours)} |"
+              for r in rhos]
+    return "\n".join(lines)
+
+
+def _rho(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "undefined (the baseline's worst class is 0)" if math.isnan(value) else f"{value:+.3f}"
 
 
 def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
@@ -93,7 +111,14 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
            "within the tolerance: the paper's std where it gives one, else fastfair's default of "
            f"±{DEFAULT_TOLERANCE['avg']:g} points for averages and ±{DEFAULT_TOLERANCE['worst']:g} for worst-class "
            "and single-class numbers (docs/reproduce.md says why).\n",
-           f"![paper vs fastfair, every number]({FIGURE})\n", "## Protocol and differences from the paper\n"]
+           f"![paper vs fastfair, every number]({FIGURE})\n"]
+    rhos = rho_table(table, comparisons)
+    if rhos:
+        md += ["## rho against the baseline row\n", rhos + "\n",
+               "rho = (worst − worst_base) / worst_base + (avg − avg_base) / avg_base, as DAFA and WAT report it: the "
+               "relative worst-class gain plus the relative change of the average. The paper's rho is computed from "
+               "the numbers above (its printed rho may differ in the last digit); ours from our seed means.\n"]
+    md += ["## Protocol and differences from the paper\n"]
     md += [f"- {n}" for n in notes]
     md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
     md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
