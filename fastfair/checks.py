@@ -70,7 +70,8 @@ def _value(cfg, key: str) -> Any:
 
 def check_config(cfg) -> None:
     """Raise a UserError naming the key and a good value for the first value out of range or unknown."""
-    attacks = METHODS.get(cfg.method.name).adversarial
+    method = METHODS.get(cfg.method.name)
+    attacks = method.adversarial
     for key, (ok, good) in RANGES.items():
         if key.startswith("attack.") and not attacks:
             continue  # standard training runs no attack: its attack.* keys are unused
@@ -88,6 +89,7 @@ def check_config(cfg) -> None:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
         raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
                         f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
+    method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
     try:

@@ -118,10 +118,16 @@ def test_at_code_variant_takes_a_second_unscaled_step_past_the_class_eps():
 def test_methods_list_dafa_with_its_paper():
     for name in ("dafa-trades", "dafa-at"):
         assert "Lee et al. 2024" in METHODS.doc(name)
+    def refused(*sets):
+        return config.resolve(None, {"method.name": "dafa-trades", "data.dataset": "digits"}, list(sets))
+
     with pytest.raises(UserError, match="warmup"):
-        make_method("dafa-trades", "method.warmup=0")
+        check_config(refused("method.warmup=0"))
     with pytest.raises(UserError, match=r"method.warmup = 70 is not below train.epochs = 20: .*method.warmup=13"):
-        make_method("dafa-trades", "train.epochs=20")  # a short run would silently be plain TRADES
+        check_config(refused("train.epochs=20"))  # a short run would silently be plain TRADES
+    with pytest.raises(UserError, match=r"needs train.epochs >= 2"):
+        check_config(refused("train.epochs=1", "method.warmup=1"))
+    check_config(refused("train.epochs=2", "method.warmup=1"))
 
 
 @pytest.mark.parametrize("preset", ["dafa-t1-trades", "dafa-t1-trades-dafa"])

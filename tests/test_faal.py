@@ -222,6 +222,7 @@ def test_code_grid_resolves_every_run_with_the_authors_settings(tmp_path):
         check_config(cfg)
         m, t, a = cfg.method, cfg.train, cfg.attack
         assert (m.name, m.rho, m.divergence, m.class_loss, m.aggregate) == ("faal-at", 0.5, "reverse", "margin", "sum")
+        assert t.select == "worst"  # run_prn.py evaluates the best worst-class checkpoint (worst_best)
         assert (t.epochs, t.lr, t.lr_milestones, t.weight_decay, cfg.model.name) == (2, 0.01, [1], 5e-4,
                                                                                       "preact-resnet18")
         assert (a.objective, a.init, a.bn_mode, a.steps) == ("ce", "uniform", "eval", 10)

@@ -138,6 +138,7 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     assert "**These numbers are not comparable to the paper**" in md
     for section in ("## Numbers", "## Protocol and differences from the paper", "## Runs"):
         assert section in md
+    assert "## rho" not in md  # no row of Table 5 names a baseline
     rows = [line for line in md.splitlines() if line.startswith("| ") and "`tian-iclr-t5-" in line
             and " | pgd20 |" in line]
     assert len(rows) == 3 * 12  # per row: pgd20 avg, worst and ten classes
@@ -192,6 +193,10 @@ def test_subset_scale_shrinks_dafas_warm_up_with_the_epochs(tmp_path):
                 assert run.sets["method.warmup"] == round(70 * runs.SUBSET_EPOCHS / epochs) < runs.SUBSET_EPOCHS, name
             else:
                 assert "method.warmup" not in run.sets, name
+    two = runs.plan(tables.get("dafa-t1"), 1, "subset", str(npz), tmp_path / "two", {"train.epochs": 2})
+    assert {r.sets.get("method.warmup") for r in two} == {None, 1}  # round(70 * 2 / 110) = 1 < 2
+    with pytest.raises(UserError, match="needs train.epochs >= 2"):  # refused before any run starts
+        reproduce("dafa-t1", scale="subset", data_dir=str(npz), out=str(tmp_path / "one"), sets=["train.epochs=1"])
 
 
 def test_rho_from_the_paper_numbers_matches_what_dafa_prints():
@@ -230,3 +235,29 @@ def test_a_baseline_outside_its_table_is_refused(monkeypatch):
     monkeypatch.setattr(tables, "load", load)
     with pytest.raises(UserError, match=r"dafa-t1-trades-wat: \[paper\] baseline = 'cfa-t1-at' is not a row"):
         tables.tables()
+
+
+
+def test_a_reprinted_row_keeps_its_baseline_in_its_own_table(monkeypatch):
+    real = paper.load
+
+    def load(name):  # CFA's TRADES + CFA row measured against TRADES in Table 1 only, also printed in Table 2
+        row = real(name)
+        if name == "cfa-t1-trades-cfa-code":
+            return dataclasses.replace(row, baseline="cfa-t1-trades-code", also_in=("2",))
+        return row
+
+    monkeypatch.setattr(tables, "load", load)
+    known = tables.tables()
+    assert "cfa-t1-trades-cfa-code" in {r.preset for r in known["cfa-t2"].rows}
+    assert [r.preset for r in verdict.rho_rows(list(known["cfa-t1"].rows), [])] == ["cfa-t1-trades-cfa-code"] * 2
+
+
+def test_reproduce_md_has_rho_for_rows_naming_a_baseline(tmp_path):
+    table = tables.get("dafa-t1")
+    comparisons = [c for row in table.ordered() for c in compare_row(row, [], False, CIFAR10)]
+    md = write.write(tmp_path, table, comparisons, scale="subset", scale_doc="a look", seeds=1, runs=[], user_sets=[],
+                     notes=[]).read_text()
+    section = md[md.index("## rho against the baseline row"):md.index("## Protocol")]
+    assert "| TRADES + DAFA | `dafa-t1-trades-dafa` | aa | TRADES | +0.418 | - |" in section  # DAFA prints 0.42
+    assert section.count("| TRADES |") == 4  # DAFA and WAT, clean and AA; none for the baseline itself

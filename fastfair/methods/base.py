@@ -66,6 +66,10 @@ class Method:
         return schema.section(f"method-{cls.__name__}", {"name": Key("", "the method (fastfair methods)"),
                                                          **cls.keys_all()})
 
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        """Raise a UserError for settings this method cannot run (``check_config`` calls it before any work)."""
+
     def setup(self, state: ClassState) -> None:
         """Declare the per-class vectors this method reads (eps_k and alpha_k), then the options'."""
         state.add_vector("eps", self.cfg.attack.eps)

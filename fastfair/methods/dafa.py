@@ -78,16 +78,23 @@ class DAFA(Method):
         """(vector, factor) pairs set to W: eps_k and alpha_k (code losses.py), plus the loss where it is a factor."""
         return (("eps", "eps_dafa"), ("alpha", "alpha_dafa"))
 
+    @classmethod
+    def check(cls, cfg):
+        warmup, epochs = cfg.method.warmup, cfg.train.epochs
+        if warmup < 1:
+            raise UserError(f"method.warmup must be at least 1 (DAFA computes its weights after the warm-up epoch "
+                            f"tau); got {warmup}")
+        if epochs < 2:
+            raise UserError(f"method {cfg.method.name} needs train.epochs >= 2 (a warm-up epoch, then epochs with the "
+                            f"DAFA weights); got {epochs}")
+        if warmup >= epochs:  # else the run would be plain TRADES / PGD-AT, silently
+            scaled = min(epochs - 1, max(1, round(epochs * 70 / 110)))
+            raise UserError(f"method.warmup = {warmup} is not below train.epochs = {epochs}: DAFA's class weights "
+                            f"would never be used; lower it, e.g. --set method.warmup={scaled} (DAFA's code warms "
+                            f"up for 70 of 110 epochs)")
+
     def setup(self, state):
         super().setup(state)
-        if self.cfg.method.warmup < 1:
-            raise UserError(f"method.warmup must be at least 1 (DAFA computes its weights after the warm-up epoch "
-                            f"tau); got {self.cfg.method.warmup}")
-        if self.cfg.method.warmup >= self.cfg.train.epochs:  # else the run is plain TRADES/PGD-AT, silently
-            raise UserError(f"method.warmup = {self.cfg.method.warmup} is not below train.epochs = "
-                            f"{self.cfg.train.epochs}: DAFA's class weights would never be used; lower it, e.g. "
-                            f"--set method.warmup={max(1, round(self.cfg.train.epochs * 70 / 110))} (the code's 70 of "
-                            f"110 epochs)")
         state.add_vector("dafa_weight", 1.0)  # W itself, as the checkpoint and metrics.jsonl show it
         for vector, factor in self.weighted_factors():
             state.add_factor(vector, factor, 1.0, owner="method " + self.cfg.method.name)

@@ -105,6 +105,8 @@ def _subset_changes(flat: dict[str, Any], user: dict[str, Any]) -> dict[str, Any
         if key in flat:
             v = flat[key]
             out[key] = [shrink(x) for x in v] if isinstance(v, list) else shrink(v)
+    if "method.warmup" in out and epochs > 1:  # DAFA/TRIX: at least one epoch with the weights after the warm-up
+        out["method.warmup"] = min(out["method.warmup"], epochs - 1)
     return out
 
 

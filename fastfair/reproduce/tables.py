@@ -52,7 +52,9 @@ def tables() -> dict[str, Table]:
         group.sort(key=lambda r: _natural(r.preset))
         names = {r.preset for r in group}
         for r in group:
-            for field, name in (("init_from", r.init_from), ("baseline", r.baseline)):
+            # a row another table reprints (also_in) keeps its baseline in its own table; rho skips it elsewhere
+            own = [("init_from", r.init_from)] + ([("baseline", r.baseline)] if number == r.table else [])
+            for field, name in own:
                 if name and name not in names:
                     raise UserError(f"preset {r.preset}: [paper] {field} = {name!r} is not a row of its table")
         out[f"{source}-t{number}"] = Table(f"{source}-t{number}", source, number, tuple(group))

@@ -5,7 +5,7 @@ the state dict (BN running statistics included, as in CFA's code; integer counte
 The first accepted epoch copies the weights. FAWA accepts an epoch only when the worst-class
 robust accuracy of the *trained* model on the validation split reaches the threshold; EMA
 accepts every epoch from ``train.avg_begin``. The trainer validates and checkpoints the
-averaged model next to the trained one (``best_pgd_avg.pt``, ``best_fair_avg.pt``, ``last_avg.pt``).
+averaged model next to the trained one (``best_<policy>_avg.pt`` for each selection policy, ``last_avg.pt``).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.reports import figures, tracking
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
-from fastfair.training.selection import policy_scores
+from fastfair.training.selection import SELECTION, policy_scores
 
 
 def _seed(cfg: Config, epoch: int) -> None:
@@ -112,6 +112,11 @@ class Trainer:
                 self._load(load_checkpoint(run.last))
                 self._reschedule(changed)
                 self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
+                newer = [p for p in SELECTION if SELECTION.get(p) is not None and p not in self.best]
+                if newer:  # the checkpoint predates these policies: their best is over the epochs from now on
+                    self.log(f"selection polic{'ies' if len(newer) > 1 else 'y'} {', '.join(newer)} came after this "
+                             f"run started: {', '.join(f'best_{p}.pt' for p in newer)} will cover epochs "
+                             f"{self.start_epoch + 1}-{self.cfg.train.epochs} only")
             else:  # stopped (killed, diverged) in its first epoch: nothing to keep
                 self.log(f"{self.out}: no epoch had finished; starting it again from the first")
             if self.main and run.truncate_metrics(self.start_epoch):
@@ -251,7 +256,7 @@ class Trainer:
         weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
                    "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
         for policy, score in policy_scores(summary).items():
-            key = policy + ("_avg" if averaged else "")  # the keys of older checkpoints: pgd, fair, pgd_avg, fair_avg
+            key = policy + ("_avg" if averaged else "")  # as checkpoints' "best" holds them: pgd, ..., pgd_avg, ...
             if score > self.best.get(key, float("-inf")):
                 self.best[key] = score
                 save_atomic(weights, self.run.best(policy, averaged))
