@@ -97,8 +97,10 @@ def datasets() -> None:
 
 @app.command(help="list config presets and the paper tables they reproduce")
 def presets() -> None:
-    from fastfair.preset_files import preset_names, preset_title
+    from fastfair.preset_files import grid_names, grid_title, preset_names, preset_title
     _listing([(name, preset_title(name)) for name in preset_names()])
+    print("\ngrids (fastfair grid NAME; sweeps and ablations):")
+    _listing([(name, grid_title(name)) for name in grid_names()])
     print("\nwhole tables (every row and seed, the paper's numbers beside ours): fastfair reproduce --list")
 
 

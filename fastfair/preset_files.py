@@ -17,8 +17,23 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+def _names(folder) -> list[str]:
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
 def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("fastfair.presets").iterdir() if p.name.endswith(".toml"))
+    return _names(resources.files("fastfair.presets"))
+
+
+def grid_names() -> list[str]:
+    """The grids shipped in ``configs/grids/`` (``fastfair grid NAME``)."""
+    return _names(resources.files("fastfair.presets") / "grids")
+
+
+def grid_title(name: str) -> str:
+    """What a shipped grid sweeps and after which paper (its top-level ``preset`` line)."""
+    text = (resources.files("fastfair.presets") / "grids" / f"{name}.toml").read_text()
+    return str(tomllib.loads(text).get("preset", ""))
 
 
 def preset_text(name_or_path: str) -> str:

@@ -34,6 +34,8 @@ def test_listings_name_their_papers():
     assert "digits" in fastfair("datasets").stdout
     presets = fastfair("presets").stdout
     assert "Table 2" in presets and "fastfair reproduce --list" in presets  # where whole tables are listed
+    grids = presets[presets.index("grids (fastfair grid NAME"):]  # the shipped grids, each with what it sweeps
+    assert "dafa-code-lambda" in grids and "trix-code-components" in grids and "lambda in {0, 0.5, 1, 1.5, 2}" in grids
 
 
 def test_methods_markdown_prints_the_keys_document():

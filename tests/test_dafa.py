@@ -188,3 +188,19 @@ def test_dafa_at_code_variant_trains_on_real_cifar10(npz, tmp_path):
     w = torch.tensor(last["vectors"]["dafa_weight"])
     assert torch.isfinite(w).all() and last["loss"] == last["loss"]
     torch.testing.assert_close(torch.tensor(last["vectors"]["loss_weight"]), w)
+
+
+def test_lambda_grid_sweeps_lambda_over_the_table_preset(tmp_path):
+    from fastfair.scaleout.grid import load, run_grid
+
+    grid, _ = load("dafa-code-lambda")
+    assert [r.point["method.dafa_lambda"] for r in grid.runs()] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert run_grid("dafa-code-lambda", out=str(tmp_path / "g"), dry_run=True, echo=lambda _: None) == 0
+    base = config.resolve("dafa-t1-trades-dafa")
+    for r in grid.runs():
+        cfg = config.resolve("dafa-t1-trades-dafa", None, [f"method.dafa_lambda={r.point['method.dafa_lambda']}"])
+        check_config(cfg)
+        assert (cfg.method.warmup, cfg.train.epochs, cfg.model.name) == (base.method.warmup, 110, "resnet18")
+    # lambda 0 is TRADES on DAFA's code path: Algorithm 2 leaves every weight at 1
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.1, 0.1, 0.8]])
+    torch.testing.assert_close(dafa_weights(p, 0.0), torch.ones(3))

@@ -258,3 +258,14 @@ def test_reproduce_lists_the_rebuttal_table_with_its_four_rows():
     table = tables.get("trix-rebuttal-t1")
     assert "rebuttal" in table.title and len(table.rows) == 4
     assert {r.row for r in table.rows} == {"TRADES", "+ DAFA", "+ WAT", "+ TRIX"}
+
+
+def test_component_grid_switches_the_targeted_split_and_the_dafa_weights(tmp_path):
+    grid, _ = load("trix-code-components")
+    points = [(r.point["method.targeted"], r.point["method.dafa_lambda"]) for r in grid.runs()]
+    assert points == [(False, 0.0), (False, 1.0), (True, 0.0), (True, 1.0)]  # TRADES, DAFA, split only, TRIX
+    assert run_grid("trix-code-components", out=str(tmp_path / "g"), dry_run=True, echo=lambda _: None) == 0
+    for r in grid.runs():
+        cfg = config.resolve(None, None, [f"{k}={json.dumps(v)}" for k, v in {**grid.sets, **r.point}.items()])
+        check_config(cfg)
+        assert (cfg.method.name, cfg.train.epochs, cfg.method.warmup) == ("trix", 150, 70)

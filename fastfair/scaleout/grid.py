@@ -38,6 +38,7 @@ from fastfair import config
 from fastfair.checks import check_config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
+from fastfair.preset_files import grid_names
 from fastfair.reports.report import compare
 from fastfair.rundir import RunDir, write_text_atomic
 from fastfair.scaleout.jobs import Job, read_state
@@ -130,9 +131,7 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
     if not path.is_file():
         shipped = resources.files("fastfair.presets") / "grids" / f"{path_or_name.removesuffix('.toml')}.toml"
         if not shipped.is_file():
-            names = sorted(p.name[:-5] for p in (resources.files("fastfair.presets") / "grids").iterdir()
-                           if p.name.endswith(".toml"))
-            raise UserError(f"no grid file {path_or_name!r}; shipped grids: {', '.join(names)}")
+            raise UserError(f"no grid file {path_or_name!r}; shipped grids: {', '.join(grid_names())}")
         path = Path(str(shipped))
     try:
         spec = tomllib.loads(path.read_text())
