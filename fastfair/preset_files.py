@@ -30,10 +30,14 @@ def grid_names() -> list[str]:
     return _names(resources.files("fastfair.presets") / "grids")
 
 
+def grid_file(name: str):
+    """The shipped grid ``configs/grids/NAME.toml`` (a resource; ``.is_file()`` says whether it exists)."""
+    return resources.files("fastfair.presets") / "grids" / f"{name.removesuffix('.toml')}.toml"
+
+
 def grid_title(name: str) -> str:
     """What a shipped grid sweeps and after which paper (its top-level ``preset`` line)."""
-    text = (resources.files("fastfair.presets") / "grids" / f"{name}.toml").read_text()
-    return str(tomllib.loads(text).get("preset", ""))
+    return str(tomllib.loads(grid_file(name).read_text()).get("preset", ""))
 
 
 def preset_text(name_or_path: str) -> str:

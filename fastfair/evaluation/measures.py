@@ -180,7 +180,7 @@ def entropy_per_class(probs, y, num_classes: int) -> np.ndarray:
 
 def rho(avg: float, worst: float, base_avg: float, base_worst: float) -> float:
     """rho = (worst - worst_0) / worst_0 + (avg - avg_0) / avg_0: relative worst-class gain plus relative
-    average change against a baseline (WAT, Li & Liu 2023; DAFA, Lee et al. 2024, Sec. 5). NaN when the
+    average change against a baseline (WAT, Li & Liu 2023; DAFA, Lee et al. 2024, Table 1's rho columns). NaN when the
     baseline's worst class or average is 0 (the relative change is undefined)."""
     if base_worst == 0 or base_avg == 0:
         return float("nan")

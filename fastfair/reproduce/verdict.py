@@ -98,8 +98,9 @@ class Rho:
 
 
 def rho_rows(rows: list[PaperRow], comparisons: list[Comparison]) -> list[Rho]:
-    """rho (DAFA Sec. 5, WAT) of every row naming a ``baseline``, per attack whose average and worst class both
-    rows report; the paper's rho comes from the numbers it prints, ours from our seed means of the same cells."""
+    """rho (:func:`~fastfair.evaluation.measures.rho`) of every row naming a ``baseline``, per attack whose average
+    and worst class both rows report; the paper's rho comes from the numbers it prints, ours from our seed means
+    of the same cells."""
     by_preset = {r.preset: r for r in rows}
     means = {(c.preset, c.attack, c.stat): c.mean for c in comparisons}
     out = []

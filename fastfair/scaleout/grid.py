@@ -28,7 +28,6 @@ import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from fastfair import config
 from fastfair.checks import check_config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
-from fastfair.preset_files import grid_names
+from fastfair.preset_files import grid_file, grid_names
 from fastfair.reports.report import compare
 from fastfair.rundir import RunDir, write_text_atomic
 from fastfair.scaleout.jobs import Job, read_state
@@ -129,7 +128,7 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
     """Read and check a grid file (a path, or the name of a grid shipped in ``configs/grids/``)."""
     path = Path(path_or_name)
     if not path.is_file():
-        shipped = resources.files("fastfair.presets") / "grids" / f"{path_or_name.removesuffix('.toml')}.toml"
+        shipped = grid_file(path_or_name)
         if not shipped.is_file():
             raise UserError(f"no grid file {path_or_name!r}; shipped grids: {', '.join(grid_names())}")
         path = Path(str(shipped))

@@ -36,6 +36,11 @@ def best_worst_class(summary: dict) -> float:
 SELECTION.register("last", "the last epoch")(None)
 
 
+def scored_policies() -> list[str]:
+    """The policies that keep a ``best_<name>.pt`` (every one but ``last``)."""
+    return [name for name in SELECTION if SELECTION.get(name) is not None]
+
+
 def policy_scores(summary: dict) -> dict[str, float]:
     """The score of one validation summary under every policy that has a score."""
-    return {name: score(summary) for name in SELECTION if (score := SELECTION.get(name)) is not None}
+    return {name: SELECTION.get(name)(summary) for name in scored_policies()}

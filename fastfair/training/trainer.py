@@ -31,7 +31,7 @@ from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.reports import figures, tracking
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
-from fastfair.training.selection import SELECTION, policy_scores
+from fastfair.training.selection import policy_scores, scored_policies
 
 
 def _seed(cfg: Config, epoch: int) -> None:
@@ -112,7 +112,7 @@ class Trainer:
                 self._load(load_checkpoint(run.last))
                 self._reschedule(changed)
                 self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
-                newer = [p for p in SELECTION if SELECTION.get(p) is not None and p not in self.best]
+                newer = [p for p in scored_policies() if p not in self.best]
                 if newer:  # the checkpoint predates these policies: their best is over the epochs from now on
                     self.log(f"selection polic{'ies' if len(newer) > 1 else 'y'} {', '.join(newer)} came after this "
                              f"run started: {', '.join(f'best_{p}.pt' for p in newer)} will cover epochs "
