@@ -25,9 +25,11 @@ import fcntl
 import json
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -241,23 +243,43 @@ def _holder(fd: int) -> str:
 
 
 # ---- file formats: atomic writes, safe loads ------------------------------------------------
+@contextlib.contextmanager
+def _ctrl_c_after():
+    """Ctrl-C inside the block raises KeyboardInterrupt when the block ends, not in it. Where Python's own
+    handler is not the one installed (a worker thread, a caller's handler) the block runs as it is."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 def _replace_atomic(write, path: str | Path) -> None:
     """Write through ``write(binary file)`` to a uniquely named temporary file in ``path``'s folder,
     fsync, rename it over ``path``, fsync the folder: a crash leaves the old file or the new one,
-    and two writers never share a temporary file."""
+    and two writers never share a temporary file. Ctrl-C lands after the rename: between creating the
+    temporary file and the ``try`` that removes it, an interrupt would leave it behind."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with _ctrl_c_after():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)
 
 
 def _umask() -> int:

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from fastfair import rundir
 from fastfair.errors import UserError
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, load_checkpoint, one_based_epoch, save_atomic
 
@@ -71,3 +72,22 @@ def test_checkpoints_round_trip_and_other_paths_are_user_errors(tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     with pytest.raises(UserError, match="not a checkpoint written by fastfair train"):
         load_checkpoint(tmp_path / "notes.txt")
+
+
+def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_file(tmp_path):
+    import os
+    import signal
+
+    from fastfair.rundir import write_text_atomic
+
+    def interrupted_save(f):  # Ctrl-C arrives while the checkpoint is being written
+        os.kill(os.getpid(), signal.SIGINT)
+        torch.save({"w": torch.ones(3)}, f)
+
+    with pytest.raises(KeyboardInterrupt):
+        rundir._replace_atomic(interrupted_save, tmp_path / "best.pt")
+    assert torch.equal(torch.load(tmp_path / "best.pt", weights_only=True)["w"], torch.ones(3))  # whole, not torn
+    assert [p.name for p in tmp_path.iterdir()] == ["best.pt"]  # no .best.pt.*.tmp left behind
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's handler is back
+    write_text_atomic("after", tmp_path / "note.txt")  # and later writes are not deferred forever
+    assert (tmp_path / "note.txt").read_text() == "after"
