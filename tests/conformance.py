@@ -1,0 +1,278 @@
+"""Conformance with the authors' code: shared inputs, golden files and the checks' bookkeeping.
+
+Golden values come from running each method's reference implementation (the authors' public code
+at a pinned commit, or for methods without code an independent float64 evaluation of the paper's
+equations) on the fixed inputs in ``tests/golden/inputs.npz``: a small BatchNorm CNN
+(:class:`TinyNet`, defined here so that neither side owns it) briefly trained on the real
+CIFAR-10 subset, and one batch of its images. ``tests/golden/make.py`` writes them; the
+``conformance_*.py`` modules beside this file compare fastfair with them, one :func:`case` per
+method and quantity, and ``test_conformance.py`` runs every case and keeps ``docs/conformance.md``
+in step with them.
+
+Each golden file is ``tests/golden/NAME.npz`` (arrays, loaded without pickle) beside
+``NAME.json``: where every array came from (repository, commit, file, function) and the settings.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fastfair import config
+from fastfair.methods import METHODS
+from fastfair.training.class_state import ClassState
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
+
+
+class TinyNet(nn.Module):
+    """conv 3->8, BN, ReLU, pool; conv 8->16, BN, ReLU, pool; linear 1024->10: BN makes the
+    attack's train/eval mode matter, and it is small enough for float64 references."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
+        self.fc = nn.Linear(16 * 8 * 8, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x).flatten(1))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The fixed inputs every golden value starts from."""
+
+    state: dict[str, torch.Tensor]  # TinyNet's weights and BN buffers
+    x: torch.Tensor  # (N, 3, 32, 32) float32 in [0, 1]: uint8 images / 255
+    y: torch.Tensor  # (N,) int64
+
+    def model(self, mode: str = "train", dtype=torch.float32) -> TinyNet:
+        """A fresh TinyNet holding the fixed weights, in ``mode`` ('train' or 'eval')."""
+        net = TinyNet()
+        net.load_state_dict(self.state)
+        return net.to(dtype).train(mode == "train")
+
+
+def inputs_from(arrays) -> Inputs:
+    state = {k[len("state."):]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("state.")}
+    x = torch.from_numpy(np.asarray(arrays["x_uint8"])).float() / 255.0
+    return Inputs(state, x, torch.from_numpy(np.asarray(arrays["y"])).long())
+
+
+@functools.cache
+def inputs() -> Inputs:
+    with np.load(GOLDEN / "inputs.npz", allow_pickle=False) as f:
+        return inputs_from(dict(f))
+
+
+@dataclass(frozen=True)
+class Golden:
+    arrays: dict[str, np.ndarray]
+    meta: dict
+
+    def t(self, key: str, dtype=None) -> torch.Tensor:
+        """Array ``key`` as a tensor (float64 arrays stay float64 unless ``dtype`` says otherwise)."""
+        out = torch.from_numpy(np.array(self.arrays[key]))
+        return out if dtype is None else out.to(dtype)
+
+    def ref(self, quantity: str | None = None) -> str:
+        """``owner/name@commit:file::function`` of ``quantity`` (meta ``sources[quantity]``, else the file's)."""
+        src = {**self.meta, **self.meta.get("sources", {}).get(quantity or "", {})}
+        if "repository" not in src:
+            return src["reference"]  # a paper's equation: no code
+        return f"{src['repository']}@{src['commit'][:7]}:{src['file']}::{src['function']}"
+
+
+@functools.cache
+def golden(name: str) -> Golden:
+    with np.load(GOLDEN / f"{name}.npz", allow_pickle=False) as f:
+        arrays = dict(f)
+    return Golden(arrays, json.loads((GOLDEN / f"{name}.json").read_text()))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One compared quantity: ``diff`` (max abs difference, or the stated measure) must be <= ``tol``."""
+
+    method: str
+    quantity: str
+    reference: str
+    diff: float
+    tol: float
+    measure: str = "max abs diff"
+    detail: str = ""  # what the measured column adds (how many sign-noise flips), not checked for staleness
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.diff <= self.tol)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A deliberate departure from a reference, and the key that switches it."""
+
+    method: str
+    what: str
+    key: str
+
+
+CASES: dict[str, Callable[[], list[Check]]] = {}
+DIFFERENCES: list[Difference] = []
+
+
+def case(name: str):
+    """Register a conformance case: a function returning its :class:`Check` rows (run once, cached)."""
+    def register(fn):
+        if name in CASES:
+            raise ValueError(f"conformance case {name!r} registered twice")
+        CASES[name] = functools.cache(fn)
+        return fn
+    return register
+
+
+def differs(method: str, what: str, key: str) -> None:
+    """Record a deliberate difference from the reference (listed in docs/conformance.md)."""
+    DIFFERENCES.append(Difference(method, what, key))
+
+
+def load_cases() -> dict[str, Callable[[], list[Check]]]:
+    """Import every ``conformance_*.py`` beside this file (each registers its cases)."""
+    for path in sorted(Path(__file__).resolve().parent.glob("conformance_*.py")):
+        importlib.import_module(path.stem)
+    return CASES
+
+
+def max_diff(a, b) -> float:
+    """max |a - b| in float64 (0 for empty tensors)."""
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def rel_diff(ours, ref) -> float:
+    """max |ours - ref| / max |ref| in float64: for gradients, whose scale depends on the inputs."""
+    ref = torch.as_tensor(ref).double()
+    return max_diff(ours, ref) / max(float(ref.abs().max()), 1e-30)
+
+
+REL = "max abs diff / max abs ref"
+
+# A float32 gradient element whose magnitude is below this fraction of its sample's largest is
+# within the rounding of the sums that made it (backprop through convolutions adds hundreds of
+# terms of that size): two correct implementations may disagree on its sign. A step that differs
+# from the reference anywhere else is a real difference.
+SIGN_NOISE = 1e-4
+
+
+def step_flips(ours: torch.Tensor, theirs: torch.Tensor, grad: torch.Tensor, alpha) -> tuple[int, int]:
+    """(elements where one PGD step from the same point differs, of those the ones NOT explained by
+    a sign flip of a gradient element within float32 noise of zero (:data:`SIGN_NOISE`))."""
+    ours, theirs, grad = ours.double(), theirs.double(), grad.double()
+    differ = (ours - theirs).abs() > 1e-6
+    scale = grad.flatten(1).abs().amax(1).view((-1,) + (1,) * (grad.dim() - 1))
+    noise = grad.abs() <= SIGN_NOISE * scale
+    # a sign flip moves the element by at most 2 alpha (both sides then clip to the same ball)
+    a = torch.as_tensor(alpha, dtype=torch.float64)
+    a = a.view((-1,) + (1,) * (grad.dim() - 1)) if a.dim() else a
+    within = (ours - theirs).abs() <= 2 * a + 1e-6
+    return int(differ.sum()), int((differ & ~(noise & within)).sum())
+
+
+@contextlib.contextmanager
+def fixed_start(method, x_start: torch.Tensor):
+    """Within the block, ``method``'s attack starts from ``x_start`` instead of drawing its random start."""
+    attack = method.attack
+    ops = dataclasses.replace(attack.ops, random_start=lambda x, y, eps_c, kind: x_start.clone())
+    method.attack = dataclasses.replace(attack, ops=ops)
+    try:
+        yield method
+    finally:
+        method.attack = attack
+
+
+def method(name: str, *sets: str, classes: int = 10):
+    """(fastfair method ``name`` resolved for CIFAR-10 with ``sets`` applied, its ClassState) on the CPU."""
+    cfg = config.resolve(None, {"method.name": name, "data.dataset": "cifar10"}, list(sets))
+    m = METHODS.get(name)(cfg)
+    state = ClassState(classes, "cpu")
+    m.setup(state)
+    return m, state
+
+
+class Recorder(nn.Module):
+    """Wraps a model and records every input that requires grad (a PGD iterate) and the gradient
+    autograd computes for it: how a generator sees each step of an authors' attack loop."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.iterates: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor] = []
+        self.inputs: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.inputs.append(x.detach().clone())
+        if x.requires_grad:
+            self.iterates.append(x.detach().clone())
+            x.register_hook(lambda g: self.grads.append(g.detach().clone()))
+        return self.model(x)
+
+
+def weight_grad(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``loss`` w.r.t. every parameter of ``model``, flattened into one vector."""
+    grads = torch.autograd.grad(loss, [p for p in model.parameters()])
+    return torch.cat([g.flatten() for g in grads])
+
+
+# -- docs/conformance.md -------------------------------------------------------------------------
+
+HEADER = """# Conformance with the authors' code
+
+Written by `python tests/golden/make.py doc` from the checks in `tests/conformance_*.py`;
+`tests/test_conformance.py` runs every check on each CI run and fails when this page no longer
+lists exactly those checks with these references and tolerances (the measured column is from the
+last regeneration: {measured_on}). Golden values: `python tests/golden/make.py golden --authors DIR`
+(DIR holds a checkout of each repository named below, as `owner+name` or `name`; see
+`tests/golden/README.md`).
+
+A reference `owner/name@commit:file::function` is the authors' code, run on the fixed inputs in
+`tests/golden/inputs.npz` (a small BatchNorm CNN trained briefly on the real CIFAR-10 subset, one
+batch of its images); a reference naming a paper and equation is an independent float64
+evaluation of that equation, sharing no code with fastfair.
+"""
+
+
+def rows(checks: list[Check]) -> list[tuple[str, str, str, str]]:
+    """The columns of the table that must not go stale: method, quantity, reference, tolerance."""
+    return [(c.method, c.quantity, c.reference, f"{c.tol:.0e} ({c.measure})") for c in checks]
+
+
+def render(checks: list[Check], measured_on: str) -> str:
+    lines = [HEADER.format(measured_on=measured_on), "## Checks", "",
+             "| method | quantity | reference | tolerance | measured |", "| --- | --- | --- | --- | --- |"]
+    for (method, quantity, reference, tol), c in zip(rows(checks), checks):
+        detail = f" ({c.detail})" if c.detail else ""
+        lines.append(f"| {method} | {quantity} | `{reference}` | {tol} | {c.diff:.1e}{detail} |")
+    lines += ["", "## Deliberate differences, and the key that switches each", "",
+              "| method | difference | key |", "| --- | --- | --- |"]
+    for d in sorted(DIFFERENCES, key=lambda d: (d.method, d.what)):
+        lines.append(f"| {d.method} | {d.what} | `{d.key}` |")
+    return "\n".join(lines) + "\n"
+
+
+def all_checks() -> list[Check]:
+    out: list[Check] = []
+    for name in sorted(load_cases()):
+        out += CASES[name]()
+    return out
