@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: conformance.py
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # tests/ (conformance.py), then this checkout's fastfair
 
 import conformance  # noqa: E402
 
