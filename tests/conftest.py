@@ -10,6 +10,8 @@
    ``kernels`` module ever becomes importable.
 3. ``fastfair.presets`` (pyproject maps ``configs/`` to it) is always this checkout's folder, so
    the presets under test are the ones beside the tests.
+4. After the run, one line counts the tests skipped for want of the real data subsets and says
+   where they go (``helpers.real_data``).
 """
 import importlib.abc
 import importlib.util
@@ -52,3 +54,15 @@ class _PresetsFinder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _PresetsFinder())  # first: before the editable install's own finder
+
+
+def pytest_terminal_summary(terminalreporter):
+    """4. One line for the tests skipped for want of the real data (helpers.real_data), saying how to run them."""
+    from helpers import NO_REAL_DATA, SHARED
+
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and NO_REAL_DATA in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_line(
+            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; put "
+            "cifar10-subset.npz and mnist-subset.npz there, or set FASTFAIR_SHARED_DATA=DIR (see README, Tests)")

@@ -10,11 +10,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 # ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
-from helpers import SHARED  # noqa: E402  (located once for every test)
+from helpers import real_data  # noqa: E402
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
@@ -41,10 +40,7 @@ def digits_run():
 
 def cifar_npz(folder: Path) -> Path:
     """A few hundred real CIFAR-10 images (30 train, 8 test per class) in an npz; skips without the data."""
-    src = SHARED / "cifar10-subset.npz"
-    if not src.is_file():
-        pytest.skip(f"no {src}")
-    with np.load(src) as f:
+    with np.load(real_data()) as f:
         def take(x, y, n):
             idx = np.concatenate([np.flatnonzero(y == c)[:n] for c in range(10)])
             return x[idx], y[idx]

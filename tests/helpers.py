@@ -1,6 +1,7 @@
 """Shared test helpers: the real CIFAR-10 subset, cut small for fast CPU runs."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,19 +11,28 @@ from fastfair import config
 from fastfair.methods import METHODS
 from fastfair.training.class_state import ClassState
 
-# ../shared/data next to the checkout; worktrees one level deeper (/work/wt/NAME) find it further up.
-SHARED = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
-               if (p / "shared" / "data").is_dir()),
-              Path(__file__).resolve().parents[1].parent / "shared" / "data")
+# FASTFAIR_SHARED_DATA, else ../shared/data next to the checkout; worktrees one level deeper
+# (/work/wt/NAME) find it further up.
+_BESIDE = [p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]]
+SHARED = (Path(os.environ["FASTFAIR_SHARED_DATA"]) if os.environ.get("FASTFAIR_SHARED_DATA") else
+          next((p for p in _BESIDE if p.is_dir()), _BESIDE[0]))
 CIFAR_SUBSET = SHARED / "cifar10-subset.npz"
+# Every skip for want of the real data says this first; conftest counts them into one line after the run.
+NO_REAL_DATA = "no real data"
+
+
+def real_data(name: str = "cifar10-subset.npz") -> Path:
+    """``SHARED/name``; skips the test (reason starting with :data:`NO_REAL_DATA`) when it is absent."""
+    path = SHARED / name
+    if not path.is_file():
+        pytest.skip(f"{NO_REAL_DATA}: {path} not found")
+    return path
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def cifar_subset_npz(tmp_path: Path, n_train: int = 600, n_test: int = 200) -> Path:
     """The first n images of the real CIFAR-10 subset, with class names, as a small npz."""
-    if not CIFAR_SUBSET.is_file():
-        pytest.skip(f"real data not found at {CIFAR_SUBSET}")
-    with np.load(CIFAR_SUBSET) as f:
+    with np.load(real_data()) as f:
         out = tmp_path / "cifar10-small.npz"
         np.savez(out, x_train=f["x_train"][:n_train], y_train=f["y_train"][:n_train],
                  x_test=f["x_test"][:n_test], y_test=f["y_test"][:n_test], class_names=np.array(CIFAR10))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import common
+
+from helpers import real_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,9 +71,7 @@ def test_eval_smoke(tmp_path):
 
 
 def test_bf16_check_smoke(tmp_path):
-    subset = common.SHARED_DATA / "cifar10-subset.npz"
-    if not subset.is_file():
-        pytest.skip(f"no CIFAR-10 subset at {subset}")
+    subset = real_data()
     smoke("check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset))
     record, md = results(tmp_path, "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]

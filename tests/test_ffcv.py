@@ -23,15 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 from scipy.stats import chisquare  # noqa: E402
 
-from helpers import SHARED  # noqa: E402  (located once for every test)
-
-
-def _shared(name: str) -> Path:
-    """``shared/data/<name>`` (located once, in tests/helpers.py); skips without it."""
-    path = SHARED / name
-    if not path.is_file():
-        pytest.skip(f"real data {path} not found")
-    return path
+from helpers import real_data as _shared  # noqa: E402  (located once for every test)
 
 
 @pytest.fixture(scope="module")

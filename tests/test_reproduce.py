@@ -17,7 +17,7 @@ from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compar
 from fastfair.rundir import RunDir
 from fastfair.preset_files import preset_names
 
-from helpers import CIFAR10, CIFAR_SUBSET
+from helpers import CIFAR10, CIFAR_SUBSET, real_data
 
 
 @pytest.mark.parametrize("preset", [p for p in preset_names() if p != "demo"])
@@ -127,8 +127,7 @@ def _png_ok(path) -> bool:
 
 
 def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
-    if not CIFAR_SUBSET.is_file():
-        pytest.skip(f"real data not found at {CIFAR_SUBSET}")
+    real_data()
     out, lines = tmp_path / "t5", []
     args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=3,
                 sets=["train.epochs=1", "model.width=4"], echo=lines.append)
