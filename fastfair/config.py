@@ -117,6 +117,9 @@ class EvalConfig:
     eps: float = 8 / 255
     alpha: float = 2 / 255
     cw_kappa: float = 50.0  # CW-20 margin clamp of the FAT/MART code
+    # PGD/CW/T-PGD uniform start clipped to [0, 1] before the first step (Madry et al.'s code); false: the
+    # first gradient is taken at x + U(-eps, eps) unclipped (TRADES pgd_attack_cifar10.py, MART train_*.py)
+    clip_start: bool = True
     split: str = "test"
     seed: int = 0  # seeds every random start of evaluation attacks (PGD, CW, T-PGD, AutoAttack)
 

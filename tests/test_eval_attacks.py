@@ -86,3 +86,27 @@ def test_every_attack_reports_per_class_and_grid_best():
     torch.manual_seed(1)
     three = evaluate(model, loader, ["pgd10x3"], **kw)["pgd10x3"]["per_class"]
     assert all(r <= p for r, p in zip(three, one))
+
+
+def test_clip_start_key_switches_the_uniform_start_of_evaluation_attacks():
+    """eval.clip_start=false: the TRADES/MART code's PGD-20 start, x + U(-eps, eps) not clipped to [0, 1]."""
+    from fastfair import config
+    from fastfair.ops.steps import random_start
+
+    assert config.resolve(None, {"method.name": "trades", "data.dataset": "cifar10"}).eval.clip_start is True
+    cfg = config.resolve(None, {"method.name": "trades", "data.dataset": "cifar10"}, ["eval.clip_start=false"])
+    assert cfg.eval.clip_start is False
+    assert named_attacks.parse_attack("pgd20").pgd.init == "uniform"
+    assert named_attacks.parse_attack("cw20", clip_start=False).pgd.init == "uniform_unclipped"
+    assert named_attacks.parse_attack("fgsm", clip_start=False).pgd.init == "none"
+    x, y, eps = torch.zeros(2, 3, 4, 4), torch.tensor([0, 1]), torch.full((2,), 0.1)
+    torch.manual_seed(0)
+    raw = random_start(x, y, eps, "uniform_unclipped")
+    torch.manual_seed(0)
+    clipped = random_start(x, y, eps, "uniform")
+    assert raw.min() < 0 and raw.abs().max() <= 0.1 and torch.equal(clipped, raw.clamp(0, 1))
+    # through evaluate(): the same seed, the same numbers for each setting
+    model, xs, ys = Linear2(), torch.full((4, 1, 2, 2), 3, dtype=torch.uint8), torch.tensor([0, 0, 1, 1])
+    runs = [evaluate(model, _loader(xs, ys), ["pgd5"], eps=0.05, alpha=0.01, classes=["a", "b"], clip_start=c)
+            for c in (False, False, True)]
+    assert runs[0]["pgd5"]["confusion"] == runs[1]["pgd5"]["confusion"]

@@ -33,8 +33,12 @@ class EvalAttack:
         return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
 
 
-def parse_attack(name: str, cw_kappa: float = 50.0) -> EvalAttack:
-    """Parse an evaluation attack name (see :class:`EvalAttack`); bad names list the forms."""
+def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> EvalAttack:
+    """Parse an evaluation attack name (see :class:`EvalAttack`); bad names list the forms.
+
+    ``clip_start`` (``eval.clip_start``): the uniform random start is clipped to [0, 1] before the first
+    step (Madry et al.); false takes the first gradient at x + U(-eps, eps) as the TRADES and MART
+    code's ``_pgd_whitebox`` does."""
     if name == "clean":
         return EvalAttack(name, None)
     m = _NAME.match(name)
@@ -47,7 +51,8 @@ def parse_attack(name: str, cw_kappa: float = 50.0) -> EvalAttack:
     restarts = int(m["restarts"] or 1)
     if kind == "fgsm":
         return EvalAttack(name, PGD(steps=1, objective="ce", init="none"), step_is_eps=True)
-    base = PGD(steps=steps, restarts=restarts, objective="ce", init="uniform", bn_mode="eval")
+    base = PGD(steps=steps, restarts=restarts, objective="ce", init="uniform" if clip_start else "uniform_unclipped",
+               bn_mode="eval")
     if kind == "cw":
         base = replace(base, objective="cw", kappa=cw_kappa)
     if kind == "tpgd":

@@ -27,13 +27,13 @@ def _forward(model, x) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
-            seed: int = 0) -> dict:
+            seed: int = 0, clip_start: bool = True) -> dict:
     """Labels, and penultimate features and softmax probabilities on clean and attacked inputs (CPU);
     batch ``i`` is attacked under ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` does."""
     model.eval()
     dev = next(model.parameters()).device
     eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
-    attack = parse_attack(attack_name, cw_kappa)
+    attack = parse_attack(attack_name, cw_kappa, clip_start)
     out = {k: [] for k in ("y", "feat_clean", "prob_clean", "feat_adv", "prob_adv")}
     for i, (x, y) in enumerate(loader):
         with seeds.seeded(seed, attack.name, i, device=dev):
@@ -95,7 +95,7 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     c = bundle.num_classes
     seed = cfg.eval.seed if seed is None else seed
     data = collect(model, loader, attack, eps=cfg.eval.eps, alpha=cfg.eval.alpha, num_classes=c,
-                   cw_kappa=cfg.eval.cw_kappa, seed=seed)
+                   cw_kappa=cfg.eval.cw_kappa, seed=seed, clip_start=cfg.eval.clip_start)
     record = {"checkpoint": str(path), "epoch": ck["epoch"], **EPOCH_NUMBERING, "split": split, "attack": attack,
               "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32", "seed": seed,
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}

@@ -61,7 +61,7 @@ def check_attack_names(attack_names: list[str]) -> None:
 
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
-             log=None) -> dict[str, dict]:
+             log=None, clip_start: bool = True) -> dict[str, dict]:
     """{attack: {per_class, summary, confusion}} with accuracies in percent.
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
@@ -80,8 +80,8 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
                 backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
         else:
-            conf = confusion(model, loader, parse_attack(name, cw_kappa), eps_c, alpha_c, c, amp_dtype, progress,
-                             seed)
+            conf = confusion(model, loader, parse_attack(name, cw_kappa, clip_start), eps_c, alpha_c, c, amp_dtype,
+                             progress, seed)
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
         out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
@@ -137,13 +137,16 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     out = run.eval_file(path, split)
     out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
     settings = {"eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "cw_kappa": cfg.eval.cw_kappa,
-                "precision": "bf16" if amp else "fp32", "seed": seed}
+                "precision": "bf16" if amp else "fp32", "seed": seed,
+                # named only when off, so results of the default keep their fingerprint
+                **({} if cfg.eval.clip_start else {"clip_start": False})}
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
-                           state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print)
+                           state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
+                           clip_start=cfg.eval.clip_start)
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
               "images": len(data[1]), "subset": note, **settings, "fingerprint": fp}

@@ -9,7 +9,7 @@ import torch
 
 from fastfair.errors import UserError
 
-INITS = ("uniform", "normal", "none")
+INITS = ("uniform", "uniform_unclipped", "normal", "none")
 
 
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
@@ -24,10 +24,13 @@ def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
 
 
 def random_start(x, y, eps_c, kind: str):
-    """PGD init: U(-eps_y, eps_y) clipped to [0,1] (Madry), or x + 0.001 N(0, I) (TRADES code)."""
-    if kind == "uniform":
+    """PGD init: x + U(-eps_y, eps_y) clipped to [0,1] (Madry), the same unclipped (``uniform_unclipped``:
+    the PGD-20 evaluation of the TRADES and MART code, whose first gradient is taken there), or
+    x + 0.001 N(0, I) (TRADES code)."""
+    if kind in ("uniform", "uniform_unclipped"):
         eps = eps_c[y].view((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
-        return (x + (torch.rand_like(x) * 2 - 1) * eps).clamp(0.0, 1.0)
+        start = x + (torch.rand_like(x) * 2 - 1) * eps
+        return start.clamp(0.0, 1.0) if kind == "uniform" else start
     if kind == "normal":
         return x + 0.001 * torch.randn_like(x)
     if kind == "none":

@@ -181,7 +181,8 @@ class Trainer:
     def validate(self, model=None) -> dict:
         c = self.cfg
         return evaluate(self.net if model is None else model, self.val_loader, ["clean", c.train.val_attack],
-                        eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa)
+                        eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa,
+                        clip_start=c.eval.clip_start)
 
     def run_epoch(self, epoch: int) -> dict:
         _seed(self.cfg, epoch)

@@ -1,0 +1,165 @@
+"""MART against YisenWang/MART's mart_loss, and the PGD-20 evaluation attack against the TRADES and MART
+code's _pgd_whitebox: one step from each of the code's iterates, the K-step result, the loss and weight
+gradient (MART), the per-image decision (evaluation)."""
+import dataclasses
+
+import torch
+
+from conformance import (REL, Check, case, differs, fixed_start, golden, inputs, max_diff, method, rel_diff,
+                         step_flips, weight_grad)
+from fastfair import config
+from fastfair.attacks.names import parse_attack
+from fastfair.attacks.pgd import attack_mode, descend, per_class
+from fastfair.data import DeviceLoader
+from fastfair.evaluation.per_class import confusion
+
+STEPS = "elements not explained by float32 sign noise"
+# The K-step results: a float32-noise sign flip (step_flips) can send one element the other way and its
+# later gradients with it, so a few elements may differ; a real difference moves far more than 1 %.
+K_TOL = 1e-2
+FRACTION = "fraction of elements differing"
+
+
+def standin_grad(g):
+    """A gradient with the code's signs whose noise elements (kept by the generator) are below SIGN_NOISE."""
+    sign, noise = g.t("step_grad_sign").float(), g.t("step_grad_noise")
+    return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
+
+
+def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
+    """(unexplained elements, noise flips) of one fastfair step from each of the code's recorded x_k."""
+    its, grads = g.t("step_iterates"), standin_grad(g)
+    n = its.shape[1]
+    worst = flips = 0
+    for k in range(len(grads)):
+        model = model_fn()
+        with attack_mode(model, one.bn_mode), torch.enable_grad():
+            ours = descend(one, model, x[:n], y[:n], eps_c, alpha_c, its[k])
+        f, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
+        flips, worst = flips + f, max(worst, unexplained)
+    return worst, f"{flips} noise flips in {len(grads)} steps"
+
+
+def differing(a, b) -> float:
+    return float((a - b).abs().gt(1e-6).double().mean())
+
+
+START = "max relative diff: std of x_0 - x, share of x_0 outside [0, 1]"
+# 16 images: the std of 49k draws is within 1 % of its law, the share outside [0, 1] (a few hundred
+# elements, at saturated pixels) within about 15 %; a wrong law (clipped, uniform vs normal, scale) is off by far more.
+START_TOL = 0.3
+
+
+def start_law(ops, init, x, y, eps_c, want) -> float:
+    """fastfair's random start (seeded draw) against the code's drawn start: the spread and the clipping."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        ours = ops.random_start(x, y, eps_c, init)
+
+    def stats(s):
+        return float((s - x).std()), float(((s < 0) | (s > 1)).double().mean())
+
+    (s_ours, o_ours), (s_want, o_want) = stats(ours), stats(want)
+    return max(abs(s_ours / s_want - 1), abs(o_ours - o_want) / max(o_want, 1e-12))
+
+
+# -- MART training: mart.py::mart_loss ------------------------------------------------------------
+
+def mart_method():
+    s = golden("mart").meta["settings"]
+    return method("mart", f"attack.eps={s['epsilon']}", f"attack.alpha={s['step_size']}",
+                  f"attack.steps={s['perturb_steps']}", f"method.kl_weight={s['beta']}")
+
+
+@case("mart")
+def mart():
+    g, inp = golden("mart"), inputs()
+    n = g.meta["batch"]
+    x, y = inp.x[:n], inp.y[:n]
+    ref = g.ref()
+    m, state = mart_method()
+    one = dataclasses.replace(m.attack, steps=1)
+    worst, detail = steps_from_code(g, lambda: inp.model("train"), one, x, y, state["eps"], state["alpha"],
+                                    m.cfg.attack.alpha)
+    model = inp.model("train")  # the trainer's model is in train mode; the attack switches to its BN mode
+    with fixed_start(m, g.t("start")):
+        x_adv = m.perturb(model, x, y, state)
+    model = inp.model("train")
+    loss, _ = m.objective(model, x, g.t("x_adv"), y, state)
+    return [
+        Check("MART", "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
+        Check("MART", "random start: law of the code's x + 0.001 N(0, I)", ref,
+              start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")), START_TOL, START),
+        Check("MART", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
+        # float32 sums of 16 rows in another order; the code's 1.0000001 - p_y and + 1e-12 inside its logs
+        # move the loss by about 1e-7
+        Check("MART", "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
+        Check("MART", "weight gradient on the code's x_adv", ref,
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+    ]
+
+
+# -- PGD-20 evaluation: TRADES pgd_attack_cifar10.py and MART train_wideresnet.py _pgd_whitebox ---------
+
+differs("PGD-20 evaluation", "uniform start clipped to [0, 1] before the first step (Madry et al.); the TRADES and "
+        "MART code take the first gradient at x + U(-eps, eps) unclipped", "eval.clip_start")
+
+
+def eval_config(g, *sets):
+    s = g.meta["settings"]
+    step = s.get("step_size")
+    return config.resolve(None, {"method.name": "trades", "data.dataset": "cifar10"},
+                          [f"eval.eps={s['epsilon']}", f"eval.alpha={step}", *sets])
+
+
+def run_eval(cfg, x, y, model, start):
+    """fastfair's pgd20 as ``fastfair eval`` builds it (eval.* keys, model.eval(), confusion counts),
+    from ``start`` instead of its seeded draw: (x_20, per-image incorrect, per-class robust counts)."""
+    attack = parse_attack("pgd20", cfg.eval.cw_kappa, cfg.eval.clip_start)
+    ops = dataclasses.replace(attack.pgd.ops, random_start=lambda x_, y_, eps_c, kind: start.clone())
+    attack = dataclasses.replace(attack, pgd=dataclasses.replace(attack.pgd, ops=ops))
+    eps_c, alpha_c = per_class(cfg.eval.eps, 10, "cpu"), per_class(cfg.eval.alpha, 10, "cpu")
+    model.eval()
+    x_adv = attack(model, x, y, eps_c, alpha_c)
+    with torch.no_grad():
+        wrong = model(x_adv).argmax(1) != y
+    loader = DeviceLoader((x * 255).round().to(torch.uint8), y, len(y), device="cpu", train=False)
+    conf = confusion(model, loader, attack, eps_c, alpha_c, 10)
+    return x_adv, wrong, conf.diagonal()
+
+
+def eval_checks(name: str, label: str):
+    g, inp = golden(name), inputs()
+    n = g.meta["batch"]
+    x, y = inp.x[:n], inp.y[:n]
+    assert torch.equal((x * 255).round() / 255, x)  # the loader's uint8 round trip gives the same images
+    ref = g.ref()
+    code = eval_config(g, "eval.clip_start=false")
+    attack = parse_attack("pgd20", code.eval.cw_kappa, code.eval.clip_start).pgd
+    eps_c, alpha_c = per_class(code.eval.eps, 10, "cpu"), per_class(code.eval.alpha, 10, "cpu")
+    worst, detail = steps_from_code(g, lambda: inp.model("eval"), dataclasses.replace(attack, steps=1), x, y,
+                                    eps_c, alpha_c, code.eval.alpha)
+    want_wrong = g.t("incorrect")
+    robust = torch.zeros(10, dtype=torch.long).index_add_(0, y, (~want_wrong).long())
+    start = g.t("start")
+    ours, wrong, diag = run_eval(code, x, y, inp.model("eval"), start)
+    return [
+        Check(label, "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
+        Check(label, "random start: law of the code's x + U(-eps, eps) (eval.clip_start=false)", ref,
+              start_law(attack.ops, attack.init, x, y, eps_c, start), START_TOL, START),
+        Check(label, "20-step attack from the code's start", ref, differing(ours, g.t("result")), K_TOL, FRACTION),
+        Check(label, "per-image incorrect decision after 20 steps", ref, float((wrong != want_wrong).sum()), 0,
+              "images decided differently"),
+        Check(label, "per-class robust counts through fastfair eval's confusion", ref, max_diff(diag, robust), 0,
+              "max abs diff (images)"),
+    ]
+
+
+@case("eval_pgd")
+def eval_pgd():
+    return eval_checks("eval_pgd", "PGD-20 evaluation (TRADES code)")
+
+
+@case("mart_pgd20")
+def mart_pgd20():
+    return eval_checks("mart_pgd20", "PGD-20 evaluation (MART code)")

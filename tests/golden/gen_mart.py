@@ -1,0 +1,105 @@
+"""MART (YisenWang/MART): ``mart.mart_loss`` (training attack, loss, weight gradient) and the PGD-20
+evaluation attack ``_pgd_whitebox`` of ``train_wideresnet.py``.
+
+The authors' code runs on the first ``BATCH`` images of the fixed inputs. Both attacks run with the
+model in eval mode, where each image's iterates depend on that image alone (the batch-mean CE only
+scales every gradient by 1/N), so the per-step record is kept for the first ``STEP_IMAGES`` images
+only and each gradient as its sign and a mask of its float32-noise elements: the golden files stay
+small. The loss and weight gradient (train-mode BN, batch statistics) use the whole batch.
+"""
+import ast
+import types
+
+import numpy as np
+import torch
+
+from conformance import SIGN_NOISE, Recorder
+
+REPO = "YisenWang/MART"
+PINNED = "2d83e17b381dd2ee52223695e517bf6d5ff09c2c"
+SETTINGS = {"epsilon": 0.031, "step_size": 0.007, "perturb_steps": 10, "beta": 6.0}  # train_wideresnet.py defaults
+BATCH, STEP_IMAGES = 16, 2
+
+
+class Outputs(Recorder):
+    """A Recorder that also keeps every forward's logits (the evaluation's decisions are made from them)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.outputs = []
+
+    def forward(self, x):
+        out = super().forward(x)
+        self.outputs.append(out.detach().clone())
+        return out
+
+
+def load_function(path, name, namespace):
+    """``name`` from the script ``path`` (which parses arguments and loads CIFAR-10 at import): its
+    definition alone, compiled and run in ``namespace`` (stand-ins for the script's globals)."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def script_namespace(**globals_):
+    import torch.nn as nn
+    import torch.optim as optim
+    from torch.autograd import Variable
+
+    return {"torch": torch, "nn": nn, "optim": optim, "Variable": Variable, "device": torch.device("cpu"),
+            **globals_}
+
+
+def steps_record(iterates, grads):
+    """The per-step record of the first STEP_IMAGES images: iterates (float32), each gradient's
+    sign (int8) and its elements within float32 noise of zero (conformance.SIGN_NOISE of the image's max)."""
+    its = torch.stack(iterates)[:, :STEP_IMAGES]
+    g = torch.stack(grads)[:, :STEP_IMAGES]
+    scale = g.flatten(2).abs().amax(2)[:, :, None, None, None]
+    return {"step_iterates": its.numpy(), "step_grad_sign": g.sign().to(torch.int8).numpy(),
+            "step_grad_noise": (g.abs() <= SIGN_NOISE * scale).numpy()}
+
+
+def eval_pgd(fn, x, y, model):
+    """Run an authors' ``_pgd_whitebox`` as its script's ``eval_adv_test_whitebox`` does (model.eval())."""
+    rec = Outputs(model)
+    err, err_pgd = fn(rec, x, y)
+    # forwards: clean x, the K iterates x_0 .. x_{K-1} (with gradient), then x_K for the decision
+    wrong = rec.outputs[-1].argmax(1) != y
+    assert int(wrong.sum()) == int(err_pgd), "the recorded decision is not the code's err_pgd"
+    assert len(rec.grads) == len(rec.iterates) - 1
+    return {**steps_record(rec.iterates, rec.grads), "start": rec.iterates[0].numpy(),
+            "result": rec.iterates[-1].numpy(), "incorrect": wrong.numpy(), "err_pgd": np.asarray(float(err_pgd)),
+            "clean_incorrect": (rec.outputs[0].argmax(1) != y).numpy()}
+
+
+def generate(path, inp):
+    from mart import mart_loss
+
+    x, y = inp.x[:BATCH], inp.y[:BATCH]
+    model = inp.model("train")
+    rec = Recorder(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = mart_loss(rec, x, y, opt, distance="l_inf", **SETTINGS)
+    grad = torch.autograd.grad(loss, list(model.parameters()))
+    # after the K attack forwards: model(x_natural), then model(x_adv)
+    x_adv = rec.inputs[-1]
+    arrays = {**steps_record(rec.iterates + [x_adv], rec.grads), "start": rec.iterates[0].numpy(),
+              "x_adv": x_adv.numpy(), "loss": loss.detach().numpy(),
+              "weight_grad": torch.cat([g.flatten() for g in grad]).numpy()}
+    meta = {"file": "mart.py", "function": "mart_loss", "settings": SETTINGS, "batch": BATCH,
+            "step_images": STEP_IMAGES,
+            "step_iterates": "x_0 (the code's start x + 0.001 N(0, I)) .. x_K of the first step_images images"}
+
+    # train_wideresnet.py's own evaluation attack: 20 steps of eps/10 from an unclipped U(-eps, eps) start
+    args = types.SimpleNamespace(epsilon=SETTINGS["epsilon"])
+    fn = load_function(path / "train_wideresnet.py", "_pgd_whitebox", script_namespace(args=args))
+    pgd = eval_pgd(fn, x, y, inp.model("eval"))
+    pgd_meta = {"file": "train_wideresnet.py", "function": "_pgd_whitebox", "batch": BATCH,
+                "step_images": STEP_IMAGES,
+                "settings": {"epsilon": args.epsilon, "step_size": args.epsilon / 10.0, "num_steps": 20},
+                "start": "x + U(-eps, eps), not clipped to [0, 1]", "result": "x_20",
+                "incorrect": "per image, the prediction on x_20 differs from y (the code's err_pgd, unsummed)"}
+    return {"mart": (arrays, meta), "mart_pgd20": (pgd, pgd_meta)}
