@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fastfair import config
+from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods import METHODS
 from fastfair.training.class_state import ClassState
 
@@ -187,6 +188,37 @@ def step_flips(ours: torch.Tensor, theirs: torch.Tensor, grad: torch.Tensor, alp
     a = a.view((-1,) + (1,) * (grad.dim() - 1)) if a.dim() else a
     within = (ours - theirs).abs() <= 2 * a + 1e-6
     return int(differ.sum()), int((differ & ~(noise & within)).sum())
+
+
+STEPS = "elements not explained by float32 sign noise"
+# The K-step results: a float32-noise sign flip (step_flips) can send one element the other way and its
+# later gradients with it, so a few elements may differ; a real difference moves far more than 1 %.
+K_TOL = 1e-2
+FRACTION = "fraction of elements differing"
+
+
+def standin_grad(g):
+    """A gradient with the code's signs whose noise elements (kept by the generator) are below SIGN_NOISE."""
+    sign, noise = g.t("step_grad_sign").float(), g.t("step_grad_noise")
+    return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
+
+
+def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
+    """(unexplained elements, noise flips) of one fastfair step from each of the code's recorded x_k."""
+    its, grads = g.t("step_iterates"), standin_grad(g)
+    n = its.shape[1]
+    worst = flips = 0
+    for k in range(len(grads)):
+        model = model_fn()
+        with attack_mode(model, one.bn_mode), torch.enable_grad():
+            ours = descend(one, model, x[:n], y[:n], eps_c, alpha_c, its[k])
+        f, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
+        flips, worst = flips + f, max(worst, unexplained)
+    return worst, f"{flips} noise flips in {len(grads)} steps"
+
+
+def differing(a, b) -> float:
+    return float((a - b).abs().gt(1e-6).double().mean())
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 step, with the per-image decision it counts (see gen_mart.py for what is kept, and why it is enough)."""
 import types
 
-from gen_mart import BATCH, STEP_IMAGES, eval_pgd, load_function, script_namespace
+from gen_mart import eval_pgd
+from record import BATCH, STEP_IMAGES, load_function, script_namespace
 
 REPO = "yaodongyu/TRADES"
 PINNED = "6e8e11b7c281371c2f027ffadfbaea80361f09de"

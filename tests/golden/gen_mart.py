@@ -1,66 +1,17 @@
 """MART (YisenWang/MART): ``mart.mart_loss`` (training attack, loss, weight gradient) and the PGD-20
-evaluation attack ``_pgd_whitebox`` of ``train_wideresnet.py``.
-
-The authors' code runs on the first ``BATCH`` images of the fixed inputs. Both attacks run with the
-model in eval mode, where each image's iterates depend on that image alone (the batch-mean CE only
-scales every gradient by 1/N), so the per-step record is kept for the first ``STEP_IMAGES`` images
-only and each gradient as its sign and a mask of its float32-noise elements: the golden files stay
-small. The loss and weight gradient (train-mode BN, batch statistics) use the whole batch.
-"""
-import ast
+evaluation attack ``_pgd_whitebox`` of ``train_wideresnet.py``, on the first ``BATCH`` images (what is
+kept per step, and why it is enough: record.py)."""
 import types
 
 import numpy as np
 import torch
 
-from conformance import SIGN_NOISE, Recorder
+from conformance import Recorder
+from record import BATCH, STEP_IMAGES, Outputs, load_function, script_namespace, steps_record
 
 REPO = "YisenWang/MART"
 PINNED = "2d83e17b381dd2ee52223695e517bf6d5ff09c2c"
 SETTINGS = {"epsilon": 0.031, "step_size": 0.007, "perturb_steps": 10, "beta": 6.0}  # train_wideresnet.py defaults
-BATCH, STEP_IMAGES = 16, 2
-
-
-class Outputs(Recorder):
-    """A Recorder that also keeps every forward's logits (the evaluation's decisions are made from them)."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        self.outputs = []
-
-    def forward(self, x):
-        out = super().forward(x)
-        self.outputs.append(out.detach().clone())
-        return out
-
-
-def load_function(path, name, namespace):
-    """``name`` from the script ``path`` (which parses arguments and loads CIFAR-10 at import): its
-    definition alone, compiled and run in ``namespace`` (stand-ins for the script's globals)."""
-    tree = ast.parse(path.read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
-    return namespace[name]
-
-
-def script_namespace(**globals_):
-    import torch.nn as nn
-    import torch.optim as optim
-    from torch.autograd import Variable
-
-    return {"torch": torch, "nn": nn, "optim": optim, "Variable": Variable, "device": torch.device("cpu"),
-            **globals_}
-
-
-def steps_record(iterates, grads):
-    """The per-step record of the first STEP_IMAGES images: iterates (float32), each gradient's
-    sign (int8) and its elements within float32 noise of zero (conformance.SIGN_NOISE of the image's max)."""
-    its = torch.stack(iterates)[:, :STEP_IMAGES]
-    g = torch.stack(grads)[:, :STEP_IMAGES]
-    scale = g.flatten(2).abs().amax(2)[:, :, None, None, None]
-    return {"step_iterates": its.numpy(), "step_grad_sign": g.sign().to(torch.int8).numpy(),
-            "step_grad_noise": (g.abs() <= SIGN_NOISE * scale).numpy()}
-
 
 def eval_pgd(fn, x, y, model):
     """Run an authors' ``_pgd_whitebox`` as its script's ``eval_adv_test_whitebox`` does (model.eval())."""

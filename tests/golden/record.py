@@ -1,0 +1,55 @@
+"""What the generators share: running a function of an authors' script, and keeping a small per-step record.
+
+Attacks that run with the model in eval mode treat every image on its own (the batch-mean loss only
+scales each gradient by 1/N), so the per-step record of the first ``STEP_IMAGES`` images checks the step
+rule, and each gradient is kept as its sign and a mask of its float32-noise elements: golden files stay
+at a few hundred KB. Losses and weight gradients (train-mode BN) use the first ``BATCH`` images.
+"""
+import ast
+
+import torch
+
+from conformance import SIGN_NOISE, Recorder
+
+BATCH, STEP_IMAGES = 16, 2
+
+
+class Outputs(Recorder):
+    """A Recorder that also keeps every forward's logits (the evaluation's decisions are made from them)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.outputs = []
+
+    def forward(self, x):
+        out = super().forward(x)
+        self.outputs.append(out.detach().clone())
+        return out
+
+
+def load_function(path, name, namespace):
+    """``name`` from the script ``path`` (which parses arguments and loads CIFAR-10 at import): its
+    definition alone, compiled and run in ``namespace`` (stand-ins for the script's globals)."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def script_namespace(**globals_):
+    import torch.nn as nn
+    import torch.optim as optim
+    from torch.autograd import Variable
+
+    return {"torch": torch, "nn": nn, "optim": optim, "Variable": Variable, "device": torch.device("cpu"),
+            **globals_}
+
+
+def steps_record(iterates, grads):
+    """The per-step record of the first STEP_IMAGES images: iterates (float32), each gradient's
+    sign (int8) and its elements within float32 noise of zero (conformance.SIGN_NOISE of the image's max)."""
+    its = torch.stack(iterates)[:, :STEP_IMAGES]
+    g = torch.stack(grads)[:, :STEP_IMAGES]
+    scale = g.flatten(2).abs().amax(2)[:, :, None, None, None]
+    return {"step_iterates": its.numpy(), "step_grad_sign": g.sign().to(torch.int8).numpy(),
+            "step_grad_noise": (g.abs() <= SIGN_NOISE * scale).numpy()}
