@@ -44,7 +44,7 @@ def split():
     model = inputs().model("train")
     with attack_mode(model, m.attack.bn_mode), torch.no_grad():
         z = model(x)
-    targets, strong = m.targeting(inputs().model("train"), x, y, classes)
+    _, strong = m.targeting(inputs().model("train"), x, y, classes)
     code_strong = g.t("y_t") != y
     # the code's draw: randint(0, C), redrawn while == y. Its first draw r is uniform on C values; an accepted
     # one (r != y) is the target (the table's row r), a rejected one is redrawn from the same uniform, so the
@@ -52,12 +52,19 @@ def split():
     table = g.t("target_table")
     code_p = torch.stack([exact_distribution(table[:, i:i + 1], [r for r in range(classes) if r != int(yi)], y[i:i + 1],
                                              classes)[0] for i, yi in enumerate(y)])
-    # fastfair's draw: one randint(1, C) shift, every value equally likely; enumerate them
-    ours = []
-    for s in range(1, classes):
-        with mock.patch.object(torch, "randint", lambda lo, hi, size, device=None, s=s: torch.full(size, s)):
-            ours.append(trix.draw_targets(y, classes))
-    ff_p = exact_distribution(torch.stack(ours), range(classes - 1), y, classes)
+    # fastfair's draw: one torch.randint; enumerate every value of the range it asks for
+    ours, space = [], [None]
+
+    def draw(k):
+        def randint(low, high, size, device=None):
+            space[0] = high - low
+            return torch.full(size, low + k, device=device)
+        with mock.patch.object(torch, "randint", randint):
+            return trix.draw_targets(y, classes)
+
+    ours.append(draw(0))
+    ours += [draw(k) for k in range(1, space[0])]
+    ff_p = exact_distribution(torch.stack(ours), range(len(ours)), y, classes)
     return [
         Check("TRIX", f"batch class weights of the split (DAFA Alg. 2, lambda 1, on the clean softmax of {len(y)} "
                       "images, one class absent)", g.ref("tar_weights"),
