@@ -11,6 +11,7 @@ from fastfair import cli, config
 from fastfair.attacks.pgd import PGD
 from fastfair.checks import check_config
 from fastfair.errors import UserError
+from fastfair.methods import trix
 from fastfair.methods.trix import batch_similarity, draw_targets, strong_mask
 from fastfair.reproduce import paper
 from fastfair.rundir import load_checkpoint
@@ -39,6 +40,18 @@ def test_batch_similarity_is_the_mean_softmax_per_present_class():
     p = z.softmax(1)
     torch.testing.assert_close(sim, torch.stack([p[0], (p[1] + p[2]) / 2, p[3]]))
     assert torch.equal(batch_similarity(z[:1], y[:1], 3)[1:], torch.zeros(2, 3))  # absent classes: zero rows
+
+
+def test_split_adds_the_codes_1e_8_to_the_similarity_diagonal_in_float64(monkeypatch):
+    # calculate_class_weights_from_clean: class_similarity += 1e-8 * eye, in float64 (below float32's resolution)
+    seen = {}
+    monkeypatch.setattr(trix, "dafa_weights", lambda p, lam, tie_subtracts: seen.setdefault("p", p).diagonal().float())
+    y = torch.tensor([0, 1, 1])
+    z = logits_of(y)
+    trix.batch_weights(z, y, 3)
+    assert seen["p"].dtype == torch.float64
+    torch.testing.assert_close(seen["p"] - batch_similarity(z, y, 3).double(), 1e-8 * torch.eye(3, dtype=torch.float64),
+                               rtol=0, atol=1e-15)
 
 
 def test_split_by_hand_strong_is_below_the_sample_mean_of_the_batch_weights():

@@ -45,10 +45,23 @@ def batch_similarity(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> torc
     return sums / counts.clamp(min=1)[:, None]
 
 
+# The code adds this to the batch similarity's diagonal before DAFA's rule (calculate_class_weights_from_clean,
+# "to avoid instability"): it moves every weight by about 1e-8, below float32's resolution of the weights.
+CODE_DIAGONAL = 1e-8
+
+
+def batch_weights(z_nat: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(C,) DAFA Alg. 2 weights (lambda 1) of the batch's clean similarity plus 1e-8 on its diagonal, in float64
+    then float32 (TRIX code ``calculate_class_weights_from_clean``)."""
+    p = batch_similarity(z_nat, y, num_classes).double()
+    p = p + CODE_DIAGONAL * torch.eye(num_classes, dtype=p.dtype, device=p.device)
+    return dafa_weights(p, 1.0, tie_subtracts=True)
+
+
 def strong_mask(z_nat: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """(N,) bool: w_{y_i} < mean_j w_{y_j}, w = DAFA Alg. 2 (lambda 1) of the batch's clean similarity
-    (TRIX code ``mixed_trades_loss``: ``tar_weights_mask < tar_weights_mask.mean()``)."""
-    w = dafa_weights(batch_similarity(z_nat, y, num_classes), 1.0, tie_subtracts=True)[y]
+    """(N,) bool: w_{y_i} < mean_j w_{y_j}, w = :func:`batch_weights` (TRIX code ``mixed_trades_loss``:
+    ``tar_weights_mask < tar_weights_mask.mean()``, both float32)."""
+    w = batch_weights(z_nat, y, num_classes)[y]
     return w < w.mean()
 
 
