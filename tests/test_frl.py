@@ -40,6 +40,45 @@ def test_reweight_only_leaves_margins_and_remargin_only_leaves_weights():
 
 def test_frl_needs_a_checkpoint_to_fine_tune():
     cfg = config.resolve(None, {"method.name": "frl", "data.dataset": "digits"})
-    assert cfg.train.val_attack == "pgd20" and cfg.method.kl_weight == 1.0
+    assert cfg.train.val_attack == "pgd20" and cfg.method.kl_weight == 1.5  # frlrmrw.py (issue 25; was 1.0)
     with pytest.raises(UserError, match="--init-from"):
         METHODS.get("frl")(cfg)
+
+
+def _frl(name, *sets):
+    from fastfair.training.class_state import ClassState
+    cfg = config.resolve(None, {"method.name": name, "data.dataset": "cifar10"}, ["train.init_from=x.pt", *sets])
+    m = METHODS.get(name)(cfg)
+    state = ClassState(10, "cpu")
+    m.setup(state)
+    return m, state
+
+
+def test_loss_normalises_each_term_by_its_own_weights_as_the_code_does():
+    """FRL code's train_model: sum(w_nat CE) / sum(w_nat) + beta sum(w_bndy KL) / sum(w_bndy) (issue 25;
+    the old rows were over sum(w_nat + w_bndy))."""
+    torch.manual_seed(0)
+    m, state = _frl("frl")
+    lam = torch.tensor([0.0, 0.1, 0.0, 0.3, 0.0, 0.05, 0.0, 0.0, 0.0, 0.0])
+    state.set("frl_w_nat", class_weights(lam))
+    state.set("frl_w_bndy", class_weights(lam.flip(0)))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
+    x, x_adv, y = torch.rand(16, 12), torch.rand(16, 12), torch.arange(16) % 10
+    loss, _ = m.objective(model, x, x_adv, y, state)
+    w0, w1 = state["frl_w_nat"][y], state["frl_w_bndy"][y]
+    z, za = model(x), model(x_adv)
+    ce = torch.nn.functional.cross_entropy(z, y, reduction="none")
+    kl = (z.softmax(1) * (z.log_softmax(1) - za.log_softmax(1))).sum(1)
+    want = (w0 * ce).sum() / w0.sum() + 1.5 * (w1 * kl).sum() / w1.sum()
+    assert torch.allclose(loss, want, atol=1e-6)
+
+
+def test_remargin_step_is_the_batch_largest_eps_over_four_and_reweight_keeps_alpha():
+    m, state = _frl("frl")
+    state.set("eps_frl", torch.tensor([1.0, 2.0, 3.0] + [1.0] * 7))
+    y = torch.tensor([0, 1, 1, 4])  # class 2 (factor 3) is not in the batch
+    assert torch.allclose(m.step_sizes(y, state), torch.full((10,), 2.0 * 8 / 255 / 4))
+    m, state = _frl("frl-rw")
+    assert torch.equal(m.step_sizes(y, state), state["alpha"])
+    m, state = _frl("frl-rw", "method.step_from_eps=true")
+    assert torch.allclose(m.step_sizes(y, state), torch.full((10,), 8 / 255 / 4))

@@ -3,8 +3,10 @@
 Before each epoch, on the validation split (PGD-20): class clean error e_k and boundary error
 b_k = clean acc - robust acc. Multipliers grow where a class is worse than the average by more
 than ``bound``; the reweight multipliers are clipped at 0 and rescaled to sum <= ``lim``; the
-rates are halved every ``method.halve_every`` epochs (FRL code). Update formulas follow the
-authors' code (``frl_train``, ``cost_sensitive``, ``normalize_lambda``).
+reweight rate is halved every ``method.halve_every`` epochs. Update formulas, loss and attack
+follow the authors' code (hannxu123/fair_robust): ``frl-rw`` its ``frlrw.py`` + ``utils_frl.py``,
+``frl`` its ``frlrmrw.py`` + ``utils_frl2.py``; ``frl-rm`` (no script of its own) is
+``frlrmrw.py`` with the reweight step off (``--rate1 0``).
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, Method
 from fastfair.schema import Key
 
+# Both FRL scripts (frlrw.py, frlrmrw.py): SGD lr 0.001, MultiStepLR [40, 80] (not reached in their
+# default 40 epochs), TRADES-PGD-10 from x + 0.001 N(0, I) in eval mode, PGD-20 validation.
 FRL_DEFAULTS = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                 "train.val_attack": "pgd20", "train.lr": 0.001, "train.lr_milestones": [40, 80],
-                "train.epochs": 120, "method.bound": 0.1, "method.lim": 0.5}
+                "train.epochs": 40}
 
 
 def normalize_multipliers(lam: torch.Tensor, lim: float) -> torch.Tensor:
@@ -36,7 +40,8 @@ def class_weights(lam: torch.Tensor) -> torch.Tensor:
 
 
 def margin_factor(lam: torch.Tensor) -> torch.Tensor:
-    """eps_k / eps = clamp(exp(2 lam_k), 0.98, 3) (FRL code's remargin, utils_frl2.cost_sensitive)."""
+    """eps_k / eps = clamp(exp(2 lam_k), 0.98, 3) (FRL code's remargin, utils_frl2.cost_sensitive; utils_frl's
+    bound 2.5 never applies: frlrw.py leaves lam_k at 0)."""
     return torch.exp(2.0 * lam).clamp(0.98, 3.0)
 
 
@@ -45,7 +50,9 @@ def update_multipliers(lam_nat, lam_bndy, lam_margin, clean_acc, robust_acc, *, 
     """One multiplier step from per-class validation accuracies in [0, 1] (Xu et al. 2021, Alg. 1 step 3).
 
     gamma_nat_k = e_k - mean e - bound, gamma_bndy_k = b_k - mean b - bound; the boundary
-    multiplier moves at twice the rate of the natural one (code's ``rate1 * 2``).
+    multiplier moves at twice the rate of the natural one (code's ``rate1 * 2``). The code's
+    average is the error over the whole validation split; fastfair's split holds
+    ``data.val_per_class`` images of every class, so the mean of the per-class errors is that error.
     """
     err = 1.0 - clean_acc
     bndy = clean_acc - robust_acc
@@ -60,17 +67,22 @@ def update_multipliers(lam_nat, lam_bndy, lam_margin, clean_acc, robust_acc, *, 
 
 
 class FRLBase(Method):
-    """sum_i (w_nat_y CE(f(x_i)) + beta w_bndy_y KL(p(x_i)||p(x'_i))) / sum_i (w_nat_y + w_bndy_y)
-    (FRL code's train_model),
-    x' from TRADES-PGD in the ball eps * margin_y."""
+    """sum_i w_nat_y CE(f(x_i)) / sum_i w_nat_y + beta sum_i w_bndy_y KL(p(x_i)||p(x'_i)) / sum_i w_bndy_y
+    (FRL code's train_model: each term over its own summed weights), x' from TRADES-PGD in the
+    ball eps * margin_y with step max_i(eps * margin_y_i) / 4 under remargin (utils_frl2.trades_adv).
+
+    Key defaults are frlrmrw.py's (``frl``, ``frl-rm``); ``frl-rw`` overrides them with frlrw.py's."""
 
     keys = {
-        "kl_weight": Key(1.0, "TRADES beta of the fine-tuning loss (Xu et al. 2021)"),
-        "bound": Key(0.1, "FRL tolerance tau of a class's error above the average (code: bound0 = bound1 = 0.1)"),
-        "rate_weight": Key(0.05, "FRL multiplier step of the reweight terms (code: rate1)"),
-        "rate_margin": Key(0.1, "FRL multiplier step of the remargin term (code: rate2)"),
-        "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda)"),
+        "kl_weight": Key(1.5, "TRADES beta of the fine-tuning loss (FRL code: beta 1.5 in frlrw.py and frlrmrw.py)"),
+        "bound": Key(0.07, "FRL tolerance tau of a class's error above the average "
+                           "(code: bound0 = bound1 = 0.07 in frlrmrw.py, 0.1 in frlrw.py)"),
+        "rate_weight": Key(0.05, "FRL multiplier step of the reweight terms (code: rate1 0.05)"),
+        "rate_margin": Key(0.2, "FRL multiplier step of the remargin term (code: rate2 0.2 in frlrmrw.py)"),
+        "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda; lim 0.5)"),
         "halve_every": Key(40, "FRL code halves rate1 every this many epochs (0: never)"),
+        "step_from_eps": Key(True, "FRL attack step max over the batch of eps_y / 4 (code's utils_frl2.trades_adv, "
+                                   "remargin); false: attack.alpha (utils_frl.trades_adv, reweight only)"),
     }
     reweight: bool = True
     remargin: bool = True
@@ -115,28 +127,45 @@ class FRLBase(Method):
         self._update(state, stats["val"], epoch + 1)
         super().end_epoch(state, epoch, stats)
 
+    def step_sizes(self, y, state) -> torch.Tensor:
+        """The attack's per-class step vector: every entry max_i eps_{y_i} / 4 over the batch (FRL code's
+        utils_frl2.trades_adv, one step for the batch; a device reduction, no sync), or attack.alpha."""
+        if not self.cfg.method.step_from_eps:
+            return state["alpha"]
+        eps = state["eps"]
+        return (eps[y].amax() / 4).expand_as(eps)
+
+    def perturb(self, model, x, y, state):
+        return self.attack(model, x, y, state["eps"], self.step_sizes(y, state))
+
     def loss(self, model, x, x_adv, y, state):
         z_nat, z_adv = model(x), model(x_adv)
         w_nat, w_bndy = state["frl_w_nat"][y], state["frl_w_bndy"][y]
-        rows = self.ops.row_loss(z_nat, z_adv, y, ce_nat=w_nat, kl=self.cfg.method.kl_weight * w_bndy)
-        # Rows over the batch mean of (w_nat + w_bndy): their mean is the code's sum / sum of weights.
-        return rows / (w_nat + w_bndy).mean(), z_adv
+        # Each term over the batch mean of its own weights: the rows' mean is the code's
+        # sum(w_nat CE) / sum(w_nat) + beta sum(w_bndy KL) / sum(w_bndy) (train_model).
+        rows = self.ops.row_loss(z_nat, z_adv, y, ce_nat=w_nat / w_nat.mean(),
+                                 kl=self.cfg.method.kl_weight * w_bndy / w_bndy.mean())
+        return rows, z_adv
 
 
-@METHODS.register("frl-rw",
-                  "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5 (Xu et al. 2021)")
+@METHODS.register("frl-rw", "FRL reweight: TRADES fine-tuning with per-class loss multipliers, beta 1.5, bound 0.1 "
+                            "(Xu et al. 2021; code's frlrw.py)")
 class FRLReweight(FRLBase):
     remargin = False
-    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.5}
+    # frlrw.py: bound0 = bound1 = 0.1, rate1 0.05 (its rate2 0.1 is never used), fixed step attack.alpha
+    defaults = {**FRL_DEFAULTS, "method.bound": 0.1, "method.step_from_eps": False}
 
 
-@METHODS.register("frl-rm",
-                  "FRL remargin: TRADES fine-tuning with per-class eps multipliers, beta 1.0 (Xu et al. 2021)")
+@METHODS.register("frl-rm", "FRL remargin: TRADES fine-tuning with per-class eps multipliers, beta 1.5, bound 0.07 "
+                            "(Xu et al. 2021; code's frlrmrw.py with rate1 0)")
 class FRLRemargin(FRLBase):
+    """No script of its own in the FRL code: frlrmrw.py (utils_frl2, the only remargin code) with the
+    reweight step off, so its defaults are frlrmrw.py's (bound 0.07, rate2 0.2, beta 1.5)."""
+
     reweight = False
-    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.0}
 
 
-@METHODS.register("frl", "FRL reweight + remargin, beta 1.0, bound 0.1, lim 0.5 (Xu et al. 2021; CFA's FRL baseline)")
+@METHODS.register("frl", "FRL reweight + remargin, beta 1.5, bound 0.07, rates 0.05 / 0.2, lim 0.5 "
+                         "(Xu et al. 2021; code's frlrmrw.py)")
 class FRLBoth(FRLBase):
-    defaults = {**FRL_DEFAULTS, "method.kl_weight": 1.0}
+    pass
