@@ -9,6 +9,7 @@ from torch import nn
 
 from fastfair import cli, config
 from fastfair.checks import check_config
+from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.training.trainer import Trainer, final_evaluation
 from fastfair.methods.wat import hedge_weights
@@ -77,9 +78,12 @@ def test_weights_are_hedge_multiplicative_updates_and_stay_finite_and_positive()
         torch.testing.assert_close(full / 3, w_prev, rtol=1e-4, atol=1e-6)
 
 
-def test_validation_pass_returns_per_class_mean_trades_loss():
+@pytest.mark.parametrize("divisor", ["batches", "count"])
+def test_validation_pass_returns_per_class_trades_loss_sums_over_the_divisor(divisor):
+    """count: the class means; batches (the default, WAT code validate): class sum x K / (batches x batch size),
+    batches of data.batch_size = 4 over the 6 images: 2, so D = 8 (the last batch is partial)."""
     torch.manual_seed(0)
-    m, state = make_method("wat", "attack.steps=1")
+    m, state = make_method("wat", "attack.steps=1", "data.batch_size=4", f"method.val_divisor={divisor}")
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     batches = [(torch.rand(4, 3, 2, 2), torch.tensor([0, 1, 2, 0])), (torch.rand(2, 3, 2, 2), torch.tensor([0, 2]))]
     out = m.validation_pass(model, batches, state, epoch=0)
@@ -97,9 +101,18 @@ def test_validation_pass_returns_per_class_mean_trades_loss():
         for yi, r in zip(y.tolist(), (ce + 6 * kl).tolist()):
             rows[yi].append(r)
         model.train()
-    want = [sum(rows[k]) / len(rows[k]) for k in range(3)]
+    total = sum(sum(r) for r in rows.values())
+    if divisor == "count":
+        want, want_avg = [sum(rows[k]) / len(rows[k]) for k in range(3)], total / 6
+    else:
+        want, want_avg = [sum(rows[k]) * 3 / 8 for k in range(3)], total / 8
     assert out["wat_loss_per_class"] == pytest.approx(want, rel=1e-5)
-    assert out["wat_loss_avg"] == pytest.approx(sum(sum(r) for r in rows.values()) / 6, rel=1e-5)
+    assert out["wat_loss_avg"] == pytest.approx(want_avg, rel=1e-5)
+
+
+def test_unknown_val_divisor_is_one_error_line():
+    with pytest.raises(UserError, match="method.val_divisor must be one of batches, count"):
+        make_method("wat", "method.val_divisor=mean")
 
 
 BASE = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
@@ -161,6 +174,7 @@ def test_code_grids_resolve_every_run_with_the_authors_settings(tmp_path):
             if cfg.method.name == "wat":
                 assert cfg.attack.objective == "kl" and cfg.attack.bn_mode == "eval" and cfg.attack.init == "normal"
                 assert cfg.method.eta == r.point.get("method.eta", 0.1) and cfg.method.kl_weight == 6.0
+                assert cfg.method.val_divisor == "batches"  # the code's validate divisor
 
 
 def test_fastfair_methods_lists_wat_with_its_paper_and_keys(capsys):
@@ -191,6 +205,7 @@ def test_dafa_table_1_wat_row_runs_wat_in_dafas_setup():
     check_config(cfg)
     assert (cfg.method.name, cfg.method.eta, cfg.method.average_expert, cfg.method.kl_weight) == ("wat", 0.1, True, 6.0)
     assert cfg.data.val_per_class == 300  # WAT's validation split (data_loader.py: 300 per class)
+    assert cfg.method.val_divisor == "batches"  # WAT's validate: class sums x K / (batches x batch size)
     base = config.resolve("dafa-t1-trades")  # the table's shared setup
     for section in ("model", "attack", "train", "eval"):
         assert getattr(cfg, section) == getattr(base, section), section

@@ -11,10 +11,12 @@ written, so no equation numbers are cited (see docs/methods.md).
 * Per-class validation loss after epoch t, on the validation split, with x' from the training
   attack (TRADES-PGD on the KL, BN in eval mode)::
 
-      L_k^t = mean over class-k images of  CE(f(x), y) + beta KL(p(x) || p(x'))
+      L_k^t = (sum over class-k images of  CE(f(x), y) + beta KL(p(x) || p(x'))) / d_k
 
-  and, with ``method.average_expert``, L_avg^t = the same mean over all images (the code's
-  (K+1)-th entry, "the expected loss in the decision set").
+  and, with ``method.average_expert``, L_avg^t = the same sum over all images / d (the code's
+  (K+1)-th entry, "the expected loss in the decision set"); the divisors d_k and d are the
+  code's by default (see ``method.val_divisor`` below), about the class's and the split's image
+  counts.
 * Hedge from uniform weights, i.e. exponential weights of the cumulative losses, scaled to sum
   to K over the decision set (K or K + 1 entries)::
 
@@ -26,20 +28,31 @@ written, so no equation numbers are cited (see docs/methods.md).
   code's weights are all ones, so the first epoch trains with factor 2 (1 without the average
   expert).
 
-The code normalises class k's validation sum by (batches x batch size) / K rather than by the
-class's image count; on its balanced 300-per-class split that differs only through the last,
-partial batch (a factor 3000/3072 on every loss, i.e. on eta). fastfair divides by the count.
+* The divisor of the validation sums (``method.val_divisor``): the code divides class k's sum by
+  (batches x batch size) / K, i.e. by D / K with D = ceil(N / B) B for N validation images in
+  batches of the training batch size B (``data.batch_size``; the code's validation loader uses
+  it), and the all-class sum by D (``"batches"``, the default). On the code's balanced
+  300-per-class split that is the class mean times 3000/3072 (the last batch is partial), a factor
+  on eta; on an unbalanced split it also weighs a class by its share of the images. ``"count"``
+  divides by each class's image count instead (the class mean; the average expert's entry is the
+  mean over all images).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
+from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.methods.base import METHODS
 from fastfair.methods.trades import TRADES
 from fastfair.scaleout import distributed
 from fastfair.schema import Key
+
+
+VAL_DIVISORS = ("batches", "count")
 
 
 def hedge_weights(cum_loss: torch.Tensor, cum_avg: float | torch.Tensor, eta: float,
@@ -68,9 +81,15 @@ class WAT(TRADES):
                         "normalised (WAT code --eta; Li & Liu 2023)"),
         "average_expert": Key(True, "WAT: the all-class mean validation loss is a (K+1)-th Hedge entry whose weight "
                                     "scales every class (WAT code: 'expected loss in the decision set')"),
+        "val_divisor": Key("batches", "WAT per-class validation loss: batches = class sum x K / (batches x "
+                                      "data.batch_size) (WAT code validate) | count = class sum / class count (the "
+                                      "class mean)"),
     }
 
     def setup(self, state):
+        if self.cfg.method.val_divisor not in VAL_DIVISORS:
+            raise UserError(f"method.val_divisor must be one of {', '.join(VAL_DIVISORS)}; "
+                            f"got {self.cfg.method.val_divisor!r}")
         super().setup(state)
         state.add_vector("wat_cum_loss", 0.0)  # S_k: the sum over epochs of class k's validation loss
         state.add_vector("wat_cum_avg", 0.0)  # S_avg, held in every entry (a ClassState vector is per class)
@@ -98,9 +117,15 @@ class WAT(TRADES):
         finally:
             model.train(was_training)
         sums, counts = distributed.all_reduce_sum(sums), distributed.all_reduce_sum(counts)
-        sums, counts = sums.cpu(), counts.cpu()
-        return {"wat_loss_per_class": (sums / counts.clamp(min=1)).tolist(),
-                "wat_loss_avg": float(sums.sum() / counts.sum().clamp(min=1))}
+        sums, counts = sums.double().cpu(), counts.double().cpu()
+        n = float(counts.sum())
+        if self.cfg.method.val_divisor == "count":
+            per_class, total = counts.clamp(min=1), max(n, 1.0)
+        else:  # the code's (batches x batch size) / K per class, batches x batch size for the mean
+            b = self.cfg.data.batch_size
+            total = max(math.ceil(n / b) * b, 1)
+            per_class = torch.full_like(sums, total / k)
+        return {"wat_loss_per_class": (sums / per_class).tolist(), "wat_loss_avg": float(sums.sum() / total)}
 
     def end_epoch(self, state, epoch, stats):
         m = self.cfg.method
