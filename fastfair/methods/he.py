@@ -31,8 +31,10 @@ def cmp_target(epoch: int, p_start: float, p_end: float, until: int) -> float:
 
 
 def max_probability(scale: float, gram: np.ndarray) -> float:
-    """The largest softmax probability s cos can give: a feature on class l's weight direction has
-    cosines gram[l] (Tian et al. Eq. 3 with FN + WN); the max over l of its class-l probability."""
+    """fastfair's reading of Tian et al.'s "maximum probability": a feature on class l's weight direction
+    has cosines gram[l] (Eq. 3 with FN + WN); the max over l of its class-l probability. (Not the
+    supremum over all unit features, which is a little higher: moving the feature away from the other
+    classes' weights gains more than it loses on class l.)"""
     z = scale * gram
     z = z - z.max(axis=1, keepdims=True)
     p = np.exp(z)
