@@ -93,6 +93,8 @@ def make_golden(authors: Path, only: list[str], any_commit: bool) -> None:
         gen = importlib.import_module(stem)
         meta = {"repository": gen.REPO} if gen.REPO else {}
         if gen.REPO:
+            if authors is None:
+                raise SystemExit(f"make.py: error: {stem} runs {gen.REPO}: pass --authors DIR holding its checkout")
             path = checkout(authors, gen.REPO)
             commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
                                     text=True, check=True).stdout.strip()
@@ -136,7 +138,7 @@ def main() -> None:
     s = sub.add_parser("inputs")
     s.add_argument("--data", type=Path, default=DEFAULT_DATA)
     s = sub.add_parser("golden")
-    s.add_argument("--authors", type=Path, required=True, help="folder holding the authors' checkouts")
+    s.add_argument("--authors", type=Path, help="folder holding the authors' checkouts (not needed for gen_paper.py)")
     s.add_argument("--only", nargs="*", default=[], help="generator names (gen_NAME.py) to run")
     s.add_argument("--any-commit", action="store_true", help="accept checkouts at other commits")
     sub.add_parser("doc")
