@@ -32,12 +32,17 @@ def buffers(model):
 
 @pytest.mark.slow
 @needs_traced_grad
-@pytest.mark.parametrize("method", ["pgd-at", "trades"])
-def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method):
-    """PGD-AT attacks in train-mode BN (its statistics move K times), TRADES in eval mode with the KL objective."""
+@pytest.mark.parametrize("method,sets", [
+    ("pgd-at", ()), ("trades", ()),
+    ("fat", ()),  # FAT's code: its early stop, omega N(0, I) step noise (drawn before the descent), eval mode
+    ("fat", ("method.stop_rule=cfa", "method.omega=0", "method.tau=1", "attack.bn_mode=train"))],  # CFA's FAT
+    ids=["pgd-at", "trades", "fat", "fat-cfa-rule"])
+def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method, sets):
+    """PGD-AT attacks in train-mode BN (its statistics move K times), TRADES in eval mode with the KL
+    objective, FAT with each early-stop rule (and FAT's step noise, which must come from the same draws)."""
     torch._dynamo.reset()
     counters.clear()
-    eager, compiled = trainer(tmp_path, method, "off"), trainer(tmp_path, method, "on")
+    eager, compiled = trainer(tmp_path, method, "off", *sets), trainer(tmp_path, method, "on", *sets)
     assert compiled.attack_net is compiled.model  # the model is traced inside the compiled descent
     x, y = next(iter(eager.train_loader))
     before = buffers(compiled.model)
@@ -53,7 +58,7 @@ def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method):
     assert (adv_c - x).abs().max() <= eager.cfg.attack.eps + 1e-6
     for k in bn_e:
         torch.testing.assert_close(bn_c[k], bn_e[k], rtol=1e-5, atol=1e-6)
-    if method == "pgd-at":  # the K train-mode forwards did move the BN statistics
+    if eager.cfg.attack.bn_mode == "train":  # the K train-mode forwards did move the BN statistics
         assert any(not torch.equal(bn_c[k], before[k]) for k in before if "running_mean" in k)
     assert counters["graph_break"] == {}, dict(counters["graph_break"])
     graphs = counters["stats"]["unique_graphs"]

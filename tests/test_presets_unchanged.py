@@ -45,12 +45,22 @@ _FRL_25 = {
     "train.epochs": (40, f"40 epochs: {_FRL_CODE}"),
     "data.val_per_class": (300, f"300 validation images per class: {_FRL_CODE}"),
 }
-# Values changed on purpose after the snapshot: preset -> {new key: (new value, why)}. Each must
-# differ from the snapshot (a stale entry fails), and nothing else may.
+# Keys issue 25 added (the old code had neither: its FAT stepped by FAT's own rule without noise).
+_CFA_FAT = {
+    "method.stop_rule": ("cfa", "CFA's code (attack.py fat_loss) moves a sample only while its budget is positive; "
+                                "FAT's rule, the new key's default, steps once more"),
+    "method.omega": (0.0, "CFA's code adds no step noise; FAT's code (earlystop.py), the new key's default, "
+                          "adds 0.001 N(0, I)"),
+}
+# Values changed or keys added on purpose after the snapshot: preset -> {key: (new value, why)}. Each
+# must differ from the snapshot (a stale entry fails), and nothing else may.
 CHANGED: dict[str, dict[str, tuple[object, str]]] = {
     "cfa-t1-frl": _FRL_25,
     "cfa-t1-frl-ema": {**_FRL_25, "train.avg_begin": (0, "EMA from epoch 0: CFA's epoch 50 is never reached in FRL's "
                                                          "40-epoch fine-tune (issue 25)")},
+    **{p: _CFA_FAT for p in ("cfa-t1-fat", "cfa-t1-fat-cfa-code", "cfa-t1-fat-cfa-paper", "cfa-t1-fat-ema-code",
+                             "cfa-t1-fat-ema-paper", "cfa-t2-fat-ccm-code", "cfa-t2-fat-ccm-paper",
+                             "cfa-t3-fat-fawa-code", "cfa-t3-fat-fawa-paper")},
 }
 
 
@@ -60,7 +70,7 @@ def test_preset_resolves_to_the_same_run(preset):
     new = config.flatten(config.resolve(preset).to_dict())
     want, gone = expected(old)
     for key, (value, _why) in CHANGED.get(preset, {}).items():
-        assert key in want and want[key] != value, f"{preset}: CHANGED[{key!r}] changes nothing"
+        assert want.get(key, "<new key>") != value, f"{preset}: CHANGED[{key!r}] changes nothing"
         want[key] = value
     assert {k: new.get(k, "<missing>") for k in want} == want
     # Nothing new appears but the sections of options that stay off at their declared defaults.
@@ -79,3 +89,4 @@ ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "t
 
 def test_every_shipped_preset_is_covered():
     assert sorted(BEFORE) == sorted(set(preset_names()) - ADDED_AFTER)
+    assert set(CHANGED) <= set(BEFORE)

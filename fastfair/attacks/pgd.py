@@ -70,12 +70,13 @@ class StopRule(Protocol):
 
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
             x_adv: torch.Tensor, target: torch.Tensor | None = None,
-            toward: torch.Tensor | None = None) -> torch.Tensor:
+            toward: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
 
     With ``target`` and the bool mask ``toward`` (both (N,)), the rows where ``toward`` holds ascend
     -CE(f(x'), target), i.e. step towards the target class (a targeted PGD), and the others ascend
     the attack's objective: one loss, selected per row with ``torch.where``, so no host sync.
+    ``noise`` ((K, *x.shape), drawn by the caller) is added to step k before the projection (FAT's omega).
 
     The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
     the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
@@ -89,14 +90,15 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
             z_nat = model(x).detach()
     rule = attack.stop.start(y) if attack.stop else None
     x_adv = x_adv.detach()
-    for _ in range(attack.steps):
+    for k in range(attack.steps):
         x_adv.requires_grad_(True)
         z_adv = model(x_adv)
         rows = o.row_loss(z_nat, z_adv, y, **weights, temperature=attack.temperature, kappa=attack.kappa)
         if toward is not None:
             rows = torch.where(toward, -o.row_loss(None, z_adv, target, ce_adv=1.0), rows)
         (grad,) = torch.autograd.grad(rows.sum(), x_adv)
-        stepped = o.pgd_step(x_adv.detach(), grad, x, y, eps_c, alpha_c)
+        base = x_adv.detach() if noise is None else x_adv.detach() + noise[k]
+        stepped = o.pgd_step(base, grad, x, y, eps_c, alpha_c)
         if attack.stop:
             moves, rule = attack.stop.update(rule, z_adv.detach(), y)
             stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv.detach())
@@ -132,7 +134,8 @@ class PGD:
     """L-inf PGD with a chosen objective; FGSM is ``steps=1, init='none', alpha=eps``.
 
     ``ops`` computes the loss rows, the step and the random start (the PyTorch reference unless
-    the trainer hands its backend); ``stop`` is an optional per-sample early stop."""
+    the trainer hands its backend); ``stop`` is an optional per-sample early stop; ``noise`` > 0 adds
+    ``noise`` N(0, I) to every step before the projection (FAT code's omega, ``earlystop.py``)."""
 
     steps: int = 10
     objective: str = "ce"
@@ -143,6 +146,7 @@ class PGD:
     bn_mode: str = "eval"
     ops: Ops = REFERENCE
     stop: StopRule | None = None
+    noise: float = 0.0
     descend: Callable = field(default=descend, repr=False, compare=False)  # or compile_descent(...)'s
 
     def __post_init__(self):
@@ -155,8 +159,13 @@ class PGD:
         # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
         # descent then sees the same start as an eager one, and --resume stays exact (Inductor
         # draws random numbers its own way).
+        # The step noise likewise: all K draws at once, before the descent, one (K, *x.shape) tensor.
         x_start = self.ops.random_start(x, y, eps_c, self.init).detach()
-        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, *targeting)
+        noise = None
+        if self.noise:
+            noise = self.noise * torch.randn((self.steps, *x.shape), device=x.device, dtype=x.dtype)
+        target, toward = targeting or (None, None)
+        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, target, toward, noise)
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
                  target: torch.Tensor | None = None, toward: torch.Tensor | None = None) -> torch.Tensor:

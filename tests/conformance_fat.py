@@ -1,0 +1,199 @@
+"""FAT against zjfheart/Friendly-Adversarial-Training: its early-stopped PGD (with the omega step noise) step by
+step and from the code's start, the loss and weight gradient of its training step, and the dynamic tau schedule.
+
+Also the attack traces both this module and ``conformance_cfa.py`` read: a golden trace stores the code's start,
+per step the sign of the code's input gradient (2 where it is within float32 noise of zero, :data:`SIGN_NOISE`),
+the rows the code moved, and the residual that makes :func:`replay` give back the code's iterates bit for bit
+(the generator asserts it), so a trace is a few hundred KB instead of K full iterates.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+from torch import nn
+
+from conformance import (REL, SIGN_NOISE, Check, case, fixed_start, golden, inputs, max_diff, method, rel_diff,
+                         step_flips, weight_grad)
+from fastfair.attacks.pgd import attack_mode, descend
+from fastfair.methods.fat import tau_at
+
+ROW = (-1, 1, 1, 1)
+
+
+def replay_step(x_k, x, code, eps, alpha, moved=None, noise=None):
+    """The L-inf step the trace's sign code says the code took from x_k (before its residual)."""
+    base = x_k if noise is None else x_k + noise
+    eps = eps.view(ROW)
+    out = torch.min(torch.max(base + alpha * code.sign().float(), x - eps), x + eps).clamp(0.0, 1.0)
+    return out if moved is None else torch.where(moved.view(ROW), out, x_k)
+
+
+def sign_code(grad: torch.Tensor) -> torch.Tensor:
+    """int8 sign of the gradient, doubled where it is within float32 noise of zero (as step_flips judges)."""
+    scale = grad.flatten(1).abs().amax(1).view(ROW)
+    noise = grad.abs() <= SIGN_NOISE * scale
+    return (grad.sign() * torch.where(noise, 2.0, 1.0)).to(torch.int8)
+
+
+def code_grad(code: torch.Tensor) -> torch.Tensor:
+    """A gradient with the code's signs whose near-zero elements are exactly the code's: for step_flips."""
+    c = code.float()
+    return torch.where(c.abs() == 2, c.sign() * SIGN_NOISE / 10, c)
+
+
+def encode(prefix, x, iterates, grads, eps, alpha, moved=None, noise=None) -> dict:
+    """Arrays ``prefix.*`` of a trace of K steps (``iterates`` x_0..x_K, ``grads`` g_0..g_{K-1}, None where
+    the code took no gradient), checked to :func:`decode` back to the code's iterates exactly."""
+    codes, residual = [], []
+    for k, g in enumerate(grads):
+        code = sign_code(g) if g is not None else torch.zeros_like(x, dtype=torch.int8)
+        m = None if moved is None else moved[k]
+        n = None if noise is None else noise[k]
+        residual.append(iterates[k + 1] - replay_step(iterates[k], x, code, eps, alpha, m, n))
+        codes.append(code)
+    out = {f"{prefix}.start": iterates[0].numpy(), f"{prefix}.codes": torch.stack(codes).numpy(),
+           f"{prefix}.residual": torch.stack(residual).numpy(), f"{prefix}.eps": eps.numpy()}
+    if moved is not None:
+        out[f"{prefix}.moved"] = moved.numpy()
+    back = decode(out, prefix, x, alpha, noise)
+    assert all(torch.equal(a, b) for a, b in zip(back, iterates)), f"{prefix}: the trace does not decode exactly"
+    return out
+
+
+def decode(arrays, prefix, x, alpha, noise=None) -> list[torch.Tensor]:
+    """The code's iterates x_0..x_K from a trace."""
+    t = {k.split(".", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith(prefix + ".")}
+    its = [t["start"]]
+    for k in range(len(t["codes"])):
+        m = t["moved"][k] if "moved" in t else None
+        n = None if noise is None else noise[k]
+        its.append(replay_step(its[-1], x, t["codes"][k], t["eps"], alpha, m, n) + t["residual"][k])
+    return its
+
+
+class Flip(nn.Module):
+    """A made-up model whose prediction flips with each PGD step: class 0 while floor(first pixel / alpha) is
+    even, else class 1, and CE(., 0) has a negative input gradient everywhere, so every unclipped step moves the
+    pixel down by alpha. With labels 0 it is what tells the early-stop rules apart (TinyNet's rows, once
+    misclassified, stay so: there FAT's and CFA's rules take the same steps)."""
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+        self.scale = nn.Parameter(torch.ones(()))  # a weight, so the code's training step can backpropagate
+
+    def forward(self, x):
+        k = torch.floor(x.detach()[:, 0, 0, 0] / self.alpha)
+        right = torch.where(k.remainder(2) == 0, 10.0, -10.0)
+        z0 = right + 1e-3 * self.scale * x.flatten(1).sum(1)
+        return torch.cat([z0[:, None], torch.zeros(len(x), 9)], 1)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A stop rule picked up in the state it had reached: one step from the code's x_k with its history."""
+
+    rule: Any
+    state: Any
+
+    def start(self, y):
+        return self.state
+
+    def update(self, state, logits, y):
+        return self.rule.update(state, logits, y)
+
+
+def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y, unit=None) -> list[Check]:
+    """One step of fastfair's attack from each of the code's x_k (its stop rule replayed over the code's own
+    iterates up to k), and the K steps from the code's start, against a golden trace. ``unit``: the code's
+    N(0, I) step-noise draws (K, *x.shape), which fastfair's attack scales by its omega."""
+    alpha = m.cfg.attack.alpha
+    noise = None if unit is None else m.attack.noise * unit
+    its = decode(g.arrays, prefix, x, alpha, noise)
+    codes = g.t(f"{prefix}.codes")
+    attack = m.attack
+    rule = attack.stop.start(y) if attack.stop else None
+    worst = flips = 0
+    for k in range(len(codes)):
+        one = dataclasses.replace(attack, steps=1, stop=Resumed(attack.stop, rule) if attack.stop else None)
+        model = model_fn()
+        with attack_mode(model, one.bn_mode), torch.enable_grad():
+            ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k], None, None,
+                           None if noise is None else noise[k:k + 1])
+        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha)
+        flips, worst = flips + n, max(worst, unexplained)
+        if attack.stop:  # the rule's state after the code's check at x_k, as fastfair's engine reaches it
+            model = model_fn()
+            with attack_mode(model, attack.bn_mode), torch.no_grad():
+                _, rule = attack.stop.update(rule, model(its[k]), y)
+    model = model_fn()
+    served = contextlib.nullcontext() if unit is None else mock.patch("torch.randn", lambda *a, **k: unit.clone())
+    with fixed_start(m, its[0]), served:
+        x_adv = m.perturb(model, x, y, state)
+    return [
+        Check(label, "one attack step from each of the code's x_k", ref, worst, 0,
+              "elements not explained by float32 sign noise", f"{flips} noise flips in {len(codes)} steps"),
+        Check(label, "K-step attack from the code's start", ref,
+              float((x_adv - its[-1]).abs().gt(1e-6).double().mean()), 1e-2, "fraction of elements differing"),
+    ]
+
+
+# -- FAT's own code ---------------------------------------------------------------------------------------------
+
+def fat_noise(g, prefix: str) -> torch.Tensor:
+    """The unit N(0, I) draws FAT's code added at each step, per row of the whole batch: its torch.randn was
+    served slices of a bank drawn from a seeded generator (row r of the moving rows got row r of the bank's step)."""
+    meta = g.meta["noise"]
+    bank = torch.randn(meta["shape"], generator=torch.Generator().manual_seed(meta["seed"]))
+    assert abs(float(bank.double().sum()) - meta["sum"]) < 1e-6, "torch draws this seed differently now"
+    moved = g.t(f"{prefix}.moved")
+    out = torch.zeros_like(bank)
+    for k in range(len(moved)):
+        out[k, moved[k]] = bank[k, :int(moved[k].sum())]
+    return out
+
+
+def fat_method(g, tau: int):
+    s = g.meta["settings"]
+    return method("fat", f"attack.eps={s['epsilon']}", f"attack.alpha={s['step_size']}",
+                  f"attack.steps={s['num_steps']}", f"method.tau={tau}", "method.tau_milestones=[]",
+                  f"method.omega={s['omega']}")
+
+
+@case("fat")
+def fat():
+    g, inp = golden("fat"), inputs()
+    n = g.meta["batch"]
+    x, y = inp.x[:n], inp.y[:n]
+    out = []
+    for prefix in g.meta["flip_taus"]:  # the made-up model whose prediction flips with each step
+        tau = g.meta["flip_taus"][prefix]
+        m, state = fat_method(g, tau)
+        alpha = m.cfg.attack.alpha
+        out += attack_checks(f"FAT (tau {tau}, flipping model)", g.ref("attack"), m, state, g, prefix,
+                             lambda: Flip(alpha), x, torch.zeros_like(y), fat_noise(g, prefix))
+    for tau in g.meta["taus"]:
+        prefix = f"tau{tau}"
+        m, state = fat_method(g, tau)
+        noise = fat_noise(g, prefix)
+        ref = g.ref("attack")
+        out += attack_checks(f"FAT (tau {tau})", ref, m, state, g, prefix, lambda: inp.model("eval"), x, y, noise)
+        model = inp.model("train")
+        x_adv = decode(g.arrays, prefix, x, m.cfg.attack.alpha, m.cfg.method.omega * noise)[-1]
+        loss, _ = m.objective(model, x, x_adv, y, state)
+        ref = g.ref("train")
+        out += [Check(f"FAT (tau {tau})", "loss on the code's x_adv", ref,
+                      max_diff(loss.detach(), g.t(f"{prefix}.loss")), 1e-6),
+                Check(f"FAT (tau {tau})", "weight gradient on the code's x_adv", ref,
+                      rel_diff(weight_grad(model, loss), g.t(f"{prefix}.weight_grad")), 1e-5, REL)]
+    epochs = range(len(g.t("tau_schedule")))
+    ours = torch.tensor([tau_at(e, 0, method("fat")[0].cfg.method.tau_milestones) for e in epochs])
+    out.append(Check("FAT", "dynamic tau per epoch (epochs 0-119)", g.ref("tau_schedule"),
+                     max_diff(ours, g.t("tau_schedule")), 0))
+    return out
