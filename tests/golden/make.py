@@ -29,6 +29,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # tests/ (conformance.py), then this checkout's fastfair
 
+import conftest  # noqa: E402,F401  (this checkout's presets and kernels, as under pytest)
 import conformance  # noqa: E402
 
 DEFAULT_DATA = HERE.parents[2] / "shared" / "data" / "cifar10-subset.npz"
