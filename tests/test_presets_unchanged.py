@@ -53,6 +53,12 @@ CHANGED: dict[str, dict[str, tuple[object, str]]] = {
                                                          "40-epoch fine-tune (issue 25)")},
 }
 
+# Keys added after the snapshot that a preset sets away from their default: preset -> {key: (value, why)}.
+ADDED_KEYS: dict[str, dict[str, tuple[object, str]]] = {
+    "tian-iclr-t5-he": {"he.weight_norm": ("data", "the preset follows Pang et al.'s PGD-HE code, whose forward "
+                                                   "overwrites fc.weight.data with its normalised rows (issue 25)")},
+}
+
 
 @pytest.mark.parametrize("preset", sorted(BEFORE))
 def test_preset_resolves_to_the_same_run(preset):
@@ -61,6 +67,11 @@ def test_preset_resolves_to_the_same_run(preset):
     want, gone = expected(old)
     for key, (value, _why) in CHANGED.get(preset, {}).items():
         assert key in want and want[key] != value, f"{preset}: CHANGED[{key!r}] changes nothing"
+        want[key] = value
+    for key, (value, _why) in ADDED_KEYS.get(preset, {}).items():
+        assert key not in old and key not in want, f"{preset}: ADDED_KEYS[{key!r}] was in the snapshot"
+        default = config.flatten(config.Config(old["method.name"]).to_dict())[key]
+        assert default != value, f"{preset}: ADDED_KEYS[{key!r}] is the default"
         want[key] = value
     assert {k: new.get(k, "<missing>") for k in want} == want
     # Nothing new appears but the sections of options that stay off at their declared defaults.
