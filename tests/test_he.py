@@ -59,3 +59,48 @@ def test_schedules_move_the_head_scale_before_each_epoch():
 def test_he_options_need_the_cosine_head():
     with pytest.raises(UserError, match="model.head=cosine"):  # at config time, before any long work
         config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"}, ["he.schedule=lis"])
+
+
+def test_weight_norm_data_passes_the_gradient_and_renormalises_after_each_step():
+    """he.weight_norm=data (Pang et al.'s code): same values, the gradient at the unit rows without the
+    normalisation's Jacobian, and the rows written back onto the unit sphere after the optimiser step."""
+    def build():
+        torch.manual_seed(0)
+        return models.build("tiny-cnn", num_classes=3, in_channels=1, mean=[0.5], std=[0.5], width=4,
+                            head="cosine", head_scale=10.0)
+
+    x, y = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
+    grads, outs = {}, {}
+    for mode in ("graph", "data"):
+        cfg = config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"},
+                             ["model.head=cosine", f"he.weight_norm={mode}"])
+        method = METHODS.get("pgd-at")(cfg)
+        m = build()
+        method.begin_epoch(m, 0)
+        assert m.head.weight_norm == mode
+        norms = m.head.weight.norm(dim=1)
+        assert torch.allclose(norms, torch.ones(3)) == (mode == "data")
+        z = m(x)
+        outs[mode] = z.detach()
+        w = m.head.weight
+        (grads[mode],) = torch.autograd.grad(torch.nn.functional.cross_entropy(z, y), w)
+        if mode == "data":
+            with torch.no_grad():
+                w.add_(torch.randn_like(w))
+            method.after_step(m)
+            assert torch.allclose(w.norm(dim=1), torch.ones(3))
+    assert torch.allclose(outs["graph"], outs["data"], atol=1e-5)
+    # graph: d/dW f(W/||W||) = (I - w w^T) g / ||W|| (W: the raw rows), g the data gradient at w = W/||W||
+    raw = build().head.weight.detach()
+    norm = raw.norm(dim=1, keepdim=True)
+    w, g = raw / norm, grads["data"]
+    assert torch.allclose(grads["graph"], (g - (g * w).sum(1, keepdim=True) * w) / norm, atol=1e-6)
+    assert not torch.allclose(grads["graph"], g, atol=1e-4)
+
+
+def test_weight_norm_is_checked():
+    with pytest.raises(UserError, match="he.weight_norm"):
+        config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"},
+                       ["model.head=cosine", "he.weight_norm=both"])
+    with pytest.raises(UserError, match="model.head=cosine"):
+        config.resolve(None, {"method.name": "pgd-at", "data.dataset": "digits"}, ["he.weight_norm=data"])

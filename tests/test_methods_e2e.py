@@ -95,3 +95,11 @@ def test_resume_restores_the_averaged_model_and_the_calibrated_vectors(tmp_path)
     for k, v in a["average"]["model"].items():
         assert torch.allclose(v.float(), b["average"]["model"][k].float(), atol=1e-6), k
 
+
+
+def test_he_weight_norm_data_keeps_the_class_weights_on_the_unit_sphere(npz, tmp_path):
+    """he.weight_norm=data (Pang et al.'s code): the trainer renormalises the rows after every step."""
+    records, _ = run(npz, tmp_path / "run", "trades", "model.head=cosine", "he.margin=0.2", "he.weight_norm=data")
+    assert all(r["loss"] == r["loss"] for r in records)
+    w = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["model"]["head.weight"]
+    assert torch.allclose(w.norm(dim=1), torch.ones(len(w)), atol=1e-6)

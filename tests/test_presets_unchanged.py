@@ -61,6 +61,8 @@ CHANGED: dict[str, dict[str, tuple[object, str]]] = {
     **{p: _CFA_FAT for p in ("cfa-t1-fat", "cfa-t1-fat-cfa-code", "cfa-t1-fat-cfa-paper", "cfa-t1-fat-ema-code",
                              "cfa-t1-fat-ema-paper", "cfa-t2-fat-ccm-code", "cfa-t2-fat-ccm-paper",
                              "cfa-t3-fat-fawa-code", "cfa-t3-fat-fawa-paper")},
+    "tian-iclr-t5-he": {"he.weight_norm": ("data", "the preset follows Pang et al.'s PGD-HE code, whose forward "
+                                                   "overwrites fc.weight.data with its normalised rows (issue 25)")},
 }
 
 

@@ -88,6 +88,11 @@ class Method:
         for option in self.options:
             option.begin_epoch(model, epoch)
 
+    def after_step(self, model: nn.Module) -> None:
+        """After each optimiser step (the trainer calls it with the bare model): the options' hooks."""
+        for option in self.options:
+            option.after_step(model)
+
     def perturb(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: ClassState) -> torch.Tensor:
         return self.attack(model, x, y, state["eps"], state["alpha"])
 

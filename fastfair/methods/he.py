@@ -15,6 +15,7 @@ from fastfair.errors import UserError
 from fastfair.ops.losses import label_mask
 from fastfair.registry import Registry
 from fastfair.methods.options import Option, register
+from fastfair.models.heads import WEIGHT_NORMS
 from fastfair.schema import Key
 
 SCHEDULES: Registry = Registry("HE scale schedule")
@@ -94,17 +95,23 @@ class HE(Option):
         "pmax_start": Key(0.2, "CMP: controlled maximum probability at epoch 0 (Tian: 0.2)"),
         "pmax_end": Key(1.0, "CMP: ... reached at pmax_epoch (Tian: 1)"),
         "pmax_epoch": Key(90, "CMP: end of the interpolation (Tian: 90 of 100)"),
+        "weight_norm": Key("graph", "WN of the class weights: graph = W / norm(W) in the forward, gradient through it "
+                                    "(Pang et al. 2020, Eq. 4); data = gradient at the unit rows, rows renormalised "
+                                    "after each step (their code: models/wideresnet.py overwrites fc.weight.data)"),
     }
 
     @classmethod
     def enabled(cls, cfg) -> bool:
-        return cfg.model.head == "cosine" or cfg.he.margin != 0.0 or cfg.he.schedule != "fixed"
+        return (cfg.model.head == "cosine" or cfg.he.margin != 0.0 or cfg.he.schedule != "fixed"
+                or cfg.he.weight_norm != "graph")
 
     @classmethod
     def check(cls, cfg) -> None:
         SCHEDULES.get(cfg.he.schedule)
+        if cfg.he.weight_norm not in WEIGHT_NORMS:
+            raise UserError(f"he.weight_norm={cfg.he.weight_norm!r}; known: {', '.join(WEIGHT_NORMS)}")
         if cfg.model.head != "cosine":
-            raise UserError("he.margin and he.schedule need the HE head: --set model.head=cosine")
+            raise UserError("he.margin, he.schedule and he.weight_norm need the HE head: --set model.head=cosine")
 
     def __init__(self, cfg, method):
         super().__init__(cfg, method)
@@ -114,7 +121,17 @@ class HE(Option):
                             "or set he.margin=0")
 
     def begin_epoch(self, model, epoch):
+        model.head.weight_norm = self.own.weight_norm
+        if self.own.weight_norm == "data":
+            model.head.renormalize_()  # the code's first forward normalises the initial weights
         model.head.scale.fill_(self.schedule(self.cfg, epoch, model.head))
+
+    def after_step(self, model):
+        """he.weight_norm = data: the stepped class weights back onto the unit sphere, as the code's next forward
+        does (it overwrites fc.weight.data with F.normalize(fc.weight)), so momentum and weight decay act on
+        unit rows in the next step too."""
+        if self.own.weight_norm == "data":
+            model.head.renormalize_()
 
     def ce_logits(self, model, z, y):
         """s (cos_y - m) for the true class: subtract s m there (Pang et al. 2020, Eq. 6)."""

@@ -58,6 +58,9 @@ class Option:
     def begin_epoch(self, model, epoch: int) -> None:
         """Called before the epoch's first step (outside the step: may read the model once)."""
 
+    def after_step(self, model) -> None:
+        """Called after each optimiser step, outside the step's graph (HE: renormalise the class weights)."""
+
     def ce_logits(self, model, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The logits the method's CE terms see (identity unless the option changes them)."""
         return z

@@ -176,6 +176,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+        self.method.after_step(self.model)
         self.state.count(logits, y, loss)
 
     def validate(self, model=None) -> dict:
