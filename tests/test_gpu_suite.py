@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
-    real_data()  # the bf16 and real-epoch parts train on the real CIFAR-10 subset
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # the bf16 and real-epoch parts train on the real CIFAR-10 subset, found where the tests found it
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "FASTFAIR_SHARED_DATA": str(real_data().parent)}
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path / "r"),
            "--pack", str(tmp_path / "packed")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
