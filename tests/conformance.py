@@ -27,10 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
-from fastfair.methods import METHODS
-from fastfair.training.class_state import ClassState
+from helpers import make_method
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
@@ -203,9 +201,10 @@ def standin_grad(g):
     return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
 
 
-def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
-    """(unexplained elements, noise flips) of one fastfair step from each of the code's recorded x_k."""
-    its, grads = g.t("step_iterates"), standin_grad(g)
+def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads) -> tuple[int, str]:
+    """(unexplained elements, what the measured column adds) of one fastfair step (the attack ``one``, in its
+    BN mode, on a fresh ``model_fn()``) from each of the code's iterates ``its[k]`` of the first ``len(its[0])``
+    images, compared with ``its[k + 1]`` under :func:`step_flips` with the code's gradients ``grads[k]``."""
     n = its.shape[1]
     worst = flips = 0
     for k in range(len(grads)):
@@ -215,6 +214,11 @@ def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
         f, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
         flips, worst = flips + f, max(worst, unexplained)
     return worst, f"{flips} noise flips in {len(grads)} steps"
+
+
+def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
+    """:func:`one_steps` from a golden file kept by ``record.steps_record`` (iterates, gradient signs, noise)."""
+    return one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, g.t("step_iterates"), standin_grad(g))
 
 
 def differing(a, b) -> float:
@@ -233,13 +237,9 @@ def fixed_start(method, x_start: torch.Tensor):
         method.attack = attack
 
 
-def method(name: str, *sets: str, classes: int = 10):
-    """(fastfair method ``name`` resolved for CIFAR-10 with ``sets`` applied, its ClassState) on the CPU."""
-    cfg = config.resolve(None, {"method.name": name, "data.dataset": "cifar10"}, list(sets))
-    m = METHODS.get(name)(cfg)
-    state = ClassState(classes, "cpu")
-    m.setup(state)
-    return m, state
+def method(name: str, *sets: str):
+    """(fastfair method ``name`` resolved for CIFAR-10 with ``sets`` applied, its 10-class ClassState), on the CPU."""
+    return make_method(name, *sets, classes=10, dataset="cifar10")
 
 
 class Recorder(nn.Module):

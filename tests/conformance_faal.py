@@ -4,9 +4,8 @@ import dataclasses
 
 import torch
 
-from conformance import (REL, Check, case, differs, fixed_start, golden, inputs, max_diff, method, rel_diff,
-                         step_flips, weight_grad)
-from fastfair.attacks.pgd import attack_mode, descend
+from conformance import (REL, STEPS, Check, case, differs, fixed_start, golden, inputs, max_diff, method, one_steps,
+                         rel_diff, weight_grad)
 from fastfair.methods.faal import batch_weights, kl_ball_weights, softmax_margin
 
 K = 10
@@ -57,15 +56,8 @@ def finetune(name, prefix):
     kept = its.shape[1]  # images kept step by step (the attack's BN is in eval mode: each on its own)
     x_adv = g.t(f"{prefix}_x_adv")
     m, state = faal_method(name)
-    alpha = m.cfg.attack.alpha
-    one = dataclasses.replace(m.attack, steps=1)
-    worst = flips = 0
-    model = inp.model("train")
-    for k in range(len(grads)):  # one step from the authors' own point x_k
-        with attack_mode(model, one.bn_mode), torch.enable_grad():
-            ours = descend(one, model, x[:kept], y[:kept], state["eps"], state["alpha"], its[k])
-        c, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
-        flips, worst = flips + c, max(worst, unexplained)
+    worst, detail = one_steps(lambda: inp.model("train"), dataclasses.replace(m.attack, steps=1), x, y,
+                              state["eps"], state["alpha"], m.cfg.attack.alpha, its, grads)
     with fixed_start(m, its[0]):
         x_k = m.perturb(inp.model("train"), x[:kept], y[:kept], state)
     with torch.no_grad():
@@ -76,7 +68,7 @@ def finetune(name, prefix):
     loss, _ = m.objective(model, x, x_adv, y, state)
     return [
         Check(label, "one attack step from each of the code's x_k", ref, worst, 0,
-              "elements not explained by float32 sign noise", f"{flips} noise flips in {len(grads)} steps"),
+              STEPS, detail),
         Check(label, "K-step attack from the code's start", ref, float((x_k - its[-1]).abs().gt(1e-6).double().mean()),
               1e-2, "fraction of elements differing"),
         # softmax probabilities in float32: rounding ~1e-7

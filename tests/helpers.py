@@ -39,9 +39,9 @@ def cifar_subset_npz(tmp_path: Path, n_train: int = 600, n_test: int = 200) -> P
     return out
 
 
-def make_method(method: str, *sets: str, classes: int = 3):
-    """(method, its ClassState) for ``method`` on the digits config with ``sets`` applied, on the CPU."""
-    cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits"}, list(sets))
+def make_method(method: str, *sets: str, classes: int = 3, dataset: str = "digits"):
+    """(method, its ClassState) for ``method`` on ``dataset``'s config with ``sets`` applied, on the CPU."""
+    cfg = config.resolve(None, {"method.name": method, "data.dataset": dataset}, list(sets))
     m = METHODS.get(method)(cfg)
     state = ClassState(classes, "cpu")
     m.setup(state)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance import Recorder
+from record import Capture, unit
 
 REPO = "TrustAI/FAAL"
 PINNED = "b20ee9dbe60c5ab700eaab3d41faa10e5295d39a"
@@ -104,26 +105,6 @@ def cuda_is_cpu():
         yield
     finally:
         torch.Tensor.to = saved
-
-
-class Capture:
-    """The optimiser ft_prn.py is handed: zero_grad clears, step keeps the weight gradient (no update)."""
-
-    def __init__(self, model):
-        self.params = list(model.parameters())
-        self.grad = None
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        self.grad = torch.cat([p.grad.flatten() for p in self.params])
-
-
-def unit(g: torch.Tensor) -> np.ndarray:
-    """Gradients over each sample's largest magnitude, float16: what step_flips needs (sign, relative size)."""
-    return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float16)
 
 
 def batch_loop(path):

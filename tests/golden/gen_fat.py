@@ -19,6 +19,7 @@ from torch import nn
 
 from conformance import Recorder
 from conformance_fat import Flip, encode
+from record import Capture
 
 REPO = "zjfheart/Friendly-Adversarial-Training"
 PINNED = "80a064074891775146bca8c4d8a6b99c1499285a"
@@ -40,19 +41,6 @@ def functions(path: Path, names, namespace: dict) -> dict:
 
 class Loader(list):
     dataset = property(lambda self: [None] * sum(len(b[1]) for b in self))
-
-
-class Capture:
-    """FAT's train() calls zero_grad(), backward, step(): step() keeps the weight gradient."""
-
-    def __init__(self, model):
-        self.model, self.grad = model, None
-
-    def zero_grad(self):
-        self.model.zero_grad()
-
-    def step(self):
-        self.grad = torch.cat([p.grad.flatten().clone() for p in self.model.parameters()])
 
 
 def rows_of(batch: torch.Tensor, x: torch.Tensor, eps: float, ordered: bool = True) -> list[int]:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance import Recorder
+from record import Capture, unit
 
 REPO = "boqili/WAT"
 PINNED = "62d1184f9b88909c9e782ab8234128324235ac84"
@@ -35,11 +36,6 @@ def subset(y: torch.Tensor) -> torch.Tensor:
     first = [y.tolist().index(k) for k in range(K)]
     rest = [i for i in range(len(y)) if i not in first][:2]
     return torch.tensor(sorted(first + rest))
-
-
-def unit(g: torch.Tensor) -> np.ndarray:
-    """Gradients over each sample's largest magnitude, float16: what step_flips needs (sign, relative size)."""
-    return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float16)
 
 
 def script(path: Path):
@@ -69,21 +65,6 @@ def hedge_statement(path):
     loop = next(n for n in tree.body if isinstance(n, ast.For) and "epoch" in ast.unparse(n.target))
     node = next(n for n in loop.body if isinstance(n, ast.If) and "args.alg == 'wat'" in ast.unparse(n.test))
     return node, filename
-
-
-class Capture:
-    """The optimiser ``train`` is handed: zero_grad clears, step keeps the weight gradient (no update)."""
-
-    def __init__(self, model):
-        self.params = list(model.parameters())
-        self.grad = None
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        self.grad = torch.cat([p.grad.flatten() for p in self.params])
 
 
 def hedge(path):

@@ -7,6 +7,7 @@ at a few hundred KB. Losses and weight gradients (train-mode BN) use the first `
 """
 import ast
 
+import numpy as np
 import torch
 
 from conformance import SIGN_NOISE, Recorder
@@ -53,3 +54,24 @@ def steps_record(iterates, grads):
     scale = g.flatten(2).abs().amax(2)[:, :, None, None, None]
     return {"step_iterates": its.numpy(), "step_grad_sign": g.sign().to(torch.int8).numpy(),
             "step_grad_noise": (g.abs() <= SIGN_NOISE * scale).numpy()}
+
+
+class Capture:
+    """The optimiser handed to an authors' training step: ``zero_grad`` clears, ``step`` keeps the weight
+    gradient (flattened, in ``model.parameters()`` order) and updates nothing."""
+
+    def __init__(self, model):
+        self.params = list(model.parameters())
+        self.grad = None
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.grad = torch.cat([p.grad.flatten().clone() for p in self.params])
+
+
+def unit(g: torch.Tensor) -> np.ndarray:
+    """Gradients over each sample's largest magnitude, float16: what step_flips needs (sign, relative size)."""
+    return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float16)
