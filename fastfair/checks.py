@@ -46,6 +46,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
     "train.progress_every_s": _POSITIVE, "data.train_per_class": _at_least(0), "data.test_per_class": _at_least(0),
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
+    "train.select_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
     "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
@@ -59,7 +60,7 @@ NAMES: dict[str, Any] = {
     "train.kernels": ("auto", *BACKENDS), "attack.objective": OBJECTIVES, "attack.init": INITS,
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
     "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
-    "data.order": ("random", "quasi_random", "sequential"),
+    "data.order": ("random", "quasi_random", "sequential"), "data.crop_mode": ("zeros", "reflect"),
 }
 
 
