@@ -15,6 +15,7 @@ does not load conftest, so it is imported here, before any preset is read).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import sys
 import tempfile
@@ -39,6 +40,9 @@ def own_presets() -> None:
     import fastfair.presets as presets
 
     assert Path(presets.__file__).resolve().parent == _CONFIGS, presets.__file__
+
+
+own_presets()
 
 
 # -- what the generators share ----------------------------------------------------------------------------------
@@ -133,12 +137,23 @@ def fake_cifar10(labels: np.ndarray):
             self.targets = list(labels) if train else list(labels[:100])
             self.transform = transform
 
+        def __len__(self):
+            return len(self.targets)
+
     return CIFAR10
 
 
 def image_index(data: np.ndarray) -> np.ndarray:
     d = data.reshape(len(data), 3).astype(np.int64)
     return d[:, 0] + 256 * d[:, 1] + 65536 * d[:, 2]
+
+
+def split_record(train, valid) -> np.ndarray:
+    """The validation images of a code's (train, valid) loaders over :func:`fake_cifar10`, as uint16 indices
+    (the other images all train: checked)."""
+    val, tr = image_index(valid.dataset.data), image_index(train.dataset.data)
+    assert len(np.intersect1d(val, tr)) == 0 and len(val) + len(tr) == 50_000
+    return val.astype(np.uint16)
 
 
 def made_up_labels(seed: int = 5) -> np.ndarray:
@@ -190,16 +205,32 @@ def grid_runs(gname: str) -> list[str]:
     return [f"grid:{gname}/{r.name}" for r in g.runs()]
 
 
+@functools.cache
+def start_checkpoint() -> str:
+    """A CHEAP model's checkpoint, for the presets that fine-tune (train.init_from: FRL, FAAL)."""
+    from fastfair.rundir import save_atomic
+    from fastfair.training.trainer import Trainer
+
+    t = Trainer(resolve("demo", *CHEAP), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
+    path = Path(t.out) / "start.pt"
+    save_atomic(t._state(0), path)
+    return str(path)
+
+
+def cheap(name: str, *sets: str):
+    """``name``'s config on CHEAP data and model (a fine-tune starts from :func:`start_checkpoint`)."""
+    return resolve(name, *CHEAP, f"train.init_from={start_checkpoint()}", *sets)
+
+
 def trainer(name: str, *sets: str):
     from fastfair.training.trainer import Trainer
 
-    out = tempfile.mkdtemp(prefix="fastfair-setup-")
-    return Trainer(resolve(name, *CHEAP, *sets), out, quiet=True)
+    return Trainer(cheap(name, *sets), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
 
 
 def lr_per_epoch(name: str) -> list[float]:
     """The lr of each epoch (0-based index) as a run of ``name`` trains it (:func:`lr_per_epoch_cfg`)."""
-    return lr_per_epoch_cfg(resolve(name, *CHEAP))
+    return lr_per_epoch_cfg(cheap(name))
 
 
 def fastfair_facts(name: str) -> dict:
@@ -267,7 +298,10 @@ def facts_check(label: str, g, presets: list[str], deliberate: dict[str, str]) -
         ours = fastfair_facts(p)
         for k, v in theirs.items():
             same = abs(ours[k] - v) <= 1e-12 if isinstance(v, float) else ours[k] == v
-            if not same and k in deliberate:
+            if k in deliberate and same:  # a recorded difference that no longer holds: the record is stale
+                bad += 1
+                detail.append(f"{p}: {k} now as the code's (recorded as differing)")
+            elif k in deliberate:
                 known.add(k)
             elif not same:
                 bad += 1
@@ -284,31 +318,43 @@ def selection_check(label: str, g, presets: list[str], *sets: str) -> Check:
                  g.ref("select"), float(len(wrong)), 0, "configs differing", ", ".join(wrong))
 
 
-def split_check(label: str, g, val_per_class: int) -> Check:
-    """Images per class on each side of the code's split against fastfair's data.split on the same labels."""
+def split_check(label: str, g, presets: list[str]) -> Check:
+    """Images per class on each side of the code's split against fastfair's data.split (each preset's
+    data.val_per_class) on the same made-up labels; the detail says how many validation images are the same."""
     from fastfair.data.datasets import DataBundle, split
 
-    labels = torch.from_numpy(g.arrays["split.labels"])
+    labels = torch.from_numpy(made_up_labels())
+    val = torch.from_numpy(g.arrays["split.val"].astype(np.int64))
+    is_val = torch.zeros(len(labels), dtype=torch.bool)
+    is_val[val] = True
+    theirs = [torch.bincount(labels[is_val], minlength=10), torch.bincount(labels[~is_val], minlength=10)]
     bundle = DataBundle("made-up", torch.arange(len(labels)), labels, torch.arange(10), torch.arange(10),
                         [str(k) for k in range(10)])
-    parts = split(bundle, val_per_class)
-    ours = [torch.bincount(parts[s][1], minlength=10) for s in ("val", "train")]
-    theirs = [torch.bincount(labels[torch.from_numpy(g.arrays[f"split.{s}"])], minlength=10) for s in ("val", "train")]
-    diff = sum(int((a != b).sum()) for a, b in zip(ours, theirs))
-    return Check(label, "validation split: images per class on each side (made-up labels, 50,000 images)",
-                 g.ref("split"), float(diff), 0, "class counts differing")
+    diff, same = 0, set()
+    for p in presets:
+        parts = split(bundle, resolve(p).data.val_per_class)
+        ours = [torch.bincount(parts[s][1], minlength=10) for s in ("val", "train")]
+        diff += sum(int((a != b).sum()) for a, b in zip(ours, theirs))
+        same.add(int(is_val[parts["val"][0]].sum()))
+    return Check(label, f"validation split: images per class on each side (made-up labels, 50,000 images, "
+                 f"{len(presets)} configs)", g.ref("split"), float(diff), 0, "class counts differing",
+                 f"validation images in common: {', '.join(map(str, sorted(same)))} of {len(val)} (recorded)")
 
 
 def lr_per_epoch_cfg(cfg) -> list[float]:
     """The optimiser and scheduler the real Trainer builds, read at the start of each epoch and stepped after it
     (as Trainer.run_epoch does)."""
+    import warnings
+
     from fastfair.training.trainer import Trainer
 
     t = Trainer(cfg, tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
     out = []
-    for _ in range(cfg.train.epochs):
-        out.append(t.opt.param_groups[0]["lr"])
-        t.sched.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sched.step() without opt.step(): nothing trains here
+        for _ in range(cfg.train.epochs):
+            out.append(t.opt.param_groups[0]["lr"])
+            t.sched.step()
     return out
 
 
@@ -318,11 +364,14 @@ def run_epoch_order() -> Check:
 
     sets = ["train.epochs=3", "train.lr_milestones=[1, 2]", "attack.steps=1", "train.val_attack=pgd1",
             "data.train_per_class=4", "data.val_per_class=1"]
-    t = trainer("demo", *sets)
+    from fastfair.training.trainer import Trainer
+
+    t = Trainer(resolve("demo", *CHEAP, *sets), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
     t.fit()
     recorded = [json.loads(line)["lr"] for line in t.run.metrics.read_text().splitlines()]
     stepped = lr_per_epoch_cfg(t.cfg)
-    return Check("fastfair", "lr recorded by Trainer.run_epoch = the scheduler read before and stepped after each "
+    return Check("setup: fastfair's trainer", "lr recorded by Trainer.run_epoch = the scheduler read before and "
+                 "stepped after each "
                  "epoch (3 epochs, milestones 1, 2)", "fastfair/training/trainer.py::Trainer.run_epoch",
                  max(abs(a - b) for a, b in zip(recorded, stepped)) + abs(len(recorded) - len(stepped)), 0)
 
@@ -406,3 +455,61 @@ differs("setup: TRIX code presets", "trix-rebuttal-t1-*: the best worst-class ch
         "the trix-code-* grids do", "train.select")
 differs("setup: TRIX code presets", "the code trains on all 50,000 images; fastfair holds out data.val_per_class "
         "per class for its per-epoch validation", "data.val_per_class")
+
+
+@case("setup-frl")
+def frl():
+    g = golden("setup_frl")
+    label = "setup: FRL code presets"
+    return [lr_check(label, g, FRL_CODE),
+            facts_check(label, g, FRL_CODE, {"drop_last": LAST_BATCH, "normalise": FRL_PIXELS}),
+            split_check(label, g, FRL_CODE)]
+
+
+FRL_PIXELS = ("frlrmrw.py fine-tunes its PreActResNet18 on [0, 1] pixels; fastfair fine-tunes a fastfair model "
+              "(train.init_from), which normalises inside and keeps its start model's mean and std")
+differs("setup: FRL code presets", FRL_PIXELS, "train.init_from")
+
+
+@case("setup-wat")
+def wat():
+    g = golden("setup_wat")
+    label = "setup: WAT code grids"
+    every = configs("grid:wat-code-eta", "grid:wat-code-trades-wat")
+    return [lr_check(label, g, every),
+            facts_check(label, g, every, {"drop_last": LAST_BATCH, "normalise": RAW_PIXELS}),
+            split_check(label, g, every)]
+
+
+differs("setup: WAT code grids", RAW_PIXELS, "(no key)")
+differs("setup: WAT code grids", "validation split: the code takes each class's last 300 training images "
+        "(data_loader.py), fastfair its first data.val_per_class (300); the same sizes, other images",
+        "data.val_per_class")
+differs("setup: WAT code grids", "the code saves every third epoch (3, ..., 99) and logs test accuracy each epoch "
+        "without choosing one; fastfair evaluates the last epoch (100)", "train.select")
+
+
+@case("setup-faal")
+def faal():
+    g = golden("setup_faal")
+    label = "setup: FAAL code grid"
+    every = configs("grid:faal-code-prn")
+    return [lr_check(label, g, every),
+            facts_check(label, g, every, {"drop_last": LAST_BATCH}),
+            selection_check(label, g, every)]
+
+
+differs("setup: FAAL code grid", "the code picks its checkpoint on the test set's first 20 batches; fastfair on its "
+        "validation split (never the test set)", "train.select")
+differs("setup: FAAL code grid", "equal scores: the code keeps the later epoch (`>=`); fastfair's worst policy the "
+        "better average, then the earlier epoch (untested: the made-up results have no ties)", "train.select")
+
+
+@case("setup-he")
+def he():
+    """tian-iclr-t5-he says it follows Pang et al.'s PGD-HE code for s and m (and nothing else)."""
+    g = golden("setup_he")
+    cfg = resolve("tian-iclr-t5-he")
+    ours = {"s": cfg.model.head_scale, "m": cfg.sections["he"].margin}
+    return [Check("setup: tian-iclr-t5-he", "HE scale s and margin m (the README's PGD-AT + HE command)", g.ref("he"),
+                  max(abs(ours[k] - g.meta["he"][k]) for k in ours), 0)]

@@ -71,14 +71,15 @@ def setup(path, inp, script, name):
           f"saved {saved_epochs}, evaluated {evaluated}")
     # the made-up validation results only give fastfair's rule something to choose from: the code has no choice
     g = np.random.default_rng(3)
-    results = np.clip(0.2 + 0.3 * np.arange(len(epochs))[:, None] / len(epochs) + g.uniform(-0.1, 0.1, (len(epochs), 10)),
-                      0, 1)
+    n = len(epochs)
+    results = np.clip(0.2 + 0.3 * np.arange(n)[:, None] / n + g.uniform(-0.1, 0.1, (n, 10)), 0, 1)
     arrays = {"lr": np.array(lrs), "select.saved": np.array(saved_epochs), "select.kept": np.int64(evaluated - 1),
               "select.results": results.astype(np.float32)}
     sources = {"lr": {"file": "train.py", "function": "adjust_learning_rate (epoch loop, 1-based)"},
                "setup": {"file": "arguments.py", "function": f"get_args ({script}), train.py, datasets.py"},
                "select": {"file": "train.py", "function": "main (save checkpoint); scripts/evaluation.sh"}}
-    meta = {"file": "train.py", "function": "-", "sources": sources, "setup": facts, "flags": script_flags(path, script),
+    meta = {"file": "train.py", "function": "-", "sources": sources, "setup": facts,
+            "flags": script_flags(path, script),
             "select": "select.saved: epochs (1-based) whose checkpoint the code writes; select.kept: the 0-based "
                       "epoch scripts/evaluation.sh evaluates; select.results: made-up validation results for "
                       "fastfair's rule"}
