@@ -90,6 +90,9 @@ def check_config(cfg) -> None:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
         raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
                         f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
+    if cfg.train.select != "last" and cfg.train.select_begin >= cfg.train.epochs:
+        raise UserError(f"train.select_begin={cfg.train.select_begin} leaves no epoch of {cfg.train.epochs} to select "
+                        f"from (0-based); lower it below train.epochs")
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")

@@ -29,6 +29,12 @@ import conftest  # noqa: F401  (this checkout's presets, also under make.py doc)
 from conformance import Check, case, differs, golden
 
 _CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# every run folder and checkpoint these checks write, removed when the process ends
+_TMP = tempfile.TemporaryDirectory(prefix="fastfair-setup-")
+
+
+def scratch(prefix: str) -> str:
+    return tempfile.mkdtemp(prefix=prefix, dir=_TMP.name)
 
 
 def own_presets() -> None:
@@ -211,7 +217,7 @@ def start_checkpoint() -> str:
     from fastfair.rundir import save_atomic
     from fastfair.training.trainer import Trainer
 
-    t = Trainer(resolve("demo", *CHEAP), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
+    t = Trainer(resolve("demo", *CHEAP), scratch("run-"), quiet=True)
     path = Path(t.out) / "start.pt"
     save_atomic(t._state(0), path)
     return str(path)
@@ -225,7 +231,7 @@ def cheap(name: str, *sets: str):
 def trainer(name: str, *sets: str):
     from fastfair.training.trainer import Trainer
 
-    return Trainer(cheap(name, *sets), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
+    return Trainer(cheap(name, *sets), scratch("run-"), quiet=True)
 
 
 def lr_per_epoch(name: str) -> list[float]:
@@ -261,7 +267,7 @@ def kept_epoch(name: str, results: np.ndarray, *sets: str) -> int:
     cfg = resolve(name, *sets)
     if cfg.train.select == "last":
         return len(results) - 1
-    out = Path(tempfile.mkdtemp(prefix="fastfair-select-"))
+    out = Path(scratch("select-"))
     run = RunDir(out)
     run.checkpoints.mkdir(parents=True)
     fake = SimpleNamespace(cfg=cfg, best={}, spec={}, run=run)
@@ -348,7 +354,7 @@ def lr_per_epoch_cfg(cfg) -> list[float]:
 
     from fastfair.training.trainer import Trainer
 
-    t = Trainer(cfg, tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
+    t = Trainer(cfg, scratch("run-"), quiet=True)
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sched.step() without opt.step(): nothing trains here
@@ -366,7 +372,7 @@ def run_epoch_order() -> Check:
             "data.train_per_class=4", "data.val_per_class=1"]
     from fastfair.training.trainer import Trainer
 
-    t = Trainer(resolve("demo", *CHEAP, *sets), tempfile.mkdtemp(prefix="fastfair-setup-"), quiet=True)
+    t = Trainer(resolve("demo", *CHEAP, *sets), scratch("run-"), quiet=True)
     t.fit()
     recorded = [json.loads(line)["lr"] for line in t.run.metrics.read_text().splitlines()]
     stepped = lr_per_epoch_cfg(t.cfg)
