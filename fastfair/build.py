@@ -84,7 +84,8 @@ def train_loader(cfg: Config, split, dev, cl: bool):
     x, y = split
     return data.LOADERS.get(cfg.data.loader)(
         "train", x, y, cfg.data.batch_size, device=dev, train=True, crop_padding=cfg.data.crop_padding,
-        flip=cfg.data.flip, seed=cfg.train.seed, channels_last=cl, order=cfg.data.order, **_loader_options(cfg))
+        crop_mode=cfg.data.crop_mode, flip=cfg.data.flip, seed=cfg.train.seed, channels_last=cl, order=cfg.data.order,
+        **_loader_options(cfg))
 
 
 def eval_loader(cfg: Config, split, dev, cl: bool, name: str | None = None):

@@ -46,6 +46,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
     "train.progress_every_s": _POSITIVE, "data.train_per_class": _at_least(0), "data.test_per_class": _at_least(0),
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
+    "train.select_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
     "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
@@ -59,7 +60,7 @@ NAMES: dict[str, Any] = {
     "train.kernels": ("auto", *BACKENDS), "attack.objective": OBJECTIVES, "attack.init": INITS,
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
     "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
-    "data.order": ("random", "quasi_random", "sequential"),
+    "data.order": ("random", "quasi_random", "sequential"), "data.crop_mode": ("zeros", "reflect"),
 }
 
 
@@ -89,6 +90,9 @@ def check_config(cfg) -> None:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
         raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
                         f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
+    if cfg.train.select != "last" and cfg.train.select_begin >= cfg.train.epochs:
+        raise UserError(f"train.select_begin={cfg.train.select_begin} leaves no epoch of {cfg.train.epochs} to select "
+                        f"from (0-based); lower it below train.epochs")
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")

@@ -42,6 +42,9 @@ class DataConfig:
     train_per_class: int = 0
     test_per_class: int = 0
     crop_padding: int = 4
+    # what the random crop's padding holds: zeros (TRADES, DAFA, FRL, ... torchvision's default) | reflect
+    # (CFA's code: RandomCrop(32, padding=4, padding_mode='reflect'))
+    crop_mode: str = "zeros"
     flip: bool = True
     batch_size: int = 128
     eval_batch_size: int = 500
@@ -96,6 +99,8 @@ class TrainConfig:
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
+    # first epoch (0-based) whose model may become a best_* checkpoint (CFA's code: epochs >= epochs / 2)
+    select_begin: int = 0
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
     # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)

@@ -39,6 +39,22 @@ def test_crop_is_a_shift_of_the_zero_padded_image():
     assert len(offsets) > 12  # offsets spread over the 5x5 grid
 
 
+def test_reflect_crop_is_torchvisions_reflection_padded_crop_with_the_same_draws():
+    """data.crop_mode = "reflect" (CFA's RandomCrop(padding_mode='reflect')): the crop of the mirrored image at the
+    offsets the zero-padded crop draws from the same generator."""
+    from torchvision.transforms import functional as TF
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 255, (64, 3, 8, 8), dtype=torch.uint8, generator=g)
+    zeros = data.random_crop_flip(x, 2, False, torch.Generator().manual_seed(3))
+    reflect = data.random_crop_flip(x, 2, False, torch.Generator().manual_seed(3), mode="reflect")
+    padded, mirrored = torch.nn.functional.pad(x, (2, 2, 2, 2)), TF.pad(x, [2], padding_mode="reflect")
+    for i in range(64):
+        (dy, dx), = [(dy, dx) for dy in range(5) for dx in range(5)
+                     if torch.equal(padded[i, :, dy:dy + 8, dx:dx + 8], zeros[i])]
+        assert torch.equal(mirrored[i, :, dy:dy + 8, dx:dx + 8], reflect[i])
+
+
 def test_flip_rate_is_about_half():
     x = torch.arange(4, dtype=torch.uint8).view(1, 1, 1, 4).repeat(2000, 1, 1, 1)
     out = data.random_crop_flip(x, 0, True, torch.Generator().manual_seed(0))

@@ -52,6 +52,17 @@ _CFA_FAT = {
     "method.omega": (0.0, "CFA's code adds no step noise; FAT's code (earlystop.py), the new key's default, "
                           "adds 0.001 N(0, I)"),
 }
+# Keys issue 25 added to follow CFA's own code (tests/conformance_setup.py): the presets that follow it set them.
+_CFA_SETUP = {
+    "data.crop_mode": ("reflect", "CFA's code crops from a reflection-padded image (generate_validation.py, "
+                                  "RandomCrop(padding_mode='reflect')); the new key's default pads with zeros"),
+    "train.select_begin": (100, "CFA's code keeps no model before epoch epochs / 2 (train.py: `if epoch >= 0.5 * "
+                                "args.epochs`); the new key's default considers every epoch"),
+}
+CFA_CODE_PRESETS = ("cfa-t1-at-cfa-code", "cfa-t1-at-ema-code", "cfa-t1-fat-cfa-code", "cfa-t1-fat-ema-code",
+                    "cfa-t1-trades-cfa-code", "cfa-t1-trades-ema-code", "cfa-t1-trades-code", "cfa-t2-fat-ccm-code",
+                    "cfa-t2-trades-ccm-ccr-code", "cfa-t2-trades-ccm-code", "cfa-t3-at-fawa-code",
+                    "cfa-t3-fat-fawa-code", "cfa-t3-trades-fawa-code")
 # Values changed or keys added on purpose after the snapshot: preset -> {key: (new value, why)}. Each
 # must differ from the snapshot (a stale entry fails), and nothing else may.
 CHANGED: dict[str, dict[str, tuple[object, str]]] = {
@@ -64,6 +75,8 @@ CHANGED: dict[str, dict[str, tuple[object, str]]] = {
     "tian-iclr-t5-he": {"he.weight_norm": ("data", "the preset follows Pang et al.'s PGD-HE code, whose forward "
                                                    "overwrites fc.weight.data with its normalised rows (issue 25)")},
 }
+for _p in CFA_CODE_PRESETS:
+    CHANGED[_p] = {**CHANGED.get(_p, {}), **_CFA_SETUP}
 
 
 @pytest.mark.parametrize("preset", sorted(BEFORE))

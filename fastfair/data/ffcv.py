@@ -199,7 +199,7 @@ class FFCVLoader:
     def __init__(self, beton_path: str | Path, batch_size: int, *, device, train: bool,
                  crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False,
                  os_cache: bool = True, order: str | None = None, num_workers: int | None = None,
-                 augment: str = "device", batches_ahead: int = 3):
+                 augment: str = "device", batches_ahead: int = 3, crop_mode: str = "zeros"):
         f = _ffcv()
         path = Path(beton_path).expanduser()
         if not path.is_file():
@@ -209,11 +209,14 @@ class FFCVLoader:
             raise UserError(f"data.order must be one of {', '.join(ORDERS)}; got {order!r}")
         if augment not in AUGMENTS:
             raise UserError(f"augment must be one of {', '.join(AUGMENTS)}; got {augment!r}")
+        if train and augment == "ffcv" and crop_padding and crop_mode != "zeros":
+            raise UserError(f"data.crop_mode={crop_mode!r} needs augment='device': FFCV's RandomTranslate pads "
+                            "with zeros")
         self.path = path
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.train = train
-        self.crop_padding, self.flip = crop_padding, flip
+        self.crop_padding, self.flip, self.crop_mode = crop_padding, flip, crop_mode
         self.seed = seed
         self.order = order
         self.augment = augment
@@ -269,7 +272,7 @@ class FFCVLoader:
             # FFCV hands out views of buffers it reuses a few batches later: every path below copies
             xb = xb.permute(0, 3, 1, 2)  # NHWC uint8 -> NCHW view
             if augment_here:
-                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen)
+                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen, self.crop_mode)
             xb = xb.float().div_(255).contiguous(memory_format=self.memory_format)
             yield xb, yb.reshape(-1).to(torch.int64, copy=True)
 
@@ -277,7 +280,7 @@ class FFCVLoader:
 def loader_for(beton_dir: str | Path, split: str, batch_size: int, *, device, train: bool,
                crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False,
                os_cache: bool = True, order: str | None = None, num_workers: int | None = None,
-               augment: str = "device") -> FFCVLoader:
+               augment: str = "device", crop_mode: str = "zeros") -> FFCVLoader:
     """The loader for ``beton_dir/<split>.beton`` (what a loader registry calls for ``--loader ffcv``)."""
     path = Path(beton_dir).expanduser() / f"{split}.beton"
     if not path.is_file():
@@ -285,7 +288,7 @@ def loader_for(beton_dir: str | Path, split: str, batch_size: int, *, device, tr
                         f"`fastfair data convert --dataset D --out {beton_dir}`")
     return FFCVLoader(path, batch_size, device=device, train=train, crop_padding=crop_padding, flip=flip,
                       seed=seed, channels_last=channels_last, os_cache=os_cache, order=order,
-                      num_workers=num_workers, augment=augment)
+                      num_workers=num_workers, augment=augment, crop_mode=crop_mode)
 
 
 @LOADERS.register("ffcv", "FFCV .beton files (fastfair data convert); same batches as device; needs fastfair[ffcv]")

@@ -14,15 +14,26 @@ import torch.nn.functional as F
 from fastfair.registry import Registry
 
 
-def random_crop_flip(x: torch.Tensor, padding: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
-    """Per-image random crop of a zero-padded batch and random horizontal flip (p = 0.5), on x's device."""
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of a row (column) of a padded image, -p..n-1+p, mirrored into 0..n-1 without repeating the edge."""
+    i = i.abs()
+    return (n - 1) - ((n - 1) - i).abs()
+
+
+def random_crop_flip(x: torch.Tensor, padding: int, flip: bool, gen: torch.Generator,
+                     mode: str = "zeros") -> torch.Tensor:
+    """Per-image random crop of a padded batch (``mode`` zeros, or reflect as torchvision's
+    ``padding_mode='reflect'``) and random horizontal flip (p = 0.5), on x's device."""
     b, _, h, w = x.shape
     if padding:
-        padded = F.pad(x, (padding,) * 4)
         dy = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
         dx = torch.randint(0, 2 * padding + 1, (b,), device=x.device, generator=gen)
         rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]
         cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, :]
+        if mode == "reflect":  # the same draws, read from the mirrored image instead of the zero border
+            padded, rows, cols = x, _reflect(rows - padding, h), _reflect(cols - padding, w)
+        else:
+            padded = F.pad(x, (padding,) * 4)
         x = padded[torch.arange(b, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
     if flip:
         mask = torch.rand(b, device=x.device, generator=gen) < 0.5
@@ -38,12 +49,13 @@ class DeviceLoader:
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
-                 crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False):
+                 crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False,
+                 crop_mode: str = "zeros"):
         self.x = x.to(device)
         self.y = y.to(device)
         self.batch_size = batch_size
         self.train = train
-        self.crop_padding, self.flip = crop_padding, flip
+        self.crop_padding, self.flip, self.crop_mode = crop_padding, flip, crop_mode
         self.seed = seed
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.gen = torch.Generator(device=self.x.device)
@@ -64,7 +76,7 @@ class DeviceLoader:
             idx = order[sl] if order is not None else sl
             xb, yb = self.x[idx], self.y[idx]
             if self.train:
-                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen)
+                xb = random_crop_flip(xb, self.crop_padding, self.flip, self.gen, self.crop_mode)
             xb = xb.float().div_(255).contiguous(memory_format=self.memory_format)
             yield xb, yb
 
@@ -74,7 +86,8 @@ LOADERS: Registry[Callable] = Registry("loader")
 
 @LOADERS.register("device", "the whole split on the device; shuffle, crop and flip there (default)")
 def _device_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
-                   crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False, **_):
+                   crop_padding: int = 0, flip: bool = False, seed: int = 0, channels_last: bool = False,
+                   crop_mode: str = "zeros", **_):
     return DeviceLoader(x, y, batch_size, device=device, train=train, crop_padding=crop_padding, flip=flip,
-                        seed=seed, channels_last=channels_last)
+                        seed=seed, channels_last=channels_last, crop_mode=crop_mode)
 

@@ -25,8 +25,8 @@ from fastfair.reproduce.tables import Table
 from fastfair.rundir import RunDir
 
 # Keys that count epochs: the subset scale shrinks them with train.epochs so a schedule keeps its shape.
-EPOCH_KEYS = ("train.lr_milestones", "train.avg_begin", "ccm.begin", "ccr.begin", "method.tau_milestones",
-              "method.halve_every", "method.warmup", "he.pmax_epoch")
+EPOCH_KEYS = ("train.lr_milestones", "train.avg_begin", "train.select_begin", "ccm.begin", "ccr.begin",
+              "method.tau_milestones", "method.halve_every", "method.warmup", "he.pmax_epoch")
 SUBSET_EPOCHS = 5
 SUBSET_TRAIN_PER_CLASS = 100  # of which SUBSET_VAL_PER_CLASS form the validation split
 SUBSET_VAL_PER_CLASS = 5

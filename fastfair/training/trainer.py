@@ -254,10 +254,12 @@ class Trainer:
 
     def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
         """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
-        scores a new best; for the averaged model also ``last_avg.pt``."""
+        scores a new best (from epoch ``train.select_begin`` on); for the averaged model also ``last_avg.pt``."""
         weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
                    "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
-        for policy, score in policy_scores(summary).items():
+        # train.select_begin: earlier epochs are never candidates (CFA's code keeps none before epochs / 2)
+        scores = policy_scores(summary) if epoch >= self.cfg.train.select_begin else {}
+        for policy, score in scores.items():
             key = policy + ("_avg" if averaged else "")  # as checkpoints' "best" holds them: pgd, ..., pgd_avg, ...
             if score > self.best.get(key, float("-inf")):
                 self.best[key] = score
