@@ -10,13 +10,13 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastfair import config
-from fastfair.attacks.pgd import can_compile_descent
+from fastfair.attacks import pgd
 from fastfair.methods import METHODS
 from fastfair.rundir import save_atomic
 from fastfair.training.trainer import Trainer
 from fastfair.preset_files import preset_names
+from fastfair.training import trainer as trainer_module
 
-needs_traced_grad = pytest.mark.skipif(not can_compile_descent(), reason="torch without trace_autograd_ops")
 
 
 def trainer(tmp_path, method, compile_, *sets, name=""):
@@ -31,7 +31,6 @@ def buffers(model):
 
 
 @pytest.mark.slow
-@needs_traced_grad
 @pytest.mark.parametrize("method,sets", [
     ("pgd-at", ()), ("trades", ()),
     ("fat", ()),  # FAT's code: its early stop, omega N(0, I) step noise (drawn before the descent), eval mode
@@ -68,8 +67,38 @@ def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method, sets):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_the_descent_is_one_graph_on_this_torch():
+    """Every supported torch (2.11 and 2.13 in CI) captures the descent as one graph: the probe the trainer reads."""
+    assert pgd.descent_capture() is None
+    assert pgd.can_compile_descent()
+
+
+def test_the_probe_sees_a_graph_break():
+    def broken(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return pgd.descend(*args, **kwargs)
+
+    before = {k: dict(v) for k, v in counters.items()}
+    assert pgd.descent_capture(broken) == "1 graphs, 1 graph breaks"
+    assert {k: dict(v) for k, v in counters.items()} == before  # Dynamo's counters left as they were
+
+
+def test_a_descent_that_is_not_one_graph_runs_eagerly_around_the_compiled_model(tmp_path, monkeypatch):
+    """Where the probe finds more than one graph, the trainer says so once in train.log and compiles the model alone."""
+    monkeypatch.setattr(trainer_module, "can_compile_descent", lambda: False)
+    monkeypatch.setattr(trainer_module, "descent_capture", lambda: "3 graphs, 1 graph breaks")
+    t = trainer(tmp_path, "pgd-at", "on")
+    assert t.attack_net is t.net and t.net is not t.model  # the eager descent around the compiled model
+    assert t.method.attack.descend is pgd.descend
+    lines = t.run.train_log.read_text().splitlines()
+    said = [line for line in lines if "does not capture the attack as one graph (3 graphs, 1 graph breaks)" in line]
+    assert len(said) == 1, lines
+    off = trainer(tmp_path, "pgd-at", "on", "train.compile_attack=false", name="-no-attack")
+    log = off.run.train_log
+    assert not log.is_file() or "does not capture" not in log.read_text()  # nothing to say when the user chose it
+
+
 @pytest.mark.slow
-@needs_traced_grad
 @pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
 def test_compiled_steps_track_eager_steps(tmp_path, method):
     """Three whole steps (attack, loss, backward, SGD) compiled and eager, from the same weights and seeds.
@@ -96,7 +125,6 @@ def test_compiled_steps_track_eager_steps(tmp_path, method):
 
 
 @pytest.mark.slow
-@needs_traced_grad
 def test_ccm_changes_eps_every_epoch_without_recompiling(tmp_path):
     """CFA's CCM rewrites eps_k after every epoch; the compiled step and validation keep their graphs."""
     torch._dynamo.reset()
