@@ -70,6 +70,12 @@ def _log_softmax(u, cmask):
 
 
 @triton.jit
+def _f32(x):
+    """A float argument as fp32 (tl.cast: the interpreter passes Python floats, which have no ``.to``)."""
+    return tl.cast(x, tl.float32)
+
+
+@triton.jit
 def _weight(w_ptr, stride_w, rows64, rmask, scalar, ROW: tl.constexpr):
     """A term's weight per row: row ``ROW`` of the per-sample weights, or the scalar when ROW < 0."""
     if ROW >= 0:
@@ -91,6 +97,10 @@ def _row_loss_kernel(
     GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    # Inductor passes Python floats as fp64, an eager launch as fp32: cast, so both compute in fp32.
+    smoothing, temperature, kappa = _f32(smoothing), _f32(temperature), _f32(kappa)
+    s_ce_nat, s_ce_adv, s_kl = _f32(s_ce_nat), _f32(s_ce_adv), _f32(s_kl)
+    s_ent_nat, s_ent_adv, s_cw_adv = _f32(s_ent_nat), _f32(s_ent_adv), _f32(s_cw_adv)
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
