@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.library import wrap_triton
 
 
 def _read_interpret() -> bool:
@@ -27,6 +28,18 @@ _INTERPRET = _read_interpret()
 def interpreting() -> bool:
     """True when Triton runs kernels in its NumPy interpreter (CPU tensors, no bf16)."""
     return _INTERPRET
+
+
+def launcher(kernel):
+    """``kernel`` as a ``triton_op`` body launches it: ``wrap_triton(kernel)``, or the kernel itself when interpreting.
+
+    Under ``TRITON_INTERPRET=1`` ``triton.jit`` returns an ``InterpretedFunction``; torch 2.13's
+    ``wrap_triton`` hands that back unchanged, torch 2.11's rejects it. Returning it here does on
+    both what 2.13 does (there is nothing to trace: :func:`keep_opaque_when_interpreting`).
+    """
+    if interpreting():
+        return kernel
+    return wrap_triton(kernel)
 
 
 def can_launch(t: torch.Tensor) -> bool:
@@ -56,7 +69,7 @@ def keep_opaque_when_interpreting(op) -> None:
     """Under the interpreter, make AOT tracing keep a ``triton_op`` as one opaque node.
 
     ``triton_op`` decomposes itself when traced under ``FunctionalTensorMode`` so Inductor sees
-    the kernel; but with ``TRITON_INTERPRET=1`` ``wrap_triton`` returns the raw interpreted
+    the kernel; but with ``TRITON_INTERPRET=1`` ``launcher`` returns the raw interpreted
     kernel, which cannot be traced (it would run on fake tensors). Here the op stays a call to
     ``fastfair::...`` in the graph (what ``torch.export`` does too) and runs eagerly at run
     time, so ``torch.compile(..., backend="aot_eager")`` works on CPU for tests.

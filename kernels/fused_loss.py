@@ -35,11 +35,12 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from fastfair.ops import losses
 
-from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
+from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
+                                      launcher)
 
 # Everything about the terms comes from the table losses.TERMS: term k is bit 1 << k of the
 # kernel's TERMS mask, and the kernel gets k as a constexpr named after the term (CE_NAT, ...),
@@ -69,6 +70,12 @@ def _log_softmax(u, cmask):
 
 
 @triton.jit
+def _f32(x):
+    """A float argument as fp32 (tl.cast: the interpreter passes Python floats, which have no ``.to``)."""
+    return tl.cast(x, tl.float32)
+
+
+@triton.jit
 def _weight(w_ptr, stride_w, rows64, rmask, scalar, ROW: tl.constexpr):
     """A term's weight per row: row ``ROW`` of the per-sample weights, or the scalar when ROW < 0."""
     if ROW >= 0:
@@ -90,6 +97,10 @@ def _row_loss_kernel(
     GRAD_NAT: tl.constexpr, GRAD_ADV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    # Inductor passes Python floats as fp64, an eager launch as fp32: cast, so both compute in fp32.
+    smoothing, temperature, kappa = _f32(smoothing), _f32(temperature), _f32(kappa)
+    s_ce_nat, s_ce_adv, s_kl = _f32(s_ce_nat), _f32(s_ce_adv), _f32(s_kl)
+    s_ent_nat, s_ent_adv, s_cw_adv = _f32(s_ent_nat), _f32(s_ent_adv), _f32(s_cw_adv)
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
@@ -183,7 +194,7 @@ def _launch_row_loss(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, t
     g_nat = torch.empty((n, c) if grad_nat else (0,), device=ref.device, dtype=nat_dtype)
     g_adv = torch.empty((n, c) if grad_adv else (0,), device=ref.device, dtype=ref.dtype)
     if n == 0 or is_fake(ref) and interpreting():
-        # Under the interpreter wrap_triton hands back the raw kernel, which cannot run on
+        # Under the interpreter launcher() hands back the raw kernel, which cannot run on
         # fake tensors: shapes are all a tracer needs.
         return loss, g_nat, g_adv
     zn = kernel_dtype(z_nat if z_nat is not None else ref)
@@ -197,7 +208,7 @@ def _launch_row_loss(z_nat, z_adv, y, rows, scalars, row_of, terms, smoothing, t
     block_r, block_c, num_warps = _blocks(n, c)
     grid = (triton.cdiv(n, block_r),)
     w = loss if rows is None else rows  # no per-sample weights: any pointer (the kernel never reads it)
-    wrap_triton(_row_loss_kernel)[grid](
+    launcher(_row_loss_kernel)[grid](
         zn, za, y, w, loss, gn if grad_nat else loss, ga if grad_adv else loss,
         n, c, zn.stride(0), za.stride(0), w.stride(0) if rows is not None else 0,
         float(smoothing), float(temperature), float(kappa),

@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from fastfair.ops import steps
 
-from fastfair.kernels._launch import can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting
+from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
+                                      launcher)
 
 _BLOCK = 1024
 
@@ -104,7 +105,7 @@ def pgd_step_op(
     xa, g, xx = kernel_dtype(base), kernel_dtype(_like(grad, base)), kernel_dtype(_like(x, base))
     res = out if out.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(xa)
     per, grid = _grid(base)
-    wrap_triton(_pgd_step_kernel)[grid](xa, g, xx, y, eps_c, alpha_c, res, per, BLOCK=_BLOCK)
+    launcher(_pgd_step_kernel)[grid](xa, g, xx, y, eps_c, alpha_c, res, per, BLOCK=_BLOCK)
     if res is not out:
         out.copy_(res)
     return out
@@ -121,7 +122,7 @@ def random_start_op(x: torch.Tensor, y: torch.Tensor, eps_c: torch.Tensor, seed:
     xx = kernel_dtype(base)
     res = out if out.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(xx)
     per, grid = _grid(base)
-    wrap_triton(_random_start_kernel)[grid](xx, y, eps_c, seed, res, per, NORMAL=normal, BLOCK=_BLOCK)
+    launcher(_random_start_kernel)[grid](xx, y, eps_c, seed, res, per, NORMAL=normal, BLOCK=_BLOCK)
     if res is not out:
         out.copy_(res)
     return out

@@ -4,10 +4,11 @@
    kernel is *decorated*, i.e. when ``fastfair.kernels`` is first imported, so setting it here
    (conftest runs before any test module is imported) is early enough; importing torch first
    is fine. On a CUDA machine the kernels compile for the GPU instead.
-2. ``fastfair.kernels`` from an un-installed checkout: pyproject maps the top-level folder
-   ``kernels/`` to ``fastfair.kernels``. When the package is not installed (``pip install -e .``)
-   a finder appended to ``sys.meta_path`` maps that one name to the folder, so no top-level
-   ``kernels`` module ever becomes importable.
+2. ``fastfair.kernels`` is this checkout's folder: pyproject maps the top-level folder
+   ``kernels/`` to ``fastfair.kernels``. A finder first on ``sys.meta_path`` maps that one name
+   to the folder, whether the package is not installed or another checkout is the one installed
+   in editable mode (a git worktree testing its own kernels), so no top-level ``kernels``
+   module ever becomes importable.
 3. ``fastfair.presets`` (pyproject maps ``configs/`` to it) is always this checkout's folder, so
    the presets under test are the ones beside the tests.
 4. After the run, one line counts the tests skipped for want of the real data subsets and says
@@ -36,7 +37,7 @@ class _KernelsFinder(importlib.abc.MetaPathFinder):
         )
 
 
-sys.meta_path.append(_KernelsFinder())
+sys.meta_path.insert(0, _KernelsFinder())  # first: before the editable install's own finder
 
 _PRESETS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -10,7 +10,9 @@ model's parameters are frozen (no weight gradients are computed) and only
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -70,7 +72,8 @@ class StopRule(Protocol):
 
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
             x_adv: torch.Tensor, target: torch.Tensor | None = None,
-            toward: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+            toward: torch.Tensor | None = None, noise: torch.Tensor | None = None,
+            origin: torch.Tensor | None = None) -> torch.Tensor:
     """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
 
     With ``target`` and the bool mask ``toward`` (both (N,)), the rows where ``toward`` holds ascend
@@ -81,6 +84,11 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
     The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
     the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
     it as one graph (the K forwards then share one cast of the weights under autocast).
+
+    Each step differentiates w.r.t. ``x_adv + origin``, ``origin`` a 0-dim zero leaf that requires
+    grad (made here unless given): Dynamo 2.11 cannot trace ``x_adv.requires_grad_()`` nor create
+    a grad-requiring tensor inside a graph, so :func:`compile_descent` makes ``origin`` outside it.
+    Adding 0 changes no value (bar -0 to +0), so the iterates are those of ``requires_grad_``.
     """
     weights = {"ce": {"ce_adv": 1.0}, "kl": {"kl": 1.0}, "cw": {"cw_adv": 1.0}}[attack.objective]
     o = attack.ops
@@ -89,42 +97,87 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
         with torch.no_grad():
             z_nat = model(x).detach()
     rule = attack.stop.start(y) if attack.stop else None
+    if origin is None:
+        origin = grad_origin(x)
     x_adv = x_adv.detach()
     for k in range(attack.steps):
-        x_adv.requires_grad_(True)
-        z_adv = model(x_adv)
+        x_in = x_adv + origin
+        z_adv = model(x_in)
         rows = o.row_loss(z_nat, z_adv, y, **weights, temperature=attack.temperature, kappa=attack.kappa)
         if toward is not None:
             rows = torch.where(toward, -o.row_loss(None, z_adv, target, ce_adv=1.0), rows)
-        (grad,) = torch.autograd.grad(rows.sum(), x_adv)
-        base = x_adv.detach() if noise is None else x_adv.detach() + noise[k]
+        (grad,) = torch.autograd.grad(rows.sum(), x_in)
+        base = x_adv if noise is None else x_adv + noise[k]
         stepped = o.pgd_step(base, grad, x, y, eps_c, alpha_c)
         if attack.stop:
             moves, rule = attack.stop.update(rule, z_adv.detach(), y)
-            stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv.detach())
+            stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv)
         x_adv = stepped
-    return x_adv.detach()
+    return x_adv
+
+
+def grad_origin(x: torch.Tensor) -> torch.Tensor:
+    """The 0-dim zero leaf that requires grad, through which :func:`descend` differentiates the iterate."""
+    return torch.zeros((), device=x.device, dtype=x.dtype, requires_grad=True)
+
+
+@functools.cache
+def descent_capture(descent: Callable = descend) -> str | None:
+    """Why Dynamo does not capture ``descent`` as one graph on this torch, or None when it does.
+
+    Traced once per process with a graph-counting backend (no code generated) on a tiny model with BatchNorm
+    in train mode and the KL objective (a natural forward under ``no_grad``, then K input
+    gradients). The traced function is a renamed copy: Dynamo keys what it remembers about a
+    function (shapes seen, recompiles) by name, so the real descent later starts afresh. Dynamo's
+    counters are restored, so the probe leaves no trace in them.
+    """
+    from torch._dynamo.utils import counters
+
+    probe = type(descent)(descent.__code__.replace(co_name=f"{descent.__name__}_probe"), descent.__globals__,
+                          f"{descent.__name__}_probe", descent.__defaults__, descent.__closure__)
+    graphs: list = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))
+    x, y = torch.rand(2, 1, 4, 4), torch.tensor([0, 2])
+    eps = torch.full((3,), 0.1)
+    attack = PGD(steps=2, objective="kl", init="none", bn_mode="train",
+                 descend=compile_descent(lambda f: torch.compile(f, backend=count), probe))
+    saved = {k: collections.Counter(v) for k, v in counters.items()}
+    try:
+        attack(model, x, y, eps, eps)
+        breaks = sum(counters["graph_break"].values()) - sum(saved.get("graph_break", {}).values())
+    except Exception as e:  # Dynamo could not trace it at all
+        return f"tracing failed ({type(e).__name__}: {e})"
+    finally:
+        counters.clear()
+        counters.update(saved)
+    if len(graphs) == 1 and breaks == 0:
+        return None
+    return f"{len(graphs)} graphs, {breaks} graph breaks"
 
 
 def can_compile_descent() -> bool:
-    """Dynamo traces ``torch.autograd.grad`` into the graph only with ``trace_autograd_ops`` (torch >= 2.11)."""
-    return hasattr(torch._dynamo.config, "trace_autograd_ops")
+    """Dynamo captures :func:`descend` as one graph on this torch (found by tracing it: :func:`descent_capture`)."""
+    return descent_capture() is None
 
 
-def compile_descent(compiler: Callable[[Callable], Callable]) -> Callable:
-    """:func:`descend` compiled by ``compiler`` (``torch.compile``) into one graph, input gradients included.
+def compile_descent(compiler: Callable[[Callable], Callable], descent: Callable = descend) -> Callable:
+    """``descent`` (:func:`descend`) compiled by ``compiler`` (``torch.compile``), input gradients included.
 
-    Where Dynamo cannot trace ``autograd.grad`` (torch < 2.11) the eager descent is returned; the
-    caller then compiles the model alone.
+    One graph where :func:`can_compile_descent`; the caller checks that and otherwise runs the
+    eager descent around the compiled model. ``origin`` (see :func:`descend`) is made here,
+    outside the graph.
     """
-    if not can_compile_descent():
-        return descend
-    compiled = compiler(descend)
+    compiled = compiler(descent)
 
-    def run(*args):
+    def run(attack, model, x, *rest):
         # set at every call, not once: Dynamo reads it when it traces, which a new shape can trigger
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return compiled(*args)
+            return compiled(attack, model, x, *rest, origin=grad_origin(x))
 
     return run
 

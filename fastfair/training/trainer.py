@@ -21,7 +21,7 @@ from fastfair import build, config, data, ops
 from fastfair.checks import check_config
 from fastfair.training import averaging
 from fastfair.scaleout import distributed
-from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend
+from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend, descent_capture
 from fastfair.training.class_state import ClassState
 from fastfair.training.divergence import diverged, nonfinite_stats, nonfinite_tensors
 from fastfair.config import Config
@@ -79,6 +79,9 @@ class Trainer:
             descent, self.attack_net = compile_descent(compile_), self.model
         else:  # an eager loop of steps around the (compiled) model
             descent, self.attack_net = descend, self.net
+            if compile_ and cfg.train.compile_attack:  # the faster mode where Dynamo breaks the descent
+                self.log(f"train.compile_attack: torch {torch.__version__} does not capture the attack as one "
+                         f"graph ({descent_capture()}); the attack runs as an eager loop around the compiled model")
         self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)), descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
