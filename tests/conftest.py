@@ -66,4 +66,4 @@ def pytest_terminal_summary(terminalreporter):
     if skipped:
         terminalreporter.write_line(
             f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; put "
-            "cifar10-subset.npz and mnist-subset.npz there, or set FASTFAIR_SHARED_DATA=DIR (see README, Tests)")
+            "cifar10-subset.npz and mnist-subset.npz there, or set FASTFAIR_SHARED_DATA=DIR (README: The two commands)")
