@@ -15,7 +15,7 @@ from fastfair.training.class_state import ClassState
 # (/work/wt/NAME) find it further up.
 _BESIDE = [p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]]
 SHARED = (Path(os.environ["FASTFAIR_SHARED_DATA"]) if os.environ.get("FASTFAIR_SHARED_DATA") else
-          next((p for p in _BESIDE if p.is_dir()), _BESIDE[0]))
+          next((p for p in _BESIDE if p.is_dir()), _BESIDE[1]))  # default: ../shared/data
 CIFAR_SUBSET = SHARED / "cifar10-subset.npz"
 # Every skip for want of the real data says this first; conftest counts them into one line after the run.
 NO_REAL_DATA = "no real data"
