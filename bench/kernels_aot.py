@@ -51,17 +51,21 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-class _KernelsFinder(importlib.abc.MetaPathFinder):
-    """``fastfair.kernels`` is this checkout's ``kernels/``, whichever checkout is installed (as tests/conftest.py)."""
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """``fastfair.kernels`` and ``fastfair.presets`` are this checkout's ``kernels/`` and ``configs/``, whichever
+    checkout is installed (as tests/conftest.py maps them)."""
+
+    FOLDERS = {"fastfair.kernels": ROOT / "kernels", "fastfair.presets": ROOT / "configs"}
 
     def find_spec(self, name, path, target=None):
-        if name != "fastfair.kernels":
+        folder = self.FOLDERS.get(name)
+        if folder is None:
             return None
-        return importlib.util.spec_from_file_location(name, ROOT / "kernels" / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT / "kernels")])
+        return importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
 
 
-sys.meta_path.insert(0, _KernelsFinder())
+sys.meta_path.insert(0, _CheckoutFinder())
 
 import torch  # noqa: E402
 import triton  # noqa: E402
