@@ -139,11 +139,6 @@ def _clear_device_caches():
 
 # ---- 1. the step's graphs, recorded on the CPU ---------------------------------------------------
 
-def _traced_launch(can_launch):
-    """``can_launch`` that says yes while Dynamo traces: the fused kernels enter the graph as they do on CUDA."""
-    return lambda t: torch.compiler.is_compiling() or can_launch(t)
-
-
 def _empty_outputs(gm: torch.fx.GraphModule) -> list:
     """Uninitialised tensors shaped like the graph's outputs: the CPU run goes on without computing them."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
@@ -355,12 +350,14 @@ def eager_fused_start(launch: list):
 
 
 def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0) -> dict:
+    """One configuration: its graphs recorded, compiled for an H100 and counted; its FLOPs; the predictions."""
     from fastfair import build
 
     rec = Recorder()
     eager_launch = [False]  # the second step: the fused ops' wrappers take the kernel path eagerly too
 
     def traced(can_launch):
+        # Dynamo folds is_compiling() to True, so the kernels enter the graph as on CUDA; eagerly the flag decides
         return lambda t: torch.compiler.is_compiling() or eager_launch[0] or can_launch(t)
 
     dataset = common.register_synthetic(batch, 0, (3, 32, 32))
