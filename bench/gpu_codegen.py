@@ -449,7 +449,11 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
           "outside graphs x host cost). Peaks and bandwidths: " + ", ".join(
               f"{n} {d['peak_tflops']} TFLOP/s bf16, {d['bandwidth_tb_s']} TB/s" for n, d in DEVICES.items()),
           "- launch costs are stated assumptions; cuBLAS/cuDNN calls count one launch each (a lower bound); "
-          "their bytes are not in Inductor's estimate (their time is in the FLOP term)", "",
+          "their bytes are not in Inductor's estimate (their time is in the FLOP term), nor are fastfair's own "
+          "kernels' (a few MB per step)",
+          "- CUDA graphs refused: Inductor's compile-time verdict per graph (mutated inputs, non-CUDA ops or "
+          "inputs, unsupported ops); what CUDA graph trees check at run time (e.g. a pending backward, memory "
+          "pool state) needs a GPU and is not known here", "",
           common.markdown_table(rows, COLUMNS), ""]
     (out / f"{stem}.md").write_text("\n".join(md))
     return "\n".join(md)
