@@ -425,6 +425,8 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
     """The JSON and Markdown results of the configs done so far (rewritten after each: a long grid keeps its part)."""
     import json
 
+    done = {(r["method"], r["model"], r["batch"], r["kernels"]) for r in rows}
+    missing = [c[:4] for c in grid if tuple(c[:4]) not in done]
     for r in rows:
         r["refused"] = "; ".join(r.get("cudagraph_refused", [])) or ("none" if "error" not in r else r["error"])
     head = common.header(torch.device("cpu"))
@@ -442,8 +444,9 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
           f"- device: {head['device']}", f"- torch {head['torch']}, triton {head['triton']}, Python {head['python']}",
           f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
           f"{head['time_utc']}",
-          f"- {len(rows)} of {len(grid)} configurations generated" + ("" if len(rows) == len(grid) else
-                                                                    " (the rest were not run: see the lead's notes)"),
+          f"- {len(rows)} of {len(grid)} configurations generated" + (f"; not generated (the grid was cut "
+                                                                    f"short): {', '.join(map(str, missing))}"
+                                                                    if missing else ""),
           f"- roofline: t_gpu = FLOPs / peak + Inductor's bytes / bandwidth + launches x {GPU_GAP_US} us; "
           f"no graphs: max(t_gpu, launches x {HOST_LAUNCH_US} us host cost); CUDA graphs: max(t_gpu, launches "
           "outside graphs x host cost). Peaks and bandwidths: " + ", ".join(
