@@ -1,0 +1,129 @@
+"""bench/kernels_aot.py: every kernel specialisation the wrappers launch compiles for sm_80 and sm_90 (no GPU),
+within the register ceiling, and the enumeration covers what a real training step launches.
+
+The script runs once (about 90 s on 2 cores: 68 compiles) in a subprocess without the Triton interpreter;
+the coverage test runs real training steps here, under the interpreter, and compares the kernels' own
+launch arguments with the compiled specialisations.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastfair import config
+from fastfair.attacks.pgd import OBJECTIVES
+from fastfair.methods import METHODS
+from fastfair.training.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+# Issue 26, open: today's kernels fail the gate here (reported, not yet fixed); (launch, N, C, dtype, target, what).
+KNOWN_FAILURES = {
+    ("row_loss cw_adv (d_adv)", n, 10, "bfloat16", "sm_80", "spill") for n in (128, 512)} | {
+    ("random_start normal", n, None, "bfloat16", t, "spill") for n in (128, 512) for t in ("sm_80", "sm_90")} | {
+    ("random_start uniform", 512, None, "float32", "sm_80", "registers"),
+    ("random_start normal", 512, None, "float32", "sm_80", "registers")}
+BLOCKS = ("BLOCK_R", "BLOCK_C")  # tile sizes: the interpreter picks bigger tiles than a GPU (kernels/fused_loss.py)
+SMS = {"sm_80": 108, "sm_90": 132}  # A100, H100 SXM
+
+
+@pytest.fixture(scope="module")
+def aot(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels_aot.py"), "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=1200)
+    files = list(out.glob("kernels-aot-triton*.json"))
+    assert files, proc.stdout + proc.stderr
+    return proc, json.loads(files[0].read_text())
+
+
+def test_every_specialisation_compiles_for_both_targets(aot):
+    proc, record = aot
+    assert not [r for r in record["rows"] if "error" in r]
+    targets = {}
+    for r in record["rows"]:
+        targets.setdefault(r["specialisation"], set()).add(r["target"])
+    assert set(map(frozenset, targets.values())) == {frozenset({"sm_80", "sm_90"})}
+    assert proc.returncode == (1 if record["failures"] else 0), proc.stderr
+    assert record["header"]["device"].startswith("none")
+
+
+def ceiling(target, warps, ctas):
+    """Registers at which the grid is resident in one wave, or the SM full: 65536 registers, 2048 threads, 32 CTAs."""
+    per_sm = min(-(-ctas // SMS[target]), 2048 // (32 * warps), 32)
+    return min(255, 65536 // (per_sm * 32 * warps) // 8 * 8)
+
+
+def failures(record):
+    out = set()
+    for r in record["rows"]:
+        key = (r["launch"], r["N"], r.get("C"), r["dtype"], r["target"])
+        if r["spill_stores"] or r["spill_loads"]:
+            out.add((*key, "spill"))
+        if r["registers"] > ceiling(r["target"], r["num_warps"], r["ctas"]):
+            out.add((*key, "registers"))
+    return out
+
+
+def test_the_script_applies_the_stated_ceiling(aot):
+    assert all(r["ceiling"] == ceiling(r["target"], r["num_warps"], r["ctas"]) for r in aot[1]["rows"])
+    assert len(aot[1]["failures"]) == len(failures(aot[1]))
+
+
+def test_no_spill_or_register_excess_beyond_the_known_ones(aot):
+    assert failures(aot[1]) <= KNOWN_FAILURES
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26: today's kernels spill or exceed the ceiling (KNOWN_FAILURES)")
+def test_no_spills_and_registers_within_the_ceiling(aot):
+    assert not failures(aot[1])
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The keyword arguments (constexprs) of every kernel launch that runs, by kernel name."""
+    from fastfair.kernels import fused_loss, pgd
+
+    seen = []
+    for module in (fused_loss, pgd):
+        wrap = module.wrap_triton
+
+        def recording(kernel, wrap=wrap):
+            launch = wrap(kernel)
+            name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+
+            class Grid:
+                def __getitem__(self, grid):
+                    def run(*args, **kwargs):
+                        seen.append((name, {k: v for k, v in kwargs.items() if k not in BLOCKS and k != "num_warps"}))
+                        return launch[grid](*args, **kwargs)
+                    return run
+            return Grid()
+
+        monkeypatch.setattr(module, "wrap_triton", recording)
+    return seen
+
+
+def test_enumeration_covers_what_training_launches(aot, launched, tmp_path):
+    """Real training steps of every method (and PGD-AT with every attack objective) launch only compiled
+    specialisations: their constexprs, tiles aside, are those of a row the script compiled."""
+    compiled = [(r["kernel"], r["constexprs"]) for r in aot[1]["rows"]]
+    runs = [(m, []) for m in METHODS] + [("pgd-at", [f"attack.objective={o}"]) for o in OBJECTIVES]
+    for i, (method, sets) in enumerate(runs):
+        if method.startswith("frl"):
+            continue  # fine-tunes from a checkpoint; its term sets are TRADES' (the script covers it)
+        cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits", "model.name": "tiny-cnn"}, [
+            "train.kernels=triton", "train.compile=off", "train.progress=false", "attack.steps=1",
+            "data.batch_size=8", "model.width=4", *sets])
+        trainer = Trainer(cfg, tmp_path / str(i), quiet=True)
+        trainer.model.train()
+        trainer.train_step(*next(iter(trainer.train_loader)))
+    assert {name for name, _ in launched} == {"_row_loss_kernel", "_pgd_step_kernel", "_random_start_kernel"}
+    missing = [(name, kw) for name, kw in launched
+               if not any(k == name and all(c.get(a) == v for a, v in kw.items()) for k, c in compiled)]
+    assert not missing
