@@ -69,6 +69,7 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils._pytree import tree_map  # noqa: E402
 
 from bench import common  # noqa: E402
+from fastfair.attacks.pgd import can_compile_descent  # noqa: E402
 from fastfair.kernels import fused_loss, pgd  # noqa: E402
 from fastfair.ops import steps  # noqa: E402
 
@@ -365,6 +366,9 @@ def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int
     # The CUDA defaults a CPU allows: compiled step and attack, bf16 autocast, channels_last, fused SGD.
     cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels}
     t0 = time.perf_counter()
+    # The trainer asks whether the descent compiles as one graph by tracing it once with torch.compile
+    # (cached per process): ask now, before torch.compile is the recorder's, so the answer is this torch's.
+    can_compile_descent()
     with tempfile.TemporaryDirectory() as tmp, triton_target(), mock.patch.object(torch, "compile", rec.compile), \
             mock.patch.object(fused_loss, "can_launch", traced(fused_loss.can_launch)), \
             mock.patch.object(pgd, "can_launch", traced(pgd.can_launch)), \

@@ -10,7 +10,7 @@ list: one training step of every registered method and every shipped preset (tin
 call's term mask, per-sample weight rows and gradient flags (the kernel's constexprs). Each recorded
 key is then launched again through the wrappers' own launch code (``_launch_row_loss``, the bodies of
 ``pgd_step_op`` and ``random_start_op``) on meta tensors at N 128 / 512, C 10 / 100, fp32 / bf16
-logits and images, with ``wrap_triton`` replaced by a recorder: so block sizes, ``num_warps`` and every
+logits and images, with the kernels' ``launcher`` replaced by a recorder: so block sizes, ``num_warps`` and every
 argument are the wrappers' choice. Triton's own binder turns each launch into the signature,
 constexprs and divisibility attributes its JIT would compile (meta tensors have data pointer 0:
 16-byte aligned, as the CUDA caching allocator's blocks are), and ``triton.compile`` builds it for
@@ -225,7 +225,7 @@ class Launch:
 
 @contextlib.contextmanager
 def capturing():
-    """``wrap_triton`` in the kernel modules records ``kernel[grid](*args, **kwargs)`` instead of launching."""
+    """``launcher`` in the kernel modules records ``kernel[grid](*args, **kwargs)`` instead of launching."""
     launches: list[tuple] = []
 
     class Recorder:
@@ -235,14 +235,14 @@ def capturing():
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launches.append((self.kernel, math.prod(grid), args, kwargs))
 
-    saved = [(m, m.wrap_triton) for m in (fused_loss, pgd)]
+    saved = [(m, m.launcher) for m in (fused_loss, pgd)]
     try:
         for m, _ in saved:
-            m.wrap_triton = Recorder
+            m.launcher = Recorder
         yield launches
     finally:
         for m, fn in saved:
-            m.wrap_triton = fn
+            m.launcher = fn
 
 
 def _op_body(op):

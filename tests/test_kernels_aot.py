@@ -91,7 +91,7 @@ def launched(monkeypatch):
 
     seen = []
     for module in (fused_loss, pgd):
-        wrap = module.wrap_triton
+        wrap = module.launcher
 
         def recording(kernel, wrap=wrap):
             launch = wrap(kernel)
@@ -105,7 +105,7 @@ def launched(monkeypatch):
                     return run
             return Grid()
 
-        monkeypatch.setattr(module, "wrap_triton", recording)
+        monkeypatch.setattr(module, "launcher", recording)
     return seen
 
 
