@@ -104,12 +104,20 @@ def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
     return cfg_value == "on" or (cfg_value == "auto" and dev.type == "cuda")
 
 
-def kernels(cfg: Config, dev: torch.device) -> str:
-    """The ops backend: fused Triton kernels on CUDA by default, the PyTorch reference elsewhere."""
+def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> str:
+    """The ops backend; ``auto`` picks where each wins (bench/results/gpu-codegen-predicted-*.md, issue 26).
 
+    On CUDA with the attack compiled as one graph, Inductor already fuses the reference loss rows and
+    PGD step into its own kernels, and a fused kernel is opaque to that fusion: it added launches (PGD-AT
+    ResNet-18: 2,014 against 2,013; TRADES 1,639 against 1,613) and saved no bytes. Only the random
+    start, drawn eagerly outside the graphs, gains (2 launches instead of 7). So ``auto`` is
+    ``inductor`` there, ``triton`` where the attack loop runs eagerly on CUDA, ``torch`` elsewhere.
+    """
     choice = cfg.train.kernels
     if choice == "auto":
-        return "triton" if dev.type == "cuda" else "torch"
+        if dev.type != "cuda":
+            return "torch"
+        return "inductor" if compiled_descent else "triton"
     BACKENDS.get(choice)
     return choice
 

@@ -98,6 +98,31 @@ def test_a_descent_that_is_not_one_graph_runs_eagerly_around_the_compiled_model(
     assert not log.is_file() or "does not capture" not in log.read_text()  # nothing to say when the user chose it
 
 
+@pytest.mark.parametrize("compiled_descent", [True, False])
+def test_kernels_auto_lets_inductor_fuse_where_the_attack_is_one_graph(tmp_path, monkeypatch, compiled_descent):
+    """--kernels auto on CUDA: the reference loss rows and PGD step (Inductor fuses them; a fused kernel added
+    launches inside the compiled step) with the fused random start where the attack is one graph, the fused
+    kernels where its loop runs eagerly; the reference on a CPU; a named backend is kept."""
+    cfg = config.resolve("demo", {}, ["train.kernels=auto"])
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert build.kernels(cfg, cuda, compiled_descent) == ("inductor" if compiled_descent else "triton")
+    assert build.kernels(cfg, cpu, compiled_descent) == "torch"
+    for name in ("torch", "triton", "inductor"):
+        assert build.kernels(config.resolve("demo", {}, [f"train.kernels={name}"]), cuda, compiled_descent) == name
+    from fastfair import kernels, ops
+    from fastfair.ops import losses, steps
+    inductor = ops.backend("inductor")
+    assert (inductor.row_loss, inductor.pgd_step, inductor.random_start) == \
+        (losses.row_loss, steps.pgd_step, kernels.random_start)
+    # the trainer hands build.kernels what it found: is the attack compiled as one graph?
+    seen = []
+    monkeypatch.setattr(trainer_module, "can_compile_descent", lambda: compiled_descent)
+    monkeypatch.setattr(trainer_module, "descent_capture", lambda: "2 graphs, 1 graph breaks")
+    monkeypatch.setattr(build, "kernels", lambda cfg, dev, compiled=False: seen.append(compiled) or "torch")
+    trainer(tmp_path, "pgd-at", "on")
+    assert seen == [compiled_descent]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
 def test_compiled_steps_track_eager_steps(tmp_path, method):

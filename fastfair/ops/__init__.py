@@ -35,6 +35,14 @@ def _triton_ops() -> Ops:
     return Ops("triton", kernels.row_loss, kernels.pgd_step, kernels.random_start)
 
 
+@BACKENDS.register("inductor", "PyTorch reference loss rows and PGD step (Inductor fuses them inside a compiled "
+                               "step), the fused Triton random start (drawn eagerly, outside the graphs)")
+def _inductor_ops() -> Ops:
+    from fastfair import kernels
+
+    return Ops("inductor", losses.row_loss, steps.pgd_step, kernels.random_start)
+
+
 def backend(name: str) -> Ops:
     """The ops of backend ``name`` (``fastfair methods`` lists them)."""
     return BACKENDS.get(name)()

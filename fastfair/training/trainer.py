@@ -75,14 +75,16 @@ class Trainer:
         # the uncompiled module.
         compile_ = build.compiler(cfg, self.dev)
         self.net = compile_(self.model) if compile_ else self.model
-        if compile_ and cfg.train.compile_attack and can_compile_descent():
+        compiled_descent = bool(compile_ and cfg.train.compile_attack and can_compile_descent())
+        if compiled_descent:
             descent, self.attack_net = compile_descent(compile_), self.model
         else:  # an eager loop of steps around the (compiled) model
             descent, self.attack_net = descend, self.net
             if compile_ and cfg.train.compile_attack:  # the faster mode where Dynamo breaks the descent
                 self.log(f"train.compile_attack: torch {torch.__version__} does not capture the attack as one "
                          f"graph ({descent_capture()}); the attack runs as an eager loop around the compiled model")
-        self.method = METHODS.get(cfg.method.name)(cfg, ops.backend(build.kernels(cfg, self.dev)), descent)
+        backend = ops.backend(build.kernels(cfg, self.dev, compiled_descent))
+        self.method = METHODS.get(cfg.method.name)(cfg, backend, descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
