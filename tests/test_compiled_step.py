@@ -296,7 +296,7 @@ def test_gpu_compiled_triton_steps_track_eager_steps(tmp_path, method):
 @needs_cuda
 @pytest.mark.parametrize("method", ["pgd-at", "trades"])
 def test_gpu_default_step_is_graph_break_free_and_stable(tmp_path, method):
-    """fastfair's CUDA default (bf16, channels_last, compiled attack, Triton kernels): no graph breaks,
+    """fastfair's CUDA default (bf16, channels_last, compiled attack, --kernels auto): no graph breaks,
     no new graphs after the first step, a finite loss."""
     torch._dynamo.reset()
     counters.clear()
