@@ -5,8 +5,9 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
-                         max_diff, method, rel_diff, steps_from_code, weight_grad)
+from conformance import (FRACTION, K_TOL, STEPS, Check, case, differing, differs, golden, inputs,
+                         max_diff, steps_from_code)
+from conformance_trades import code_loss_checks
 from fastfair import config
 from fastfair.attacks.names import parse_attack
 from fastfair.attacks.pgd import per_class
@@ -34,38 +35,13 @@ def start_law(ops, init, x, y, eps_c, want) -> float:
 
 # -- MART training: mart.py::mart_loss ------------------------------------------------------------
 
-def mart_method():
-    s = golden("mart").meta["settings"]
-    return method("mart", f"attack.eps={s['epsilon']}", f"attack.alpha={s['step_size']}",
-                  f"attack.steps={s['perturb_steps']}", f"method.kl_weight={s['beta']}")
-
-
 @case("mart")
 def mart():
-    g, inp = golden("mart"), inputs()
-    n = g.meta["batch"]
-    x, y = inp.x[:n], inp.y[:n]
-    ref = g.ref()
-    m, state = mart_method()
-    one = dataclasses.replace(m.attack, steps=1)
-    worst, detail = steps_from_code(g, lambda: inp.model("train"), one, x, y, state["eps"], state["alpha"],
-                                    m.cfg.attack.alpha)
-    model = inp.model("train")  # the trainer's model is in train mode; the attack switches to its BN mode
-    with fixed_start(m, g.t("start")):
-        x_adv = m.perturb(model, x, y, state)
-    model = inp.model("train")
-    loss, _ = m.objective(model, x, g.t("x_adv"), y, state)
-    return [
-        Check("MART", "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
-        Check("MART", "random start: law of the code's x + 0.001 N(0, I)", ref,
-              start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")), START_TOL, START),
-        Check("MART", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
-        # float32 sums of 16 rows in another order; the code's 1.0000001 - p_y and + 1e-12 inside its logs
-        # move the loss by about 1e-7
-        Check("MART", "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
-        Check("MART", "weight gradient on the code's x_adv", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
-    ]
+    # the code's 1.0000001 - p_y and + 1e-12 inside its logs move the loss by about 1e-7, within code_loss_checks'
+    checks, (m, state, x, y) = code_loss_checks("MART", "mart")
+    g = golden("mart")
+    return checks + [Check("MART", "random start: law of the code's x + 0.001 N(0, I)", g.ref(),
+                           start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")), START_TOL, START)]
 
 
 # -- PGD-20 evaluation: TRADES pgd_attack_cifar10.py and MART train_wideresnet.py _pgd_whitebox ---------

@@ -4,10 +4,8 @@ kept per step, and why it is enough: record.py)."""
 import types
 
 import numpy as np
-import torch
 
-from conformance import Recorder
-from record import BATCH, STEP_IMAGES, Outputs, load_function, script_namespace, steps_record
+from record import BATCH, STEP_IMAGES, Outputs, load_function, script_namespace, steps_record, training_loss_record
 
 REPO = "YisenWang/MART"
 PINNED = "2d83e17b381dd2ee52223695e517bf6d5ff09c2c"
@@ -30,16 +28,8 @@ def generate(path, inp):
     from mart import mart_loss
 
     x, y = inp.x[:BATCH], inp.y[:BATCH]
-    model = inp.model("train")
-    rec = Recorder(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = mart_loss(rec, x, y, opt, distance="l_inf", **SETTINGS)
-    grad = torch.autograd.grad(loss, list(model.parameters()))
     # after the K attack forwards: model(x_natural), then model(x_adv)
-    x_adv = rec.inputs[-1]
-    arrays = {**steps_record(rec.iterates + [x_adv], rec.grads), "start": rec.iterates[0].numpy(),
-              "x_adv": x_adv.numpy(), "loss": loss.detach().numpy(),
-              "weight_grad": torch.cat([g.flatten() for g in grad]).numpy()}
+    arrays = training_loss_record(mart_loss, inp, SETTINGS, x_adv_back=1)
     meta = {"file": "mart.py", "function": "mart_loss", "settings": SETTINGS, "batch": BATCH,
             "step_images": STEP_IMAGES,
             "step_iterates": "x_0 (the code's start x + 0.001 N(0, I)) .. x_K of the first step_images images"}

@@ -75,3 +75,19 @@ class Capture:
 def unit(g: torch.Tensor) -> np.ndarray:
     """Gradients over each sample's largest magnitude, float16: what step_flips needs (sign, relative size)."""
     return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float16)
+
+
+def training_loss_record(loss_fn, inp, settings: dict, x_adv_back: int) -> dict:
+    """Run an authors' TRADES-style training loss, ``loss_fn(model, x, y, optimizer, distance="l_inf",
+    **settings)`` (TRADES's trades_loss, MART's mart_loss), on the first ``BATCH`` images: the per-step record
+    (:func:`steps_record`), its start, its x_adv (the input of the ``x_adv_back``-th forward from the end),
+    the loss and the weight gradient."""
+    x, y = inp.x[:BATCH], inp.y[:BATCH]
+    model = inp.model("train")
+    rec = Recorder(model)
+    loss = loss_fn(rec, x, y, torch.optim.SGD(model.parameters(), lr=0.1), distance="l_inf", **settings)
+    grad = torch.autograd.grad(loss, list(model.parameters()))
+    x_adv = rec.inputs[-x_adv_back]
+    return {**steps_record(rec.iterates + [x_adv], rec.grads), "start": rec.iterates[0].numpy(),
+            "x_adv": x_adv.numpy(), "loss": loss.detach().numpy(),
+            "weight_grad": torch.cat([g.flatten() for g in grad]).numpy()}
