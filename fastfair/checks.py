@@ -155,12 +155,14 @@ def check_epochs(cfg) -> list[str]:
             good = last_acting(use, epochs)
             setting = None if good is None else f"--set {key}={[good] if isinstance(value, list) else good}"
             said = f"{key} = {value} ({use.what} from epoch {first})"
-            if use.needed or not _shortened(cfg, key, use):
+            if use.needed or _meant(cfg, key, use):
                 never.append((said, setting, first))
             else:
-                source = "the preset" if cfg.layers.get(key) == config.PRESET else "a default"
-                warnings.append(f"{said} is past train.epochs = {epochs}, so this shortened run goes without it "
-                                f"(--epochs cuts short {source}'s value; to see it act: {setting or 'more epochs'})")
+                by = cfg.layers.get("train.epochs", config.DEFAULTS)
+                cut = f", cut short by train.epochs from {_LAYERS[by]}" if by > config.DEFAULTS else ""
+                warnings.append(f"{said} is past train.epochs = {epochs}, so this run goes without it "
+                                f"({_LAYERS[_chosen(cfg, key, use)]}'s value{cut}; to see it act: "
+                                f"{setting or 'more epochs'})")
     if never:
         one = len(never) == 1
         more = max(first for _, _, first in never)
@@ -183,8 +185,17 @@ def _and(items) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def _shortened(cfg, key: str, use: Epochs) -> bool:
-    """Whether the user set ``train.epochs`` above the layer that chose the key's value and switched on what it
-    starts: a quick look at a preset (``--config cfa-... --epochs 3``), not a setting the user meant."""
-    chose = max(cfg.layers.get(key, config.DEFAULTS), cfg.layers.get(use.switch, config.DEFAULTS))
-    return cfg.layers.get("train.epochs", config.DEFAULTS) > chose
+_LAYERS = {config.DEFAULTS: "a default", config.PRESET: "the preset", config.USER: "the command line"}
+
+
+def _chosen(cfg, key: str, use: Epochs) -> int:
+    """The layer that chose the key's value or switched on what it starts, whichever came later."""
+    return max(cfg.layers.get(key, config.DEFAULTS), cfg.layers.get(use.switch, config.DEFAULTS))
+
+
+def _meant(cfg, key: str, use: Epochs) -> bool:
+    """Whether the preset or the user chose the key or its switch with ``train.epochs`` already known (in the
+    same layer or a later one): then a value the run never reaches is a mistake. Otherwise a default, or a
+    preset's value that a shorter ``--epochs`` cuts short (a quick look: ``--config cfa-... --epochs 3``)."""
+    chosen = _chosen(cfg, key, use)
+    return chosen > config.DEFAULTS and chosen >= cfg.layers.get("train.epochs", config.DEFAULTS)
