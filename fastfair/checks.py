@@ -135,7 +135,7 @@ def epoch_keys(cfg=None) -> dict[str, Epochs]:
 
 def check_epochs(cfg) -> list[str]:
     """Raise one UserError naming every key whose epoch lies past ``train.epochs`` so that what it starts would
-    never act, unless the run is a quick look (:func:`_shortened`); return the warnings: those quick looks,
+    never act, unless nobody meant it (:func:`_meant`: a default, or a quick look); return the warnings: those,
     and what acts only in part (a milestone past the end, a schedule cut short)."""
     epochs, warnings, never = cfg.train.epochs, [], []
     for key, use in epoch_keys(cfg).items():

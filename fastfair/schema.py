@@ -8,8 +8,8 @@ value against a field's type: the one place a bad ``--set`` value becomes a ``Us
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ class Epochs:
     what: str  # what the key starts, as a message names it ("CCM's calibrated eps_k")
     switch: str = ""  # the key that switches ``what`` on; a user who set it meant it, even on a shortened run
     active: Callable[[Any], bool] = lambda cfg: True  # whether ``what`` is on in this run
-    first: Callable[[int], int] = lambda n: n + 1  # the epoch in which the value ``n`` first acts
+    first: Callable[[int], float] = lambda n: n + 1  # the epoch in which the value ``n`` first acts (inf: never)
     cut_short: bool = False  # past the end, ``what`` still acts, only not to its end: a warning
     needed: bool = False  # past the end, the run cannot finish: an error, even on a shortened run
 
