@@ -5,21 +5,29 @@
 anything; checks that need the data (batch size against the split, the validation split,
 label ranges) run where the data is loaded (:mod:`fastfair.data.datasets`, the Trainer).
 A rule is a row of :data:`RANGES` or :data:`NAMES`, so a new key gets its check in one line.
+
+A key that names an epoch says so (:class:`~fastfair.schema.Epochs`: a row of :data:`EPOCHS` for the
+core keys, ``Key(..., epochs=...)`` beside a method's or option's), and :func:`check_epochs` checks it
+against ``train.epochs``: what it starts would never act in this run is an error naming the fix, or
+a warning where a preset's or a default's value is only cut short by a shorter ``--epochs`` (a quick
+look); what acts only in part (a milestone past the end) is a warning.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from fastfair import config
 from fastfair.attacks.names import parse_attack
 from fastfair.attacks.pgd import BN_MODES, OBJECTIVES
 from fastfair.data import DATASETS, LOADERS
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import check_attack_names
-from fastfair.methods import METHODS
+from fastfair.methods import METHODS, OPTIONS
 from fastfair.models import HEADS, MODELS, NORMS
 from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
 from fastfair.reports.tracking import TRACKERS
+from fastfair.schema import Epochs, never_at_0
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
@@ -49,6 +57,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.select_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
     "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
+    "he.pmax_epoch": _at_least(1),
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
                      "distinct class indices, each at least 0"),
 }
@@ -64,13 +73,24 @@ NAMES: dict[str, Any] = {
 }
 
 
+# the core keys that name an epoch (a method's or option's declare it on their Key)
+EPOCHS: dict[str, Epochs] = {
+    "train.lr_milestones": Epochs("the learning-rate decay", first=never_at_0),
+    "train.avg_begin": Epochs("EMA/FAWA weight averaging", switch="train.averaging",
+                              active=lambda cfg: cfg.train.averaging != "none"),
+    "train.select_begin": Epochs("the best_* checkpoints train.select evaluates", switch="train.select",
+                                 active=lambda cfg: cfg.train.select != "last", needed=True),
+}
+
+
 def _value(cfg, key: str) -> Any:
     section, _, name = key.partition(".")
     return getattr(cfg.sections[section], name)
 
 
-def check_config(cfg) -> None:
-    """Raise a UserError naming the key and a good value for the first value out of range or unknown."""
+def check_config(cfg) -> list[str]:
+    """Raise a UserError naming the key and a good value for the first value out of range or unknown;
+    return the warnings the run should print (:func:`check_epochs`)."""
     method = METHODS.get(cfg.method.name)
     attacks = method.adversarial
     for key, (ok, good) in RANGES.items():
@@ -90,9 +110,6 @@ def check_config(cfg) -> None:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
         raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
                         f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
-    if cfg.train.select != "last" and cfg.train.select_begin >= cfg.train.epochs:
-        raise UserError(f"train.select_begin={cfg.train.select_begin} leaves no epoch of {cfg.train.epochs} to select "
-                        f"from (0-based); lower it below train.epochs")
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
@@ -100,3 +117,85 @@ def check_config(cfg) -> None:
         check_attack_names(cfg.eval.attacks)
     except UserError as err:
         raise UserError(f"eval.attacks: {err}") from None
+    return check_epochs(cfg)
+
+
+def epoch_keys(cfg=None) -> dict[str, Epochs]:
+    """The keys naming an epoch: the core ones, the run's method's and its enabled options' (every method's and
+    option's without ``cfg``)."""
+    methods = [METHODS.get(cfg.method.name)] if cfg else [METHODS.get(m) for m in METHODS]
+    options = cfg.enabled_options() if cfg else list(OPTIONS)
+    keys = dict(EPOCHS)
+    for method in methods:
+        keys.update({f"method.{k}": key.epochs for k, key in method.keys_all().items() if key.epochs})
+    for name in options:
+        keys.update({f"{name}.{k}": key.epochs for k, key in OPTIONS.get(name).keys.items() if key.epochs})
+    return keys
+
+
+def check_epochs(cfg) -> list[str]:
+    """Raise one UserError naming every key whose epoch lies past ``train.epochs`` so that what it starts would
+    never act, unless nobody meant it (:func:`_meant`: a default, or a quick look); return the warnings: those,
+    and what acts only in part (a milestone past the end, a schedule cut short)."""
+    epochs, warnings, never = cfg.train.epochs, [], []
+    for key, use in epoch_keys(cfg).items():
+        value = _value(cfg, key)
+        values = value if isinstance(value, list) else [value]
+        past = [n for n in values if use.first(n) > epochs]
+        if not use.active(cfg) or not past:
+            continue
+        first = min(use.first(n) for n in past)
+        if len(past) < len(values):
+            warnings.append(f"{key} = {value}: {', '.join(map(str, past))} {'is' if len(past) == 1 else 'are'} past "
+                            f"train.epochs = {epochs}, so this run leaves out {use.what} there")
+        elif use.cut_short:
+            warnings.append(f"{key} = {value} is past train.epochs = {epochs}: {use.what} would end in epoch {first}, "
+                            f"so this run stops it part-way")
+        else:
+            good = last_acting(use, epochs)
+            setting = None if good is None else f"--set {key}={[good] if isinstance(value, list) else good}"
+            said = f"{key} = {value} ({use.what} from epoch {first})"
+            if use.needed or _meant(cfg, key, use):
+                never.append((said, setting, first))
+            else:
+                by = cfg.layers.get("train.epochs", config.DEFAULTS)
+                cut = f", cut short by train.epochs from {_LAYERS[by]}" if by > config.DEFAULTS else ""
+                warnings.append(f"{said} is past train.epochs = {epochs}, so this run goes without it "
+                                f"({_LAYERS[_chosen(cfg, key, use)]}'s value{cut}; to see it act: "
+                                f"{setting or 'more epochs'})")
+    if never:
+        one = len(never) == 1
+        more = max(first for _, _, first in never)
+        fix = f"train for {more} epochs or more (--epochs {more})"
+        settings = [setting for _, setting, _ in never if setting]
+        if len(settings) == len(never):
+            fix = f"set {' '.join(settings)} (or lower), or {fix}"
+        raise UserError(f"{_and(said for said, _, _ in never)} {'is' if one else 'are'} past train.epochs = {epochs}, "
+                        f"so this run would go without {'it' if one else 'them'}; {fix}")
+    return warnings
+
+
+def last_acting(use: Epochs, epochs: int) -> int | None:
+    """The largest value of a key that still acts within ``epochs`` (None when none does)."""
+    return next((n for n in range(epochs, -1, -1) if use.first(n) <= epochs), None)
+
+
+def _and(items) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+_LAYERS = {config.DEFAULTS: "a default", config.PRESET: "the preset", config.USER: "the command line"}
+
+
+def _chosen(cfg, key: str, use: Epochs) -> int:
+    """The layer that chose the key's value or switched on what it starts, whichever came later."""
+    return max(cfg.layers.get(key, config.DEFAULTS), cfg.layers.get(use.switch, config.DEFAULTS))
+
+
+def _meant(cfg, key: str, use: Epochs) -> bool:
+    """Whether the preset or the user chose the key or its switch with ``train.epochs`` already known (in the
+    same layer or a later one): then a value the run never reaches is a mistake. Otherwise a default, or a
+    preset's value that a shorter ``--epochs`` cuts short (a quick look: ``--config cfa-... --epochs 3``)."""
+    chosen = _chosen(cfg, key, use)
+    return chosen > config.DEFAULTS and chosen >= cfg.layers.get("train.epochs", config.DEFAULTS)

@@ -86,6 +86,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     nesterov: bool = False
+    # epochs after which the rate is multiplied by lr_gamma: it changes from epoch m + 1 on (MultiStepLR)
     lr_milestones: list[int] = field(default_factory=lambda: [75, 90])
     lr_gamma: float = 0.1
     seed: int = 0
@@ -99,7 +100,8 @@ class TrainConfig:
     cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
-    # first epoch (0-based) whose model may become a best_* checkpoint (CFA's code: epochs >= epochs / 2)
+    # epochs before the first whose model may become a best_* checkpoint: candidates from epoch select_begin + 1
+    # on (CFA's code keeps none before epochs / 2: its 0-based `epoch >= 100` of 200 is select_begin = 100)
     select_begin: int = 0
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
@@ -109,7 +111,7 @@ class TrainConfig:
     avg_decay: float = 0.85  # EMA/FAWA decay (CFA paper 0.85, code 0.88)
     # FAWA: an epoch is averaged in only if worst-class val robust acc >= this (paper 0.2, code 0.24)
     avg_threshold: float = 0.2
-    avg_begin: int = 50  # first epoch averaged in (CFA paper 50, code 0)
+    avg_begin: int = 50  # epochs before the first averaged in, from epoch avg_begin + 1 on (CFA paper 50, code 0)
     init_from: str = ""  # checkpoint whose model weights start training (FRL fine-tunes a robust model)
     # torchrun only: SyncBatchNorm (batch statistics over the global batch, CUDA only) instead of
     # per-rank BatchNorm statistics (the usual DDP default); see fastfair/distributed.py
@@ -128,6 +130,10 @@ class EvalConfig:
     split: str = "test"
     seed: int = 0  # seeds every random start of evaluation attacks (PGD, CW, T-PGD, AutoAttack)
 
+
+# Which layer set a key (module docstring): a value a default or the preset chose that a shorter --epochs
+# cuts short is a quick look (a warning), a value the user set is meant (fastfair.checks.check_epochs).
+DEFAULTS, PRESET, USER = 0, 1, 2
 
 CORE = {"data": DataConfig, "model": ModelConfig, "attack": AttackConfig, "train": TrainConfig, "eval": EvalConfig}
 
@@ -175,6 +181,7 @@ class Config:
 
     def __init__(self, method: str = "pgd-at", preset: str = ""):
         self.preset = preset
+        self.layers: dict[str, int] = {}  # key -> the layer (DEFAULTS, PRESET, USER) that set it; unset: DEFAULTS
         self.sections = {name: cls() for name, cls in CORE.items()}
         self.sections["method"] = METHODS.get(method).section()(name=method)
         self.sections.update({name: OPTIONS.get(name).section()() for name in OPTIONS})
@@ -215,8 +222,9 @@ def _qualify(cfg: Config, key: str) -> str:
     return key
 
 
-def apply(cfg: Config, updates: dict[str, Any], origin: str) -> Config:
-    """Apply flat ``{'section.key': value}`` updates in place, validating each key and value."""
+def apply(cfg: Config, updates: dict[str, Any], origin: str, layer: int = USER) -> Config:
+    """Apply flat ``{'section.key': value}`` updates in place, validating each key and value; ``layer`` records
+    who chose them (:data:`DEFAULTS`, :data:`PRESET`, :data:`USER`)."""
     for raw_key, value in updates.items():
         key = _qualify(cfg, raw_key)
         if key == "preset":
@@ -230,6 +238,7 @@ def apply(cfg: Config, updates: dict[str, Any], origin: str) -> Config:
         if name not in types_:
             raise UserError(f"unknown config key {raw_key!r} (from {origin}).{_hint(cfg, key)}")
         setattr(cfg.sections[section], name, schema.coerce(key, value, types_[name]))
+        cfg.layers[key] = layer
     return cfg
 
 
@@ -306,14 +315,14 @@ def _read_toml(name_or_path: str) -> dict[str, Any]:
 def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
     """A config holding every default that applies below the user's layers (module docstring)."""
     cfg = Config(method)
-    apply(cfg, {"data.dataset": dataset}, "the command line")
-    apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults")
+    apply(cfg, {"data.dataset": dataset}, "the command line", DEFAULTS)
+    apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults", DEFAULTS)
     spec = DATASETS.get(dataset)
     apply(cfg, {"data.val_per_class": spec.val_per_class, "data.crop_padding": spec.crop_padding,
-                "data.flip": spec.flip}, f"data set {dataset}'s defaults")
+                "data.flip": spec.flip}, f"data set {dataset}'s defaults", DEFAULTS)
     for name in options:
         try:
-            apply(cfg, OPTIONS.get(name).defaults, f"option {name}'s defaults")
+            apply(cfg, OPTIONS.get(name).defaults, f"option {name}'s defaults", DEFAULTS)
         except UserError as err:
             raise UserError(f"option {name} does not combine with method {method}: {err}") from None
     return cfg
@@ -326,30 +335,34 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
     ``base`` (a saved run's config) replaces the defaults, used by ``--resume``.
     """
     layers = [
-        ("the preset", read_preset(preset) if preset else {}),
-        ("the command line", {k: v for k, v in (flags or {}).items() if v is not None}),
-        ("--set", parse_set(sets or [])),
+        ("the preset", PRESET, read_preset(preset) if preset else {}),
+        ("the command line", USER, {k: v for k, v in (flags or {}).items() if v is not None}),
+        ("--set", USER, parse_set(sets or [])),
     ]
     probe = Config()
-    merged = {_qualify(probe, k): v for _, layer in layers for k, v in layer.items()}
+    merged = {_qualify(probe, k): v for _, _, layer in layers for k, v in layer.items()}
+    method_layer = max((rank for _, rank, layer in layers if any(_qualify(probe, k) == "method.name" for k in layer)),
+                       default=DEFAULTS)
     # the method is chosen once, from every layer (a preset's method may be overridden by --set)
-    layers = [(origin, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
-              for origin, layer in layers]
+    layers = [(origin, rank, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
+              for origin, rank, layer in layers]
     if base is not None:
         saved = renamed(flatten(base))
-        cfg = apply(Config(saved["method.name"]), saved, "the saved run config")
-        apply(cfg, {"method.name": merged.get("method.name", cfg.method.name)}, "the saved run")
+        # a resumed run's saved values were chosen when it started: as a preset's, below this command's
+        cfg = apply(Config(saved["method.name"]), saved, "the saved run config", PRESET)
+        apply(cfg, {"method.name": merged.get("method.name", cfg.method.name)}, "the saved run", PRESET)
     else:
         method = merged.get("method.name", probe.method.name)
         dataset = merged.get("data.dataset", probe.data.dataset)
         # Which options are on depends on the layers, and their defaults go below the layers:
         # apply the layers once to see, then build again with those options' defaults.
         trial = _with_defaults(method, dataset, [])
-        for origin, layer in layers:
-            apply(trial, layer, origin)
+        for origin, rank, layer in layers:
+            apply(trial, layer, origin, rank)
         cfg = _with_defaults(method, dataset, trial.enabled_options())
-    for origin, layer in layers:
-        apply(cfg, layer, origin)
+        cfg.layers["method.name"] = method_layer
+    for origin, rank, layer in layers:
+        apply(cfg, layer, origin, rank)
     for name in cfg.enabled_options():
         OPTIONS.get(name).check(cfg)
     return cfg

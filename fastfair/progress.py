@@ -61,6 +61,11 @@ class Progress:
             self.console.print(*args, markup=False, soft_wrap=True)
         self._to_file(" ".join(map(str, args)))
 
+    def warn(self, message: str) -> None:
+        """A warning: on stderr even with the progress off (--quiet, train.progress=false), and in the log file."""
+        print(f"fastfair: warning: {message}", file=sys.stderr)
+        self._to_file(f"warning: {message}")
+
     def _to_file(self, line: str) -> None:
         if self._early is not None:
             self._early.append(line)

@@ -9,21 +9,47 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from fastfair.errors import UserError
 
 
 @dataclass(frozen=True)
+class Epochs:
+    """What a key naming an epoch starts and how it counts, so :func:`fastfair.checks.check_epochs` can say
+    before any work when the run ends before it acts.
+
+    Epochs are numbered from 1, as fastfair prints and writes them. Such a key counts the epochs
+    *before* it acts: ``n`` acts from epoch ``n + 1`` on (``first`` says otherwise). A list (milestones)
+    holds one such value per step.
+    """
+
+    what: str  # what the key starts, as a message names it ("CCM's calibrated eps_k")
+    switch: str = ""  # the key that switches ``what`` on; a user who set it meant it, even on a shortened run
+    active: Callable[[Any], bool] = lambda cfg: True  # whether ``what`` is on in this run
+    first: Callable[[int], float] = lambda n: n + 1  # the epoch in which the value ``n`` first acts (inf: never)
+    cut_short: bool = False  # past the end, ``what`` still acts, only not to its end: a warning
+    needed: bool = False  # past the end, the run cannot finish: an error, even on a shortened run
+
+
+def never_at_0(n: int) -> float:
+    """``Epochs.first`` of a key whose 0 never fires (a learning-rate milestone, DAFA's warm-up)."""
+    return n + 1 if n >= 1 else math.inf
+
+
+@dataclass(frozen=True)
 class Key:
-    """One config key: its default, a one-line doc naming its paper, and its type (inferred from a scalar default)."""
+    """One config key: its default, a one-line doc naming its paper, and its type (inferred from a scalar default);
+    ``epochs`` when it names an epoch (:class:`Epochs`)."""
 
     default: Any
     doc: str
     type: Any = None
+    epochs: Epochs | None = None
 
     @property
     def annotation(self) -> Any:

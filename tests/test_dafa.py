@@ -123,9 +123,10 @@ def test_methods_list_dafa_with_its_paper():
 
     with pytest.raises(UserError, match="warmup"):
         check_config(refused("method.warmup=0"))
-    with pytest.raises(UserError, match=r"method.warmup = 70 is not below train.epochs = 20: .*method.warmup=13"):
+    with pytest.raises(UserError, match=r"method.warmup = 70 \(DAFA's class weights from epoch 71\) is past "
+                                        r"train.epochs = 20.*--set method.warmup=19"):
         check_config(refused("train.epochs=20"))  # a short run would silently be plain TRADES
-    with pytest.raises(UserError, match=r"needs train.epochs >= 2"):
+    with pytest.raises(UserError, match=r"train for 2 epochs or more"):
         check_config(refused("train.epochs=1", "method.warmup=1"))
     check_config(refused("train.epochs=2", "method.warmup=1"))
 

@@ -194,7 +194,7 @@ def test_subset_scale_shrinks_dafas_warm_up_with_the_epochs(tmp_path):
                 assert "method.warmup" not in run.sets, name
     two = runs.plan(tables.get("dafa-t1"), 1, "subset", str(npz), tmp_path / "two", {"train.epochs": 2})
     assert {r.sets.get("method.warmup") for r in two} == {None, 1}  # round(70 * 2 / 110) = 1 < 2
-    with pytest.raises(UserError, match="needs train.epochs >= 2"):  # refused before any run starts
+    with pytest.raises(UserError, match=r"method.warmup = 1 .* train for 2 epochs or more"):  # before any run starts
         reproduce("dafa-t1", scale="subset", data_dir=str(npz), out=str(tmp_path / "one"), sets=["train.epochs=1"])
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.methods.options import Option, register, train_robust_fraction
-from fastfair.schema import Key
+from fastfair.schema import Epochs, Key
 
 
 def ccm_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
@@ -23,7 +23,13 @@ def ccr_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
     return lam + train_robust
 
 
-BEGIN = "first epoch (0-based) that uses A_k (CFA code's --begin 10; the paper gives none)"
+BEGIN = ("epochs at the base value before A_k is used: from epoch begin + 1 on (at the earliest epoch 2: A_k "
+         "comes from a finished epoch; CFA code's --begin 10; the paper gives none)")
+
+
+def _begin(what: str, switch: str) -> Epochs:
+    # end_epoch sets the factor after epoch e (1-based) when e >= begin, so it acts from epoch max(begin, 1) + 1
+    return Epochs(what, switch=switch, first=lambda n: max(n, 1) + 1)
 
 
 class Calibration(Option):
@@ -47,7 +53,7 @@ class Calibration(Option):
 class CCM(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated margin on (--ccm)"),
             "lambda_1": Key(0.5, "CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (Wei et al. 2023, Sec. 5.1)"),
-            "begin": Key(10, BEGIN)}
+            "begin": Key(10, BEGIN, epochs=_begin("CCM's calibrated eps_k", "ccm.enabled"))}
     vector, factor = "eps", "eps_ccm"
 
     def calibrated(self, train_robust):
@@ -58,7 +64,7 @@ class CCM(Calibration):
 class CCR(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated TRADES regularisation on (--ccr)"),
             "lambda_2": Key(0.5, "CFA lambda_2 (Wei et al. 2023, Sec. 5.1)"),
-            "begin": Key(10, BEGIN)}
+            "begin": Key(10, BEGIN, epochs=_begin("CCR's calibrated TRADES beta_k", "ccr.enabled"))}
     defaults = {"method.normalize": True}  # Eq. 8 divides the calibrated loss by (1 + beta_y)
     vector, factor = "kl_weight", "kl_weight_ccr"
 

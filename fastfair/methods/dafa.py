@@ -39,7 +39,7 @@ from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
 from fastfair.methods.base import METHODS, Method
 from fastfair.methods.trades import TRADES, TRADES_ATTACK
-from fastfair.schema import Key
+from fastfair.schema import Epochs, Key, never_at_0
 
 SIMILARITY = "softmax_by_class"
 
@@ -67,7 +67,8 @@ class DAFA(Method):
         "dafa_lambda": Key(1.0, "DAFA scale lambda of Algorithm 2 (code --dafa_lambda: CIFAR-10 1.0, "
                                 "CIFAR-100 and STL-10 1.5)"),
         "warmup": Key(70, "DAFA tau: epochs of plain training; W comes from epoch tau's training adversarial "
-                          "examples and is used from epoch tau + 1 on (Algorithm 1; code --dafa_warmup 70)"),
+                          "examples and is used from epoch tau + 1 on (Algorithm 1; code --dafa_warmup 70)",
+                   epochs=Epochs("DAFA's class weights", switch="method.name", first=never_at_0)),
         "tie_subtracts": Key(True, "on p_i(i) == p_j(j) subtract as the easier class (code utils.py); false: skip "
                                    "the pair (paper Algorithm 2)"),
         "clamp_negative": Key(False, "floor the DAFA class weights at 0 (neither the paper nor the code does)"),
@@ -80,18 +81,10 @@ class DAFA(Method):
 
     @classmethod
     def check(cls, cfg):
-        warmup, epochs = cfg.method.warmup, cfg.train.epochs
+        warmup = cfg.method.warmup  # past train.epochs: checks.check_epochs (Epochs above)
         if warmup < 1:
             raise UserError(f"method.warmup must be at least 1 (DAFA computes its weights after the warm-up epoch "
                             f"tau); got {warmup}")
-        if epochs < 2:
-            raise UserError(f"method {cfg.method.name} needs train.epochs >= 2 (a warm-up epoch, then epochs with the "
-                            f"DAFA weights); got {epochs}")
-        if warmup >= epochs:  # else the run would be plain TRADES / PGD-AT, silently
-            scaled = min(epochs - 1, max(1, round(epochs * 70 / 110)))
-            raise UserError(f"method.warmup = {warmup} is not below train.epochs = {epochs}: DAFA's class weights "
-                            f"would never be used; lower it, e.g. --set method.warmup={scaled} (DAFA's code warms "
-                            f"up for 70 of 110 epochs)")
 
     def setup(self, state):
         super().setup(state)

@@ -25,7 +25,7 @@ import torch
 from fastfair.errors import UserError
 from fastfair.methods.at import AT_ATTACK, PGDAT
 from fastfair.methods.base import METHODS
-from fastfair.schema import Key
+from fastfair.schema import Epochs, Key
 
 
 def tau_at(epoch: int, tau: int, milestones: list[int]) -> int:
@@ -75,7 +75,9 @@ class FAT(PGDAT):
     """CE(f(x~), y) on early-stopped PGD examples x~ (Zhang et al. 2020, Eq. 4-5)."""
 
     keys = {"tau": Key(0, "FAT tau: misclassified PGD steps a sample may take before it stops (Zhang et al. 2020)"),
-            "tau_milestones": Key([], "FAT dynamic tau: +1 at each of these epochs (FAT code: 50, 90)", list[int]),
+            "tau_milestones": Key([], "FAT dynamic tau: +1 after each of these epochs, from epoch m + 1 on (FAT code: "
+                                      "50, 90)", list[int],
+                                  epochs=Epochs("FAT's tau increase")),
             "stop_rule": Key("fat", "early stop: 'fat' = a sample stops at a misclassified check with no budget left "
                                     "(FAT code earlystop.py, Alg. 1); 'cfa' = it steps only while its budget is "
                                     "positive, so tau 0 never moves (CFA code attack.py fat_loss)"),

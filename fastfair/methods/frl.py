@@ -14,7 +14,7 @@ import torch
 
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, Method
-from fastfair.schema import Key
+from fastfair.schema import Epochs, Key
 
 # Both FRL scripts (frlrw.py, frlrmrw.py): SGD lr 0.001, MultiStepLR [40, 80] (not reached in their
 # default 40 epochs), TRADES-PGD-10 from x + 0.001 N(0, I) in eval mode, PGD-20 validation.
@@ -80,7 +80,9 @@ class FRLBase(Method):
         "rate_weight": Key(0.05, "FRL multiplier step of the reweight terms (code: rate1 0.05)"),
         "rate_margin": Key(0.2, "FRL multiplier step of the remargin term (code: rate2 0.2 in frlrmrw.py)"),
         "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda; lim 0.5)"),
-        "halve_every": Key(40, "FRL code halves rate1 every this many epochs (0: never)"),
+        "halve_every": Key(40, "FRL code halves rate1 in each epoch whose number (from 1) this divides (0: never)",
+                           epochs=Epochs("FRL's halving of rate_weight", active=lambda cfg: cfg.method.halve_every != 0,
+                                         first=lambda n: n)),
         "step_from_eps": Key(True, "FRL attack step max over the batch of eps_y / 4 (code's utils_frl2.trades_adv, "
                                    "remargin); false: attack.alpha (utils_frl.trades_adv, reweight only)"),
     }

@@ -16,7 +16,7 @@ from fastfair.ops.losses import label_mask
 from fastfair.registry import Registry
 from fastfair.methods.options import Option, register
 from fastfair.models.heads import WEIGHT_NORMS
-from fastfair.schema import Key
+from fastfair.schema import Epochs, Key
 
 SCHEDULES: Registry = Registry("HE scale schedule")
 
@@ -92,9 +92,12 @@ class HE(Option):
         "margin": Key(0.0, "HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = cosine"),
         "schedule": Key("fixed", "HE scale schedule: fixed | lis | cmp (Tian et al., ICLR sub., App. G)"),
         "scale_end": Key(75.0, "LIS: 1/T at the last epoch (Tian: 1 -> 75)"),
-        "pmax_start": Key(0.2, "CMP: controlled maximum probability at epoch 0 (Tian: 0.2)"),
-        "pmax_end": Key(1.0, "CMP: ... reached at pmax_epoch (Tian: 1)"),
-        "pmax_epoch": Key(90, "CMP: end of the interpolation (Tian: 90 of 100)"),
+        "pmax_start": Key(0.2, "CMP: controlled maximum probability in epoch 1 (Tian: 0.2)"),
+        "pmax_end": Key(1.0, "CMP: ... reached in epoch pmax_epoch + 1 (Tian: 1)"),
+        "pmax_epoch": Key(90, "CMP: epochs of the interpolation; pmax_end from epoch pmax_epoch + 1 on (Tian: 90 of "
+                              "100)", epochs=Epochs("HE-CMP's rise of the maximum probability to he.pmax_end",
+                                                    switch="he.schedule", active=lambda cfg: cfg.he.schedule == "cmp",
+                                                    cut_short=True)),
         "weight_norm": Key("graph", "WN of the class weights: graph = W / norm(W) in the forward, gradient through it "
                                     "(Pang et al. 2020, Eq. 4); data = gradient at the unit rows, rows renormalised "
                                     "after each step (their code: models/wideresnet.py overwrites fc.weight.data)"),

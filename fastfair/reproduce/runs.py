@@ -3,7 +3,8 @@
 Scales (:data:`SCALES`) say exactly what they change. ``full`` runs the presets as they are on the
 full data set; ``subset`` keeps every method setting but swaps in a small real data set (the
 first images of each class of an ``.npz``), fastfair's tiny CNN and a few epochs, with every
-epoch count of the schedule (:data:`EPOCH_KEYS`) scaled to them; its numbers say how the code
+epoch count of the schedule (the keys naming an epoch, :func:`fastfair.checks.epoch_keys`) scaled to them
+and kept within them; its numbers say how the code
 behaves, never how close the paper came.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from fastfair import config
 from fastfair.attacks import autoattack
+from fastfair.checks import epoch_keys, last_acting
 from fastfair.data.datasets import CIFAR10_CLASSES
 from fastfair.errors import UserError
 from fastfair.registry import Registry
@@ -24,9 +26,6 @@ from fastfair.reproduce.paper import PaperRow
 from fastfair.reproduce.tables import Table
 from fastfair.rundir import RunDir
 
-# Keys that count epochs: the subset scale shrinks them with train.epochs so a schedule keeps its shape.
-EPOCH_KEYS = ("train.lr_milestones", "train.avg_begin", "train.select_begin", "ccm.begin", "ccr.begin",
-              "method.tau_milestones", "method.halve_every", "method.warmup", "he.pmax_epoch")
 SUBSET_EPOCHS = 5
 SUBSET_TRAIN_PER_CLASS = 100  # of which SUBSET_VAL_PER_CLASS form the validation split
 SUBSET_VAL_PER_CLASS = 5
@@ -101,12 +100,16 @@ def _subset_changes(flat: dict[str, Any], user: dict[str, Any]) -> dict[str, Any
         return v and max(1, round(v * factor))
 
     out = {**SUBSET_MODEL, "train.epochs": epochs}
-    for key in EPOCH_KEYS:
-        if key in flat:
-            v = flat[key]
-            out[key] = [shrink(x) for x in v] if isinstance(v, list) else shrink(v)
-    if "method.warmup" in out and epochs > 1:  # DAFA/TRIX: at least one epoch with the weights after the warm-up
-        out["method.warmup"] = min(out["method.warmup"], epochs - 1)
+    # every key naming an epoch shrinks with train.epochs, so a schedule keeps its shape, and stays where it acts
+    # (DAFA/TRIX: at least one epoch with the weights after the warm-up); else check_epochs refuses the run
+    for key, use in epoch_keys().items():
+        if key not in flat:
+            continue
+        v, last = flat[key], last_acting(use, epochs)
+        if isinstance(v, list):  # a milestone the shorter run never reaches is left out: it would not act
+            out[key] = [n for n in map(shrink, v) if use.first(n) <= epochs]
+        else:
+            out[key] = shrink(v) if use.cut_short or last is None else min(shrink(v), last)
     return out
 
 

@@ -41,7 +41,7 @@ def _seed(cfg: Config, epoch: int) -> None:
 
 class Trainer:
     def __init__(self, cfg: Config, out: str | Path, resume: bool = False, quiet: bool = False):
-        check_config(cfg)  # every value, before any data is loaded or anything written
+        warnings = check_config(cfg)  # every value, before any data is loaded or anything written
         self.cfg, self.out = cfg, Path(out)
         self.main = distributed.current().is_main  # only rank 0 writes the run directory and prints
         self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main,
@@ -101,6 +101,10 @@ class Trainer:
             self.progress.attach(self.run.train_log)
         # train.track (TensorBoard, W&B): rank 0 alone; a missing package fails here, before any epoch
         self.tracker = _tracker(cfg, self.out) if self.main else tracking.Tracker(self.out, {})
+        # settings the run cuts short (checks.check_epochs): said once every refusal above had its chance, so a
+        # refused run shows its one error line alone
+        for line in warnings if self.main else []:
+            self.progress.warn(line)
 
     # ---- run directory ------------------------------------------------------------------
     @property
