@@ -138,6 +138,9 @@ def test_a_label_count_that_does_not_match_the_runs_is_one_error_line(fake_runs,
     assert err == ["fastfair: error: 1 --label for 3 runs: give one --label per RUN_DIR, in their order (or none: "
                    "runs are then named by their folders)"]
     assert not (tmp_path / "r").exists()  # checked before anything is written
+    assert main(["report", str(fake_runs[0]), "--label", " "]) == 2
+    assert capsys.readouterr().err.strip() == ("fastfair: error: --label is empty; give each run a name, "
+                                               "e.g. --label TRADES")
 
 
 def test_one_label_for_runs_that_differ_in_more_than_the_seed_is_an_error(fake_runs, tmp_path, capsys):

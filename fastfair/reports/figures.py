@@ -84,7 +84,8 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
         color = f"C{i % 10}"
         label = f"{name} (mean {float(mean.mean()):.1f})"
         if many:
-            handle, = ax.plot(x, mean, color=color, marker="o", ms=3, lw=0.8, label=label)
+            ax.plot(x, mean, color=color, lw=0.6, alpha=0.35)  # faint: classes are categories, the dots carry it
+            handle, = ax.plot(x, mean, color=color, marker="o", ms=3.5, ls="none", label=label)
             if std is not None:
                 ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
         else:
@@ -137,15 +138,18 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
 
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
            ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
-    """Lines over epochs, ``name -> (means, stds or None)``; a shaded band shows +- std over seeds;
-    ``selected`` = (epoch, checkpoint name) draws a vertical line at the epoch whose weights were evaluated."""
+    """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
+    the worst class dashed; a shaded band shows +- std over seeds; ``selected`` = (epoch, checkpoint name)
+    draws a vertical line at the epoch whose weights were evaluated. A later pair is drawn thinner, so a
+    line hidden beneath it (two worst classes at 0 %) still shows at its edges."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ep = np.asarray(epochs)  # 1-based, as every file fastfair writes numbers them
-    for name, (mean, std) in lines.items():
+    for i, (name, (mean, std)) in enumerate(lines.items()):
         mean = np.asarray(mean, dtype=float)
-        ax.plot(ep, mean, marker="o" if len(ep) < 15 else None, ms=3, label=name)
+        ax.plot(ep, mean, color=f"C{i // 2 % 10}", ls="--" if i % 2 else "-", lw=1.0 + (len(lines) - 1 - i) // 2,
+                marker="o" if len(ep) < 15 else None, ms=3, label=name)
         if std is not None:
-            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), alpha=0.2)
+            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=f"C{i // 2 % 10}", alpha=0.15)
     if selected is not None:
         ax.axvline(selected[0], color="0.2", ls=":", lw=1.2, label=f"selected: {selected[1]} (epoch {selected[0]})")
     ax.set_xlabel("epoch")
