@@ -338,8 +338,8 @@ def report(
     out: Annotated[Text, typer.Option(help="output folder (default RUN_DIR/report for one run; for several, "
                                            "report-A-vs-B beside the first run)")] = None,
     label: Annotated[Optional[List[str]], typer.Option(
-        metavar="NAME", help="name of each run in tables and figures, one per RUN_DIR in order (default: the "
-                             "run's folder name)")] = None,
+        metavar="NAME", help="name of a run in tables and figures; repeat it, one per RUN_DIR in order (default: "
+                             "the run's folder name)")] = None,
     baseline: Annotated[Text, typer.Option(metavar="RUN_DIR", help="run (or one seed of a group) that rho is "
                                                                    "measured against")] = None,
     attack: Annotated[Text, typer.Option(help="robust column of the comparison (default: aa when every run has "
