@@ -335,8 +335,11 @@ def diagnose(
 @app.command(help="Markdown report with PNG figures and LaTeX tables of one or more runs")
 def report(
     runs: Annotated[List[str], typer.Argument(metavar="RUN_DIR...")],
-    out: Annotated[Text, typer.Option(help="output folder (default RUN_DIR/report for one run, ./report for "
-                                           "several)")] = None,
+    out: Annotated[Text, typer.Option(help="output folder (default RUN_DIR/report for one run; for several, "
+                                           "report-A-vs-B beside the first run)")] = None,
+    label: Annotated[Optional[List[str]], typer.Option(
+        metavar="NAME", help="name of a run in tables and figures; repeat it, one per RUN_DIR in order (default: "
+                             "the run's folder name)")] = None,
     baseline: Annotated[Text, typer.Option(metavar="RUN_DIR", help="run (or one seed of a group) that rho is "
                                                                    "measured against")] = None,
     attack: Annotated[Text, typer.Option(help="robust column of the comparison (default: aa when every run has "
@@ -345,9 +348,8 @@ def report(
 ) -> None:
     from fastfair.reports.report import write_report
 
-    folder = Path(out or (Path(runs[0]) / "report" if len(runs) == 1 else "report"))
-    path = write_report(runs, folder, baseline=baseline, attack=attack, split=_split(split))
-    print(f"written: {path} (figures in {folder / 'figures'}, LaTeX tables in {folder / 'tables.tex'})")
+    path = write_report(runs, out, baseline=baseline, attack=attack, split=_split(split), labels=label)
+    print(f"written: {path} (figures in {path.parent / 'figures'}, LaTeX tables in {path.parent / 'tables.tex'})")
 
 
 # ---- grid, data ---------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ Each function takes plain numbers (lists / arrays) and a path, writes one PNG an
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -25,8 +24,18 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _title(text: str) -> str:
-    return textwrap.fill(text, 70)
+MANY_CLASSES = 20  # past this, bars per class are too thin to read: points, classes sorted (CIFAR-100)
+ZERO_GID = "zero-bar"  # the marker drawn where a bar has height 0 (tests find it by this id)
+
+
+def _title_size(text: str, width_in: float) -> float:
+    """A one-line title's font size: it shrinks (to 8 pt at the least) to fit ``width_in`` inches rather than
+    wrap onto the plot."""
+    return min(11.0, max(8.0, width_in * 72 / (0.58 * max(1, len(text)))))
+
+
+def _title(ax, text: str, width_in: float, pad: float = 6.0) -> None:
+    ax.set_title(text, fontsize=_title_size(text, width_in), pad=pad)
 
 
 def _legend_beside(ax, handles=None) -> None:
@@ -35,33 +44,71 @@ def _legend_beside(ax, handles=None) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kw)
 
 
+def _legend_above(ax, handles, width_in: float) -> float:
+    """The legend in compact rows just above the axes, so the plot keeps the figure's whole width;
+    returns the points the title must clear."""
+    longest = max(len(h.get_label()) for h in handles)
+    ncol = max(1, min(len(handles), int(width_in * 72 // (4.6 * longest + 28))))
+    ax.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, frameon=False,
+              borderaxespad=0.0, handlelength=1.5, columnspacing=1.2)
+    return 8.0 + 13.0 * -(-len(handles) // ncol)
+
+
 def _class_axis(ax, classes: list[str]) -> None:
     slanted = max(map(len, classes)) > 3  # longer names would overlap upright
+    many = len(classes) > MANY_CLASSES
     ax.set_xticks(range(len(classes)))
-    ax.set_xticklabels(classes, rotation=45 if slanted else 0, ha="right" if slanted else "center")
+    ax.set_xticklabels(classes, rotation=90 if many else 45 if slanted else 0,
+                       ha="center" if many or not slanted else "right", fontsize=6 if many else None,
+                       rotation_mode="anchor" if slanted and not many else "default")
 
 
 def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,
                    path: Path, ylabel: str = "accuracy (%)") -> Path:
     """Grouped bars per class, one bar per series ``name -> (means, stds or None)``, dashed line at each
-    series' mean over classes (its legend entry gives the value)."""
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.25 * len(classes) * (1 + len(series)) + 2.0), 3.8))
+    series' mean over classes (its legend entry gives the value). A bar of height 0 gets a short thick
+    line at 0 in its colour, so "0 %" is told from "not drawn". With more than :data:`MANY_CLASSES`
+    classes, points replace bars and the classes are sorted by their mean over the series."""
+    many = len(classes) > MANY_CLASSES
+    means = np.asarray([m for m, _ in series.values()], dtype=float)
+    order = np.argsort(means.mean(0), kind="stable") if many else np.arange(len(classes))
+    width_in = 12.0 if many else min(12.0, max(6.4, 0.18 * len(classes) * (len(series) + 1) + 1.5))
+    fig, ax = plt.subplots(figsize=(width_in, 4.2))
     width = 0.8 / len(series)
     x = np.arange(len(classes))
+    bar_pt = width * (width_in - 1.0) * 72 / max(1, len(classes))  # a bar's width in points, for its 0 marker
     handles = []
     for i, (name, (mean, std)) in enumerate(series.items()):
-        avg = float(np.mean(mean))
-        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, mean, width, yerr=std, capsize=2,
-                      label=f"{name} (mean {avg:.1f})")
-        ax.axhline(avg, color=bars.patches[0].get_facecolor(), ls="--", lw=1)
-        handles.append(bars)
+        mean = np.asarray(mean, dtype=float)[order]
+        std = None if std is None else np.asarray(std, dtype=float)[order]
+        color = f"C{i % 10}"
+        label = f"{name} (mean {float(mean.mean()):.1f})"
+        if many:
+            ax.plot(x, mean, color=color, lw=0.6, alpha=0.35)  # faint: classes are categories, the dots carry it
+            handle, = ax.plot(x, mean, color=color, marker="o", ms=3.5, ls="none", label=label)
+            if std is not None:
+                ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        else:
+            xs = x + (i - (len(series) - 1) / 2) * width
+            yerr = None if std is None else [np.minimum(std, mean), np.minimum(std, 100 - mean)]  # within 0..100
+            handle = ax.bar(xs, mean, width, yerr=yerr, capsize=2, color=color, label=label,
+                            error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
+            zero = mean < 0.05
+            if zero.any():
+                ax.plot(xs[zero], np.zeros(zero.sum()), ls="none", marker="_", ms=max(3.0, 0.9 * bar_pt),
+                        mew=2.0, color=color, gid=ZERO_GID, zorder=3)
+                for xz in xs[zero]:  # the value, so the marker does not read as a 1 % bar
+                    ax.annotate("0", (xz, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                                fontsize=6.5, color=color)
+        ax.axhline(float(mean.mean()), color=color, ls="--", lw=1)
+        handles.append(handle)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
-    _class_axis(ax, classes)
-    ax.set_xlabel("class")
-    ax.set_ylim(0, 102)  # accuracies: a +- std bar past 0 or 100 is cut at the axis
+    _class_axis(ax, [classes[k] for k in order])
+    ax.set_xlim(-0.6, len(classes) - 0.4)
+    ax.set_xlabel("class, sorted by the mean over the series" if many else "class")
+    ax.set_ylim(-2, 102)  # accuracies; the margin below 0 keeps a 0 % marker clear of the axis line
     ax.set_ylabel(ylabel)
-    ax.set_title(_title(title))
-    _legend_beside(ax, handles)
+    _title(ax, title, width_in, pad=_legend_above(ax, handles, width_in))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -70,7 +117,8 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
     """A class x class matrix (rows: true class, columns: prediction) with the values written in."""
     m = np.asarray(matrix, dtype=float)
     n = len(classes)
-    fig, ax = plt.subplots(figsize=(0.55 * n + 2.5, 0.5 * n + 1.8))
+    side = min(0.55 * n + 2.5, 11.0)  # 100 classes: a readable page, not a poster
+    fig, ax = plt.subplots(figsize=(side, min(0.5 * n + 1.8, 10.0)))
     im = ax.imshow(m, cmap="Blues")
     fig.colorbar(im, ax=ax, label=cbar, shrink=0.8)
     if n <= 20:
@@ -81,30 +129,33 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
                         color="white" if top and m[i, j] > 0.6 * top else "black")
     _class_axis(ax, classes)
     ax.set_yticks(range(n))
-    ax.set_yticklabels(classes)
+    ax.set_yticklabels(classes, fontsize=6 if n > MANY_CLASSES else None)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    ax.set_title(_title(title))
+    _title(ax, title, side - 1.5)
     return _save(fig, path)
 
 
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
            ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
-    """Lines over epochs, ``name -> (means, stds or None)``; a shaded band shows +- std over seeds;
-    ``selected`` = (epoch, checkpoint name) draws a vertical line at the epoch whose weights were evaluated."""
+    """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
+    the worst class dashed; a shaded band shows +- std over seeds; ``selected`` = (epoch, checkpoint name)
+    draws a vertical line at the epoch whose weights were evaluated. A later pair is drawn thinner, so a
+    line hidden beneath it (two worst classes at 0 %) still shows at its edges."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ep = np.asarray(epochs)  # 1-based, as every file fastfair writes numbers them
-    for name, (mean, std) in lines.items():
+    for i, (name, (mean, std)) in enumerate(lines.items()):
         mean = np.asarray(mean, dtype=float)
-        ax.plot(ep, mean, marker="o" if len(ep) < 15 else None, ms=3, label=name)
+        ax.plot(ep, mean, color=f"C{i // 2 % 10}", ls="--" if i % 2 else "-", lw=1.0 + (len(lines) - 1 - i) // 2,
+                marker="o" if len(ep) < 15 else None, ms=3, label=name)
         if std is not None:
-            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), alpha=0.2)
+            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=f"C{i // 2 % 10}", alpha=0.15)
     if selected is not None:
         ax.axvline(selected[0], color="0.2", ls=":", lw=1.2, label=f"selected: {selected[1]} (epoch {selected[0]})")
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_title(_title(title))
+    _title(ax, title, 5.6)
     ax.grid(alpha=0.3)
     _legend_beside(ax)
     return _save(fig, path)
@@ -121,7 +172,7 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_title(_title(title))
+    _title(ax, title, 5.6)
     ax.grid(alpha=0.3)
     if len(classes) <= 10:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -129,14 +180,17 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
 
 
 def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str, path: Path) -> Path:
-    """One labelled point per class (e.g. classifier weight norm against class robustness)."""
+    """One point per class (e.g. classifier weight norm against class robustness), each named; past
+    :data:`MANY_CLASSES` only the five lowest and five highest in ``y`` are named (the rest would be a blot)."""
     fig, ax = plt.subplots(figsize=(5.2, 4.0))
-    ax.scatter(x, y)
-    for k, name in enumerate(classes[:50]):
-        ax.annotate(name, (x[k], y[k]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.scatter(x, y, s=12 if len(classes) > MANY_CLASSES else None)
+    ranked = np.argsort(np.asarray(y, dtype=float), kind="stable")
+    named = range(len(classes)) if len(classes) <= MANY_CLASSES else [*ranked[:5], *ranked[-5:]]
+    for k in named:
+        ax.annotate(classes[k], (x[k], y[k]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(_title(title), fontsize=10)
+    _title(ax, title, 4.6)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -158,5 +212,5 @@ def tsne(clean, adv, labels, classes: list[str], title: str, path: Path, attack:
         ax.set_yticks([])
     if len(classes) <= 10:
         axes[1].legend(fontsize=7, markerscale=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(_title(title))
+    fig.suptitle(title, fontsize=_title_size(title, 9.5))
     return _save(fig, path)

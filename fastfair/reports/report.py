@@ -2,13 +2,16 @@
 
 Reads run directories only (the contract between train, eval, report and grid): ``config.toml``,
 ``metrics.jsonl``, ``eval/*.json`` and ``diagnostics/*.json``. Runs whose configs differ only in
-``train.seed`` (and where they ran) form one group, reported as mean +- std over its seeds.
+``train.seed`` (and where they ran) form one group, reported as mean +- std over its seeds. A group is
+named by its runs' ``--label`` or folder names; what sets the groups apart is a table of config keys.
 :func:`compare` is the comparison table on its own (``fastfair grid`` prints it).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,8 @@ class Run:
     epochs: list[dict]
     evals: dict[str, dict]  # eval file stem (<checkpoint>-<split>) -> record
     diagnostics: list[dict]
+    label: str  # what the report calls it: its --label, else its folder's name
+    labelled: bool = False  # the label was given (--label), not taken from the folder
 
     def eval_record(self, split: str) -> dict | None:
         """The evaluation of the checkpoint the run selects (``train.select``) on ``split``, else any on it."""
@@ -44,12 +49,12 @@ class Run:
         return next((r for r in self.evals.values() if r.get("split") == split), None)
 
 
-def load_run(path) -> Run:
+def load_run(path, label: str | None = None) -> Run:
     run = RunDir(path)
     config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
     evals = {p.stem: read_json(p) for p in run.eval_files()}
     diags = [read_json(p) for p in run.diagnostics_files()]
-    return Run(run.path, config, run.read_metrics(), evals, diags)
+    return Run(run.path, config, run.read_metrics(), evals, diags, label or run.path.name, label is not None)
 
 
 @dataclass
@@ -61,18 +66,63 @@ class Group:
     def seeds(self) -> list[int]:
         return [r.config.get("train.seed", 0) for r in self.runs]
 
+    @property
+    def config(self) -> dict:
+        """The experiment's config: what its runs share (every key but the seed and where they ran)."""
+        return {k: v for k, v in self.runs[0].config.items() if k not in NOT_THE_EXPERIMENT}
+
 
 def _experiment(run: Run) -> tuple:
     return tuple(sorted((k, json.dumps(v)) for k, v in run.config.items() if k not in NOT_THE_EXPERIMENT))
 
 
+# a seed in a folder name: "at-s1", "trades_seed2", a grid's "method=trades,seed=0"
+_SEED_TAG = re.compile(r"(^|[-_,.])(?:seed|s)[=_-]?\d+(?=$|[-_,.])")
+
+
+def _group_label(runs: list[Run]) -> str:
+    """The one label its runs share; else their labels without a seed tag when that makes them one
+    ("at-s0", "at-s1" -> "at"); else all of them."""
+    labels = list(dict.fromkeys(r.label for r in runs))
+    if len(labels) == 1:
+        return labels[0]
+    bare = {_SEED_TAG.sub("", label).strip("-_,.") for label in labels}
+    return bare.pop() if len(bare) == 1 and "" not in bare else " / ".join(labels)
+
+
+def _unique_labels(groups: list[Group]) -> None:
+    """Two groups named alike: a label given twice is an error (those runs differ in more than the seed);
+    folder names get their parent folder ("a/run", "b/run"), then a number."""
+    for label in {g.label for g in groups}:
+        same = [g for g in groups if g.label == label]
+        if len(same) < 2:
+            continue
+        if any(r.labelled for g in same for r in g.runs):
+            shown, implied = differences(same)
+            keys = ", ".join((shown + implied)[:4])
+            raise UserError(f"--label {label!r} names runs whose configs differ in more than the seed ({keys}); "
+                            "give them different labels")
+        for g in same:
+            g.label = f"{g.runs[0].path.parent.name}/{g.label}"
+        if len({g.label for g in same}) < len(same):
+            for i, g in enumerate(same, 1):
+                g.label = f"{label} ({i})"
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs whose configs differ only in seed form one group; a group's label names what sets it apart
-    (leaving out keys that merely follow from a different method's defaults)."""
+    """Runs whose configs differ only in seed form one group, named by its runs' labels (unique)."""
     keyed: dict[tuple, list[Run]] = {}
     for run in runs:
         keyed.setdefault(_experiment(run), []).append(run)
-    configs = [{k: json.loads(v) for k, v in key} for key in keyed]
+    groups = [Group(_group_label(members), members) for members in keyed.values()]
+    _unique_labels(groups)
+    return groups
+
+
+def differences(groups: list[Group]) -> tuple[list[str], list[str]]:
+    """(keys whose values differ between the groups, those of them that merely follow from each group's
+    method defaults, e.g. TRADES' own attack settings)."""
+    configs = [g.config for g in groups]
     differing = sorted({k for c in configs for k in c if len({json.dumps(d.get(k)) for d in configs}) > 1})
 
     def implied(k: str) -> bool:
@@ -80,9 +130,26 @@ def group_runs(runs: list[Run]) -> list[Group]:
         return k != "method.name" and all(n in METHODS and METHODS.get(n).defaults.get(k, object()) == c.get(k)
                                            for n, c in zip(names, configs))
 
-    shown = [k for k in differing if k != "data.data_dir" and not implied(k)]
-    return [Group(", ".join(f"{k}={cfg.get(k, '-')}" for k in shown) or members[0].path.name, members)
-            for cfg, members in zip(configs, keyed.values())]
+    return [k for k in differing if not implied(k)], [k for k in differing if implied(k)]
+
+
+def _value(value) -> str:
+    """A config value as its TOML text (strings bare), "-" where a config lacks the key."""
+    text = "-" if value is None else value if isinstance(value, str) else json.dumps(value)
+    return text.replace("|", "\\|")
+
+
+def differences_table(groups: list[Group]) -> str:
+    """Markdown: rows the config keys that set the groups apart, columns the groups; a line names the keys
+    left out because each method's defaults set them."""
+    shown, implied = differences(groups)
+    if not shown and not implied:
+        return "The groups' configs are the same (they differ in where they ran only).\n"
+    lines = ["| config key | " + " | ".join(g.label for g in groups) + " |", "|---|" + "---|" * len(groups)]
+    lines += [f"| `{k}` | " + " | ".join(_value(g.config.get(k)) for g in groups) + " |" for k in shown]
+    note = (f"\nAlso different, as each method's defaults set them: {', '.join(f'`{k}`' for k in implied)}.\n"
+            if implied else "\n")
+    return "\n".join(lines) + "\n" + note
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -179,21 +246,34 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
 
 
-def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False) -> str:
+def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False,
+            labels: list[str] | None = None) -> str:
     """The comparison table (clean and robust average and worst class, CV, MCD, rho against ``baseline``)
-    of the runs in ``run_dirs``, seeds aggregated as mean +- std; Markdown, or LaTeX with ``latex``."""
-    groups, base = _groups_with_baseline(run_dirs, baseline)
+    of the runs in ``run_dirs`` (named by ``labels``, else their folders), seeds aggregated as mean +- std;
+    Markdown, or LaTeX with ``latex``."""
+    groups, base = _groups_with_baseline(run_dirs, baseline, labels)
     attack, rows = comparison_rows(groups, attack, base, split)
     return _table(attack, rows, base, latex)
 
 
-def _groups_with_baseline(run_dirs, baseline) -> tuple[list[Group], int | None]:
-    paths = [Path(p).resolve() for p in run_dirs]
-    if baseline is not None and Path(baseline).resolve() not in paths:
-        paths.insert(0, Path(baseline).resolve())
-    if not paths:
+def _checked_labels(run_dirs, labels: list[str] | None) -> list[str | None]:
+    if not labels:
+        return [None] * len(run_dirs)
+    if len(labels) != len(run_dirs):
+        raise UserError(f"{len(labels)} --label for {len(run_dirs)} runs: give one --label per RUN_DIR, in their "
+                        "order (or none: runs are then named by their folders)")
+    if not all(label.strip() for label in labels):
+        raise UserError("--label is empty; give each run a name, e.g. --label TRADES")
+    return [label.strip() for label in labels]
+
+
+def _groups_with_baseline(run_dirs, baseline, labels: list[str] | None = None) -> tuple[list[Group], int | None]:
+    named = dict(zip((Path(p).resolve() for p in run_dirs), _checked_labels(run_dirs, labels)))
+    if baseline is not None and Path(baseline).resolve() not in named:
+        named = {Path(baseline).resolve(): None, **named}
+    if not named:
         raise UserError("fastfair report needs at least one RUN_DIR")
-    groups = group_runs([load_run(p) for p in paths])
+    groups = group_runs([load_run(p, label) for p, label in named.items()])
     if baseline is None:
         return groups, None
     target = Path(baseline).resolve()
@@ -236,8 +316,14 @@ def _varying_vectors(run: Run) -> dict[str, np.ndarray]:
     return out
 
 
+def _relative(path: Path, out: Path) -> str:
+    """``path`` as the report in ``out`` links it: relative, so the report's folder can move or be committed
+    beside its runs."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(out).resolve())).as_posix()
+
+
 def _figure_md(path: Path, out: Path, caption: str) -> str:
-    return f"![{caption}]({path.relative_to(out).as_posix()})\n"
+    return f"![{caption}]({_relative(path, out)})\n"
 
 
 def _subset_lines(groups: list[Group]) -> list[str]:
@@ -245,12 +331,30 @@ def _subset_lines(groups: list[Group]) -> list[str]:
     return [f"**{g.label}: {_subset_note(g.runs[0])}.**\n" for g in groups if _subset_note(g.runs[0])]
 
 
-def write_report(run_dirs, out, baseline=None, attack: str | None = None, split: str = "test") -> Path:
-    """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png``; returns the report's path."""
-    out = Path(out)
+def default_out(groups: list[Group]) -> Path:
+    """Where a report goes without --out: RUN/report for one run; for several, beside the first run, in a
+    folder named for what it compares (``runs/report-at-vs-trades``), so reports of other runs stay."""
+    first = groups[0].runs[0].path
+    if len(groups) == 1 and len(groups[0].runs) == 1:
+        folder = first / "report"
+    else:
+        names = [re.sub(r"[^\w.+=-]+", "_", g.label) for g in groups]
+        name = "report-" + "-vs-".join(names)
+        if len(name) > 80:
+            name = f"report-{names[0]}-vs-{len(names) - 1}-more" if len(names) > 1 else name[:80]
+        folder = first.parent / name
+    return Path(os.path.relpath(folder)) if folder.is_relative_to(Path.cwd()) else folder  # as the user typed it
+
+
+def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, split: str = "test",
+                 labels: list[str] | None = None) -> Path:
+    """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png`` (``out``: :func:`default_out`
+    when not given); returns the report's path. The report names its files relative to itself, so its
+    folder can move."""
+    groups, base = _groups_with_baseline(run_dirs, baseline, labels)
+    out = Path(out) if out else default_out(groups)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    groups, base = _groups_with_baseline(run_dirs, baseline)
     attack, rows = comparison_rows(groups, attack, base, split)
     recs = _records(groups, split)
     classes = recs[0][0]["classes"]
@@ -273,6 +377,7 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
         p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy" + (f" ({shared})" if shared else ""),
                                    fig_dir / "compare-per-class.png")
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
+        md += ["What sets the groups apart (config keys):\n", differences_table(groups)]
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
     write_text_atomic("\n".join(md), out / "report.md")
@@ -283,7 +388,8 @@ def write_report(run_dirs, out, baseline=None, attack: str | None = None, split:
 def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: list[str], out: Path, fig_dir: Path,
                    tex: list[str]) -> list[str]:
     tag = f"g{i}"
-    md = [f"## {g.label}\n", "Runs: " + ", ".join(f"`{r.path}` (seed {s})" for r, s in zip(g.runs, g.seeds)) + "\n"]
+    md = [f"## {g.label}\n", "Runs: " + ", ".join(f"[`{r.path.name}`]({_relative(r.path, out)}) (seed {s})"
+                                                 for r, s in zip(g.runs, g.seeds)) + "\n"]
     note = _subset_note(g.runs[0])
     label = f"{g.label} ({note})" if note else g.label  # a figure cut out of the report still says it
     if note:
