@@ -3,6 +3,9 @@ turned into a PREDICTED step time.
 
     python bench/gpu_codegen.py            # PGD-AT, TRADES, MART, DAFA, TRIX x ResNet-18, PRN-18, WRN-34-10
     python bench/gpu_codegen.py --smoke    # one small config (CI)
+    python bench/gpu_codegen.py --steps-from 2 4 [--validate]   # PGD-10 counts extrapolated from K = 2 and 4
+    python bench/gpu_codegen.py --merge A.json B.json            # one report of runs made in parallel
+    python bench/gpu_codegen.py ... --set attack.bn_mode=eval inductor.combo_kernels=true   # a change, counted
 
 How the code is generated (nothing runs on a GPU, nothing here is a measurement):
 
@@ -301,13 +304,15 @@ def eager_launches(events) -> dict[str, int]:
     return ops
 
 
-def step_flops(method: str, model: str, batch: int, attack_steps: int, width: int = 0) -> float:
+def step_flops(method: str, model: str, batch: int, attack_steps: int, width: int = 0,
+               overrides: dict | None = None) -> float:
     """FLOPs of one training step (bench_mfu's counter), counted on fake tensors: nothing is computed."""
     from bench import bench_mfu
     from bench.bench_training import START
 
     dataset = common.register_synthetic(batch, 0, (3, 32, 32))
-    settings = {"data.batch_size": batch, "attack.steps": attack_steps, "train.device": "cpu", "model.width": width}
+    settings = {"data.batch_size": batch, "attack.steps": attack_steps, "train.device": "cpu", "model.width": width,
+                **(overrides or {})}
     with tempfile.TemporaryDirectory() as tmp:
         trainer = common.make_trainer(method, model, dataset, {**settings, **START}, Path(tmp) / "flops")
         x, y = next(iter(trainer.train_loader))
@@ -374,9 +379,10 @@ def graph_identity(graph: dict) -> str:
 
 
 def generate(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
-             compiled: dict | None = None) -> dict:
-    """One configuration's step: its graphs recorded, compiled for an H100 (once per ``graph_identity`` in
-    ``compiled``) and counted per graph; the ATen ops it runs outside them."""
+             compiled: dict | None = None, overrides: dict | None = None) -> dict:
+    """One configuration's step (fastfair settings ``overrides`` on top of the CUDA defaults): its graphs
+    recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``) and counted per graph; the ATen
+    ops it runs outside them."""
     from fastfair import build
 
     compiled = {} if compiled is None else compiled
@@ -390,7 +396,8 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     dataset = common.register_synthetic(batch, 0, (3, 32, 32))
     settings = {"data.batch_size": batch, "attack.steps": attack_steps, "train.device": "cpu", "model.width": width}
     # The CUDA defaults a CPU allows: compiled step and attack, bf16 autocast, channels_last, fused SGD.
-    cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels}
+    cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels,
+                     **(overrides or {})}
     t0 = time.perf_counter()
     # The trainer asks whether the descent compiles as one graph by tracing it once with torch.compile
     # (cached per process): ask now, before torch.compile is the recorder's, so the answer is this torch's.
@@ -489,23 +496,24 @@ def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, fl
 
 
 def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
-            steps_from: list | None = None, validate: bool = False, compiled: dict | None = None) -> list[dict]:
+            steps_from: list | None = None, validate: bool = False, compiled: dict | None = None,
+            overrides: dict | None = None) -> list[dict]:
     """One configuration's rows: generated at ``attack_steps``, or with ``steps_from`` = (K, K + d) extrapolated
     from generations at those K (and with ``validate`` generated at ``attack_steps`` too, both rows kept).
     FLOPs are always counted at ``attack_steps``."""
     compiled = {} if compiled is None else compiled
     config, rows, t0 = (method, model, batch, kernels), [], time.perf_counter()
-    flops = step_flops(method, model, batch, attack_steps, width)
+    flops = step_flops(method, model, batch, attack_steps, width, overrides)
     seconds = {"flops": round(time.perf_counter() - t0, 1)}
     if steps_from is not None:
-        lo, hi = (generate(*config, k, width, compiled) for k in steps_from)
+        lo, hi = (generate(*config, k, width, compiled, overrides) for k in steps_from)
         row = make_row(*config, extrapolate(lo, hi, attack_steps), flops,
                        f"extrapolated from K={steps_from[0]},{steps_from[1]}")
         row["basis"] = [{k: g[k] for k in ("attack_steps", "graph_detail", "eager_ops")} for g in (lo, hi)]
         row["seconds"] = {**seconds, **{f"K={g['attack_steps']}": g["seconds"] for g in (lo, hi)}}
         rows.append(row)
     if steps_from is None or validate:
-        counts = generate(*config, attack_steps, width, compiled)
+        counts = generate(*config, attack_steps, width, compiled, overrides)
         rows.append(make_row(*config, counts, flops, "generated"))
         rows[-1]["seconds"] = {**seconds, f"K={attack_steps}": counts["seconds"]}
     for row in rows:
@@ -550,7 +558,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return list(best.values())
 
 
-def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
+def write(rows: list[dict], grid: list, smoke: bool, out: Path, overrides: dict | None = None) -> str:
     """The JSON and Markdown results of the configs done so far (rewritten after each: a long grid keeps its part)."""
     import json
 
@@ -563,9 +571,10 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
     head = common.header(torch.device("cpu"))
     head.update(device="none: CUDA code generated on a CPU, device queries answered as an H100 SXM; predictions",
                 device_type="none")
-    stem = f"gpu-codegen-predicted{'-smoke' if smoke else ''}-torch{torch.__version__.split('+')[0]}"
+    stem = f"gpu-codegen-predicted{'-smoke' if smoke else ''}-torch{torch.__version__.split('+')[0]}" + "".join(
+        f"-{k}-{v}" for k, v in (overrides or {}).items())
     settings = {"grid": grid, "done": len(done), "devices": DEVICES, "host_launch_us": HOST_LAUNCH_US,
-                "gpu_gap_us": GPU_GAP_US,
+                "gpu_gap_us": GPU_GAP_US, "overrides": overrides or {},
                 "cuda_defaults": "compile + compiled attack, bf16 autocast, channels_last, fused SGD"}
     out.mkdir(parents=True, exist_ok=True)
     record = {"bench": "gpu-codegen", "kind": "PREDICTION (no GPU ran)", "smoke": smoke, "header": head,
@@ -575,13 +584,19 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
     for r in shown:
         sources[r.get("source", "error")] = sources.get(r.get("source", "error"), 0) + 1
     exact = [c for c in checks if not c["differences"]]
+    took = [r["seconds"]["total"] for r in shown if "seconds" in r] or [0]
+    commits: dict[str, int] = {}
+    for r in shown:
+        commits[r.get("commit", head["commit"])] = commits.get(r.get("commit", head["commit"]), 0) + 1
     md = ["# PREDICTED GPU step times from Inductor's generated CUDA code (no GPU ran)", "",
           f"- device: {head['device']}", f"- torch {head['torch']}, triton {head['triton']}, Python {head['python']}",
           f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
-          f"{head['time_utc']}",
+          f"{head['time_utc']}" + "".join(f"; {n} rows made at {c[:12]}" for c, n in sorted(commits.items())),
+          *([f"- changed from the CUDA defaults: {overrides}"] if overrides else []),
           f"- {len(done)} of {len(grid)} configurations counted (" + ", ".join(f"{n} {s}" for s, n in
                                                                               sources.items()) + ")" +
-          (f"; not counted: {', '.join(map(str, missing))}" if missing else ""),
+          (f"; not counted (not reached in the time the runs had: one configuration took {min(took):.0f} to "
+           f"{max(took):.0f} s on a shared 2-core CPU): {', '.join(map(str, missing))}" if missing else ""),
           "- extrapolated rows: Inductor's code generated for the same step at K and K + d attack steps, every "
           "count per graph (launches by kind, Inductor's bytes) taken as c(K) + (N - K) / d (c(K + d) - c(K)) at N "
           "steps (d = 2: Inductor's code for a small model alternates between odd and even K): "
@@ -607,17 +622,17 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
-    """The rows of earlier runs' JSON results, which must be of this commit (clean) and this torch."""
+    """The rows of earlier runs' JSON results (each made at a clean commit, with this torch), each row with the
+    commit it was made at."""
     import json
 
     head, rows = common.header(torch.device("cpu")), []
     for path in paths:
         record = json.loads(path.read_text())
         theirs = record["header"]
-        if (theirs["commit"], theirs["dirty"], theirs["torch"]) != (head["commit"], False, head["torch"]):
-            raise SystemExit(f"{path}: made at {theirs['commit'][:12]} (dirty {theirs['dirty']}, torch "
-                             f"{theirs['torch']}), not at this clean commit {head['commit'][:12]} and torch")
-        rows += record["rows"]
+        if theirs["dirty"] or theirs["torch"] != head["torch"]:
+            raise SystemExit(f"{path}: made with uncommitted changes or another torch ({theirs['torch']})")
+        rows += [{**r, "commit": theirs["commit"]} for r in record["rows"]]
     return rows
 
 
@@ -634,11 +649,22 @@ def main(argv=None) -> int:
     p.add_argument("--steps-from", type=int, nargs=2, metavar="K",
                    help="generate at these two attack steps K, K + d and extrapolate the counts to --attack-steps")
     p.add_argument("--validate", action="store_true", help="with --steps-from: generate at --attack-steps too")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="fastfair settings (attack.bn_mode=eval) or, as inductor.NAME=VALUE, Inductor's config "
+                        "(inductor.combo_kernels=true) changed from the defaults; the results' name says which")
     p.add_argument("--merge", nargs="+", type=Path, default=[], metavar="JSON",
                    help="report these runs' rows (same commit and torch) with this run's")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
     steps = args.attack_steps or (2 if args.smoke else 10)
+    changed = dict(item.split("=", 1) for item in args.set)
+    fastfair_settings = {k: v for k, v in changed.items() if not k.startswith("inductor.")}
+    for key, value in changed.items():
+        if key.startswith("inductor."):  # Inductor's config for every graph this run compiles
+            name = key.removeprefix("inductor.")
+            default = getattr(inductor_config, name)
+            value = value.lower() == "true" if isinstance(default, bool) else type(default)(value)
+            setattr(inductor_config, name, value)
     if args.smoke:
         grid = [("trades", "tiny-cnn", 8, k, steps, 8) for k in args.kernels]
     else:  # batch outermost: a grid cut short has the batch-128 rows of every method first
@@ -658,14 +684,14 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 rows += measure(*config, steps_from=args.steps_from, validate=args.validate,
-                                compiled=compiled)
+                                compiled=compiled, overrides=fastfair_settings)
             except Exception as e:  # noqa: BLE001 -- a config that cannot be generated is reported, not hidden
                 rows.append({"method": config[0], "model": config[1], "batch": config[2], "kernels": config[3],
                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
             print(f"{config}: {time.perf_counter() - t0:.0f} s", {k: rows[-1].get(k) for k in ("launches", "error")},
                   flush=True)
-            write(rows, grid, args.smoke, args.out)
-    md = write(rows, grid, args.smoke, args.out)
+            write(rows, grid, args.smoke, args.out, changed)
+    md = write(rows, grid, args.smoke, args.out, changed)
     print(md)
     return 1 if any("error" in r for r in rows) or any(c["differences"] for c in validation(rows)) else 0
 
