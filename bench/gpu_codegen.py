@@ -3,6 +3,9 @@ turned into a PREDICTED step time.
 
     python bench/gpu_codegen.py            # PGD-AT, TRADES, MART, DAFA, TRIX x ResNet-18, PRN-18, WRN-34-10
     python bench/gpu_codegen.py --smoke    # one small config (CI)
+    python bench/gpu_codegen.py --steps-from 2 4 [--validate]   # PGD-10 counts extrapolated from K = 2 and 4
+    python bench/gpu_codegen.py --merge A.json B.json            # one report of runs made in parallel
+    python bench/gpu_codegen.py ... --set attack.bn_mode=eval inductor.combo_kernels=true   # a change, counted
 
 How the code is generated (nothing runs on a GPU, nothing here is a measurement):
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import logging
 import os
 import re
@@ -268,10 +272,12 @@ def count_code(module: str) -> dict:
     """Launches in the wrapper (after the kernels' sources) and Inductor's estimated bytes of its Triton kernels."""
     wrapper = module.rsplit("async_compile.wait(globals())", 1)[-1].split("\ndef benchmark_compiled_module", 1)[0]
     triton_runs = _TRITON_RUN.findall(wrapper)
-    gb = {m.group(1): float(g.group(1)) for m in _META.finditer(module) if (g := _NUM_GB.search(m.group(0)))}
-    user = [k for k in triton_runs if k not in gb]  # fastfair's own kernels: Inductor estimates no bytes for them
+    # Inductor writes an integer byte count / 1e9: rounded back, the bytes are exact integers again
+    nbytes = {m.group(1): round(1e9 * float(g.group(1))) for m in _META.finditer(module)
+              if (g := _NUM_GB.search(m.group(0)))}
+    user = [k for k in triton_runs if k not in nbytes]  # fastfair's own kernels: Inductor estimates no bytes for them
     return {"triton": len(triton_runs), "user_triton": len(user), "extern": len(_EXTERN.findall(wrapper)),
-            "aten": len(_ATEN.findall(wrapper)), "bytes": 1e9 * sum(gb.get(k, 0.0) for k in triton_runs),
+            "aten": len(_ATEN.findall(wrapper)), "bytes": sum(nbytes.get(k, 0) for k in triton_runs),
             "extern_ops": sorted(set(_EXTERN.findall(wrapper))), "aten_ops": sorted({".".join(m) for m in
                                                                                      _ATEN.findall(wrapper)})}
 
@@ -298,11 +304,15 @@ def eager_launches(events) -> dict[str, int]:
     return ops
 
 
-def step_flops(method: str, model: str, dataset: str, settings: dict) -> float:
+def step_flops(method: str, model: str, batch: int, attack_steps: int, width: int = 0,
+               overrides: dict | None = None) -> float:
     """FLOPs of one training step (bench_mfu's counter), counted on fake tensors: nothing is computed."""
     from bench import bench_mfu
     from bench.bench_training import START
 
+    dataset = common.register_synthetic(batch, 0, (3, 32, 32))
+    settings = {"data.batch_size": batch, "attack.steps": attack_steps, "train.device": "cpu", "model.width": width,
+                **(overrides or {})}
     with tempfile.TemporaryDirectory() as tmp:
         trainer = common.make_trainer(method, model, dataset, {**settings, **START}, Path(tmp) / "flops")
         x, y = next(iter(trainer.train_loader))
@@ -350,10 +360,32 @@ def eager_fused_start(launch: list):
         launch[0] = False
 
 
-def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0) -> dict:
-    """One configuration: its graphs recorded, compiled for an H100 and counted; its FLOPs; the predictions."""
+def graph_identity(graph: dict) -> str:
+    """A digest of everything Inductor compiles a recorded graph from (its code, constants, inputs' shapes, strides
+    and dtypes, static inputs, kind): equal digests get the same CUDA code, so each is compiled once."""
+    gm, h = graph["gm"], hashlib.sha256()
+    h.update(f"{graph['kind']}\n{gm.code}\n{graph['static_input_idxs']}".encode())
+    for t in graph["inputs"]:
+        h.update(repr((tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else t).encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor):
+                h.update(repr((node.target, tuple(value.shape), value.dtype)).encode())
+                h.update(value.detach().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def generate(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
+             compiled: dict | None = None, overrides: dict | None = None) -> dict:
+    """One configuration's step (fastfair settings ``overrides`` on top of the CUDA defaults): its graphs
+    recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``) and counted per graph; the ATen
+    ops it runs outside them."""
     from fastfair import build
 
+    compiled = {} if compiled is None else compiled
     rec = Recorder()
     eager_launch = [False]  # the second step: the fused ops' wrappers take the kernel path eagerly too
 
@@ -364,7 +396,8 @@ def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int
     dataset = common.register_synthetic(batch, 0, (3, 32, 32))
     settings = {"data.batch_size": batch, "attack.steps": attack_steps, "train.device": "cpu", "model.width": width}
     # The CUDA defaults a CPU allows: compiled step and attack, bf16 autocast, channels_last, fused SGD.
-    cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels}
+    cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels,
+                     **(overrides or {})}
     t0 = time.perf_counter()
     # The trainer asks whether the descent compiles as one graph by tracing it once with torch.compile
     # (cached per process): ask now, before torch.compile is the recorder's, so the answer is this torch's.
@@ -387,21 +420,71 @@ def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int
     t_trace = time.perf_counter() - t0
     graphs = []
     for g in rec.graphs:
-        out = compile_for_h100(g)
-        module = Path(_OUTPUT_PATH.search(out["code"]).group(1)).read_text()
-        graphs.append({"kind": g["kind"], **count_code(module), "cudagraph_refused": out["cudagraph_refused"],
-                       "partitions": out["partitions"]})
-    flops = step_flops(method, model, dataset, settings)
+        key = graph_identity(g)
+        if key not in compiled:
+            out = compile_for_h100(g)
+            module = Path(_OUTPUT_PATH.search(out["code"]).group(1)).read_text()
+            compiled[key] = {"kind": g["kind"], **count_code(module), "cudagraph_refused": out["cudagraph_refused"],
+                             "partitions": out["partitions"]}
+        graphs.append(compiled[key])
+    return {"attack_steps": attack_steps, "graph_detail": graphs, "eager_ops": eager,
+            "seconds": {"trace": round(t_trace, 1), "compile": round(time.perf_counter() - t0 - t_trace, 1)}}
+
+
+COUNTS = ("triton", "user_triton", "extern", "aten", "bytes")  # per graph; affine in the attack steps
+
+
+def extrapolate(lo: dict, hi: dict, attack_steps: int) -> dict:
+    """The counts of ``generate`` at ``attack_steps`` = N from two generations at K and K + d steps: each count is
+    c(K) + (N - K) / d (c(K + d) - c(K)), the rule that holds when every d unrolled steps are the same code
+    (checked against generations at the full N: the ``validation`` of the results, tests/test_gpu_codegen.py).
+    d = 2, N - K even: Inductor's code for a small model alternates between odd and even K (tiny CNN, TRADES:
+    7, 11, 7 more Triton launches per step from K = 1 to 4). Raises ValueError where the two generations differ
+    in anything but those counts."""
+    k, d = lo["attack_steps"], hi["attack_steps"] - lo["attack_steps"]
+    if d <= 0 or (attack_steps - k) % d:
+        raise ValueError(f"K={k}, K + d={hi['attack_steps']} do not reach N={attack_steps} in whole steps of d")
+    same = ("kind", "extern_ops", "aten_ops", "cudagraph_refused", "partitions")
+    if lo["eager_ops"] != hi["eager_ops"] or len(lo["graph_detail"]) != len(hi["graph_detail"]) or any(
+            a[f] != b[f] for a, b in zip(lo["graph_detail"], hi["graph_detail"]) for f in same):
+        raise ValueError(f"K={k} and K={k + d} differ in more than the affine counts (graphs, ops or eager ops)")
+    graphs = [{**a, **{f: a[f] + (attack_steps - k) // d * (b[f] - a[f]) for f in COUNTS}}
+              for a, b in zip(lo["graph_detail"], hi["graph_detail"])]
+    return {"attack_steps": attack_steps, "graph_detail": graphs, "eager_ops": lo["eager_ops"]}
+
+
+# Inductor's byte estimates are affine in K only nearly: its buffer reuse at the ends of the unrolled loop changes
+# a few kernels' estimates (measured: 0.25 MB of 19.3 GB extrapolating ResNet-18 PGD-AT from K=1,2 to 10); launch
+# counts must be exact.
+BYTES_RTOL = 1e-4
+
+
+def differences(a: dict, b: dict) -> dict:
+    """Where two counts of one configuration differ: {graph index.count: (a, b)}, eager ops included; bytes
+    only beyond ``BYTES_RTOL``."""
+    diff = {f"{i}.{f}": (x[f], y[f]) for i, (x, y) in enumerate(zip(a["graph_detail"], b["graph_detail"]))
+            for f in COUNTS if x[f] != y[f] and (f != "bytes" or abs(x[f] - y[f]) > BYTES_RTOL * max(x[f], y[f]))}
+    if [g["kind"] for g in a["graph_detail"]] != [g["kind"] for g in b["graph_detail"]]:
+        diff["graphs"] = ([g["kind"] for g in a["graph_detail"]], [g["kind"] for g in b["graph_detail"]])
+    if a["eager_ops"] != b["eager_ops"]:
+        diff["eager_ops"] = (a["eager_ops"], b["eager_ops"])
+    return diff
+
+
+def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, flops: float, source: str) -> dict:
+    """A configuration's totals and PREDICTED step times from its per-graph counts and its FLOPs."""
+    graphs, eager = counts["graph_detail"], counts["eager_ops"]
     in_graphs = sum(g["triton"] + g["extern"] + g["aten"] for g in graphs)
     outside = sum(eager.values())
     nbytes = sum(g["bytes"] for g in graphs)
-    row = {"method": method, "model": model, "batch": batch, "kernels": kernels, "attack_steps": attack_steps,
+    row = {"method": method, "model": model, "batch": batch, "kernels": kernels,
+           "attack_steps": counts["attack_steps"], "source": source,
            "graphs": len(graphs), "graph_kinds": [g["kind"] for g in graphs],
            **{f"{k}_launches": sum(g[k] for g in graphs) for k in ("triton", "user_triton", "extern", "aten")},
            "launches_in_graphs": in_graphs, "launches_outside": outside, "launches": in_graphs + outside,
            "eager_ops": eager, "inductor_gb": nbytes / 1e9, "step_gflop": flops / 1e9,
            "cudagraph_refused": sorted({r for g in graphs for r in g["cudagraph_refused"]}),
-           "graph_detail": graphs, "seconds": {"trace": round(t_trace, 1), "total": round(time.perf_counter() - t0, 1)}}
+           "graph_detail": graphs}
     for name, dev in DEVICES.items():
         refused = [g for g in graphs if g["cudagraph_refused"]]
         not_graphed = sum(g["triton"] + g["extern"] + g["aten"] for g in refused)
@@ -412,11 +495,37 @@ def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int
     return row
 
 
+def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
+            steps_from: list | None = None, validate: bool = False, compiled: dict | None = None,
+            overrides: dict | None = None) -> list[dict]:
+    """One configuration's rows: generated at ``attack_steps``, or with ``steps_from`` = (K, K + d) extrapolated
+    from generations at those K (and with ``validate`` generated at ``attack_steps`` too, both rows kept).
+    FLOPs are always counted at ``attack_steps``."""
+    compiled = {} if compiled is None else compiled
+    config, rows, t0 = (method, model, batch, kernels), [], time.perf_counter()
+    flops = step_flops(method, model, batch, attack_steps, width, overrides)
+    seconds = {"flops": round(time.perf_counter() - t0, 1)}
+    if steps_from is not None:
+        lo, hi = (generate(*config, k, width, compiled, overrides) for k in steps_from)
+        row = make_row(*config, extrapolate(lo, hi, attack_steps), flops,
+                       f"extrapolated from K={steps_from[0]},{steps_from[1]}")
+        row["basis"] = [{k: g[k] for k in ("attack_steps", "graph_detail", "eager_ops")} for g in (lo, hi)]
+        row["seconds"] = {**seconds, **{f"K={g['attack_steps']}": g["seconds"] for g in (lo, hi)}}
+        rows.append(row)
+    if steps_from is None or validate:
+        counts = generate(*config, attack_steps, width, compiled, overrides)
+        rows.append(make_row(*config, counts, flops, "generated"))
+        rows[-1]["seconds"] = {**seconds, f"K={attack_steps}": counts["seconds"]}
+    for row in rows:
+        row["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+    return rows
+
+
 # ---- the grid and its report --------------------------------------------------------------------
 
 FAMILIES = {"PGD-AT": "pgd-at", "TRADES/ME-TRADES": "trades", "MART": "mart", "DAFA": "dafa-trades", "TRIX": "trix"}
 MODELS = ("resnet18", "preact-resnet18", "wrn-34-10")
-COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kernels", "kernels"),
+COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kernels", "kernels"), ("source", "counts"),
            ("graphs", "graphs"), ("triton_launches", "Triton"), ("user_triton_launches", "of which fastfair's"),
            ("extern_launches", "cuBLAS/cuDNN"), ("aten_launches", "ATen fallback"), ("launches_outside", "eager"),
            ("launches", "launches/step"), ("inductor_gb", "Inductor GB/step"), ("step_gflop", "GFLOP/step"),
@@ -425,32 +534,78 @@ COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kerne
            ("a100_s_epoch_cuda_graphs", "A100 s/epoch, graphs"), ("refused", "CUDA graphs refused")]
 
 
-def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
+def _config(row: dict) -> tuple:
+    return row["method"], row["model"], row["batch"], row["kernels"]
+
+
+def validation(rows: list[dict]) -> list[dict]:
+    """Each configuration both generated and extrapolated to the same K: where the extrapolation differs."""
+    generated = {(_config(r), r["attack_steps"]): r for r in rows if r.get("source") == "generated"}
+    return [{"config": _config(r), "attack_steps": r["attack_steps"], "extrapolated": r["source"],
+             "differences": differences(r, generated[_config(r), r["attack_steps"]]),
+             "bytes_extrapolated_minus_generated": r["inductor_gb"] * 1e9 - generated[_config(r), r["attack_steps"]][
+                 "inductor_gb"] * 1e9}
+            for r in rows if r.get("source", "").startswith("extrapolated")
+            and (_config(r), r["attack_steps"]) in generated]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """One row per configuration, in first-seen order: the generated one where there is one."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if _config(r) not in best or r.get("source") == "generated" or "error" in best[_config(r)]:
+            best[_config(r)] = r
+    return list(best.values())
+
+
+def write(rows: list[dict], grid: list, smoke: bool, out: Path, overrides: dict | None = None) -> str:
     """The JSON and Markdown results of the configs done so far (rewritten after each: a long grid keeps its part)."""
     import json
 
-    done = {(r["method"], r["model"], r["batch"], r["kernels"]) for r in rows}
+    shown = table_rows(rows)
+    checks = validation(rows)
+    done = {_config(r) for r in shown if "error" not in r}
     missing = [c[:4] for c in grid if tuple(c[:4]) not in done]
-    for r in rows:
+    for r in shown:
         r["refused"] = "; ".join(r.get("cudagraph_refused", [])) or ("none" if "error" not in r else r["error"])
     head = common.header(torch.device("cpu"))
     head.update(device="none: CUDA code generated on a CPU, device queries answered as an H100 SXM; predictions",
                 device_type="none")
-    stem = f"gpu-codegen-predicted{'-smoke' if smoke else ''}-torch{torch.__version__.split('+')[0]}"
-    settings = {"grid": grid, "done": len(rows), "devices": DEVICES, "host_launch_us": HOST_LAUNCH_US,
-                "gpu_gap_us": GPU_GAP_US,
+    stem = f"gpu-codegen-predicted{'-smoke' if smoke else ''}-torch{torch.__version__.split('+')[0]}" + "".join(
+        f"-{k}-{v}" for k, v in (overrides or {}).items())
+    settings = {"grid": grid, "done": len(done), "devices": DEVICES, "host_launch_us": HOST_LAUNCH_US,
+                "gpu_gap_us": GPU_GAP_US, "overrides": overrides or {},
                 "cuda_defaults": "compile + compiled attack, bf16 autocast, channels_last, fused SGD"}
     out.mkdir(parents=True, exist_ok=True)
     record = {"bench": "gpu-codegen", "kind": "PREDICTION (no GPU ran)", "smoke": smoke, "header": head,
-              "settings": settings, "rows": rows}
+              "settings": settings, "validation": checks, "rows": rows}
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    sources = {}
+    for r in shown:
+        sources[r.get("source", "error")] = sources.get(r.get("source", "error"), 0) + 1
+    exact = [c for c in checks if not c["differences"]]
+    took = [r["seconds"]["total"] for r in shown if "seconds" in r] or [0]
+    commits: dict[str, int] = {}
+    for r in shown:
+        commits[r.get("commit", head["commit"])] = commits.get(r.get("commit", head["commit"]), 0) + 1
     md = ["# PREDICTED GPU step times from Inductor's generated CUDA code (no GPU ran)", "",
           f"- device: {head['device']}", f"- torch {head['torch']}, triton {head['triton']}, Python {head['python']}",
           f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
-          f"{head['time_utc']}",
-          f"- {len(rows)} of {len(grid)} configurations generated" + (f"; not generated (the grid was cut "
-                                                                    f"short): {', '.join(map(str, missing))}"
-                                                                    if missing else ""),
+          f"{head['time_utc']}" + "".join(f"; {n} rows made at {c[:12]}" for c, n in sorted(commits.items())),
+          *([f"- changed from the CUDA defaults: {overrides}"] if overrides else []),
+          f"- {len(done)} of {len(grid)} configurations counted (" + ", ".join(f"{n} {s}" for s, n in
+                                                                              sources.items()) + ")" +
+          (f"; not counted (not reached in the time the runs had: one configuration took {min(took):.0f} to "
+           f"{max(took):.0f} s on a shared 2-core CPU): {', '.join(map(str, missing))}" if missing else ""),
+          "- extrapolated rows: Inductor's code generated for the same step at K and K + d attack steps, every "
+          "count per graph (launches by kind, Inductor's bytes) taken as c(K) + (N - K) / d (c(K + d) - c(K)) at N "
+          "steps (d = 2: Inductor's code for a small model alternates between odd and even K): "
+          "the attack graph unrolls K copies of one step's code, the update graphs and the eager ops do not depend "
+          "on K (required: the two generations must agree on them). FLOPs are counted at the full K. Validated "
+          f"against the same configurations generated at the full K: {len(exact)} of {len(checks)} with every "
+          f"launch count equal and Inductor's bytes within {BYTES_RTOL:g} (" + ", ".join(
+              f"{c['config']}: {c['bytes_extrapolated_minus_generated'] / 1e6:+.2f} MB" for c in checks) + ")" +
+          "".join(f"; {c['config']} differs: {c['differences']}" for c in checks if c["differences"]),
           f"- roofline: t_gpu = FLOPs / peak + Inductor's bytes / bandwidth + launches x {GPU_GAP_US} us; "
           f"no graphs: max(t_gpu, launches x {HOST_LAUNCH_US} us host cost); CUDA graphs: max(t_gpu, launches "
           "outside graphs x host cost). Peaks and bandwidths: " + ", ".join(
@@ -461,9 +616,24 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path) -> str:
           "- CUDA graphs refused: Inductor's compile-time verdict per graph (mutated inputs, non-CUDA ops or "
           "inputs, unsupported ops); what CUDA graph trees check at run time (e.g. a pending backward, memory "
           "pool state) needs a GPU and is not known here", "",
-          common.markdown_table(rows, COLUMNS), ""]
+          common.markdown_table(shown, COLUMNS), ""]
     (out / f"{stem}.md").write_text("\n".join(md))
     return "\n".join(md)
+
+
+def load_rows(paths: list[Path]) -> list[dict]:
+    """The rows of earlier runs' JSON results (each made at a clean commit, with this torch), each row with the
+    commit it was made at."""
+    import json
+
+    head, rows = common.header(torch.device("cpu")), []
+    for path in paths:
+        record = json.loads(path.read_text())
+        theirs = record["header"]
+        if theirs["dirty"] or theirs["torch"] != head["torch"]:
+            raise SystemExit(f"{path}: made with uncommitted changes or another torch ({theirs['torch']})")
+        rows += [{**r, "commit": theirs["commit"]} for r in record["rows"]]
+    return rows
 
 
 def main(argv=None) -> int:
@@ -475,29 +645,55 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", help=f"default: {list(MODELS)}")
     p.add_argument("--batches", nargs="+", type=int, help="default: 128 512")
     p.add_argument("--kernels", nargs="+", default=["torch", "triton"])
-    p.add_argument("--attack-steps", type=int, default=10)
+    p.add_argument("--attack-steps", type=int, help="default: 10 (--smoke: 2)")
+    p.add_argument("--steps-from", type=int, nargs=2, metavar="K",
+                   help="generate at these two attack steps K, K + d and extrapolate the counts to --attack-steps")
+    p.add_argument("--validate", action="store_true", help="with --steps-from: generate at --attack-steps too")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="fastfair settings (attack.bn_mode=eval) or, as inductor.NAME=VALUE, Inductor's config "
+                        "(inductor.combo_kernels=true) changed from the defaults; the results' name says which")
+    p.add_argument("--merge", nargs="+", type=Path, default=[], metavar="JSON",
+                   help="report these runs' rows (same commit and torch) with this run's")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
+    steps = args.attack_steps or (2 if args.smoke else 10)
+    changed = dict(item.split("=", 1) for item in args.set)
+    fastfair_settings = {k: v for k, v in changed.items() if not k.startswith("inductor.")}
+    for key, value in changed.items():
+        if key.startswith("inductor."):  # Inductor's config for every graph this run compiles
+            name = key.removeprefix("inductor.")
+            default = getattr(inductor_config, name)
+            value = value.lower() == "true" if isinstance(default, bool) else type(default)(value)
+            setattr(inductor_config, name, value)
     if args.smoke:
-        grid = [("trades", "tiny-cnn", 8, k, 2, 8) for k in args.kernels]
+        grid = [("trades", "tiny-cnn", 8, k, steps, 8) for k in args.kernels]
     else:  # batch outermost: a grid cut short has the batch-128 rows of every method first
-        grid = [(m, model, b, k, args.attack_steps, 0) for b in args.batches or (128, 512)
+        grid = [(m, model, b, k, steps, 0) for b in args.batches or (128, 512)
                 for model in args.models or MODELS for m in args.methods or FAMILIES.values() for k in args.kernels]
-    rows = []
+    rows = load_rows(args.merge)
+    if args.merge:  # a report of earlier runs: the grid is every configuration
+        grid = [(m, model, b, k, steps, 0) for b in (128, 512) for model in MODELS
+                for m in FAMILIES.values() for k in ("torch", "triton")]
+        todo = []
+    else:
+        todo = grid
+    compiled: dict = {}  # graph identity -> its counts: graphs shared by configurations are compiled once
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # Inductor writes each graph's module here; read back, dropped
-        for config in grid:
+        for config in todo:
             t0 = time.perf_counter()
             try:
-                rows.append(measure(*config))
+                rows += measure(*config, steps_from=args.steps_from, validate=args.validate,
+                                compiled=compiled, overrides=fastfair_settings)
             except Exception as e:  # noqa: BLE001 -- a config that cannot be generated is reported, not hidden
                 rows.append({"method": config[0], "model": config[1], "batch": config[2], "kernels": config[3],
                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
             print(f"{config}: {time.perf_counter() - t0:.0f} s", {k: rows[-1].get(k) for k in ("launches", "error")},
                   flush=True)
-            md = write(rows, grid, args.smoke, args.out)
+            write(rows, grid, args.smoke, args.out, changed)
+    md = write(rows, grid, args.smoke, args.out, changed)
     print(md)
-    return 1 if any("error" in r for r in rows) else 0
+    return 1 if any("error" in r for r in rows) or any(c["differences"] for c in validation(rows)) else 0
 
 
 if __name__ == "__main__":

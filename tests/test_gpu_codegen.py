@@ -44,3 +44,25 @@ def test_the_step_is_compiled_for_cuda_and_counted(smoke):
     # fastfair's kernels inside the graphs: TRADES-PGD-2 has two loss rows and two steps, the update one loss row
     assert rows["triton"]["user_triton_launches"] == 5 and rows["torch"]["user_triton_launches"] == 0
     assert rows["triton"]["eager_ops"].get("fastfair::random_start (eager, one kernel)") == 1
+
+
+def test_counts_extrapolated_in_attack_steps_equal_the_generated_ones(tmp_path):
+    # the full grid's rows at PGD-10 are extrapolated from K = 2 and 4: generated at K = 6 too, the launch counts
+    # must equal the extrapolation exactly (Inductor's bytes within BYTES_RTOL); the script fails otherwise
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_codegen.py"), "--smoke", "--kernels", "torch",
+                           "--steps-from", "2", "4", "--attack-steps", "6", "--validate", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (js,) = tmp_path.glob("gpu-codegen-predicted-smoke-*.json")
+    record = json.loads(js.read_text())
+    (check,) = record["validation"]
+    assert check["differences"] == {} and check["extrapolated"] == "extrapolated from K=2,4"
+    rows = {r["source"]: r for r in record["rows"]}
+    assert rows.keys() == {"generated", "extrapolated from K=2,4"}
+    extrapolated, generated = rows["extrapolated from K=2,4"], rows["generated"]
+    assert extrapolated["launches"] == generated["launches"]
+    assert [b["attack_steps"] for b in extrapolated["basis"]] == [2, 4]
+    # the attack graph grows with K, the update graphs do not
+    (lo, hi) = (b["graph_detail"] for b in extrapolated["basis"])
+    assert hi[0]["triton"] > lo[0]["triton"] and [g["triton"] for g in hi[1:]] == [g["triton"] for g in lo[1:]]
