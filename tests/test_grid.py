@@ -231,6 +231,14 @@ def _cli(capsys, *args) -> tuple[int, list[str], list[str]]:
     return code, out.splitlines(), err.splitlines()
 
 
+def test_grid_help_says_where_the_data_comes_from(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["grid", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--data-dir, else the grid's data.data_dir, else $FASTFAIR_DATA" in text
+    assert "--set" in text and "not a key the grid's axes sweep" in text
+
+
 def test_grid_without_its_data_says_where_it_looked_and_starts_nothing(tmp_path, capsys):
     path = _write(tmp_path, NPZ_GRID + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\n')
     out = tmp_path / "out"
