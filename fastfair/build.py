@@ -67,9 +67,23 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
     return m.to(memory_format=torch.channels_last) if cl else m
 
 
-def splits(cfg: Config) -> tuple[data.DataBundle, dict]:
-    bundle = subsets.select(data.load(cfg.data.dataset, cfg.data.data_dir or None), cfg.data.classes)
+def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
+    """The run's data set and its train / val / test splits; ``loaded``: the data set as :func:`data.load`
+    returned it, when the caller has it already (a grid checks many runs of one data set)."""
+    raw = data.load(cfg.data.dataset, cfg.data.data_dir or None) if loaded is None else loaded
+    bundle = subsets.select(raw, cfg.data.classes)
     return bundle, data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
+
+
+def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
+    """:func:`splits`, and the checks of them a training run needs: the trainer's, and a grid's for every run
+    before the first launches."""
+    bundle, sp = splits(cfg, loaded)
+    n = len(sp["train"][1])
+    if n < cfg.data.batch_size:
+        raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {n} training images "
+                        f"(after the validation split); lower data.batch_size")
+    return bundle, sp
 
 
 def _loader_options(cfg: Config) -> dict:

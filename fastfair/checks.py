@@ -3,7 +3,8 @@
 ``fastfair train`` and ``fastfair grid`` (for every run, before the first launches) call
 :func:`check_config` right after resolving a config, and the Trainer again before it builds
 anything; checks that need the data (batch size against the split, the validation split,
-label ranges) run where the data is loaded (:mod:`fastfair.data.datasets`, the Trainer).
+label ranges) run where the data is loaded (:mod:`fastfair.data.datasets`,
+:func:`fastfair.build.training_splits`, which a grid also runs for every run before the first launches).
 A rule is a row of :data:`RANGES` or :data:`NAMES`, so a new key gets its check in one line.
 
 A key that names an epoch says so (:class:`~fastfair.schema.Epochs`: a row of :data:`EPOCHS` for the

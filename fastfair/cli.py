@@ -354,10 +354,17 @@ def report(
 
 # ---- grid, data ---------------------------------------------------------------------------------
 
-@app.command(help="run a grid of trainings (axes over config keys), then one comparison table")
+@app.command(help="run a grid of trainings (axes over config keys), then one comparison table; every run's "
+                  "config and data are checked before the first starts. The data: --data-dir, else the grid's "
+                  "data.data_dir, else $FASTFAIR_DATA (default ~/.cache/fastfair/data)")
 def grid(
     grid: Annotated[str, typer.Argument(metavar="GRID", help="grid TOML file (see configs/grids/) or the name of "
                                                              "a shipped grid")],
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set, for every run (as "
+                                                "train's --data-dir)")] = None,
+    sets: Annotated[Optional[List[str]], typer.Option(
+        "--set", metavar="KEY=VALUE", help="override a config key in every run, e.g. --set train.epochs=10 "
+                                           "(repeatable; not a key the grid's axes sweep)")] = None,
     out: Annotated[Text, typer.Option(help="grid directory (default runs/grids/GRID_NAME); one folder per run "
                                            "inside")] = None,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else "
@@ -372,7 +379,8 @@ def grid(
     from fastfair.scaleout.grid import run_grid
 
     with _ctrl_c_says(RUNS_RESUME.format(what="grid")):
-        return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run)
+        return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run,
+                        data_dir=data_dir, sets=sets or [])
 
 
 @app.command(help="re-run a paper's table and print it beside the paper's numbers, with a verdict per row")

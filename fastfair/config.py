@@ -222,6 +222,11 @@ def _qualify(cfg: Config, key: str) -> str:
     return key
 
 
+def qualify(key: str) -> str:
+    """A key as ``section.key``, as :func:`resolve` reads it (a bare key when exactly one section has it)."""
+    return _qualify(Config(), key)
+
+
 def apply(cfg: Config, updates: dict[str, Any], origin: str, layer: int = USER) -> Config:
     """Apply flat ``{'section.key': value}`` updates in place, validating each key and value; ``layer`` records
     who chose them (:data:`DEFAULTS`, :data:`PRESET`, :data:`USER`)."""

@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from fastfair import config
+from fastfair import cli, config
 from fastfair.errors import UserError
 from fastfair.scaleout.grid import load, run_grid
+from fastfair.scaleout.jobs import Job, outcome, read_state, run_job
 from fastfair.scaleout.launchers import slot_envs
 
 ROOT = Path(__file__).parents[1]
@@ -125,11 +127,13 @@ def _env():  # the children import this checkout
 
 @pytest.mark.slow
 def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
-    # seeds 0 and 1 train; the third run's batch is larger than the data set, so it fails at start
-    path = _write(tmp_path, TINY + """
+    # seeds 0 and 1 train; the third run starts from a file that is no checkpoint, so it fails at start
+    bad = tmp_path / "bad.pt"
+    bad.write_text("not a checkpoint")
+    path = _write(tmp_path, TINY + f"""
 [[axes]]
-keys = ["train.seed", "data.batch_size"]
-values = [[0, 128], [1, 128], [2, 100000]]
+keys = ["train.seed", "train.init_from"]
+values = [[0, ""], [1, ""], [2, "{bad}"]]
 labels = ["a", "b", "c"]
 """)
     out = tmp_path / "out"
@@ -160,8 +164,9 @@ labels = ["a", "b", "c"]
     epochs = [json.loads(l)["epoch"] for l in (out / "b" / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]  # resumed after epoch 1, no epoch logged twice
     assert state("c")["status"] == "failed" and state("c")["returncode"] == 2
-    assert "lower data.batch_size" in (out / "c" / "train.log").read_text()
-    assert "c (log:" in lines[-1]
+    assert "is not a checkpoint" in (out / "c" / "train.log").read_text()
+    said = "\n".join(lines).splitlines()
+    assert said[-3] == "2 of 3 runs finished, 1 failed" and said[-2].startswith(f"  c: fastfair: error: {bad}")
 
     table = (out / "results.md").read_text().splitlines()
     assert table[0].startswith("| run | seeds | clean avg | clean worst | fgsm avg")  # fastfair report's table
@@ -199,3 +204,132 @@ def test_cfa_fig5a_grid_resolves_every_run(tmp_path):
     lines = []
     assert run_grid(str(GRIDS / "cfa-fig5a-ccm-budget.toml"), out=str(tmp_path), dry_run=True, echo=lines.append) == 0
     assert any("ccm.enabled=true" in l for l in lines) and any("ccm.lambda_1=0.7" in l for l in lines)
+
+
+# ---- fastfair grid as a user types it: --data-dir, --set, the data checked first, a child's error shown ----
+
+# TINY on an npz data set the command line points at; a few seconds per run
+NPZ_GRID = TINY + """
+"data.dataset" = "npz"
+"data.val_per_class" = 5
+"train.lr_milestones" = []
+"""
+
+
+def _npz(tmp_path) -> Path:
+    """A synthetic 3-class data set of 8x8 grey images, 30 training and 5 test images per class."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (90, 8, 8), dtype=np.uint8), y_train=np.arange(90) % 3,
+             x_test=rng.integers(0, 256, (15, 8, 8), dtype=np.uint8), y_test=np.arange(15) % 3)
+    return path
+
+
+def _cli(capsys, *args) -> tuple[int, list[str], list[str]]:
+    code = cli.main(["grid", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def test_grid_help_says_where_the_data_comes_from(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["grid", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--data-dir, else the grid's data.data_dir, else $FASTFAIR_DATA" in text
+    assert "--set" in text and "not a key the grid's axes sweep" in text
+
+
+def test_grid_without_its_data_says_where_it_looked_and_starts_nothing(tmp_path, capsys):
+    path = _write(tmp_path, NPZ_GRID + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\n')
+    out = tmp_path / "out"
+    code, _, err = _cli(capsys, path, "--out", out, "--gpus", "cpu", "--data-dir", tmp_path / "nowhere.npz")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("fastfair: error: grid g (every run): the npz data set needs --data-dir FILE.npz")
+    assert f"there is no file {tmp_path / 'nowhere.npz'}" in err[0]
+    assert not out.exists()  # no run folder, no grid folder: nothing started
+
+
+def test_shipped_grid_without_cifar10_names_the_folder_and_how_to_point_at_it(tmp_path, capsys, monkeypatch):
+    import torchvision
+    from urllib.error import URLError
+
+    def offline(self):
+        raise URLError("offline")
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", offline)  # no test downloads 170 MB
+    empty = tmp_path / "data"
+    empty.mkdir()
+    code, _, err = _cli(capsys, "me-table2-lambda", "--out", tmp_path / "out", "--data-dir", empty)
+    assert code == 2 and len(err) == 1
+    assert f"grid me-table2-lambda (every run): CIFAR10 is not under {empty}" in err[0]
+    assert "--data-dir FOLDER" in err[0] and "FASTFAIR_DATA=FOLDER" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_larger_than_a_runs_data_stops_the_grid_before_any_run(tmp_path, capsys):
+    path = _write(tmp_path, TINY + '[[axes]]\nkey = "data.batch_size"\nvalues = [64, 100000]\n')
+    code, _, err = _cli(capsys, path, "--out", tmp_path / "out", "--gpus", "cpu")
+    assert code == 2 and err == ["fastfair: error: grid g, run batch_size=100000: data.batch_size=100000 is more "
+                                 "than the 1337 training images (after the validation split); lower data.batch_size"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.seed=5"], "--set train.seed: grid g sweeps train.seed (axes[0] of its file)"),
+    (["--set", "seed=5"], "'seed' is ambiguous; write one of train.seed, eval.seed"),  # as train says it
+    (["--set", "kl_weight=3"], "--set kl_weight: grid g sweeps method.kl_weight (axes[1]"),  # a bare key is the same
+    (["--data-dir", "x.npz"], "--data-dir: grid g sweeps data.data_dir (axes[2]"),
+    (["--set", "train.sed=1"], "unknown config key 'train.sed' (from --set). Did you mean train.seed"),
+    (["--set", "train.epochs"], "--set takes key=value"),  # train's own parser and checks
+    (["--set", "train.epochs=0"], "train.epochs=0 is out of range"),
+])
+def test_set_on_a_swept_key_or_a_bad_set_is_one_error_line(tmp_path, capsys, args, message):
+    path = _write(tmp_path, TINY + """
+[[axes]]
+key = "train.seed"
+values = [0, 1]
+[[axes]]
+keys = ["method.name", "method.kl_weight"]
+values = [["trades", 6]]
+[[axes]]
+key = "data.data_dir"
+values = ["a.npz"]
+""")
+    code, _, err = _cli(capsys, path, "--out", tmp_path / "out", "--dry-run", *args)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.slow
+def test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the children import this checkout
+    npz, bad = _npz(tmp_path), tmp_path / "bad.pt"
+    bad.write_text("not a checkpoint")
+    path = _write(tmp_path, NPZ_GRID + f"""
+[[axes]]
+keys = ["train.seed", "train.init_from"]
+values = [[0, ""], [1, ""], [2, "{bad}"]]
+labels = ["a", "b", "c"]
+""")
+    out = tmp_path / "out"
+    code, lines, _ = _cli(capsys, path, "--out", out, "--gpus", "cpu", "--per-gpu", 3, "--data-dir", npz,
+                          "--set", "train.epochs=1", "--set", "batch_size=16")  # 3 slots: the runs at once
+    assert code == 1
+    assert f'every run with: data.data_dir="{npz}" train.epochs=1 data.batch_size=16' in lines
+    for run in "ab":  # the recorded config of every run, as train read the flags
+        saved = config.load_saved(out / run / "config.toml")
+        assert (saved["data"]["data_dir"], saved["train"]["epochs"], saved["data"]["batch_size"]) == (str(npz), 1, 16)
+    (failed,) = [line for line in lines if line.startswith("failed ")]  # said when it ends ...
+    assert failed.startswith(f"failed c: fastfair: error: {bad} is not a checkpoint")
+    assert failed.endswith(f"(log: {out / 'c' / 'train.log'})")
+    assert lines[-3:] == ["2 of 3 runs finished, 1 failed",  # ... and in the summary
+                          "  " + failed[len("failed "):],
+                          "fix the cause and run the same command again: done runs are skipped, the others resume"]
+
+
+def test_a_crashed_childs_last_traceback_line_is_its_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(Job, "command", lambda self: [sys.executable, "-c", "print('epoch 1'); raise "
+                                                                            "RuntimeError('CUDA out of memory')"])
+    job = Job("r", str(tmp_path / "r"), "", ())
+    assert run_job(job) == "failed"
+    assert read_state(job.run_dir)["error"] == "RuntimeError: CUDA out of memory"
+    assert outcome("r", job.run_dir) == f"r: RuntimeError: CUDA out of memory (log: {tmp_path / 'r' / 'train.log'})"

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from fastfair import config
 from fastfair.errors import UserError
 from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
@@ -30,15 +31,18 @@ def test_submitit_local_mode_runs_a_two_run_grid(tmp_path):
     path.write_text(TINY + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\n[launcher.submitit]\ncluster = "local"\n')
     out = tmp_path / "out"
     lines = []
-    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", echo=lines.append) == 0
+    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", sets=["train.epochs=1"],
+                    echo=lines.append) == 0
     assert any("submitted 2 array task(s)" in line for line in lines)  # --per-gpu 1: one run per task
     for run in ("seed=0", "seed=1"):
         assert json.loads((out / run / "grid-state.json").read_text())["status"] == "done"
+        assert config.load_saved(out / run / "config.toml")["train"]["epochs"] == 1  # the grid's --set went along
     table = (out / "results.md").read_text().splitlines()
     (row,) = table[2:]  # one group: the two seeds folded by fastfair report's table
     assert row.split("|")[2].strip() == "2"
     again = []  # a second call finds both runs done and submits nothing
-    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", echo=again.append) == 0
+    assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", sets=["train.epochs=1"],
+                    echo=again.append) == 0
     assert "2 done" in again[0] and not any("submitted" in line for line in again)
 
 

@@ -87,7 +87,8 @@ def _torchvision(cls_name: str, train_kw, test_kw, label_attr: str, hint: str, c
                     raise UserError(
                         f"{cls_name} is not under {root} and could not be downloaded ({type(err).__name__}: "
                         f"{str(err)[:120]}). Download it from {hint}, "
-                        f"put it under a folder and pass --data-dir FOLDER; or run the offline demo: "
+                        f"put it under a folder and pass --data-dir FOLDER (or set FASTFAIR_DATA=FOLDER, the "
+                        f"folder used without --data-dir); or run the offline demo: "
                         f"fastfair train --config demo"
                     ) from None
         tr, te = sets
@@ -152,7 +153,8 @@ def _npz_labels(path: Path, name: str, y: np.ndarray, n: int, classes: int | Non
 
 def _load_npz(path: Path | None) -> DataBundle:
     if path is None or not Path(path).is_file():
-        raise UserError(f"the npz data set needs --data-dir FILE.npz ({NPZ_FORMAT}); got {path!r}")
+        got = f"there is no file {path}" if path else "none was given"
+        raise UserError(f"the npz data set needs --data-dir FILE.npz ({NPZ_FORMAT}); {got}")
     try:
         f = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:

@@ -13,13 +13,15 @@ A grid file names a ``base`` preset, overrides for every run (``[set]``) and axe
     values = [["trades", 6], ["me-trades", 27]]
     labels = ["trades6", "me-trades27"]   # optional folder-name part for each value
 
-The runs are the product of the axes. Each run is ``python -m fastfair train`` in its own
+The runs are the product of the axes; ``fastfair grid``'s ``--data-dir`` and ``--set`` go to every run
+(after the grid's own keys; a key an axis sweeps is refused). Each run is ``python -m fastfair train`` in its own
 process with ``--out GRID/RUN`` (``--resume`` when a checkpoint exists), so the run directory
 stays the one contract between train, eval, report and grid. ``GRID/RUN/grid-state.json``
-records done / failed; re-running the grid skips done runs, resumes killed ones and retries
-failed ones. Before the first run launches, every run's config is checked (values, names, and one
-robust attack all runs evaluate, for the table); one grid process at a time writes a grid folder,
-and a run marked running is resumed only once no process holds its lock.
+records done / failed (and a failed run's error line); re-running the grid skips done runs, resumes
+killed ones and retries failed ones. Before the first run launches, every run's config is checked
+(values, names, and one robust attack all runs evaluate, for the table) and its data loaded and split
+as its training will (each data set once); one grid process at a time writes a grid folder, and a run
+marked running is resumed only once no process holds its lock.
 """
 from __future__ import annotations
 
@@ -33,14 +35,14 @@ from typing import Any
 
 import tomli_w
 
-from fastfair import config
+from fastfair import build, config, data
 from fastfair.checks import check_config
 from fastfair.config import tomllib
 from fastfair.errors import UserError
 from fastfair.preset_files import grid_file, grid_names
 from fastfair.reports.report import compare
 from fastfair.rundir import RunDir, write_text_atomic
-from fastfair.scaleout.jobs import Job, read_state
+from fastfair.scaleout.jobs import Job, outcome, read_state
 from fastfair.scaleout.launchers import LAUNCHERS
 
 SEED_KEY = "train.seed"
@@ -69,6 +71,7 @@ class Grid:
     axes: list[Axis]
     preset: str = ""
     launcher: dict[str, dict] = field(default_factory=dict)  # [launcher.NAME] options
+    overrides: dict[str, Any] = field(default_factory=dict)  # the command line's, for every run (override())
 
     def runs(self) -> list[Run]:
         """The product of the axes, in file order (the last axis varies fastest)."""
@@ -78,7 +81,7 @@ class Grid:
             for axis, i in zip(self.axes, combo):
                 point.update(zip(axis.keys, axis.values[i]))
                 parts.append(axis.labels[i])
-            runs.append(Run(",".join(parts) or "run", point, {**self.sets, **point}))
+            runs.append(Run(",".join(parts) or "run", point, {**self.sets, **point, **self.overrides}))
         names = [r.name for r in runs]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -155,6 +158,23 @@ def load(path_or_name: str) -> tuple[Grid, Path]:
     return grid, path
 
 
+def override(grid: Grid, data_dir: str | None, sets: list[str]) -> None:
+    """``fastfair grid --data-dir DIR --set k=v``: keys for every run, read as ``fastfair train`` reads its
+    --data-dir (data.data_dir) and --set, over the grid's own. A key an axis sweeps is an error: every
+    run would get the one value while its folder name says another."""
+    given = [("data.data_dir", data_dir, "--data-dir")] if data_dir is not None else []
+    given += [(config.qualify(k), v, f"--set {k}") for k, v in config.parse_set(sets).items()]
+    swept = {config.qualify(k): i for i, axis in enumerate(grid.axes) for k in axis.keys}
+    for key, _, flag in given:
+        # a bare key of a method (kl_weight) stays bare here and finds its section only in the run's config
+        hit = next((k for k in swept if key in (k, k.rpartition(".")[2])), None)
+        if hit:
+            raise UserError(f"{flag}: grid {grid.name} sweeps {hit} (axes[{swept[hit]}] of its file), so every run "
+                            f"would get one value under a folder named for another; drop it, or change that axis in "
+                            "a copy of the grid file")
+    grid.overrides = {key: value for key, value, _ in given}
+
+
 # ---- the grid -----------------------------------------------------------------------------
 def prepare(name: str, base: str, sets: dict[str, Any], run_dir: Path) -> tuple[Job, config.Config, str]:
     """One run's job and config, after checking the config resolves exactly as train will resolve it;
@@ -172,10 +192,29 @@ def prepare(name: str, base: str, sets: dict[str, Any], run_dir: Path) -> tuple[
     return Job(name, str(run_dir), base, args), cfg, changed
 
 
-def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
-    """Every run with its job, after checking each run's config resolves exactly as train will resolve it,
-    and that runs already started were started with the same config."""
-    pairs, changed, robust = [], [], []
+def check_data(grid: Grid, configs: dict[str, config.Config]) -> None:
+    """Every run's data found, loaded and split as its training will split it (each data set loaded once),
+    so a missing data set or a batch larger than a split stops the grid before any run starts."""
+    loaded: dict[tuple[str, str], data.DataBundle] = {}
+    for name, cfg in configs.items():
+        where = (cfg.data.dataset, cfg.data.data_dir)
+        if where not in loaded:
+            try:
+                loaded[where] = data.load(*where)
+            except UserError as err:
+                users = [n for n, c in configs.items() if (c.data.dataset, c.data.data_dir) == where]
+                who = "every run" if len(users) == len(configs) else f"runs {', '.join(users)}"
+                raise UserError(f"grid {grid.name} ({who}): {err}") from None
+        try:
+            build.training_splits(cfg, loaded[where])
+        except UserError as err:
+            raise UserError(f"grid {grid.name}, run {name}: {err}") from None
+
+
+def jobs(grid: Grid, out: Path) -> tuple[list[tuple[Run, Job]], dict[str, config.Config]]:
+    """Every run with its job, and its config by run name, after checking each run's config resolves exactly
+    as train will resolve it, and that runs already started were started with the same config."""
+    pairs, changed, robust, configs = [], [], [], {}
     for run in grid.runs():
         try:
             job, cfg, keys = prepare(run.name, grid.base, run.sets, out / run.name)
@@ -185,6 +224,7 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
         if keys:
             changed.append(f"{run.name} ({keys})")
         pairs.append((run, job))
+        configs[run.name] = cfg
     if changed:
         raise UserError(f"the grid file changed for runs already started: {'; '.join(changed)}. "
                         f"Restore the grid file, or delete those run folders under {out} to start them anew")
@@ -193,7 +233,7 @@ def jobs(grid: Grid, out: Path) -> list[tuple[Run, Job]]:
         raise UserError(f"grid {grid.name}: its runs share no robust attack in eval.attacks ({listed}), so their "
                         "results cannot be compared; add one to every run, e.g. \"eval.attacks\" = "
                         "[\"clean\", \"pgd20\"] under [set]")
-    return pairs
+    return pairs, configs
 
 
 def still_held(job: Job, echo) -> str:
@@ -208,21 +248,26 @@ def still_held(job: Job, echo) -> str:
 
 
 def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_gpu: int = 1,
-             launcher: str = "local", dry_run: bool = False, echo=print) -> int:
+             launcher: str = "local", dry_run: bool = False, data_dir: str | None = None,
+             sets: list[str] | None = None, echo=print) -> int:
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
-    Returns 0 when every run is done, 1 when some failed (their logs are named)."""
+    Returns 0 when every run is done, 1 when some failed (their error lines and logs are named)."""
     if per_gpu < 1:
         raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
     launch = LAUNCHERS.get(launcher)
     grid, path = load(grid_file)
+    override(grid, data_dir, sets or [])
     root = Path(out or f"runs/grids/{grid.name}")
-    pairs = jobs(grid, root)
+    pairs, configs = jobs(grid, root)
     status = {run.name: read_state(root / run.name)["status"] for run, _ in pairs}
     todo = [job for run, job in pairs if status[run.name] != "done"]
     echo(f"grid {grid.name} ({path}): {len(pairs)} runs in {root}, {len(pairs) - len(todo)} done"
-         + (f"\n{grid.preset}" if grid.preset else ""))
+         + (f"\n{grid.preset}" if grid.preset else "")
+         + (f"\nevery run with: {' '.join(f'{k}={_toml_value(v)}' for k, v in grid.overrides.items())}"
+            if grid.overrides else ""))
     if dry_run:
+        echo("a dry run loads no data; the grid itself loads every run's data before the first run starts")
         for run, job in pairs:
             resumes = status[run.name] != "done" and RunDir(job.run_dir).last.is_file()
             state = status[run.name] + (" (resumes from its checkpoint)" if resumes else "")
@@ -230,6 +275,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         if todo:
             echo("first command: " + shlex.join(todo[0].command()))
         return 0
+    check_data(grid, {job.name: configs[job.name] for job in todo})  # a done run needs no data
     with RunDir(root).lock(echo):  # one grid process per grid folder
         busy = [f"{run.name} ({holder})" for run, job in pairs
                 if status[run.name] == "running" and (holder := still_held(job, echo))]
@@ -245,8 +291,9 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
             table = compare(finished)  # the same table as `fastfair report`; seeds folded there
             write_text_atomic(table + "\n", root / "results.md")
             echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
+    echo(f"\n{len(finished)} of {len(pairs)} runs finished, {len(failed)} failed"
+         + "".join(f"\n  {outcome(n, root / n)}" for n in failed))
     if failed:
-        echo(f"\n{len(failed)} run(s) failed: " + ", ".join(f"{n} (log: {RunDir(root / n).train_log})" for n in failed)
-             + "\nfix the cause and run the same command again: done runs are skipped, the others resume")
+        echo("fix the cause and run the same command again: done runs are skipped, the others resume")
         return 1
     return 0

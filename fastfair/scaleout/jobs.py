@@ -89,6 +89,7 @@ def run_job(job: Job, env: dict[str, str] | None = None) -> str:
     with open(run.train_log, "a") as log:
         log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
         log.flush()
+        start = log.tell()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 start_new_session=True, preexec_fn=functools.partial(_child_setup, os.getpid()))
         with _CHILDREN_LOCK:
@@ -100,5 +101,31 @@ def run_job(job: Job, env: dict[str, str] | None = None) -> str:
             with _CHILDREN_LOCK:
                 _CHILDREN.discard(proc)
     state.update(status="done" if code == 0 else "failed", returncode=code, ended=time.time())
+    if code:
+        state["error"] = _why(run.train_log, start, code)
     _write_state(run.path, state)
     return state["status"]
+
+
+def _why(log: Path, start: int, code: int) -> str:
+    """The line that says why a child failed, from its part of the log: its last ``fastfair: error:`` line,
+    else (a crash) the last line of its traceback, else how it ended."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    with open(log, "rb") as f:
+        f.seek(max(start, f.seek(0, os.SEEK_END) - 65536))  # the end is enough; a log may be long
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("fastfair: error:")]
+    if errors:
+        return errors[-1]
+    if "Traceback (most recent call last):" in lines:
+        return lines[-1]
+    return f"exit code {code}"
+
+
+def outcome(name: str, run_dir: str | Path) -> str:
+    """One line for a run that did not finish: why, and where its log is."""
+    state = read_state(run_dir)
+    why = state.get("error") or {"running": "its process ended before it could record why (killed?)",
+                                 "pending": "never started"}.get(state["status"], state["status"])
+    return f"{name}: {why} (log: {RunDir(run_dir).train_log})"

@@ -16,7 +16,7 @@ import torch
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.scaleout.jobs import Job, run_job, stop_children
+from fastfair.scaleout.jobs import Job, outcome, run_job, stop_children
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 
@@ -56,7 +56,7 @@ def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) ->
         try:
             echo(f"start {job.name} {' '.join(f'{k}={v}' for k, v in env.items())}")
             status = run_job(job, env)
-            echo(f"{status:<6} {job.name}")
+            echo(f"done   {job.name}" if status == "done" else f"failed {outcome(job.name, job.run_dir)}")
             return status
         finally:
             free.put(env)

@@ -50,12 +50,9 @@ class Trainer:
         self.dev = build.device(cfg)
         self.amp = build.autocast_dtype(cfg, self.dev)
         self.cl = build.channels_last(cfg, self.dev)
-        self.bundle, sp = build.splits(cfg)
+        self.bundle, sp = build.training_splits(cfg)
         self.spec = build.model_spec(cfg, self.bundle)
         x, y = sp["train"]
-        if len(y) < cfg.data.batch_size:
-            raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {len(y)} training images "
-                            f"(after the validation split); lower data.batch_size")
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
