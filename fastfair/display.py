@@ -53,4 +53,7 @@ def table(header: list[str], rows: list[tuple[list[str], bool]]) -> Table:
 
 
 def print_table(header: list[str], rows: list[tuple[list[str], bool]]) -> None:
-    Console(highlight=False).print(table(header, rows))
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a log file has no width to fit: rich's default 80 columns would wrap cells
+        console.width = 200
+    console.print(table(header, rows))
