@@ -152,8 +152,9 @@ def compiler(cfg: Config, dev: torch.device):
 
 
 def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None, batch_size: int | None,
-                    channels_last_ok: bool = True):
+                    channels_last_ok: bool = True, test_per_class: int | None = None):
     """A checkpoint's model (weights loaded), its config and data: what eval and diagnose share.
+    ``test_per_class`` replaces the run's ``data.test_per_class`` (``eval --per-class``).
 
     Returns ``(ck, cfg, dev, model, bundle, (x, y) of split)``."""
 
@@ -165,6 +166,8 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
         apply(cfg, {"data.data_dir": data_dir}, "--data-dir")
     if batch_size:
         apply(cfg, {"data.eval_batch_size": batch_size}, "--batch-size")
+    if test_per_class is not None:
+        apply(cfg, {"data.test_per_class": test_per_class}, "--per-class")
     dev = device(cfg)
     model = model_from_spec(ck["spec"], dev, channels_last_ok and channels_last(cfg, dev))
     model.load_state_dict(ck["model"])

@@ -273,6 +273,10 @@ def eval_(
         help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
              "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")] = "auto",
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    per_class: Annotated[Optional[int], typer.Option(
+        metavar="N", help="every attack on the first N test images of each class (file order) instead of the run's "
+                          "test set, e.g. a quick AutoAttack check; written to eval/<checkpoint>-test-firstN.json")]
+    = None,
     model: Annotated[Text, typer.Option(
         help="architecture (fastfair models) of a model file fastfair did not write: a state dict, also nested "
              "under state_dict/model/net, with the authors' key names (see README, Any model)",
@@ -288,26 +292,30 @@ def eval_(
     = None,
 ) -> None:
     from fastfair.attacks import autoattack
-    from fastfair.evaluation.per_class import evaluate_checkpoint
+    from fastfair.evaluation.per_class import check_per_class, evaluate_checkpoint
+    from fastfair.reports.summary import lines
 
     if aa_backend not in ("auto", *autoattack.BACKENDS):
         raise UserError(f"--aa-backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got {aa_backend!r}")
     names = [a.strip() for a in attacks.split(",") if a.strip()]
-    common = dict(attacks=names, split=_split(split), data_dir=data_dir, device=device, batch_size=batch_size,
-                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed)
+    check_per_class(per_class, _split(split))
+    common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=batch_size,
+                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
     with _ctrl_c_says("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
                       "and resumes); run the same command again"):
         if model:
             from fastfair.evaluation.foreign import evaluate_foreign
-            evaluate_foreign(Path(target), model=model, dataset=dataset or "cifar10", normalize=normalize,
-                             num_classes=num_classes, **common)
-            return
-        given = [flag for flag, value in foreign.items() if value is not None]
-        if given:
-            raise UserError(f"{', '.join(given)}: only for a model file fastfair did not write; add --model ARCH "
-                            "(fastfair models), or leave it out for a run or a fastfair checkpoint")
-        evaluate_checkpoint(_checkpoint_path(target, checkpoint), **common)
+            record = evaluate_foreign(Path(target), model=model, dataset=dataset or "cifar10", normalize=normalize,
+                                      num_classes=num_classes, **common)
+        else:
+            given = [flag for flag, value in foreign.items() if value is not None]
+            if given:
+                raise UserError(f"{', '.join(given)}: only for a model file fastfair did not write; add --model ARCH "
+                                "(fastfair models), or leave it out for a run or a fastfair checkpoint")
+            record = evaluate_checkpoint(_checkpoint_path(target, checkpoint), **common)
+    if not quiet:
+        print("\n" + "\n".join(lines(record)))
 
 
 @app.command(help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")

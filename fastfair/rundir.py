@@ -6,7 +6,8 @@ this module is the one place that names its files::
     RUN/checkpoints/last.pt                           full training state, rewritten atomically every epoch
     RUN/checkpoints/best_<policy>.pt                  best weights by each selection policy
     RUN/checkpoints/{best_<policy>,last}_avg.pt       the same for the EMA/FAWA-averaged model
-    RUN/eval/<checkpoint>-<split>.json                per-class evaluation (+ .aa.npz: AutoAttack's resume state)
+    RUN/eval/<checkpoint>-<split>.json                per-class evaluation (+ .aa.npz: AutoAttack's resume state);
+                                                      -first<N> before .json: eval --per-class N
     RUN/eval/previous/<checkpoint>-<split>-<hash>.json  earlier results of other weights, data or settings
     RUN/diagnostics/<checkpoint>-<split>-<attack>.json
     RUN/history.jsonl                                 one JSON line per start or resume (and what --resume changed)
@@ -122,8 +123,10 @@ class RunDir:
         """The checkpoint a selection policy (``train.select``) picks: ``last.pt`` for ``last``, else its best."""
         return self.checkpoint("last", averaged) if select == "last" else self.best(select, averaged)
 
-    def eval_file(self, checkpoint: Path, split: str) -> Path:
-        return self.path / "eval" / f"{Path(checkpoint).stem}-{split}.json"
+    def eval_file(self, checkpoint: Path, split: str, per_class: int = 0) -> Path:
+        """``eval/<checkpoint>-<split>.json``; ``-first<N>`` added for ``eval --per-class N`` when N is not the
+        run's own test set, so a quick check never takes the place of the run's result."""
+        return self.path / "eval" / f"{Path(checkpoint).stem}-{split}{f'-first{per_class}' if per_class else ''}.json"
 
     def previous_eval_file(self, checkpoint: Path, split: str, tag: str) -> Path:
         """Where an earlier result of other weights, data or settings goes instead of being overwritten."""

@@ -35,6 +35,8 @@ def test_tensorboard_holds_every_epoch_per_class_and_the_final_figure(tmp_path):
     final = events.Scalars(f"test/pgd2/{first}")
     assert [e.step for e in final] == [2] and final[0].value == pytest.approx(result["results"]["pgd2"]["per_class"][0])
     assert "test/per_class" in tags["images"]
+    png = tmp_path / "run" / "figures" / "best_pgd-test-per-class.png"  # the figure the closing summary names
+    assert png.is_file() and f"figure: {png}" in trainer.run.train_log.read_text().splitlines()
 
 
 def test_a_missing_tracker_package_is_one_user_error_naming_the_extra(tmp_path, monkeypatch):

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fastfair import display
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.registry import Registry
@@ -330,6 +331,10 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
         clean, y_np = x.cpu().numpy(), y.cpu().numpy()
         flags = Flags.load(path, fp, clean) if path else None
         resumed = flags is not None
+        if resumed and log:  # the fingerprint covers the weights, every image and label, eps and the backend's seed
+            finished = sum(not ((flags.broken_by == ROBUST) & ~flags.tried[k]).any() for k in range(len(SUBATTACKS)))
+            log(f"AutoAttack: {'reused' if finished == len(SUBATTACKS) else 'resuming'} {path} (same model, data, "
+                f"attack, seed; {finished} of {len(SUBATTACKS)} sub-attacks finished)")
         if flags is None:
             pred = _predict(model, x, batch)
             broken = np.where((pred == y).cpu().numpy(), ROBUST, CLEAN_WRONG).astype(np.int8)
@@ -364,9 +369,10 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
             seconds[name] = round(time.perf_counter() - t0, 3)
             if log:  # each sub-attack can take many minutes: say what it left standing as soon as it ends
                 worst, worst_acc = _worst_class_after(flags.broken_by, y_np, k, num_classes)
-                log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) done in {seconds[name]:.0f} s: robust accuracy "
-                    f"{_robust_after(flags.broken_by, k):.2f}%, worst class {classes[worst] if classes else worst} "
-                    f"{worst_acc:.2f}%")
+                how = "reused" if resumed and not chunks else f"done in {seconds[name]:.0f} s"
+                log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) {how}: robust accuracy "
+                    f"{_robust_after(flags.broken_by, k):.2f}%, "
+                    f"{display.worst_class_text(classes[worst] if classes else f'class {worst}', worst_acc)}")
         checked = recheck(model, x, flags, eps, batch)
     after = {"clean": 100.0 * float((flags.broken_by != CLEAN_WRONG).mean()),
              **{name: _robust_after(flags.broken_by, k) for k, name in enumerate(SUBATTACKS)}}

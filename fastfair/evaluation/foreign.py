@@ -172,7 +172,8 @@ def _refuse(path: Path, model: str, loaded: set[str], expected: set[str]) -> Use
 
 
 def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
-                 split: str, device: str, data_dir: str | None, batch_size: int | None):
+                 split: str, device: str, data_dir: str | None, batch_size: int | None,
+                 per_class: int | None = None):
     """(cfg, dev, model, bundle, (x, y) of split, the record of where the model came from)."""
     models.MODELS.get(model)  # an unknown name fails before the file or the data is read
     state, in_file = split_normaliser(read_state_dict(path))
@@ -195,7 +196,8 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
     early = channels is not None and not (normalize == "dataset" and not in_file)
     norm = normalisation(normalize, in_file, None, channels) if early else None
     cfg = config.resolve(None, {"method.name": "standard", "data.dataset": dataset, "data.data_dir": data_dir,
-                                "model.name": model, "train.device": device, "data.eval_batch_size": batch_size})
+                                "model.name": model, "train.device": device, "data.eval_batch_size": batch_size,
+                                "data.test_per_class": per_class})
     dev = build.device(cfg)
     bundle, splits = build.splits(cfg)
     classes, channels = classes or bundle.num_classes, channels or bundle.shape[0]
@@ -220,12 +222,12 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
 
 def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
                      attacks: list[str], split: str, data_dir: str | None, device: str, batch_size: int | None,
-                     amp: bool, quiet: bool, aa_backend: str, seed: int | None) -> dict:
+                     amp: bool, quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None) -> dict:
     """``fastfair eval FILE --model ARCH``: the same per-class attacks, table and JSON as for a fastfair checkpoint;
     the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used."""
     cfg, dev, net, bundle, data, source = load_foreign(
         path, model=model, dataset=dataset, normalize=normalize, num_classes=num_classes, split=split,
-        device=device, data_dir=data_dir, batch_size=batch_size)
+        device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class)
     return evaluate_loaded(path, net, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": None, "source": source},
                            title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})")

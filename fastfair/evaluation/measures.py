@@ -78,15 +78,24 @@ def latex_label(text: str) -> str:
     return text.replace("²", "$^2$").replace("−", "$-$")
 
 
-def markdown_table(results: dict[str, dict], classes: list[str]) -> str:
-    """Rows: classes, then both averages, worst class, CV and MCD; columns: attacks (accuracy in percent)."""
+HEADLINE_ROWS = ("avg", "overall", "worst")  # the summary rows a table emphasises
+
+
+def table_rows(results: dict[str, dict], classes: list[str]) -> tuple[list[str], list[tuple[list[str], bool]]]:
+    """(header, rows as (cells, emphasised)): classes, then both averages, worst class, CV and MCD; columns:
+    attacks (accuracy in percent). :func:`markdown_table` writes them for files, ``fastfair.display`` for a terminal."""
     names = list(results)
-    lines = ["| class | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for c, cname in enumerate(classes):
-        lines.append(f"| {cname} | " + " | ".join(f"{results[n]['per_class'][c]:.2f}" for n in names) + " |")
-    for key, label in SUMMARY_ROWS:
-        bold = f"**{label}**" if key in ("avg", "overall", "worst") else label
-        lines.append(f"| {bold} | " + " | ".join(summary_cells(results, names, key)) + " |")
+    rows = [([cname, *(f"{results[n]['per_class'][c]:.2f}" for n in names)], False) for c, cname in enumerate(classes)]
+    rows += [([label, *summary_cells(results, names, key)], key in HEADLINE_ROWS) for key, label in SUMMARY_ROWS]
+    return ["class", *names], rows
+
+
+def markdown_table(results: dict[str, dict], classes: list[str]) -> str:
+    """:func:`table_rows` as a Markdown table, emphasised rows in bold."""
+    header, rows = table_rows(results, classes)
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for (label, *cells), bold in rows:
+        lines.append(f"| {f'**{label}**' if bold else label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

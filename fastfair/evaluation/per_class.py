@@ -16,11 +16,13 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build
+from fastfair import build, display
+from fastfair.config import load_saved_text
 from fastfair.attacks import autoattack, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
+from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
@@ -109,24 +111,45 @@ def fingerprint(model, split: tuple[torch.Tensor, torch.Tensor], settings: dict)
             "settings": _sha256([json.dumps(settings, sort_keys=True).encode()])}
 
 
+def check_per_class(per_class: int | None, split: str) -> None:
+    """``eval --per-class N``: N >= 1, and only for the test split (validation keeps data.val_per_class)."""
+    if per_class is None:
+        return
+    if per_class < 1:
+        raise UserError(f"--per-class takes the number of test images per class, 1 or more; got {per_class} (leave "
+                        "it out to evaluate on the run's own test set)")
+    if split != "test":
+        raise UserError(f"--per-class caps the test split; --split {split} evaluates the run's validation images "
+                        "as they are (data.val_per_class)")
+
+
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
-                        quiet: bool = False, aa_backend: str = "auto", seed: int | None = None) -> dict:
+                        quiet: bool = False, aa_backend: str = "auto", seed: int | None = None,
+                        per_class: int | None = None) -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table.
 
-    ``seed`` defaults to the checkpoint's ``eval.seed``."""
+    ``seed`` defaults to the checkpoint's ``eval.seed``; ``per_class`` evaluates the first N test images of each
+    class instead of the run's test set (its ``data.test_per_class``, all images unless a quick run)."""
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
-                                                              batch_size=batch_size)
+                                                              batch_size=batch_size, test_per_class=per_class)
+    own = load_saved_text(ck["config"]).data.test_per_class  # the run's test set
+    if per_class is None and own and split == "test" and not quiet:
+        print(f"testing on the first {own} images of each class, as the run did (its --quick-test, "
+              "data.test_per_class); --per-class N sets another number")
     return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"], **EPOCH_NUMBERING},
-                           title=f"{path.stem} (epoch {ck['epoch']})")
+                           title=f"{path.stem} (epoch {ck['epoch']})",
+                           own_test_per_class=own)
 
 
 def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
-                    quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str) -> dict:
+                    quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str,
+                    own_test_per_class: int = 0) -> dict:
     """Evaluate a loaded model (from ``path``) per class; writes the JSON beside ``path``'s run and prints a
-    table. ``record`` adds what the result must say about where the model came from."""
+    table. ``record`` adds what the result must say about where the model came from. A test set capped to
+    other than ``own_test_per_class`` images a class (``--per-class``) gets its own file."""
     seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
@@ -134,12 +157,14 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     if autoattack.NAME in names.expand(attacks) and aa_backend == "auto":
         aa_backend = autoattack.default_backend()  # resolved now, so a missing package fails before any work
     run = RunDir.of_checkpoint(path)
-    out = run.eval_file(path, split)
+    cap = cfg.data.test_per_class if split == "test" else 0  # first N test images of each class; 0: all
+    out = run.eval_file(path, split, cap if cap != own_test_per_class else 0)
     out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
     settings = {"eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "cw_kappa": cfg.eval.cw_kappa,
                 "precision": "bf16" if amp else "fp32", "seed": seed,
-                # named only when off, so results of the default keep their fingerprint
-                **({} if cfg.eval.clip_start else {"clip_start": False})}
+                # named only when off or set, so results of the default keep their fingerprint
+                **({} if cfg.eval.clip_start else {"clip_start": False}),
+                **({"test_per_class": cap} if cap else {})}
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
@@ -157,12 +182,11 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         write_json_atomic(record, out)
     record["path"] = str(out)
     if not quiet:
-        print(f"\n{title} on {split}, eps {cfg.eval.eps:.5f}, seed {seed}, "
+        print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")
-        print(measures.markdown_table(results, bundle.classes))
+        display.print_table(*measures.table_rows(results, bundle.classes))
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")
-        print(f"\nwritten: {out}")
     return record
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
-from fastfair import data
+from fastfair import data, display
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
@@ -398,8 +398,9 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     means = {n: _per_class_mean(recs, n) for n in attacks}
     table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
              for n in attacks}
+    eps = f", eps {display.eps_text(recs[0]['eps'])}" if "eps" in recs[0] else ""
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
-              f"{one_based_epoch(recs[0])}), mean over {len(recs)} seed(s):\n")
+              f"{one_based_epoch(recs[0])}){eps}, mean over {len(recs)} seed(s):\n")
     md.append(measures.markdown_table(table, classes) + "\n")
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
     p = figures.per_class_bars(classes, means, f"{label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")

@@ -29,7 +29,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
-from fastfair.reports import figures, tracking
+from fastfair.reports import figures, summary, tracking
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores, scored_policies
 
@@ -293,21 +293,28 @@ def _tracker(cfg: Config, out: Path) -> tracking.Tracker:
 
 
 def final_evaluation(out: Path, cfg: Config, quiet: bool = False) -> dict:
-    """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it."""
+    """Evaluate the checkpoint chosen by ``train.select`` with ``eval.attacks``; write and print it, then end
+    with :mod:`fastfair.reports.summary`'s lines, on the terminal and in ``train.log``."""
     run = RunDir(out)
-    result = evaluate_checkpoint(run.selected_checkpoint(cfg.train.select), attacks=cfg.eval.attacks,
-                                 split=cfg.eval.split, device=cfg.train.device, quiet=quiet)
+    # the run's own test set (data.test_per_class), said in the table's title rather than as an inherited cap
+    common = dict(attacks=cfg.eval.attacks, split=cfg.eval.split, device=cfg.train.device, quiet=quiet,
+                  per_class=cfg.data.test_per_class or None)
+    result = evaluate_checkpoint(run.selected_checkpoint(cfg.train.select), **common)
     averaged = run.selected_checkpoint(cfg.train.select, averaged=True)  # EMA/FAWA model, when one was averaged in
     if averaged.is_file():
-        result["average"] = evaluate_checkpoint(averaged, attacks=cfg.eval.attacks, split=cfg.eval.split,
-                                                device=cfg.train.device, quiet=quiet)
-    if cfg.train.track != "none" and distributed.current().is_main:
-        _track_final(out, cfg, result)
+        result["average"] = evaluate_checkpoint(averaged, **common)
+    if distributed.current().is_main:
+        figure = _track_final(out, cfg, result) if cfg.train.track != "none" else None
+        said = Progress(enabled=not quiet, log_file=run.train_log)
+        said.print("")
+        for line in summary.lines(result, result.get("average"), figure):
+            said.print(line)
     return result
 
 
-def _track_final(out: Path, cfg: Config, result: dict) -> None:
-    """The final evaluation to the tracker: its per-class scalars and the per-class figure of every attack."""
+def _track_final(out: Path, cfg: Config, result: dict) -> Path:
+    """The final evaluation to the tracker: its per-class scalars and the per-class figure of every attack
+    (returns the figure's path)."""
     tracker, split, classes = _tracker(cfg, out), result["split"], result["classes"]
     step = cfg.train.epochs  # the last epoch's step: the evaluation belongs to the end of training
     tracker.log(tracking.result_scalars(split, result["results"], classes), step)
@@ -319,3 +326,4 @@ def _track_final(out: Path, cfg: Config, result: dict) -> None:
                            png)
     tracker.image(f"{split}/per_class", png, step)
     tracker.close()
+    return png

@@ -1,0 +1,76 @@
+"""The few lines ``fastfair train`` and ``fastfair eval`` end with: where the result is, its headline numbers
+(clean and robust mean of the per-class accuracies, the least robust class by name) and the commands a user
+types next. Plain text, so ``train.log`` holds the same lines as the terminal."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastfair import display
+from fastfair.attacks import autoattack
+from fastfair.config import load_saved_text
+from fastfair.rundir import RunDir
+
+AA_QUICK = 20  # images per class suggested for a first AutoAttack look on a CPU
+
+
+def robust_attack(results: dict[str, dict]) -> str | None:
+    """The strongest evaluated attack: the lowest mean per-class accuracy among the non-clean ones."""
+    robust = [n for n in results if n != "clean"]
+    return min(robust, key=lambda n: results[n]["summary"]["avg"]) if robust else None
+
+
+def headline(record: dict) -> str:
+    """``clean 95.2 %, pgd20 60.1 % (mean of per-class accuracies); under pgd20 worst class: cat 21.3 %``."""
+    results, classes = record["results"], record["classes"]
+    attack = robust_attack(results)
+    shown = [n for n in ("clean", attack) if n in results]
+    numbers = ", ".join(f"{n} {results[n]['summary']['avg']:.1f} %" for n in shown)
+    worst = results[attack or "clean"]["summary"]
+    return (f"{numbers} (mean of per-class accuracies); under {attack or 'clean'} "
+            f"{display.worst_class_text(classes[worst['worst_class']], worst['worst'])}")
+
+
+def _what(record: dict) -> str:
+    """``best_pgd, epoch 12; test, 360 images; eps 8/255, seed 0``, with the cap of ``eval --per-class``."""
+    cap = record.get("test_per_class", 0)
+    images = f"{record['images']} images" + (f" (the first {cap} of each class, in file order)" if cap else "")
+    epoch = f", epoch {record['epoch']}" if record.get("epoch") is not None else ""
+    return (f"{Path(record['checkpoint']).stem}{epoch}; {record['split']}, {images}; "
+            f"eps {display.eps_text(record['eps'])}, seed {record['seed']}")
+
+
+def lines(record: dict, averaged: dict | None = None, figure: Path | None = None) -> list[str]:
+    """The closing lines of an evaluation (and of the averaged model's, when training averaged one)."""
+    run = RunDir.of_checkpoint(record["checkpoint"])
+    is_run = run.config.is_file()  # else a model file fastfair did not write: no run folder to report on
+    out = [f"{'run' if is_run else 'model'}: {run.path if is_run else record['checkpoint']} ({_what(record)})",
+           f"  {headline(record)}", f"  written: {record['path']}"]
+    if averaged:
+        out += [f"averaged model ({Path(averaged['checkpoint']).stem}): {headline(averaged)}",
+                f"  written: {averaged['path']}"]
+    if figure:
+        out.append(f"figure: {figure}")
+    if not is_run:
+        return out
+    target = str(run.path)
+    stem, select = Path(record["checkpoint"]).stem, load_saved_text(run.read_config()).train.select
+    if stem != run.selected_checkpoint(select).stem:
+        target += f" --checkpoint {stem}"
+    commands = [(f"fastfair report {run.path}", "per-class figures and tables (Markdown, LaTeX)")]
+    if autoattack.NAME not in record["results"]:
+        commands += _autoattack_commands(target, record)
+    commands.append((f"fastfair report {run.path} OTHER_RUN", "compare with another run"))
+    width = max(len(c) for c, _ in commands)
+    return out + ["next:"] + [f"  {c:<{width}}  # {why}" for c, why in commands]
+
+
+def _autoattack_commands(target: str, record: dict) -> list[tuple[str, str]]:
+    """AutoAttack on the same images; on a whole test set, a capped first look too (AutoAttack is slow on a CPU)."""
+    aa = f"fastfair eval {target} --attacks aa"
+    if record["split"] != "test":
+        return [(f"{aa} --split {record['split']}", "AutoAttack on the same images")]
+    cap = record.get("test_per_class", 0)
+    if cap:
+        return [(f"{aa} --per-class {cap}", f"AutoAttack on the same {cap} images a class")]
+    return [(f"{aa} --per-class {AA_QUICK}", f"AutoAttack on {AA_QUICK} images a class: a first look"),
+            (aa, "AutoAttack on the whole test set (slow on a CPU)")]
