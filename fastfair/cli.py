@@ -245,7 +245,7 @@ def _checkpoint_path(target: str, checkpoint: str) -> Path:
         return path
     run = RunDir(path)
     if checkpoint != "auto":
-        return run.checkpoint(checkpoint)
+        return run.existing_checkpoint(checkpoint)
     return run.selected_checkpoint(configs.load_saved_text(run.read_config()).train.select)
 
 

@@ -75,6 +75,10 @@ def _torchvision(cls_name: str, train_kw, test_kw, label_attr: str, hint: str, c
         import torchvision.datasets as tvd
 
         root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
+        if root.is_file():  # torchvision would try to download into it and fail with an OS error
+            raise UserError(f"--data-dir {root} is a file; {cls_name} needs a folder (torchvision's {cls_name} "
+                            f"reads its files there, or downloads them from {hint}); a .npz file of your own "
+                            f"is read by --dataset npz --data-dir FILE.npz")
         cls = getattr(tvd, cls_name)
         sets = []
         for kw in (train_kw, test_kw):
@@ -155,8 +159,14 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"the npz data set needs --data-dir FILE.npz ({NPZ_FORMAT}); got {path!r}")
     try:
         f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
+    except OSError as err:
         raise UserError(f"{path} is not a readable npz file ({err}); it needs {NPZ_FORMAT}") from None
+    except ValueError:  # numpy's message offers allow_pickle, which is never the fix here
+        raise UserError(f"{path} is not an .npz file (what np.savez writes: named arrays in a zip); the npz data "
+                        f"set needs {NPZ_FORMAT}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise UserError(f"{path} holds one array (a .npy file), not an .npz of named arrays; the npz data set needs "
+                        f"{NPZ_FORMAT} (write it with np.savez(FILE, x_train=..., y_train=..., ...))")
     with f:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(f.files)
         if missing:
