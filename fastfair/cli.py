@@ -202,6 +202,7 @@ def train(
 
 def _fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
+    from fastfair.progress import note_in_log
     from fastfair.rundir import RunDir
     from fastfair.scaleout import distributed
     from fastfair.training.trainer import Trainer, final_evaluation
@@ -216,11 +217,15 @@ def _fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
             final_evaluation(out, cfg, quiet=quiet)
     except KeyboardInterrupt:
         if not training:
-            raise Interrupted(f"interrupted during the final evaluation; training is complete; evaluate with: "
-                              f"fastfair eval {out}") from None
-        done = _epochs_saved(out)
-        raise Interrupted(f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
-                          f"fastfair train --out {out} --resume") from None
+            said = (f"interrupted during the final evaluation; training is complete; evaluate with: "
+                    f"fastfair eval {out}")
+        else:
+            done = _epochs_saved(out)
+            said = (f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
+                    f"fastfair train --out {out} --resume")
+        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
+            note_in_log(RunDir(out).train_log, f"fastfair: {said}")
+        raise Interrupted(said) from None
     finally:
         distributed.shutdown()
 
@@ -245,7 +250,7 @@ def _checkpoint_path(target: str, checkpoint: str) -> Path:
         return path
     run = RunDir(path)
     if checkpoint != "auto":
-        return run.checkpoint(checkpoint)
+        return run.existing_checkpoint(checkpoint)
     return run.selected_checkpoint(configs.load_saved_text(run.read_config()).train.select)
 
 

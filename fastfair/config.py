@@ -12,7 +12,6 @@ an error that lists the close matches.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
 from fastfair.preset_files import preset_text
+from fastfair.suggest import hint, normal
 
 
 @dataclass
@@ -156,6 +156,34 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "method.frl_halve_every": ("method.halve_every",),
 }
 
+_EPS = "attack.eps (the training attack) or eval.eps (evaluation)"
+_ALPHA = "attack.alpha (the training attack's step) or eval.alpha (evaluation's)"
+# What other code bases call a key (the TRADES/CFA/FAT scripts' argparse names, PyTorch optimizer arguments, timm's
+# flags), looked up by the part after the last dot: learning_rate, train.learning_rate and optim.learning_rate all
+# point at train.lr. Where the name means different keys here, both are named.
+SYNONYMS: dict[str, str] = {
+    "learning_rate": "train.lr", "lr_max": "train.lr", "base_lr": "train.lr", "wd": "train.weight_decay",
+    "decay": "train.weight_decay", "lr_decay": "train.lr_gamma", "gamma": "train.lr_gamma",
+    "milestones": "train.lr_milestones", "lr_steps": "train.lr_milestones", "decay_epochs": "train.lr_milestones",
+    "lr_schedule": "train.lr_milestones and train.lr_gamma (a step schedule)",
+    "num_epochs": "train.epochs", "n_epochs": "train.epochs", "max_epochs": "train.epochs", "epoch": "train.epochs",
+    "bs": "data.batch_size", "batch": "data.batch_size", "train_batch_size": "data.batch_size",
+    "test_batch_size": "data.eval_batch_size", "eval_bs": "data.eval_batch_size",
+    "epsilon": _EPS, "budget": _EPS, "step_size": _ALPHA, "step": _ALPHA,
+    "num_steps": "attack.steps", "perturb_steps": "attack.steps", "iters": "attack.steps",
+    "attack_iters": "attack.steps", "k": "attack.steps",
+    "beta": "method.kl_weight (TRADES' and CFA's beta; the ME paper's lambda) or method.entropy_weight (ME-AT and "
+            "ME-TRADES' beta)",
+    "lambda": "method.kl_weight (TRADES' beta, the ME paper's lambda)",
+    "label_smoothing": "method.smoothing", "ls": "method.smoothing",
+    "arch": "model.name", "architecture": "model.name", "net": "model.name", "model": "model.name",
+    "data_path": "data.data_dir", "data_root": "data.data_dir", "root": "data.data_dir", "datadir": "data.data_dir",
+    "fp16": "train.amp (auto | bf16 | off)", "bf16": "train.amp (auto | bf16 | off)",
+    "mixed_precision": "train.amp (auto | bf16 | off)",
+    "val_size": "data.val_per_class (validation images per class)",
+    "num_val": "data.val_per_class (validation images per class)",
+}
+
 
 # Keys --resume may change, and why each leaves the epochs already trained valid: every other
 # key changes what the run computes, so changing it mid-run would mix two experiments in one.
@@ -257,9 +285,11 @@ def _hint(cfg: Config, key: str) -> str:
             return (f" Method {cfg.method.name} has no key {name!r} (its keys: "
                     f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); "
                     f"methods with it: {', '.join(owners)}.")
+    elsewhere = [k for k in _all_keys(cfg) if normal(k.rpartition(".")[2]) == normal(name or section)]
+    if elsewhere:  # the right name in another section or spelling: train.batch_size, batch-size -> data.batch_size
+        return f" Did you mean {' or '.join(elsewhere)}?"
     every_method_key = {f"method.{k}" for m in METHODS for k in METHODS.get(m).keys_all()}
-    close = difflib.get_close_matches(key, sorted(set(_all_keys(cfg)) | every_method_key), n=3)
-    return f" Did you mean {', '.join(close)}?" if close else ""
+    return hint(key, set(_all_keys(cfg)) | every_method_key, SYNONYMS)
 
 
 def renamed(flat: dict[str, Any]) -> dict[str, Any]:

@@ -4,12 +4,12 @@ Kept apart from :mod:`fastfair.config`, which imports the method and data regist
 so that ``fastfair presets`` lists them at once."""
 from __future__ import annotations
 
-import difflib
 import sys
 from importlib import resources
 from pathlib import Path
 
 from fastfair.errors import UserError
+from fastfair.suggest import hint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,9 +47,8 @@ def preset_text(name_or_path: str) -> str:
         return path.read_text()
     res = resources.files("fastfair.presets") / f"{name_or_path.removesuffix('.toml')}.toml"
     if not res.is_file():
-        close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UserError(f"no config file or preset {name_or_path!r}.{hint} List presets with: fastfair presets")
+        raise UserError(f"no config file or preset {name_or_path!r}.{hint(name_or_path, preset_names())} "
+                        "List presets with: fastfair presets")
     return res.read_text()
 
 

@@ -34,6 +34,15 @@ def _same_file(path: Path, stream) -> bool:
         return False
 
 
+def note_in_log(log_file: str | Path, line: str) -> None:
+    """Append a line said outside any :class:`Progress` (Ctrl-C's, printed as the command ends) to a run's log,
+    unless stderr already goes there; nothing when the run folder was never made."""
+    log = Path(log_file)
+    if log.parent.is_dir() and not _same_file(log, sys.stderr):
+        with open(log, "a") as f:
+            f.write(line + "\n")
+
+
 def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 

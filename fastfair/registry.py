@@ -1,10 +1,10 @@
 """Named registries (timm style): methods, models, data sets, attacks, selection policies."""
 from __future__ import annotations
 
-import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
 from fastfair.errors import UserError
+from fastfair.suggest import hint
 
 T = TypeVar("T")
 
@@ -19,6 +19,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, tuple[T, str]] = {}
+        self._aliases: dict[str, str] = {}
 
     def register(self, name: str, doc: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -30,6 +31,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def aliases(self, table: dict[str, str]) -> None:
+        """What papers and other code bases call an entry: spelling -> a name here, or a sentence saying which
+        flags or presets it is (:func:`fastfair.suggest.hint`); shown when that spelling is asked for."""
+        self._aliases.update(table)
+
     def unregister(self, name: str) -> None:
         """Remove a name (a plugin or a test undoing its registration)."""
         self.get(name)
@@ -37,11 +43,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            close = difflib.get_close_matches(name, self._items, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise UserError(
-                f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items))}"
-            )
+            raise UserError(f"unknown {self.kind} {name!r}.{hint(name, self._items, self._aliases)} "
+                            f"Known: {', '.join(sorted(self._items))}")
         return self._items[name][0]
 
     def doc(self, name: str) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from fastfair.errors import UserError
+from fastfair.suggest import hint
 
 CHECKPOINTS = "checkpoints"
 # What makes a folder a run: a new run refuses a folder holding any of them. A grid writes
@@ -111,6 +112,17 @@ class RunDir:
     def checkpoint(self, name: str, averaged: bool = False) -> Path:
         """``checkpoints/<name>.pt``, or ``<name>_avg.pt`` for the averaged (EMA/FAWA) model."""
         return self.checkpoints / f"{name}{'_avg' if averaged else ''}.pt"
+
+    def existing_checkpoint(self, name: str) -> Path:
+        """``checkpoints/<name>.pt`` (``--checkpoint NAME``); a name the run lacks is an error listing those it has."""
+        path = self.checkpoint(name.removesuffix(".pt"))
+        if not path.is_file():
+            have = sorted(p.stem for p in self.checkpoints.glob("*.pt"))
+            why = (" (_avg checkpoints come from weight averaging: train with --ema or --fawa)"
+                   if name.endswith("_avg") and not any(h.endswith("_avg") for h in have) else "")
+            raise UserError(f"{self.path} has no checkpoint {name!r}{why}.{hint(name, have)} Its checkpoints: "
+                            f"{', '.join(have) or 'none yet'}")
+        return path
 
     @property
     def last(self) -> Path:

@@ -8,6 +8,7 @@ must leave the copied run byte for byte as it was.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -103,6 +104,13 @@ def npz_as_checkpoint(tmp: Path, run: Path) -> None:
     (tmp / "bad.npz").rename(tmp / "bad.pt")
 
 
+def npy_bytes() -> bytes:
+    """A .npy file (one array): what np.save writes where np.savez was meant."""
+    buf = io.BytesIO()
+    np.save(buf, np.ones(3))
+    return buf.getvalue()
+
+
 def in_run(name: str, content: str) -> Callable:
     return lambda tmp, run: (run / name).write_text(content)
 
@@ -187,6 +195,38 @@ CASES: dict[str, Case] = {
     "set-without-value": bad_set("train.lr", r"--set takes key=value"),
     "unknown-dataset": Case([*TRAIN, "--dataset", "cifar11", "--out", "{out}"], r"unknown data set 'cifar11'"),
     "unknown-method": Case([*TRAIN, "--method", "trade", "--out", "{out}"], r"unknown method 'trade'.*trades"),
+    # 7. suggestions that know the domain: what the papers and other code bases call things
+    "method-cfa": Case([*TRAIN, "--method", "cfa", "--out", "{out}"],
+                       r"unknown method 'cfa'\. Did you mean --method trades --ccm --ccr --fawa \(CFA-TRADES.*"
+                       r"--method pgd-at --ccm --fawa \(CFA-AT\).*cfa-t1-trades-cfa-paper"),
+    "method-spelling": Case([*TRAIN, "--method", "ME_AT", "--out", "{out}"], r"unknown method 'ME_AT'\. Did you mean "
+                            r"me-at\? Known:"),
+    "method-frl-name": Case([*TRAIN, "--method", "frl-reweight", "--out", "{out}"], r"Did you mean frl-rw\?"),
+    "method-he": Case([*TRAIN, "--method", "trades-he", "--out", "{out}"], r"Did you mean --method pgd-at --set "
+                      r"model.head=cosine --set he.margin=0.2"),
+    "key-learning-rate": bad_set("train.learning_rate=0.1", r"unknown config key 'train.learning_rate' \(from --set\)"
+                                 r"\. Did you mean train.lr\?$"),
+    "key-bare-synonym": bad_set("weight-decay=0", r"Did you mean train.weight_decay\?$"),
+    "key-other-section": bad_set("train.batch_size=64", r"'train.batch_size' .*Did you mean data.batch_size\?$"),
+    "key-epsilon": bad_set("epsilon=0.03", r"Did you mean attack.eps \(the training attack\) or eval.eps"),
+    "key-trades-beta": bad_set("beta=6", r"Did you mean method.kl_weight \(TRADES' and CFA's beta"),
+    "eval-autoattack": Case(["eval", "{run}", "--attacks", "clean,autoattack", "--quiet"],
+                            r"unknown attack 'autoattack'\. Did you mean aa \(AutoAttack.*aa \(AutoAttack\)", None,
+                            "run"),
+    "eval-apgd": Case(["eval", "{run}", "--attacks", "APGD-CE", "--quiet"], r"Did you mean aa \(AutoAttack: APGD-CE, "
+                      r"APGD-T, FAB-T and Square together", None, "run"),
+    "eval-pgd-spelling": Case(["eval", "{run}", "--attacks", "clean,PGD-20", "--quiet"], r"'PGD-20'\. Did you mean "
+                              r"pgd20\?", None, "run"),
+    "val-attack-spelling": bad_set("train.val_attack=PGD_10", r"train.val_attack: unknown attack 'PGD_10'\. Did you "
+                                   r"mean pgd10\? Use clean, .*tpgdK@tT \("),  # no aa: never a validation attack
+    "eval-checkpoint-typo": Case(["eval", "{run}", "--checkpoint", "best_fiar", "--quiet"],
+                                 r"run has no checkpoint 'best_fiar'\. Did you mean best_fair.*Its checkpoints: "
+                                 r"best_fair, best_pgd, best_worst, last$", None, "run"),
+    "eval-checkpoint-avg": Case(["eval", "{run}", "--checkpoint", "best_fair_avg", "--quiet"],
+                                r"no checkpoint 'best_fair_avg' \(_avg checkpoints come from weight averaging: train "
+                                r"with --ema or --fawa\)", None, "run"),
+    "diagnose-checkpoint": Case(["diagnose", "{run}", "--checkpoint", "best", "--quiet"],
+                                r"no checkpoint 'best'\. Did you mean best_pgd.*Its checkpoints", None, "run"),
     "unknown-preset": Case(["train", "--config", "dem0", "--out", "{out}"], r"no config file or preset 'dem0'"),
     "bad-preset-toml": Case(["train", "--config", "{tmp}/p.toml", "--out", "{out}"], r"p.toml: not valid TOML",
                             write("p.toml", "[train\nepochs = 1")),
@@ -212,8 +252,14 @@ CASES: dict[str, Case] = {
                           npz_case(y_test=(np.arange(40) % 4)[:, None])),
     "npz-missing-array": Case([*TRAIN, *NPZ, "--out", "{out}"], r"lacks arrays \['y_test'\]",
                               npz_case(y_test=None)),
-    "npz-not-npz": Case([*TRAIN, *NPZ, "--out", "{out}"], r"data.npz is not a readable npz file",
+    "npz-not-npz": Case([*TRAIN, *NPZ, "--out", "{out}"],  # not numpy's advice to allow pickles
+                        r"^(?!.*pickle).*data.npz is not an .npz file \(what np.savez writes.*x_train, y_train",
                         write("data.npz", "hello")),
+    "npz-is-npy": Case([*TRAIN, *NPZ, "--out", "{out}"], r"data.npz holds one array \(a .npy file\).*np.savez",
+                       write("data.npz", npy_bytes())),
+    "data-dir-a-file": Case([*TRAIN, "--dataset", "cifar10", "--data-dir", "{tmp}/README.md", "--out", "{out}"],
+                            r"--data-dir .*README.md is a file; CIFAR10 needs a folder .*--dataset npz --data-dir",
+                            write("README.md", "# a project\n")),
     "npz-missing-file": Case([*TRAIN, *NPZ, "--out", "{out}"], r"the npz data set needs --data-dir FILE.npz"),
     # 6. --out that cannot be a run folder
     "out-is-a-file": Case([*TRAIN, "--out", "{tmp}/f"], r"f is a file, not a folder", write("f", "x"), "none"),

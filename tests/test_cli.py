@@ -1,6 +1,7 @@
 """The CLI as a user types it (subprocesses, real data)."""
 import importlib
 import json
+import re
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastfair import cli
@@ -173,3 +175,62 @@ def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
                  "--resume")
     assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
     assert [m["epoch"] for m in RunDir(out).read_metrics()] == list(range(1, saved + 2))  # 1-based
+
+
+# ---- issue 28 item 8: what a small run says ------------------------------------------------------
+TINY = ["--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",
+        "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']", "--set", "data.batch_size=16",
+        "--set", "data.val_per_class=2", "--set", "train.lr_milestones=[]", "--set", "train.progress=false"]
+
+
+def _cifar_like(path: Path) -> Path:
+    """10 classes of random 3x32x32 uint8 images (10 train, 3 test each) and no class_names array."""
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.integers(0, 256, (100, 3, 32, 32), dtype=np.uint8), y_train=np.arange(100) % 10,
+             x_test=rng.integers(0, 256, (30, 3, 32, 32), dtype=np.uint8), y_test=np.arange(30) % 10)
+    return path
+
+
+def test_a_cifar10_npz_without_class_names_is_named_and_the_val_line_says_its_size(tmp_path, capsys):
+    data = _cifar_like(tmp_path / "cifar10-part.npz")
+    assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(tmp_path / "run"),
+                     "--method", "pgd-at", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "airplane" in out and "truck" in out and "class 0" not in out  # CIFAR-10's names, as reproduce gives them
+    log = RunDir(tmp_path / "run").train_log.read_text()
+    assert re.search(r"epoch +1 .* val 2/class: clean [\d.]+  fgsm [\d.]+ \(worst [\d.]+\)", log), log
+    # another data set's name, or a file named after none, keeps the neutral names
+    for name in ("cifar100-part.npz", "data.npz"):
+        np.savez(tmp_path / name, **np.load(data))
+        assert cli.main(["train", "--dataset", "npz", "--data-dir", str(tmp_path / name), "--out",
+                         str(tmp_path / name[:-4]), "--method", "pgd-at", *TINY]) == 0
+        out = capsys.readouterr().out
+        assert "class 0" in out and "airplane" not in out, name
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--quick", r"data.train_per_class=8 \(--quick 8\) keeps every image: the training split of cifar10-part has at "
+                r"most 8 images per class; for a quick run pass fewer than 8, for the whole split leave --quick out"),
+    ("--quick-test", r"data.test_per_class=8 \(--quick-test 8\) keeps every image: the test split .* at most 3"),
+])
+def test_a_quick_cap_that_keeps_every_image_is_an_error_not_a_quick_run(flag, says, tmp_path, capsys):
+    data = _cifar_like(tmp_path / "cifar10-part.npz")
+    assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(tmp_path / "run"), flag, "8",
+                     *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(says, err[0]), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_line_is_in_train_log_too(tmp_path, monkeypatch, capsys):
+    from fastfair.training.trainer import Trainer
+
+    def pressed(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Trainer, "fit", pressed)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--config", "demo", "--out", str(out), *TINY]) == 130
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"fastfair: interrupted in epoch 1 of 1 (0 saved); continue with: fastfair train --out {out} "
+                    "--resume"]
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said[0]

@@ -273,3 +273,16 @@ def test_report_of_a_real_cifar10_run(tmp_path):
     assert "share of images correct" in tex
     assert tex.count(r"\begin{tabular}") == 2
     assert main(["report", str(tmp_path / "nothing-here")]) == 2
+
+
+def test_rho_says_why_it_has_no_number(tmp_path, capsys):
+    base = _fake_run(tmp_path / "base", 0, "pgd-at", [80, 60], [50, 0])  # the baseline's worst class: 0 %
+    other = _fake_run(tmp_path / "other", 0, "trades", [70, 70], [48, 40])
+    assert main(["report", str(base), str(other), "--baseline", str(base), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert re.search(r"^\|(?!.*\(baseline\)).*\| n/a \|$", md, re.M), md  # the other run's rho cell
+    assert ("rho is n/a: the baseline's worst class has 0 % pgd20 accuracy, and rho divides by it (a gain relative "
+            "to 0 is undefined).") in md
+    assert main(["report", str(base), str(other), "--out", str(tmp_path / "r2")]) == 0  # no baseline: '-' and why
+    assert "rho needs a baseline: fastfair report RUN_DIR... --baseline RUN_DIR." in (tmp_path / "r2" /
+                                                                                      "report.md").read_text()

@@ -99,6 +99,7 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
     for key in ("me-t2", "me-t3", "me-t4", "cfa-t1", "cfa-t2", "cfa-t3", "tian-iclr-t5"):
         assert re.search(rf"^{key}: .*rows x 3 seed\(s\) = \d+ runs", out, re.M), key
     assert "me-table2-me-trades-l27" in out and "8 rows x 3 seed(s) = 24 runs" in out
+    assert "cfa-t1: Wei et al. 2023 (CVPR), Table 1" in out  # CVPR 2023, as the README cites it (not NeurIPS)
     assert out.count("no GPU figure yet") == len(tables.tables())  # bench/results holds CPU figures only
 
 

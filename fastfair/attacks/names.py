@@ -14,7 +14,19 @@ from dataclasses import dataclass, replace
 
 from fastfair.attacks.pgd import PGD
 from fastfair.errors import UserError
+from fastfair.suggest import hint, normal
 
+_AA = "aa (AutoAttack, the standard version)"
+# what papers and other code bases call an evaluation attack (case, '-' and '_' aside: PGD-20 finds pgd20 by itself)
+ALIASES = {
+    "autoattack": _AA, "auto-attack": _AA, "aa-standard": _AA, "standard-aa": _AA, "torchattacks-autoattack": _AA,
+    **dict.fromkeys(("apgd", "apgd-ce", "apgd-t", "apgd-dlr", "fab", "fab-t", "square"),
+                    "aa (AutoAttack: APGD-CE, APGD-T, FAB-T and Square together; none runs alone)"),
+    "natural": "clean", "nat": "clean", "none": "clean", "clean-acc": "clean", "standard": "clean",
+    "cw-inf": "cw20 (CW-20: PGD on the margin loss)", "cw-linf": "cw20 (CW-20: PGD on the margin loss)",
+    "mim": "pgd20 (no MI-FGSM; PGD-20 is the papers' white-box attack)",
+    "tpgd": "tpgd20@grid (Temperature-PGD over Tian et al.'s 1/T grid) or tpgd20@tT for one T",
+}
 _NAME = re.compile(r"^(?P<kind>pgd|cw|fgsm|tpgd)(?P<steps>\d*)(?:x(?P<restarts>\d+))?(?:@t(?P<t>[\d.]+))?$")
 
 
@@ -33,6 +45,20 @@ class EvalAttack:
         return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
 
 
+def parses(name: str) -> bool:
+    """Whether :func:`parse_attack` takes ``name`` (AutoAttack's ``aa`` aside)."""
+    return name == "clean" or bool(_NAME.match(name))
+
+
+def unknown_attack(name: str, autoattack: bool) -> UserError:
+    """The error for a name no form parses: the hint (:data:`ALIASES`, another spelling), then every form;
+    ``autoattack``: where AutoAttack (``aa``) is one of them (fastfair eval, eval.attacks)."""
+    spelled = [normal(name)] if parses(normal(name)) else []  # PGD-20, pgd_20: pgd20
+    return UserError(f"unknown attack {name!r}.{hint(name, spelled, ALIASES)} Use clean, fgsm, pgdK, pgdKxR "
+                     f"(R restarts), cwK, tpgdK@tT{', aa (AutoAttack)' if autoattack else ''} (for example pgd20, "
+                     "cw20, pgd50x5, tpgd20@t0.1)")
+
+
 def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> EvalAttack:
     """Parse an evaluation attack name (see :class:`EvalAttack`); bad names list the forms.
 
@@ -43,10 +69,7 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
         return EvalAttack(name, None)
     m = _NAME.match(name)
     if not m:
-        raise UserError(
-            f"unknown attack {name!r}; use clean, fgsm, pgdK, pgdKxR (R restarts), cwK or tpgdK@tT "
-            "(for example pgd20, cw20, pgd50x5, tpgd20@t0.1)"
-        )
+        raise unknown_attack(name, autoattack=False)
     kind, steps = m["kind"], int(m["steps"] or (1 if m["kind"] == "fgsm" else 20))
     restarts = int(m["restarts"] or 1)
     if kind == "fgsm":

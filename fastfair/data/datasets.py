@@ -7,6 +7,7 @@ of each class).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,11 @@ from fastfair.errors import UserError
 from fastfair.registry import Registry
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+DIGITS = [str(i) for i in range(10)]
+# An .npz without class_names whose file name names one of these data sets (cifar10-subset.npz), with its image
+# shape and class count, gets that data set's names: torchvision's for the full set, the same for a part of it.
+KNOWN_CLASSES = {"cifar10": ((3, 32, 32), CIFAR10_CLASSES), "svhn": ((3, 32, 32), DIGITS),
+                 "mnist": ((1, 28, 28), DIGITS)}
 
 
 @dataclass
@@ -75,6 +81,10 @@ def _torchvision(cls_name: str, train_kw, test_kw, label_attr: str, hint: str, c
         import torchvision.datasets as tvd
 
         root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
+        if root.is_file():  # torchvision would try to download into it and fail with an OS error
+            raise UserError(f"--data-dir {root} is a file; {cls_name} needs a folder (torchvision's {cls_name} "
+                            f"reads its files there, or downloads them from {hint}); a .npz file of your own "
+                            f"is read by --dataset npz --data-dir FILE.npz")
         cls = getattr(tvd, cls_name)
         sets = []
         for kw in (train_kw, test_kw):
@@ -116,14 +126,14 @@ _register_tv("cifar100", "CIFAR-100, 50k/10k 32x32 RGB (Krizhevsky 2009); torchv
 _register_tv("svhn", "SVHN digits, 73k/26k 32x32 RGB (Netzer et al. 2011); torchvision", "SVHN",
              {"split": "train"}, {"split": "test"}, "labels", 100, 4, False,
              "http://ufldl.stanford.edu/housenumbers/ (train_32x32.mat, test_32x32.mat)",
-             classes=[str(i) for i in range(10)])
+             classes=DIGITS)
 _register_tv("stl10", "STL-10, 5k/8k 96x96 RGB labelled splits (Coates et al. 2011); torchvision", "STL10",
              {"split": "train"}, {"split": "test"}, "labels", 50, 12, True,
              "http://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz")
 _register_tv("mnist", "MNIST, 60k/10k 28x28 grey (LeCun et al. 1998); torchvision", "MNIST",
              {"train": True}, {"train": False}, "targets", 100, 0, False,
              "https://ossci-datasets.s3.amazonaws.com/mnist/ (the four *-ubyte.gz files)",
-             classes=[str(i) for i in range(10)])
+             classes=DIGITS)
 
 
 NPZ_FORMAT = ("arrays x_train, y_train, x_test, y_test: uint8 images (N, H, W), (N, C, H, W) or (N, H, W, C) "
@@ -157,8 +167,14 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"the npz data set needs --data-dir FILE.npz ({NPZ_FORMAT}); {got}")
     try:
         f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
+    except OSError as err:
         raise UserError(f"{path} is not a readable npz file ({err}); it needs {NPZ_FORMAT}") from None
+    except ValueError:  # numpy's message offers allow_pickle, which is never the fix here
+        raise UserError(f"{path} is not an .npz file (what np.savez writes: named arrays in a zip); the npz data "
+                        f"set needs {NPZ_FORMAT}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise UserError(f"{path} holds one array (a .npy file), not an .npz of named arrays; the npz data set needs "
+                        f"{NPZ_FORMAT} (write it with np.savez(FILE, x_train=..., y_train=..., ...))")
     with f:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(f.files)
         if missing:
@@ -173,12 +189,23 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"{path}: x_train images are {tuple(x_train.shape[1:])} and x_test images "
                         f"{tuple(x_test.shape[1:])}; both splits need one image shape")
     y_train = _npz_labels(path, "y_train", arrays["y_train"], len(x_train), len(names) if names else None)
+    count = int(y_train.max()) + 1 if len(y_train) else 0
     # without class_names, tables and figures say "class 3" rather than a bare "3" that reads as a value
-    classes = names or [f"class {i}" for i in range(int(y_train.max()) + 1 if len(y_train) else 0)]
+    classes = names or _known_names(Path(path), tuple(x_train.shape[1:]), count) or [f"class {i}" for i in range(count)]
     y_test = _npz_labels(path, "y_test", arrays["y_test"], len(x_test), len(classes))
     if not len(y_train) or not len(y_test):
         raise UserError(f"{path}: a split is empty; it needs {NPZ_FORMAT}")
     return DataBundle(Path(path).stem, x_train, y_train, x_test, y_test, classes)
+
+
+def _known_names(path: Path, shape: tuple[int, ...], count: int) -> list[str] | None:
+    """The class names of the :data:`KNOWN_CLASSES` data set the file is named after, if its images and classes fit."""
+    stem = re.sub(r"[-_ ]", "", path.stem.lower())
+    for name, (known_shape, names) in KNOWN_CLASSES.items():
+        # cifar100 is not cifar10, fashionmnist not mnist
+        if re.search(rf"(?<![a-z]){name}(?!\d)", stem) and shape == known_shape and count == len(names):
+            return names
+    return None
 
 
 DATASETS.register("npz", "any .npz with uint8 x_train/x_test and int y_train/y_test (--data-dir FILE.npz)")(
@@ -194,7 +221,7 @@ def _load_digits(_: Path | None) -> DataBundle:
     y = d.target.astype(np.int64)
     n_train = 1437  # the first 80% train, the last 360 images test
     return DataBundle("digits", _as_nchw(x[:n_train]), _labels(y[:n_train]), _as_nchw(x[n_train:]),
-                      _labels(y[n_train:]), [str(i) for i in range(10)])
+                      _labels(y[n_train:]), DIGITS)
 
 
 DATASETS.register("digits",
@@ -272,6 +299,14 @@ def split(bundle: DataBundle, val_per_class: int, train_per_class: int = 0,
                             f"lower data.val_per_class below {len(members)}")
         is_val[members[:val_per_class]] = True
     x_train, y_train = bundle.x_train[~is_val], y[~is_val]
+    for key, flag, n, labels, what in (("data.train_per_class", "--quick", train_per_class, y_train, "training split"),
+                                       ("data.test_per_class", "--quick-test", test_per_class, bundle.y_test,
+                                        "test split")):
+        largest = int(torch.bincount(labels, minlength=bundle.num_classes).max()) if len(labels) else 0
+        if n and n >= largest:  # a cap that keeps everything does nothing, yet every table would say "quick run"
+            raise UserError(f"{key}={n} ({flag} {n}) keeps every image: the {what} of {bundle.name} has at most "
+                            f"{largest} images per class; for a quick run pass fewer than {largest}, for the whole "
+                            f"split leave {flag} out")
     train = _first_per_class(y_train, bundle.num_classes, train_per_class)
     test = _first_per_class(bundle.y_test, bundle.num_classes, test_per_class)
     return {

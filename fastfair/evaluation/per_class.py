@@ -57,8 +57,8 @@ def progress_units(attack_names: list[str]) -> int:
 def check_attack_names(attack_names: list[str]) -> None:
     """Raise a UserError for a name that neither parses nor names AutoAttack."""
     for name in names.expand(attack_names):
-        if name != autoattack.NAME:
-            parse_attack(name)
+        if name != autoattack.NAME and not names.parses(name):
+            raise names.unknown_attack(name, autoattack=True)
 
 
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,

@@ -234,7 +234,8 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
         cells = [label, str(len(row["seeds"]))]
         for c in COLUMNS:
             mean, std = row[c]
-            cells.append(_fmt(mean, std, latex, 3 if c == "rho" else 2))
+            undefined = c == "rho" and baseline is not None and math.isnan(mean)  # rho_note says why
+            cells.append("n/a" if undefined else _fmt(mean, std, latex, 3 if c == "rho" else 2))
         body.append(cells)
     if not latex:
         lines = ["| " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
@@ -244,6 +245,16 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
              " & ".join(esc(h) for h in heads) + r" \\", r"\midrule"]
     lines += [" & ".join([esc(cells[0])] + cells[1:]) + r" \\" for cells in body]
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
+
+
+def rho_note(attack: str, rows: list[dict], baseline: int | None) -> str:
+    """Why the rho column holds no number: no baseline, or a baseline whose worst class is at 0 %."""
+    if baseline is None:
+        return " rho needs a baseline: fastfair report RUN_DIR... --baseline RUN_DIR."
+    if rows[baseline]["{a} worst"][0] == 0:
+        return (f" rho is n/a: the baseline's worst class has 0 % {attack} accuracy, and rho divides by it (a gain "
+                "relative to 0 is undefined).")
+    return ""
 
 
 def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False,
@@ -365,7 +376,8 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
-          "worst-class gain + relative average change against the baseline (WAT/DAFA).\n"]
+          f"worst-class gain + relative average change against the baseline (WAT/DAFA).{rho_note(attack, rows, base)}"
+          "\n"]
     tex = ["% fastfair report tables (booktabs)", *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups)),
            f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]

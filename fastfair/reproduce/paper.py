@@ -37,7 +37,7 @@ class Paper:
 PAPERS: dict[str, Paper] = {
     "me": Paper("ME-AT/ME-TRADES (ICLR 2022 submission)",
                 "Understanding the robustness-accuracy tradeoff by rethinking robust fairness"),
-    "cfa": Paper("Wei et al. 2023 (NeurIPS)", "CFA: Class-wise Calibrated Fair Adversarial Training"),
+    "cfa": Paper("Wei et al. 2023 (CVPR)", "CFA: Class-wise Calibrated Fair Adversarial Training"),
     "tian-iclr": Paper("Tian et al. (ICLR 2021 submission)",
                        "Intriguing class-wise properties of adversarial training"),
     "dafa": Paper("Lee et al. 2024 (ICLR)", "DAFA: Distance-Aware Fair Adversarial Training"),

@@ -56,6 +56,11 @@ class Trainer:
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
         self.test_split = sp
+        # the validation split's size per class, on every epoch line: with 10 images a class's accuracy moves in
+        # steps of 10 points, which "worst" shows as jumps
+        per_class = torch.bincount(sp["val"][1], minlength=self.bundle.num_classes)
+        low, high = int(per_class.min()), int(per_class.max())
+        self.val_size = f"{low}/class" if low == high else f"{low}-{high}/class"
         d = cfg.data
         if d.train_per_class or d.test_per_class:
             self.log(f"{data.subset_note(d.dataset, d.train_per_class, d.test_per_class)}: {len(y)} training, "
@@ -233,7 +238,7 @@ class Trainer:
             self._checkpoint(epoch, va)
             self.tracker.log(tracking.scalars(record, self.bundle.classes), epoch + 1)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
-                 f"val clean {val['clean']['summary']['avg']:.1f}  val {self.cfg.train.val_attack} "
+                 f"val {self.val_size}: clean {val['clean']['summary']['avg']:.1f}  {self.cfg.train.val_attack} "
                  f"{va['avg']:.1f} (worst {va['worst']:.1f})  {record['images_per_s']:.0f} img/s")
         if stats["loss"] < 0 and not self._said_negative:
             self._said_negative = True
