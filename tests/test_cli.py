@@ -3,7 +3,6 @@ import importlib
 import json
 import re
 import os
-import re
 import signal
 import subprocess
 import sys
