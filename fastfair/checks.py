@@ -29,6 +29,7 @@ from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
 from fastfair.reports.tracking import TRACKERS
 from fastfair.schema import Epochs, never_at_0
+from fastfair.suggest import hint
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
@@ -103,7 +104,7 @@ def check_config(cfg) -> list[str]:
     for key, names in NAMES.items():
         value = _value(cfg, key)
         if value not in names:
-            raise UserError(f"{key}={value!r} is not one of {', '.join(sorted(names))}")
+            raise UserError(f"{key}={value!r} is not one of {', '.join(sorted(names))}.{hint(str(value), names)}")
     try:
         parse_attack(cfg.train.val_attack)
     except UserError as err:

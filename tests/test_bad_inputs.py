@@ -204,6 +204,8 @@ CASES: dict[str, Case] = {
     "method-frl-name": Case([*TRAIN, "--method", "frl-reweight", "--out", "{out}"], r"Did you mean frl-rw\?"),
     "method-he": Case([*TRAIN, "--method", "trades-he", "--out", "{out}"], r"Did you mean --method pgd-at --set "
                       r"model.head=cosine --set he.margin=0.2"),
+    "model-spelling": Case([*TRAIN, "--model", "PreActResNet18", "--out", "{out}"], r"model.name='PreActResNet18' is "
+                           r"not one of .*wrn-34-10\. Did you mean preact-resnet18\?$"),
     "key-learning-rate": bad_set("train.learning_rate=0.1", r"unknown config key 'train.learning_rate' \(from --set\)"
                                  r"\. Did you mean train.lr\?$"),
     "key-bare-synonym": bad_set("weight-decay=0", r"Did you mean train.weight_decay\?$"),
