@@ -24,9 +24,9 @@ wave), where the SM allows it. Per SM, A100 (sm_80, 108 SMs) and H100 SXM (sm_90
 (8 per thread); a thread has at most 255 (CUDA C Programming Guide, "Technical Specifications per
 Compute Capability"). A grid of G CTAs of W warps needs R = min(ceil(G / SMs), 2048 / (32 W), 32) CTAs
 per SM, so the ceiling is min(255, floor(65536 / (R x 32 W) / 8) x 8). The loss rows launch at most
-32 CTAs at N <= 512 (one per SM: the ceiling is 255, only spills bind); the PGD step and the random
-starts launch N x 3 CTAs of 4 warps (N = 512: 1536 CTAs, 15 per A100 SM: 32 registers; 12 per H100
-SM: 40).
+64 CTAs at N <= 512 (one per SM: the ceiling is 255, only spills bind); the PGD step and the random
+starts launch N x 6 CTAs of 4 warps (N = 128: 768 CTAs, 8 per A100 SM: 64 registers, 6 per H100 SM:
+80; N = 512: 3072 CTAs, 16 per SM, all its 2048 threads: 32 on both).
 """
 from __future__ import annotations
 

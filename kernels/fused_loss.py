@@ -52,8 +52,9 @@ ADV_TERMS = sum(BIT[t.name] for t in losses.TERMS if "adv" in t.reads)
 _TERM_INDEX = {t.name.upper(): k for k, t in enumerate(losses.TERMS)}
 
 # Elements of one (rows x BLOCK_C) tile: registers on a GPU; under the interpreter every
-# program costs Python overhead, so fewer, bigger tiles are faster there.
-_TILE_GPU = 2048
+# program costs Python overhead, so fewer, bigger tiles are faster there. On a GPU a tile is
+# 4 elements per thread and tile array (num_warps in _blocks); see _blocks for why.
+_TILE_GPU = 1024
 _TILE_INTERPRET = 1 << 16
 
 
@@ -180,8 +181,14 @@ def _blocks(n: int, c: int) -> tuple[int, int, int]:
     block_c = triton.next_power_of_2(max(c, 2))
     tile = _TILE_INTERPRET if interpreting() else _TILE_GPU
     block_r = max(1, min(tile // block_c, triton.next_power_of_2(max(n, 1))))
-    # About 8 fp32 elements per thread and tile array (a dozen arrays live at once).
-    num_warps = max(4, min(16, block_r * block_c // 256))
+    # 4 fp32 elements per thread and tile array (a dozen arrays live at once). At 8 (tile 2048,
+    # the same warps) ptxas spilled 8 B in the CW row (bf16, C = 10, sm_80): each thread held 8
+    # rows, each with its own label and row-mask predicates, more than a thread's 7 predicate
+    # registers: ptxas moved them to general registers and spilled two. At 4 every term set
+    # compiles with no spill and 32-86 registers (was 40-153) on sm_80 and sm_90, triton 3.6.0
+    # and 3.7.1; a grid of N <= 512 rows is at most 64 CTAs, one per SM, so registers do not
+    # limit occupancy (bench/results/kernels-aot-triton*.md).
+    num_warps = max(4, min(16, block_r * block_c // 128))
     return block_r, block_c, num_warps
 
 

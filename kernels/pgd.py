@@ -21,7 +21,17 @@ from fastfair.ops import steps
 from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
                                       launcher)
 
-_BLOCK = 1024
+# Launch config, per program: BLOCK elements over WARPS warps, 4 per thread (one 128-bit load per
+# thread and tensor in fp32). The register budget is what binds: at N = 512 CIFAR images the grid
+# is N x 6 = 3072 programs of 128 threads, 16 per SM (the SM's 2048 threads, A100 and H100 alike),
+# and 65536 registers / 2048 threads = 32 per thread (bench/kernels_aot.py's one-wave ceiling).
+# At BLOCK 1024 (8 per thread) ptxas used 34 registers for the uniform start (fp32, sm_80) and 39
+# for the normal one, above the 32 that grid (1536 programs, 15 per A100 SM) allows, and spilled
+# 4 B in the normal start in bf16; at 512 the starts use 30-32 and the step 21-28, no spills, on
+# sm_80 and sm_90 with triton 3.6.0 and 3.7.1 (bench/results/kernels-aot-triton*.md). The block
+# does not change a draw: Philox is keyed by the element's flat index, not by the program.
+_BLOCK = 512
+_WARPS = 4
 
 
 @triton.jit
@@ -105,7 +115,7 @@ def pgd_step_op(
     xa, g, xx = kernel_dtype(base), kernel_dtype(_like(grad, base)), kernel_dtype(_like(x, base))
     res = out if out.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(xa)
     per, grid = _grid(base)
-    launcher(_pgd_step_kernel)[grid](xa, g, xx, y, eps_c, alpha_c, res, per, BLOCK=_BLOCK)
+    launcher(_pgd_step_kernel)[grid](xa, g, xx, y, eps_c, alpha_c, res, per, BLOCK=_BLOCK, num_warps=_WARPS)
     if res is not out:
         out.copy_(res)
     return out
@@ -122,7 +132,8 @@ def random_start_op(x: torch.Tensor, y: torch.Tensor, eps_c: torch.Tensor, seed:
     xx = kernel_dtype(base)
     res = out if out.dtype != torch.bfloat16 or not interpreting() else torch.empty_like(xx)
     per, grid = _grid(base)
-    launcher(_random_start_kernel)[grid](xx, y, eps_c, seed, res, per, NORMAL=normal, BLOCK=_BLOCK)
+    launcher(_random_start_kernel)[grid](xx, y, eps_c, seed, res, per, NORMAL=normal, BLOCK=_BLOCK,
+                                         num_warps=_WARPS)
     if res is not out:
         out.copy_(res)
     return out

@@ -21,12 +21,6 @@ from fastfair.training.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-# Issue 26, open: today's kernels fail the gate here (reported, not yet fixed); (launch, N, C, dtype, target, what).
-KNOWN_FAILURES = {
-    ("row_loss cw_adv (d_adv)", n, 10, "bfloat16", "sm_80", "spill") for n in (128, 512)} | {
-    ("random_start normal", n, None, "bfloat16", t, "spill") for n in (128, 512) for t in ("sm_80", "sm_90")} | {
-    ("random_start uniform", 512, None, "float32", "sm_80", "registers"),
-    ("random_start normal", 512, None, "float32", "sm_80", "registers")}
 BLOCKS = ("BLOCK_R", "BLOCK_C")  # tile sizes: the interpreter picks bigger tiles than a GPU (kernels/fused_loss.py)
 SMS = {"sm_80": 108, "sm_90": 132}  # A100, H100 SXM
 
@@ -49,7 +43,7 @@ def test_every_specialisation_compiles_for_both_targets(aot):
     for r in record["rows"]:
         targets.setdefault(r["specialisation"], set()).add(r["target"])
     assert set(map(frozenset, targets.values())) == {frozenset({"sm_80", "sm_90"})}
-    assert proc.returncode == (1 if record["failures"] else 0), proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert record["header"]["device"].startswith("none")
 
 
@@ -75,11 +69,6 @@ def test_the_script_applies_the_stated_ceiling(aot):
     assert len(aot[1]["failures"]) == len(failures(aot[1]))
 
 
-def test_no_spill_or_register_excess_beyond_the_known_ones(aot):
-    assert failures(aot[1]) <= KNOWN_FAILURES
-
-
-@pytest.mark.xfail(strict=True, reason="issue 26: today's kernels spill or exceed the ceiling (KNOWN_FAILURES)")
 def test_no_spills_and_registers_within_the_ceiling(aot):
     assert not failures(aot[1])
 
