@@ -39,7 +39,8 @@ def tiny_copy(src: Path, dst: Path, n_train: int, n_test: int) -> Path:
 def train_and_eval(amp: str, seed: int, data: Path, args, dev, out: Path) -> dict:
     overrides = {"data.data_dir": str(data), "data.batch_size": args.batch, "data.val_per_class": 10,
                  "train.epochs": args.epochs, "train.seed": seed, "train.amp": amp, "train.device": str(dev),
-                 "train.lr_milestones": [max(1, int(args.epochs * f)) for f in (0.75, 0.9)],
+                 # decays after 75% and 90% of the epochs, where the run has an epoch after them
+                 "train.lr_milestones": [m for m in (int(args.epochs * f) for f in (0.75, 0.9)) if 0 < m < args.epochs],
                  "train.val_attack": "fgsm", "train.select": "last", "attack.steps": args.attack_steps,
                  "model.width": args.width}
     trainer = common.make_trainer("pgd-at", args.model, "npz", overrides, out)

@@ -91,7 +91,7 @@ class TrainConfig:
     lr_gamma: float = 0.1
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    amp: str = "auto"  # auto (bf16 on CUDA and on a CPU with native bf16) | bf16 | off
     kernels: str = "auto"  # auto | triton | inductor | torch: backend of the loss and PGD-step ops (build.kernels)
     compile: str = "auto"  # auto (on for CUDA) | on | off: torch.compile the model and the method's loss
     # with compile: the attack's K steps as one graph, input gradients included (torch >= 2.11);

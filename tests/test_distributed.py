@@ -9,8 +9,9 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 # No BN (per-rank batch statistics would differ; SyncBatchNorm needs CUDA) and no random PGD start
-# (ranks draw their own streams): what is left must match up to float summation order.
-ARGS = ["train", "--config", "demo", "--method", "pgd-at", "--device", "cpu", "--quiet",
+# (ranks draw their own streams): what is left must match up to float summation order, so fp32 (bf16
+# autocast, auto on a CPU with native bf16, rounds a half batch differently from the whole one).
+ARGS = ["train", "--config", "demo", "--method", "pgd-at", "--device", "cpu", "--quiet", "--set", "train.amp=off",
         "--set", "train.epochs=2", "--set", "model.norm=none", "--set", "model.width=8",
         "--set", "attack.init=none", "--set", "attack.steps=2", "--set", "train.val_attack=fgsm",
         "--set", 'eval.attacks=["clean", "fgsm"]']

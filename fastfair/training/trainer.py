@@ -101,6 +101,9 @@ class Trainer:
         self._prepare_dir(resume)
         if self.main:  # the run folder keeps the console's lines and the periodic progress lines
             self.progress.attach(self.run.train_log)
+        if self.amp and self.dev.type == "cpu" and cfg.train.amp == "auto":  # a choice this machine made: said
+            self.log("train.amp=auto: bf16 autocast on this CPU (native bf16); evaluation stays fp32; "
+                     "--set train.amp=off trains in fp32")
         # train.track (TensorBoard, W&B): rank 0 alone; a missing package fails here, before any epoch
         self.tracker = _tracker(cfg, self.out) if self.main else tracking.Tracker(self.out, {})
         # settings the run cuts short (checks.check_epochs): said once every refusal above had its chance, so a
