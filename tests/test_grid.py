@@ -125,17 +125,23 @@ def _env():  # the children import this checkout
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-@pytest.mark.slow
-def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
-    # seeds 0 and 1 train; the third run starts from a file that is no checkpoint, so it fails at start
+def _grid_with_a_bad_run(tmp_path, base: str):
+    """(grid file, bad file): ``base`` with three runs; seeds 0 and 1 train, the third starts from ``bad``, a file
+    that is no checkpoint, and fails."""
     bad = tmp_path / "bad.pt"
     bad.write_text("not a checkpoint")
-    path = _write(tmp_path, TINY + f"""
+    path = _write(tmp_path, base + f"""
 [[axes]]
 keys = ["train.seed", "train.init_from"]
 values = [[0, ""], [1, ""], [2, "{bad}"]]
 labels = ["a", "b", "c"]
 """)
+    return path, bad
+
+
+@pytest.mark.slow
+def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
+    path, bad = _grid_with_a_bad_run(tmp_path, TINY)
     out = tmp_path / "out"
     proc = subprocess.Popen(_grid_cmd(path, out), env=_env(), cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -302,14 +308,8 @@ values = ["a.npz"]
 @pytest.mark.slow
 def test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the children import this checkout
-    npz, bad = _npz(tmp_path), tmp_path / "bad.pt"
-    bad.write_text("not a checkpoint")
-    path = _write(tmp_path, NPZ_GRID + f"""
-[[axes]]
-keys = ["train.seed", "train.init_from"]
-values = [[0, ""], [1, ""], [2, "{bad}"]]
-labels = ["a", "b", "c"]
-""")
+    npz = _npz(tmp_path)
+    path, bad = _grid_with_a_bad_run(tmp_path, NPZ_GRID)
     out = tmp_path / "out"
     code, lines, _ = _cli(capsys, path, "--out", out, "--gpus", "cpu", "--per-gpu", 3, "--data-dir", npz,
                           "--set", "train.epochs=1", "--set", "batch_size=16")  # 3 slots: the runs at once
