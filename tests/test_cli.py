@@ -210,7 +210,8 @@ def test_a_cifar10_npz_without_class_names_is_named_and_the_val_line_says_its_si
 @pytest.mark.parametrize("flag, says", [
     ("--quick", r"data.train_per_class=8 \(--quick 8\) keeps every image: the training split of cifar10-part has at "
                 r"most 8 images per class; for a quick run pass fewer than 8, for the whole split leave --quick out"),
-    ("--quick-test", r"data.test_per_class=8 \(--quick-test 8\) keeps every image: the test split .* at most 3"),
+    ("--quick-test", r"data.test_per_class=8 \(--quick-test/--per-class 8\) keeps every image: the test split "
+                     r".* at most 3"),
 ])
 def test_a_quick_cap_that_keeps_every_image_is_an_error_not_a_quick_run(flag, says, tmp_path, capsys):
     data = _cifar_like(tmp_path / "cifar10-part.npz")

@@ -125,6 +125,8 @@ def test_the_worst_class_is_named_once():
     (["--per-class", "0"], "--per-class takes the number of test images per class, 1 or more; got 0"),
     (["--per-class", "-2"], "--per-class takes the number of test images per class, 1 or more; got -2"),
     (["--per-class", "3", "--split", "val"], "--per-class caps the test split; --split val evaluates"),
+    # a cap above every class's count keeps every image: it would do nothing, yet the result would say "capped"
+    (["--per-class", "100000"], "data.test_per_class=100000 (--quick-test/--per-class 100000) keeps every image"),
 ])
 def test_a_bad_per_class_is_one_error_line_and_writes_nothing(trained, tmp_path, capsys, extra, says):
     run = _copy(trained, tmp_path)

@@ -300,8 +300,8 @@ def split(bundle: DataBundle, val_per_class: int, train_per_class: int = 0,
         is_val[members[:val_per_class]] = True
     x_train, y_train = bundle.x_train[~is_val], y[~is_val]
     for key, flag, n, labels, what in (("data.train_per_class", "--quick", train_per_class, y_train, "training split"),
-                                       ("data.test_per_class", "--quick-test", test_per_class, bundle.y_test,
-                                        "test split")):
+                                       ("data.test_per_class", "--quick-test/--per-class", test_per_class,
+                                        bundle.y_test, "test split")):
         largest = int(torch.bincount(labels, minlength=bundle.num_classes).max()) if len(labels) else 0
         if n and n >= largest:  # a cap that keeps everything does nothing, yet every table would say "quick run"
             raise UserError(f"{key}={n} ({flag} {n}) keeps every image: the {what} of {bundle.name} has at most "
