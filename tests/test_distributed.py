@@ -1,6 +1,7 @@
 """torchrun DDP with gloo on CPU: 2 processes give what 1 process gives on the same global batch."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,11 @@ def _metrics(run):
 def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, "-m", "fastfair", *ARGS, "--out", str(one)], check=True, env=_env(), cwd=ROOT)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
+    # a port free now, not a fixed one: two checkouts testing at once on one machine must not meet
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
     subprocess.run([*torchrun, "-m", "fastfair", *ARGS, "--out", str(two)], check=True, env=_env(), cwd=ROOT)
 
     m1, m2 = _metrics(one), _metrics(two)
