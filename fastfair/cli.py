@@ -12,7 +12,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from fastfair.errors import UserError
+from fastfair.errors import Interrupted, UserError
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,11 +24,8 @@ SEED_HELP = "seed of every random start of the attacks (default: the run's eval.
 CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
 SPLIT_HELP = "test | val"
+RB_PANEL = "a RobustBench model by name (rb:NAME)"
 Text = Optional[str]  # an option that, left out, leaves the config's value as it is
-
-
-class Interrupted(Exception):
-    """Ctrl-C, turned into one line saying what was kept and how to continue (exit code 130)."""
 
 
 @contextlib.contextmanager
@@ -178,9 +175,7 @@ def train(
     adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
                                               "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
 ) -> None:
-    from fastfair import config as configs
-    from fastfair.checks import check_config
-    from fastfair.rundir import RunDir
+    from fastfair.api import run_training
 
     flags = {"method.name": method, "data.dataset": dataset, "data.data_dir": data_dir, "model.name": model,
              "train.epochs": epochs, "train.device": device, "train.seed": seed, "train.kernels": kernels,
@@ -188,54 +183,7 @@ def train(
              "data.loader": loader, "data.beton_dir": beton_dir, "data.train_per_class": quick,
              "data.test_per_class": quick_test, "train.track": track, "train.progress_every_s": progress_every,
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
-    saved = RunDir(out).config if out else None
-    if resume:
-        if not saved or not saved.is_file():
-            raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
-        # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
-        cfg = configs.resolve(config, flags, sets or [], base=configs.load_saved(saved))
-    else:
-        cfg = configs.resolve(config, flags, sets or [])
-    check_config(cfg)  # before the run folder is made
-    _fit(cfg, Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}"), resume, quiet)
-
-
-def _fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
-    """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
-    from fastfair.progress import note_in_log
-    from fastfair.rundir import RunDir
-    from fastfair.scaleout import distributed
-    from fastfair.training.trainer import Trainer, final_evaluation
-
-    distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
-    training = True
-    try:
-        # one writer per run folder; torchrun's other ranks write nothing
-        with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
-            Trainer(cfg, out, resume=resume, quiet=quiet).fit()
-            training = False
-            final_evaluation(out, cfg, quiet=quiet)
-    except KeyboardInterrupt:
-        if not training:
-            said = (f"interrupted during the final evaluation; training is complete; evaluate with: "
-                    f"fastfair eval {out}")
-        else:
-            done = _epochs_saved(out)
-            said = (f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
-                    f"fastfair train --out {out} --resume")
-        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
-            note_in_log(RunDir(out).train_log, f"fastfair: {said}")
-        raise Interrupted(said) from None
-    finally:
-        distributed.shutdown()
-
-
-def _epochs_saved(out: Path) -> int:
-    from fastfair.rundir import RunDir
-    try:
-        return len(RunDir(out).read_metrics())
-    except (UserError, OSError):  # a torn last line: resume repairs it
-        return 0
+    run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
 
 
 # ---- eval, diagnose, report ---------------------------------------------------------------------
@@ -260,10 +208,10 @@ def _split(split: str) -> str:
     return split
 
 
-@app.command("eval", help="per-class evaluation of a run, a checkpoint, or a model file fastfair did not write "
-                          "(with --model)")
+@app.command("eval", help="per-class evaluation of a run, a checkpoint, a model file fastfair did not write "
+                          "(with --model), or a RobustBench model by name (rb:NAME)")
 def eval_(
-    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT|MODEL_FILE")],
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT|MODEL_FILE|rb:NAME")],
     attacks: Annotated[str, typer.Option(help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, "
                                               "tpgdK@grid (1/T in 2,5,10,50), aa (AutoAttack standard)")]
     = "clean,pgd20,cw20",
@@ -295,6 +243,11 @@ def eval_(
     num_classes: Annotated[Optional[int], typer.Option(help="classes of its head (default: the data set's)",
                                                        rich_help_panel="a model file fastfair did not write")]
     = None,
+    threat: Annotated[Text, typer.Option(help="RobustBench's threat model of rb:NAME (default Linf, the one "
+                                              "fastfair's attacks measure)", rich_help_panel=RB_PANEL)] = None,
+    model_dir: Annotated[Text, typer.Option(help="RobustBench's model folder, holding <dataset>/<threat>/NAME.pt "
+                                                 "(default ./models, as RobustBench)", rich_help_panel=RB_PANEL)]
+    = None,
 ) -> None:
     from fastfair.attacks import autoattack
     from fastfair.evaluation.per_class import check_per_class, evaluate_checkpoint
@@ -307,9 +260,24 @@ def eval_(
     common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=batch_size,
                   amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
+    robustbench = {"--threat": threat, "--model-dir": model_dir}
+    if target.startswith("rb:"):
+        given = [flag for flag, value in {"--model": model, "--normalize": normalize, "--num-classes": num_classes,
+                                          "--checkpoint": None if checkpoint == "auto" else checkpoint}.items()
+                 if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: not with rb:NAME, whose RobustBench entry defines the architecture "
+                            "and its normalisation")
+    elif any(value is not None for value in robustbench.values()):
+        given = ", ".join(flag for flag, value in robustbench.items() if value is not None)
+        raise UserError(f"{given}: only for a RobustBench model by name, rb:NAME (fastfair zoo lists them)")
     with _ctrl_c_says("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
                       "and resumes); run the same command again"):
-        if model:
+        if target.startswith("rb:"):
+            from fastfair.evaluation.robustbench import evaluate_robustbench
+            record = evaluate_robustbench(target[3:], dataset=dataset or "cifar10", threat=threat or "Linf",
+                                          model_dir=model_dir, **common)
+        elif model:
             from fastfair.evaluation.foreign import evaluate_foreign
             record = evaluate_foreign(Path(target), model=model, dataset=dataset or "cifar10", normalize=normalize,
                                       num_classes=num_classes, **common)
@@ -419,6 +387,47 @@ def reproduce(
     with _ctrl_c_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
                          out=out, gpus=gpus, sets=set_ or [])
+
+
+@app.command(help="RobustBench's models with their reported averages; with --run, evaluate them per class as a "
+                  "batch (K per GPU, resumable) and write the worst-class leaderboard (zoo.md, zoo.json, zoo.png)")
+def zoo(
+    run: Annotated[bool, typer.Option("--run", help="evaluate the models (--models, --top, or every model whose "
+                                                    "weights are in --model-dir) and write the leaderboard")] = False,
+    models: Annotated[Text, typer.Option(metavar="A,B", help="comma-separated RobustBench names")] = None,
+    top: Annotated[Optional[int], typer.Option(metavar="N", help="the N best by reported AutoAttack accuracy")]
+    = None,
+    dataset: Annotated[str, typer.Option(help="cifar10 | cifar100")] = "cifar10",
+    threat: Annotated[str, typer.Option(help="RobustBench's threat model (Linf: fastfair's attacks)")] = "Linf",
+    model_dir: Annotated[Text, typer.Option(help="RobustBench's model folder, holding <dataset>/<threat>/NAME.pt "
+                                                 "(default ./models, as RobustBench)")] = None,
+    attacks: Annotated[str, typer.Option(help="as fastfair eval --attacks")] = "clean,aa",
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    per_class: Annotated[Optional[int], typer.Option(metavar="N", help="the first N test images of each class "
+                                                     "(a quick look, not comparable to the reported numbers)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    out: Annotated[Text, typer.Option(help="folder for zoo.md/json/png and each model's log (default "
+                                           "runs/zoo/DATASET-THREAT)")] = None,
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto")] = "auto",
+    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent evaluations per GPU")] = 1,
+    launcher: Annotated[str, typer.Option(help="local | submitit")] = "local",
+) -> int:
+    from fastfair.evaluation.per_class import check_attack_names, check_per_class
+    from fastfair.reports import zoo as zoo_
+
+    if not run:
+        given = [f for f, v in {"--models": models, "--top": top, "--per-class": per_class, "--out": out}.items()
+                 if v is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models")
+        zoo_.listing(dataset, threat, model_dir)
+        return 0
+    check_attack_names([a.strip() for a in attacks.split(",") if a.strip()])
+    check_per_class(per_class, "test")
+    with _ctrl_c_says(RUNS_RESUME.format(what="zoo")):
+        return zoo_.run(models=models, top=top, dataset=dataset, threat=threat, model_dir=model_dir, attacks=attacks,
+                        data_dir=data_dir, per_class=per_class, seed=seed, out=out, gpus=gpus, per_gpu=per_gpu,
+                        launcher=launcher)
 
 
 @data_app.command(help="write train/val/test .beton files for --loader ffcv (needs fastfair\\[ffcv])")

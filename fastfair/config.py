@@ -364,15 +364,16 @@ def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
 
 
 def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
-            sets: list[str] | None = None, base: dict[str, Any] | None = None) -> Config:
+            sets: list[str] | dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
     """Build the run's config by the layering in the module docstring.
 
+    ``sets``: ``--set`` strings, or their values already parsed (``fastfair.train(sets=...)``);
     ``base`` (a saved run's config) replaces the defaults, used by ``--resume``.
     """
     layers = [
         ("the preset", PRESET, read_preset(preset) if preset else {}),
         ("the command line", USER, {k: v for k, v in (flags or {}).items() if v is not None}),
-        ("--set", USER, parse_set(sets or [])),
+        ("--set", USER, dict(sets) if isinstance(sets, dict) else parse_set(sets or [])),
     ]
     probe = Config()
     merged = {_qualify(probe, k): v for _, _, layer in layers for k, v in layer.items()}

@@ -39,12 +39,12 @@ def worst_class_text(name: str, acc: float) -> str:
     return f"worst class: {name} {acc:.1f} %"
 
 
-def table(header: list[str], rows: list[tuple[list[str], bool]]) -> Table:
-    """A rich table of text cells; the first column left-aligned, the others (numbers) right-aligned;
+def table(header: list[str], rows: list[tuple[list[str], bool]], text_columns: int = 1) -> Table:
+    """A rich table of text cells; the first ``text_columns`` left-aligned, the others (numbers) right-aligned;
     rows marked True in bold (plain where the output is not a terminal)."""
     t = Table(header[0], show_edge=False, pad_edge=False)
-    for h in header[1:]:
-        t.add_column(h, justify="right")
+    for i, h in enumerate(header[1:], 1):
+        t.add_column(h, justify="left" if i < text_columns else "right")
     for i, (cells, bold) in enumerate(rows):
         # a rule between the classes and the summary below them
         summary_next = i + 1 < len(rows) and rows[i + 1][1] and not bold
@@ -52,8 +52,8 @@ def table(header: list[str], rows: list[tuple[list[str], bool]]) -> Table:
     return t
 
 
-def print_table(header: list[str], rows: list[tuple[list[str], bool]]) -> None:
+def print_table(header: list[str], rows: list[tuple[list[str], bool]], text_columns: int = 1) -> None:
     console = Console(highlight=False)
     if not console.is_terminal:  # a log file has no width to fit: rich's default 80 columns would wrap cells
         console.width = 200
-    console.print(table(header, rows))
+    console.print(table(header, rows, text_columns))

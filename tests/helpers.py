@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from fastfair import config
@@ -58,3 +59,26 @@ def small_run_config(npz: Path, method: str, *sets: str):
     """The config of a :data:`SMALL_RUN` of ``method`` on the data set in ``npz``, with ``sets`` applied."""
     return config.resolve(None, {"method.name": method, "data.dataset": "npz", "data.data_dir": str(npz)},
                           SMALL_RUN + list(sets))
+
+
+def cifar_layout_npz(tmp_path, test_per_class: int = 2):
+    """Made-up images in CIFAR-10's layout and class names: enough training images for the validation split."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "cifar10-made-up.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (600, 32, 32, 3), dtype=np.uint8), y_train=np.repeat(np.arange(10), 60),
+             x_test=rng.integers(0, 256, (10 * test_per_class, 32, 32, 3), dtype=np.uint8),
+             y_test=np.repeat(np.arange(10), test_per_class), class_names=np.array(CIFAR10))
+    return path
+
+
+def write_model(model_dir, name: str, seed: int = 0) -> torch.nn.Module:
+    """RobustBench's architecture for ``name``, randomly initialised, saved as its files are (in its layout under
+    ``model_dir``, under state_dict, with DataParallel's ``module.`` prefix); needs fastfair[robustbench]."""
+    torch.manual_seed(seed)
+    from fastfair.evaluation import robustbench as rb
+
+    model = rb.entry(name, "cifar10", "Linf")["model"]()
+    path = rb.model_file(name, "cifar10", "Linf", model_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, path)
+    return model.eval()

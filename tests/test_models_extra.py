@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastfair import cli, data
+from fastfair import api, cli, data
 from fastfair.data.subsets import select
 from fastfair.errors import UserError
 from fastfair.models import NORMS
@@ -36,7 +36,7 @@ def test_class_subset_keeps_and_relabels_in_the_given_order():
 def _trained_config(monkeypatch, *argv):
     """The config ``fastfair train ARGV`` would train, caught where training would start."""
     seen = []
-    monkeypatch.setattr(cli, "_fit", lambda cfg, out, resume, quiet: seen.append(cfg))
+    monkeypatch.setattr(api, "fit", lambda cfg, out, resume, quiet: seen.append(cfg))
     assert cli.main(["train", "--method", "trades", "--dataset", "digits", *argv]) == 0
     return seen[0]
 

@@ -154,7 +154,7 @@ def normalisation(flag: str | None, in_file: dict | None, dataset_mean_std, chan
     return {"source": "--normalize", "mean": mean, "std": std}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -215,7 +215,7 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
         raise UserError(f"{path} does not fit --model {model}: {detail}; check --model") from None
     cl = build.channels_last(cfg, dev)
     net = net.to(dev, memory_format=torch.channels_last) if cl else net.to(dev)
-    source = {"file": str(path), "sha256": _sha256(path), "model": model, "width": width,
+    source = {"file": str(path), "sha256": file_sha256(path), "model": model, "width": width,
               "key_names": naming, "normalization": norm}
     return cfg, dev, net, bundle, splits[split], source
 

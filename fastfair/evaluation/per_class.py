@@ -160,11 +160,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     cap = cfg.data.test_per_class if split == "test" else 0  # first N test images of each class; 0: all
     out = run.eval_file(path, split, cap if cap != own_test_per_class else 0)
     out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
-    settings = {"eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "cw_kappa": cfg.eval.cw_kappa,
-                "precision": "bf16" if amp else "fp32", "seed": seed,
-                # named only when off or set, so results of the default keep their fingerprint
-                **({} if cfg.eval.clip_start else {"clip_start": False}),
-                **({"test_per_class": cap} if cap else {})}
+    settings = settings_of(eps=cfg.eval.eps, alpha=cfg.eval.alpha, cw_kappa=cfg.eval.cw_kappa, amp=amp, seed=seed,
+                           clip_start=cfg.eval.clip_start, test_per_class=cap)
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
@@ -177,9 +174,7 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
               "images": len(data[1]), "subset": note, **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
-        earlier, kept = _earlier_results(out, fp, lambda tag: run.previous_eval_file(path, split, tag))
-        record["results"] = {**earlier, **results}
-        write_json_atomic(record, out)
+        kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
     record["path"] = str(out)
     if not quiet:
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
@@ -188,6 +183,24 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")
     return record
+
+
+def settings_of(*, eps, alpha, cw_kappa: float, amp: bool, seed: int, clip_start: bool = True,
+                test_per_class: int = 0) -> dict:
+    """The settings that change a number, as recorded in a result and hashed into its fingerprint."""
+    return {"eps": eps, "alpha": alpha, "cw_kappa": cw_kappa, "precision": "bf16" if amp else "fp32", "seed": seed,
+            # named only when off or set, so results of the default keep their fingerprint
+            **({} if clip_start else {"clip_start": False}),
+            **({"test_per_class": test_per_class} if test_per_class else {})}
+
+
+def write_record(record: dict, results: dict, out: Path, previous) -> Path | None:
+    """Write ``record`` with ``results`` to ``out``, keeping an earlier file's other attacks when its fingerprint
+    is ``record['fingerprint']``; returns where an unrelated earlier file was moved (``previous(tag)``), or None."""
+    earlier, kept = _earlier_results(out, record["fingerprint"], previous)
+    record["results"] = {**earlier, **results}
+    write_json_atomic(record, out)
+    return kept
 
 
 def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]:

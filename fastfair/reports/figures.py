@@ -214,3 +214,33 @@ def tsne(clean, adv, labels, classes: list[str], title: str, path: Path, attack:
         axes[1].legend(fontsize=7, markerscale=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=_title_size(title, 9.5))
     return _save(fig, path)
+
+
+def models_by_class(matrix, models: list[str], classes: list[str], averages: list[float], title: str,
+                    path: Path) -> Path:
+    """Per-class accuracy of several models (rows, best first) as a heatmap with the values written in, each
+    row's worst class boxed, and the row's mean beside it."""
+    m = np.asarray(matrix, dtype=float)
+    rows, n = m.shape
+    width = min(0.62 * n + 0.09 * max(len(s) for s in models) + 2.5, 16.0)
+    fig, ax = plt.subplots(figsize=(width, 0.42 * rows + 1.9))
+    im = ax.imshow(m, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    fig.colorbar(im, ax=ax, label="accuracy (%)", shrink=0.9, pad=0.09)
+    if n <= MANY_CLASSES:
+        for i in range(rows):
+            for j in range(n):
+                ax.text(j, i, f"{m[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                        color="black" if m[i, j] > 60 else "white")
+    for i in range(rows):
+        j = int(m[i].argmin())
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.8))
+    _class_axis(ax, classes)
+    ax.set_yticks(range(rows))
+    ax.set_yticklabels(models, fontsize=8)
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(range(rows))
+    right.set_yticklabels([f"{a:.1f}" for a in averages], fontsize=8)
+    right.set_ylabel("mean (%)")
+    ax.set_xlabel("class (red box: the model's worst class)")
+    _title(ax, title, width - 1.5)
+    return _save(fig, path)

@@ -34,9 +34,12 @@ class Job:
     run_dir: str
     base: str  # "" for none
     sets: tuple[str, ...]  # "key=value" strings, as --set takes them
+    argv: tuple[str, ...] = ()  # another fastfair command instead of train (fastfair zoo's evaluations)
 
     def command(self) -> list[str]:
         """The train command; ``--resume`` is decided when the job starts (a queued job may start late)."""
+        if self.argv:
+            return [sys.executable, "-m", "fastfair", *self.argv]
         cmd = [sys.executable, "-m", "fastfair", "train", "--out", self.run_dir, "--quiet"]
         cmd += ["--config", self.base] if self.base else []
         cmd += [a for s in self.sets for a in ("--set", s)]

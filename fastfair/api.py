@@ -1,0 +1,242 @@
+"""fastfair from Python: per-class evaluation of any model, and training by preset, as the CLI does them.
+
+:func:`evaluate` runs the attacks of ``fastfair eval`` on any ``nn.Module`` mapping images in [0, 1] to
+logits (the convention of torchattacks and RobustBench), with the same seeds, fingerprints and JSON;
+:func:`train` is ``fastfair train`` (same config layering, checks and run folder), and the CLI calls it.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from fastfair import config as configs
+from fastfair.attacks import autoattack, names
+from fastfair.checks import check_config
+from fastfair.errors import Interrupted, UserError
+from fastfair.evaluation import per_class
+from fastfair.evaluation.result import Result
+from fastfair.methods import METHODS
+from fastfair.progress import Progress, note_in_log
+from fastfair.rundir import RunDir
+from fastfair.scaleout import distributed
+from fastfair.suggest import hint
+from fastfair.training.class_state import ClassState
+from fastfair.training.trainer import Trainer, final_evaluation
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+
+class _Batches:
+    """(x, y) float batches of a split held as tensors, on the model's device, in order."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device):
+        self.x, self.y, self.batch_size, self.device = x, y, batch_size, device
+
+    def __len__(self) -> int:
+        return -(-len(self.y) // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, len(self.y), self.batch_size):
+            yield self.x[i:i + self.batch_size].to(self.device), self.y[i:i + self.batch_size].to(self.device)
+
+
+def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) on the CPU from a pair of tensors or from an iterable of (x, y) batches (a DataLoader)."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        x, y = data
+    else:
+        try:
+            xs, ys = zip(*[(bx, by) for bx, by in data])
+            x, y = torch.cat([t.detach().cpu() for t in xs]), torch.cat([t.detach().cpu() for t in ys])
+        except (TypeError, ValueError):
+            raise UserError("data must be (images, labels) tensors or an iterable of (images, labels) batches, such "
+                            "as a DataLoader") from None
+    x, y = x.detach().cpu(), y.detach().cpu()
+    if not x.is_floating_point() or x.dim() != 4:
+        raise UserError(f"images must be a float tensor (N, C, H, W) in [0, 1]; got {x.dtype} of shape "
+                        f"{tuple(x.shape)}")
+    if y.dim() != 1 or y.is_floating_point() or len(y) != len(x):
+        raise UserError(f"labels must be one integer per image; got {y.dtype} of shape {tuple(y.shape)} for "
+                        f"{len(x)} images")
+    if len(y) == 0:
+        raise UserError("no images to evaluate")
+    lo, hi = float(x.min()), float(x.max())
+    if lo < 0 or hi > 1:
+        raise UserError(f"images must be in [0, 1] (eps is measured there); these span [{lo:.3g}, {hi:.3g}]. Put "
+                        "the normalisation inside the model, as RobustBench's and fastfair's models do")
+    return x.float(), y.long()
+
+
+def _outputs(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> int:
+    with torch.no_grad():
+        logits = model(x[:1].to(device))
+    if logits.dim() != 2:
+        raise UserError(f"the model must return logits of shape (N, classes); it returned {tuple(logits.shape)}")
+    return logits.shape[1]
+
+
+def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
+             eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
+             classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
+             aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
+             out: str | Path | None = None, source: dict | None = None, progress: bool = False) -> Result:
+    """Per-class accuracy of ``model`` (images in [0, 1] -> logits) under each attack, as ``fastfair eval``.
+
+    ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
+    tpgdK@grid, aa), a list or one comma-separated string. ``eps``/``alpha``: one radius/step or one per class.
+    ``data``: (images, labels) tensors or an iterable of batches. ``out``: a JSON path; an earlier file of the
+    same weights, data and settings keeps its other attacks, another is moved to ``previous/`` beside it.
+    ``source``: what to record about where the model came from. The model's train/eval mode is restored."""
+
+    wanted = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
+    if not wanted:
+        raise UserError("name at least one attack, e.g. attacks=['clean', 'pgd20']")
+    per_class.check_attack_names(wanted)
+    if aa_backend not in ("auto", *autoattack.BACKENDS):
+        raise UserError(f"aa_backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got {aa_backend!r}")
+    if autoattack.NAME in names.expand(wanted) and aa_backend == "auto":
+        aa_backend = autoattack.default_backend()
+    if batch_size < 1:
+        raise UserError(f"batch_size must be 1 or more; got {batch_size}")
+    x, y = _tensors(data)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    training = model.training
+    try:
+        model.eval()
+        c = _outputs(model, x, device)
+        classes = [str(i) for i in range(c)] if classes is None else [str(n) for n in classes]
+        if len(classes) != c:
+            raise UserError(f"{len(classes)} class names for a model with {c} outputs")
+        if int(y.max()) >= c or int(y.min()) < 0:
+            raise UserError(f"labels must be in 0..{c - 1} (the model has {c} outputs); got {int(y.min())}.."
+                            f"{int(y.max())}")
+        settings = per_class.settings_of(eps=eps if isinstance(eps, (int, float)) else list(eps),
+                                         alpha=alpha if isinstance(alpha, (int, float)) else list(alpha),
+                                         cw_kappa=cw_kappa, amp=bf16, seed=seed, clip_start=clip_start)
+        fp = per_class.fingerprint(model, (x, y), settings)
+        out = Path(out) if out is not None else None
+        batches = _Batches(x, y, batch_size, device)
+        prog = Progress(enabled=progress)
+        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted)) as advance:
+            results = per_class.evaluate(model, batches, wanted, eps=settings["eps"], alpha=settings["alpha"],
+                                         classes=classes, cw_kappa=cw_kappa,
+                                         amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
+                                         state_prefix=out.with_suffix("") if out else None, aa_backend=aa_backend,
+                                         seed=seed, log=prog.print if progress else None, clip_start=clip_start)
+    finally:
+        model.train(training)
+    record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,
+              "images": len(y), **settings, "fingerprint": fp}
+    if out is None:
+        record["results"] = results
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        per_class.write_record(record, results, out, lambda tag: out.parent / "previous" / f"{out.stem}-{tag}.json")
+        record["path"] = str(out)
+    return Result(record)
+
+
+def load_result(path: str | Path) -> Result:
+    """A result JSON written by ``fastfair eval`` or :func:`evaluate` (``RUN/eval/*.json``)."""
+    return Result.load(path)
+
+
+# ---- a method in your own training loop ----------------------------------------------------------
+
+def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str | torch.device = "cpu",
+           config: str | None = None, sets: dict[str, Any] | None = None):
+    """(a training method resolved as ``fastfair train`` would, its per-class state) for a loop of your own.
+
+    Per step: ``x_adv = m.perturb(model, x, y, state)``, then ``loss, logits = m.objective(model, x, x_adv, y,
+    state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md)."""
+
+    cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset, **(sets or {})})
+    m = METHODS.get(cfg.method.name)(cfg)
+    state = ClassState(num_classes, torch.device(device))
+    m.setup(state)
+    return m, state
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+# keyword -> config key: the long flags of `fastfair train`, by their Python names
+TRAIN_FLAGS = {
+    "method": "method.name", "dataset": "data.dataset", "data_dir": "data.data_dir", "model": "model.name",
+    "epochs": "train.epochs", "seed": "train.seed", "device": "train.device", "kernels": "train.kernels",
+    "compile": "train.compile", "cudagraphs": "train.cudagraphs", "loader": "data.loader",
+    "beton_dir": "data.beton_dir", "quick": "data.train_per_class", "quick_test": "data.test_per_class",
+    "track": "train.track", "progress_every": "train.progress_every_s", "init_from": "train.init_from",
+    "classes": "data.classes", "adv_classes": "adv_classes.classes", "ccm": "ccm.enabled", "ccr": "ccr.enabled",
+    "averaging": "train.averaging",
+}
+
+
+def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, quiet: bool = True,
+          sets: dict[str, Any] | None = None, **flags: Any) -> Path:
+    """``fastfair train`` from Python; returns the run directory (which ``evaluate``'s CLI twin reads).
+
+    ``config``: a preset name or TOML file; ``flags``: the long flags of ``fastfair train`` by their Python
+    names (``method="me-trades", epochs=2, quick=20``); ``sets``: any config key, ``{"train.lr": 0.05}``."""
+    unknown = [k for k in flags if k not in TRAIN_FLAGS]
+    if unknown:
+        name = unknown[0]
+        raise UserError(f"fastfair.train() has no setting {name!r}.{hint(name, TRAIN_FLAGS)} Pass a flag of "
+                        f"fastfair train ({', '.join(TRAIN_FLAGS)}) or any config key in sets={{'train.lr': 0.05}}")
+    given = {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k == "compile" and isinstance(v, bool) else v)
+             for k, v in flags.items()}
+    return run_training(config, given, sets or {}, out, resume=resume, quiet=quiet)
+
+
+def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],
+                 out: str | Path | None, *,
+                 resume: bool, quiet: bool) -> Path:
+    """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python."""
+
+    saved = RunDir(out).config if out else None
+    if resume:
+        if not saved or not saved.is_file():
+            raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
+        # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
+        cfg = configs.resolve(preset, flags, sets, base=configs.load_saved(saved))
+    else:
+        cfg = configs.resolve(preset, flags, sets)
+    check_config(cfg)  # before the run folder is made
+    run = Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
+    fit(cfg, run, resume, quiet)
+    return run
+
+
+def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
+    """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
+
+    distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
+    training = True
+    try:
+        # one writer per run folder; torchrun's other ranks write nothing
+        with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
+            Trainer(cfg, out, resume=resume, quiet=quiet).fit()
+            training = False
+            final_evaluation(out, cfg, quiet=quiet)
+    except KeyboardInterrupt:
+        if not training:
+            said = (f"interrupted during the final evaluation; training is complete; evaluate with: "
+                    f"fastfair eval {out}")
+        else:
+            done = _epochs_saved(out)
+            said = (f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
+                    f"fastfair train --out {out} --resume")
+        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
+            note_in_log(RunDir(out).train_log, f"fastfair: {said}")
+        raise Interrupted(said) from None
+    finally:
+        distributed.shutdown()
+
+
+def _epochs_saved(out: Path) -> int:
+    try:
+        return len(RunDir(out).read_metrics())
+    except (UserError, OSError):  # a torn last line: resume repairs it
+        return 0

@@ -1,0 +1,100 @@
+"""A per-class evaluation result as Python sees it: the record ``fastfair eval`` writes, with its measures.
+
+``print(result)`` shows the per-class table; ``result.avg("pgd20")``, ``worst``, ``cv``, ``mcd`` and
+``overall`` read the summary each attack's entry already holds (:func:`measures.summary_of_confusion`),
+so a result read back from a JSON gives the same numbers as the run that wrote it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fastfair.errors import UserError
+from fastfair.evaluation import measures
+from fastfair.rundir import write_json_atomic
+
+
+class Result:
+    """Per-class accuracies (percent) under each attack, and the fingerprints of the weights, data and settings."""
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    @classmethod
+    def load(cls, path: str | Path) -> Result:
+        """Read a JSON written by ``fastfair eval``, ``fastfair.evaluate`` or :meth:`save`."""
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"no result file at {path}")
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or "results" not in record or "classes" not in record:
+            raise UserError(f"{path} is not a per-class result (no 'results' and 'classes'); pass a JSON written by "
+                            "fastfair eval or fastfair.evaluate")
+        return cls(record)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the record as JSON (atomically); :meth:`load` and ``fastfair report`` read it back."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic({k: v for k, v in self.record.items() if k != "path"}, path)
+        return path
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.record["classes"])
+
+    @property
+    def attacks(self) -> list[str]:
+        return list(self.record["results"])
+
+    def _entry(self, attack: str) -> dict:
+        try:
+            return self.record["results"][attack]
+        except KeyError:
+            raise UserError(f"no {attack!r} in this result; it holds {', '.join(self.attacks)}") from None
+
+    def per_class(self, attack: str) -> dict[str, float]:
+        """{class name: accuracy in percent} under ``attack`` (``clean`` for clean accuracy)."""
+        return dict(zip(self.classes, self._entry(attack)["per_class"]))
+
+    def avg(self, attack: str) -> float:
+        """Mean of the per-class accuracies (percent)."""
+        return self._entry(attack)["summary"]["avg"]
+
+    def overall(self, attack: str) -> float:
+        """Share of all images correct (percent); equals :meth:`avg` on a balanced test set."""
+        return self._entry(attack)["summary"]["overall"]
+
+    def worst(self, attack: str) -> tuple[str, float]:
+        """(name, accuracy in percent) of the worst class."""
+        summary = self._entry(attack)["summary"]
+        return self.classes[summary["worst_class"]], summary["worst"]
+
+    def cv(self, attack: str) -> float:
+        """Variance of the per-class accuracies, %² (Tian et al.'s "CV"; see measures.CV_NOTE)."""
+        return self._entry(attack)["summary"]["cv"]
+
+    def mcd(self, attack: str) -> float:
+        """Best minus worst class accuracy, percent (Tian et al.'s MCD)."""
+        return self._entry(attack)["summary"]["mcd"]
+
+    def confusion(self, attack: str):
+        """(C, C) counts as a numpy array, rows true class, columns prediction after ``attack``."""
+        import numpy as np
+        return np.asarray(self._entry(attack)["confusion"])
+
+    def to_pandas(self):
+        """A DataFrame: one row per class, one column per attack (accuracy in percent); needs pandas."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise UserError("Result.to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame({a: self._entry(a)["per_class"] for a in self.attacks},
+                            index=pd.Index(self.classes, name="class"))
+
+    def __str__(self) -> str:
+        return measures.markdown_table(self.record["results"], self.classes)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{a} {self.avg(a):.2f} (worst {self.worst(a)[1]:.2f})" for a in self.attacks)
+        return f"<fastfair Result: {self.record.get('images', '?')} images, {len(self.classes)} classes; {parts}>"

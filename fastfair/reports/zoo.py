@@ -1,0 +1,187 @@
+"""``fastfair zoo``: RobustBench's models with their reported averages, evaluated per class as a batch, and the
+worst-class leaderboard across them (``zoo.md``, ``zoo.json``, ``zoo.png``).
+
+Each model is one ``fastfair eval rb:NAME`` child run through the grid's launchers (K per GPU, its log and
+state in ``OUT/NAME/``); its result is the JSON that command writes beside the weights. A model whose last run
+finished with the same command is not run again, so an interrupted batch goes on where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from fastfair import display
+from fastfair.errors import UserError
+from fastfair.evaluation import robustbench as rb
+from fastfair.reports import figures
+from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.scaleout import jobs as grid_jobs
+from fastfair.scaleout.launchers import LAUNCHERS
+
+FULL_TEST = {"cifar10": 10_000, "cifar100": 10_000}  # the test sets RobustBench reports on
+
+
+def result_file(name: str, dataset: str, threat: str, model_dir: str | Path | None, per_class: int | None) -> Path:
+    """Where ``fastfair eval rb:NAME`` writes its per-class result (beside the weights)."""
+    weights = rb.model_file(name, dataset, threat, model_dir)
+    return RunDir.of_checkpoint(weights).eval_file(weights, "test", per_class or 0)
+
+
+def leaderboard(dataset: str, threat: str) -> list[tuple[str, dict | None]]:
+    """(name, reported numbers or None) of RobustBench's list, by reported AutoAttack accuracy, best first."""
+    reported = rb.reported(dataset, threat)
+    return sorted(((n, reported.get(n)) for n in rb.names(dataset, threat)),
+                  key=lambda item: -(item[1]["autoattack"] if item[1] else -1))
+
+
+def listing(dataset: str, threat: str, model_dir: str | None, echo=print) -> None:
+    """The models, their reported numbers, and whether their weights and a per-class result are here."""
+    header = ["model", "architecture", "clean", "AA", "weights", "per-class result"]
+    rows = []
+    for name, info in leaderboard(dataset, threat):
+        have = rb.model_file(name, dataset, threat, model_dir).is_file()
+        done = result_file(name, dataset, threat, model_dir, None).is_file()
+        rows.append(([name, info["architecture"] if info else "?",
+                      f"{info['clean']:.2f}" if info else "-", f"{info['autoattack']:.2f}" if info else "-",
+                      "yes" if have else "-", "yes" if done else "-"], False))
+    echo(f"RobustBench's {dataset} {threat} models (reported clean and AutoAttack accuracy, %), weights looked for "
+         f"in {Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}:")
+    display.print_table(header, rows, text_columns=2)
+    echo("\nevaluate per class: fastfair zoo --run --models NAME,NAME (or --top N, or every model whose weights are "
+         "here) --attacks clean,aa")
+
+
+def choose(models: str | None, top: int | None, dataset: str, threat: str, model_dir: str | None) -> list[str]:
+    """The models to run; every named or top-N model whose weights are missing is named in one error."""
+    board = [name for name, _ in leaderboard(dataset, threat)]
+    if models and top:
+        raise UserError("--models and --top both choose the models; pass one")
+    if models:
+        chosen = [m.strip() for m in models.split(",") if m.strip()]
+        for name in chosen:
+            rb.entry(name, dataset, threat)  # an unknown name: one line
+    elif top:
+        chosen = board[:top]
+    else:
+        chosen = [n for n in board if rb.model_file(n, dataset, threat, model_dir).is_file()]
+        if not chosen:
+            raise UserError(f"no RobustBench weights under {Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}; "
+                            "name the models (--models) or pass --model-dir where they are")
+    missing = [rb.model_file(n, dataset, threat, model_dir) for n in chosen
+               if not rb.model_file(n, dataset, threat, model_dir).is_file()]
+    if missing:
+        raise UserError(f"no weights at {', '.join(map(str, missing))}; fastfair does not download: fetch them with "
+                        "robustbench.utils.load_model(NAME, model_dir=...), or pass --model-dir where they are")
+    return chosen
+
+
+def run(*, models: str | None, top: int | None, dataset: str, threat: str, model_dir: str | None, attacks: str,
+        data_dir: str | None, per_class: int | None, seed: int | None, out: str | None, gpus: str, per_gpu: int,
+        launcher: str, echo=print) -> int:
+    """Evaluate the chosen models per class (skipping those already done with the same command), then write the
+    leaderboard; 1 if a model failed."""
+    rb.check_threat(dataset, threat)
+    names = choose(models, top, dataset, threat, model_dir)
+    start = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
+    folder = Path(out or f"runs/zoo/{dataset}-{threat}")
+    where = str(Path(model_dir or rb.DEFAULT_DIR).resolve())
+    common = ["--dataset", dataset, "--threat", threat, "--model-dir", where, "--attacks", attacks, "--quiet",
+              *(["--data-dir", str(Path(data_dir).resolve())] if data_dir else []),
+              *(["--per-class", str(per_class)] if per_class else []), *(["--seed", str(seed)] if seed is not None
+                                                                           else [])]
+    todo, skipped = [], []
+    for name in names:
+        job = grid_jobs.Job(name, str(folder / name), "", (), argv=("eval", f"{rb.PREFIX}{name}", *common))
+        state = grid_jobs.read_state(job.run_dir)
+        finished = state["status"] == "done" and state.get("command", [])[1:] == job.command()[1:]
+        if finished and result_file(name, dataset, threat, model_dir, per_class).is_file():
+            skipped.append(name)
+        else:
+            todo.append(job)
+    echo(f"{len(names)} models: {len(todo)} to evaluate, {len(skipped)} done earlier with the same command"
+         + (f" ({', '.join(skipped)})" if skipped else ""))
+    if todo:
+        start(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=folder / ".submitit", echo=echo)
+    done = [n for n in names if grid_jobs.read_state(folder / n)["status"] == "done"]
+    failed = [n for n in names if n not in done]
+    echo(f"{len(done)} of {len(names)} models evaluated")
+    for name in failed:
+        echo(f"  {grid_jobs.outcome(name, folder / name)}")
+    if done:
+        path = write(done, dataset=dataset, threat=threat, model_dir=model_dir, per_class=per_class, out=folder)
+        echo(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name})")
+    return 1 if failed else 0
+
+
+def _robust(records: dict[str, dict]) -> str:
+    """The attack of the leaderboard: aa where every model has it, else the strongest attack every model has."""
+    common = set.intersection(*(set(r["results"]) - {"clean"} for r in records.values()))
+    if not common:
+        raise UserError("the models share no attack besides clean; run them with the same --attacks")
+    if "aa" in common:
+        return "aa"
+    return min(common, key=lambda a: sum(r["results"][a]["summary"]["avg"] for r in records.values()))
+
+
+def _comparable(record: dict, dataset: str) -> str:
+    """'' when the result is on the full test set RobustBench reports on, else why it is not comparable."""
+    full = FULL_TEST.get(dataset)
+    if record["images"] != full:
+        return f"{record['images']} test images, not the full {full}: not comparable to the reported numbers"
+    return ""
+
+
+def _differs(ours: float, theirs: float, n: int) -> bool:
+    """Whether two accuracies (%) on n images differ by more than 3 binomial standard errors (+ rounding)."""
+    p = min(max(theirs / 100, 1e-3), 1 - 1e-3)
+    return abs(ours - theirs) > 300 * math.sqrt(p * (1 - p) / n) + 0.01
+
+
+def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None, per_class: int | None,
+          out: Path) -> Path:
+    """``zoo.md``, ``zoo.json`` and ``zoo.png`` of the models' per-class results, best worst class first."""
+    records = {n: json.loads(result_file(n, dataset, threat, model_dir, per_class).read_text()) for n in names}
+    classes = next(iter(records.values()))["classes"]
+    attack = _robust(records)
+    rows = []
+    for name, record in records.items():
+        res, rep = record["results"], record["source"].get("reported")
+        summary = res[attack]["summary"]
+        note = _comparable(record, dataset)
+        if not note and rep and attack == "aa" and _differs(summary["overall"], rep["autoattack"], record["images"]):
+            note = f"AutoAttack {summary['overall']:.2f} here, {rep['autoattack']:.2f} reported: beyond sampling error"
+        rows.append({"model": name, "architecture": record["source"]["architecture"],
+                     "reported_clean": rep["clean"] if rep else None,
+                     "reported_autoattack": rep["autoattack"] if rep else None,
+                     "clean": res["clean"]["summary"]["avg"] if "clean" in res else None,
+                     "robust": summary["avg"], "worst_class": classes[summary["worst_class"]],
+                     "worst": summary["worst"],
+                     "cv": summary["cv"], "mcd": summary["mcd"], "per_class": res[attack]["per_class"],
+                     "images": record["images"], "note": note,
+                     "result": str(result_file(name, dataset, threat, model_dir, per_class))})
+    rows.sort(key=lambda r: (-r["worst"], -r["robust"]))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic({"dataset": dataset, "threat": threat, "attack": attack, "classes": classes, "models": rows},
+                      out / "zoo.json")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    lines = [f"# Worst-class leaderboard: RobustBench {dataset} {threat} models under {attack}", "",
+             f"Accuracies in %; ours are means of per-class accuracies under `{attack}` (eps 8/255), RobustBench's "
+             "are its reported clean and AutoAttack accuracy on the full test set. Sorted by the worst class.", "",
+             "| # | model | architecture | reported clean | reported AA | clean | " + attack
+             + " | worst class | CV (%²) | MCD | note |",
+             "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    for i, r in enumerate(rows, 1):
+        lines.append(f"| {i} | {r['model']} | {r['architecture']} | {fmt(r['reported_clean'])} | "
+                     f"{fmt(r['reported_autoattack'])} | {fmt(r['clean'])} | {r['robust']:.2f} | {r['worst_class']} "
+                     f"{r['worst']:.2f} | {r['cv']:.2f} | {r['mcd']:.2f} | {r['note']} |")
+    lines += ["", f"Per-class accuracy under `{attack}` (%):", "",
+              "| model | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
+    lines += [f"| {r['model']} | " + " | ".join(f"{v:.1f}" for v in r["per_class"]) + " |" for r in rows]
+    lines += ["", "![per-class accuracy of each model](zoo.png)", ""]
+    path = out / "zoo.md"
+    path.write_text("\n".join(lines))
+    figures.models_by_class([r["per_class"] for r in rows], [r["model"] for r in rows], classes,
+                            [r["robust"] for r in rows],
+                            f"RobustBench {dataset} {threat}: per-class accuracy under {attack}", out / "zoo.png")
+    return path

@@ -1,0 +1,115 @@
+"""``fastfair eval rb:NAME`` offline, end to end: a randomly initialised model file in RobustBench's layout
+(``MODEL_DIR/cifar10/Linf/NAME.pt``, nested and prefixed as RobustBench's own files are) is built with
+RobustBench's architecture, read without unpickling, evaluated per class, and recorded with RobustBench's
+reported numbers; the mistakes a user makes are one error line each."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fastfair import cli
+from fastfair.evaluation import robustbench as rb
+from helpers import CIFAR10, cifar_layout_npz, write_model
+
+if importlib.util.find_spec("robustbench") is None:  # its package __init__ needs what fastfair does not: no import
+    pytest.skip("the rb: path needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
+
+NAME = "Ding2020MMA"  # the smallest single model of RobustBench's CIFAR-10 Linf list (a WRN-28-4, 5.8 M weights)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rb")
+    return tmp / "models", write_model(tmp / "models", NAME), cifar_layout_npz(tmp)
+
+
+def test_rb_name_is_evaluated_per_class_with_robustbench_numbers(zoo, capsys):
+    model_dir, model, npz = zoo
+    assert cli.main(["eval", f"rb:{NAME}", "--model-dir", str(model_dir), "--data-dir", str(npz),
+                     "--attacks", "clean,pgd2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{NAME} (RobustBench, cifar10 Linf)" in out and "airplane" in out and "truck" in out
+    info = rb.reported()[NAME]
+    assert f"RobustBench reports clean {info['clean']:.2f}, AutoAttack {info['autoattack']:.2f}" in out
+    record = json.loads((model_dir / "cifar10" / "Linf" / "eval" / f"{NAME}-test.json").read_text())
+    src = record["source"]
+    assert (src["robustbench"], src["threat"], src["architecture"]) == (NAME, "Linf", "WideResNet-28-4")
+    assert src["reported"] == {"clean": info["clean"], "autoattack": info["autoattack"]}
+    assert record["eps"] == pytest.approx(8 / 255) and record["classes"] == CIFAR10
+    # the weights are the file's, through RobustBench's architecture and its own normalisation: the clean
+    # predictions of the model written above, fed images in [0, 1]
+    with np.load(npz) as f:
+        x = torch.from_numpy(f["x_test"]).permute(0, 3, 1, 2).float() / 255
+        y = torch.from_numpy(f["y_test"])
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    want = np.zeros((10, 10), dtype=int)
+    np.add.at(want, (y.numpy(), pred.numpy()), 1)
+    assert record["results"]["clean"]["confusion"] == want.tolist()
+
+
+def test_load_from_python_reads_the_file_not_the_architecture(zoo):
+    model_dir, model, _ = zoo
+    loaded, source = rb.load(NAME, model_dir=model_dir)
+    assert type(loaded) is type(model) and not loaded.training
+    for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert source["sha256"] and source["robustbench_version"] == "1.1.1"
+
+
+def test_reported_numbers_cover_the_package_list():
+    missing = [n for n in rb.names() if n not in rb.reported()]
+    assert not missing, f"no reported numbers for {missing}: refresh robustbench_reported.json"
+    assert rb.reported()["Carmon2019Unlabeled"]["autoattack"] == 59.53  # RobustBench's leaderboard
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["rb:Ding2020mma"], "Did you mean Ding2020MMA?"),
+    (["rb:Wong2020Fast"], "no weights for Wong2020Fast at"),
+    (["rb:Chen2020Adversarial"], "is an ensemble"),
+    (["rb:Ding2020MMA", "--threat", "L2"], "fastfair's attacks are L-inf"),
+    (["rb:Ding2020MMA", "--model", "resnet18"], "--model: not with rb:NAME"),
+    (["runs/x", "--threat", "Linf"], "only for a RobustBench model by name"),
+])
+def test_mistakes_are_one_line(zoo, capsys, argv, says):
+    model_dir, _, npz = zoo
+    assert cli.main(["eval", *argv, "--model-dir", str(model_dir), "--data-dir", str(npz)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastfair: error:") and says in err and err.count("\n") == 1
+
+
+def test_missing_file_names_the_path_and_robustbench_download(tmp_path, capsys):
+    assert cli.main(["eval", "rb:Wong2020Fast", "--model-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "cifar10" / "Linf" / "Wong2020Fast.pt") in err and "load_model('Wong2020Fast'" in err
+
+
+class Boom:
+    def __reduce__(self):
+        return (print, ("unpickled!",))
+
+
+def test_a_file_needing_unpickling_is_refused_without_running_it(tmp_path, capsys):
+    path = rb.model_file(NAME, model_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as f:
+        pickle.dump({"state_dict": Boom()}, f)  # torch.load without weights_only would print
+    assert cli.main(["eval", f"rb:{NAME}", "--model-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "unpickled!" not in out and "fastfair does not unpickle" in err
+
+
+def test_without_robustbench_one_line_names_the_extra(monkeypatch, capsys):
+    for name in [m for m in sys.modules if m == "robustbench" or m.startswith("robustbench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    real = rb.importlib.util.find_spec
+    monkeypatch.setattr(rb.importlib.util, "find_spec", lambda name, *a: None if name == "robustbench" else
+                        real(name, *a))
+    assert cli.main(["eval", f"rb:{NAME}"]) == 2
+    assert "pip install 'fastfair[robustbench]'" in capsys.readouterr().err

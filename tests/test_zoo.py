@@ -1,0 +1,87 @@
+"""``fastfair zoo``: RobustBench's list with its reported numbers, and ``--run`` end to end offline on two randomly
+initialised models in RobustBench's layout: per-class results as child ``fastfair eval rb:NAME`` runs, the
+worst-class leaderboard, the resume, a failing model's error line, and the mistakes caught before any work."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from fastfair import cli
+from fastfair.evaluation import robustbench as rb
+from fastfair.reports import zoo
+from fastfair.scaleout import launchers
+from helpers import cifar_layout_npz, write_model
+
+if importlib.util.find_spec("robustbench") is None:
+    pytest.skip("fastfair zoo needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
+
+SMALL = ("Ding2020MMA", "Wong2020Fast")  # the two smallest single models of the CIFAR-10 Linf list
+
+
+def test_listing_shows_reported_numbers_and_what_is_here(tmp_path, capsys):
+    write_model(tmp_path, "Ding2020MMA")
+    assert cli.main(["zoo", "--model-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "│" in line]
+    assert len(lines) == len(rb.names())
+    names = [line.split()[0] for line in lines]
+    aa = [rb.reported()[n]["autoattack"] for n in names]
+    assert aa == sorted(aa, reverse=True)  # the leaderboard's order
+    ding = next(line for line in lines if line.startswith("Ding2020MMA "))
+    assert "84.36" in ding and "41.44" in ding and "yes" in ding  # reported clean, AA, weights here
+    assert "yes" not in next(line for line in lines if line.startswith("Wong2020Fast "))
+
+
+@pytest.mark.slow
+def test_run_writes_the_worst_class_leaderboard_and_resumes(tmp_path, capsys, monkeypatch):
+    models, out, npz = tmp_path / "models", tmp_path / "zoo", cifar_layout_npz(tmp_path)
+    write_model(models, "Ding2020MMA")
+    broken = rb.model_file("Wong2020Fast", model_dir=models)
+    torch.save({"state_dict": {"conv1.weight": torch.zeros(1)}}, broken)  # does not fit its architecture
+    argv = ["zoo", "--run", "--models", ",".join(SMALL), "--model-dir", str(models), "--data-dir", str(npz),
+            "--attacks", "clean,pgd2", "--gpus", "cpu", "--out", str(out)]
+    assert cli.main(argv) == 1
+    said = capsys.readouterr().out
+    assert "2 models: 2 to evaluate" in said and "1 of 2 models evaluated" in said
+    assert "Wong2020Fast: fastfair: error:" in said and "does not fit RobustBench's Wong2020Fast" in said
+    assert [r["model"] for r in json.loads((out / "zoo.json").read_text())["models"]] == ["Ding2020MMA"]
+
+    write_model(models, "Wong2020Fast", seed=1)
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().out
+    assert "1 to evaluate, 1 done earlier with the same command (Ding2020MMA)" in said
+    board = json.loads((out / "zoo.json").read_text())
+    rows = board["models"]
+    assert board["attack"] == "pgd2" and {r["model"] for r in rows} == set(SMALL)
+    assert [r["worst"] for r in rows] == sorted((r["worst"] for r in rows), reverse=True)
+    for r in rows:  # each row is the model's own per-class result, with RobustBench's numbers beside it
+        record = json.loads(zoo.result_file(r["model"], "cifar10", "Linf", models, None).read_text())
+        assert r["per_class"] == record["results"]["pgd2"]["per_class"]
+        assert r["reported_autoattack"] == rb.reported()[r["model"]]["autoattack"]
+        assert "not comparable to the reported numbers" in r["note"]  # 20 images, not the 10,000
+    md = (out / "zoo.md").read_text()
+    assert "| 1 | " + rows[0]["model"] in md and "airplane" in md and (out / "zoo.png").stat().st_size > 10_000
+
+    seen = []  # other attacks: every model is evaluated again
+    monkeypatch.setattr(launchers.LAUNCHERS, "get", lambda name: lambda jobs, **kw: seen.extend(jobs))
+    cli.main([*argv[:-6], "--attacks", "clean,fgsm", "--gpus", "cpu", "--out", str(out)])
+    assert [j.name for j in seen] == list(SMALL) and "2 to evaluate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--run", "--models", "Ding2020MMA,Wong2020Fast"], "no weights at"),
+    (["--run", "--models", "Ding2020mma"], "Did you mean Ding2020MMA?"),
+    (["--run", "--models", "Ding2020MMA", "--top", "3"], "--models and --top both choose"),
+    (["--run", "--models", "Ding2020MMA", "--attacks", "autoattack"], "unknown attack"),
+    (["--models", "Ding2020MMA"], "--models: only with --run"),
+    (["--threat", "L2"], "fastfair's attacks are L-inf"),
+])
+def test_mistakes_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, says):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["zoo", "--model-dir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastfair: error:") and says in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
