@@ -140,3 +140,20 @@ def test_import_is_light():
     code = "import sys, fastfair; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_autoattack_from_python_is_the_cli_s(tmp_path):
+    """``aa`` through fastfair.evaluate: the official AutoAttack, its re-check, and its resume file beside ``out``;
+    the same confusion as fastfair eval's evaluation of the same model and images."""
+    from fastfair.evaluation.per_class import evaluate as cli_evaluate
+    from test_autoattack import _tiny_linear_case
+
+    model, x, y, loader = _tiny_linear_case()
+    classes = [str(c) for c in range(10)]
+    r = fastfair.evaluate(model, (x.float() / 255, y), attacks=["aa"], eps=0.02, alpha=0.01, batch_size=len(y),
+                          out=tmp_path / "aa.json")
+    want = cli_evaluate(model, loader, ["aa"], eps=0.02, alpha=0.01, classes=classes)["aa"]
+    assert r.record["results"]["aa"]["confusion"] == want["confusion"]
+    assert r.record["results"]["aa"]["autoattack"]["recheck"]["prediction_mismatches"] == 0
+    assert (tmp_path / "aa.aa.npz").is_file() and 0 < r.avg("aa") < 100
