@@ -1,6 +1,7 @@
 """``fastfair reproduce``: the presets' paper numbers, verdicts, --list, the missing-data error, and one
 table end to end at the subset scale on the real CIFAR-10 subset (structure only, never the numbers)."""
 import dataclasses
+from pathlib import Path
 import re
 import struct
 import zlib
@@ -261,3 +262,27 @@ def test_reproduce_md_has_rho_for_rows_naming_a_baseline(tmp_path):
     section = md[md.index("## rho against the baseline row"):md.index("## Protocol")]
     assert "| TRADES + DAFA | `dafa-t1-trades-dafa` | aa | TRADES | +0.418 | - |" in section  # DAFA prints 0.42
     assert section.count("| TRADES |") == 4  # DAFA and WAT, clean and AA; none for the baseline itself
+
+
+def test_runs_that_did_not_finish_say_why_in_the_summary(tmp_path):
+    """reproduce's closing lines name each unfinished run with its child's error line (as grid does), not only
+    its log."""
+    from fastfair.reproduce.command import _collect
+    from fastfair.rundir import write_json_atomic
+    from fastfair.scaleout.jobs import Job
+
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    planned = runs.plan(tables.get("tian-iclr-t5"), 1, "subset", str(npz), tmp_path / "out", {})[:2]
+    jobs = [Job(p.name, str(p.run_dir(tmp_path / "out")), p.row.preset, ()) for p in planned]
+    states = [{"status": "failed", "returncode": 2, "error": "fastfair: error: data.val_per_class=50 takes every "
+                                                            "training image of class 3"},
+              {"status": "running", "pid": 1}]
+    for job, state in zip(jobs, states):
+        Path(job.run_dir).mkdir(parents=True)
+        write_json_atomic(state, RunDir(job.run_dir).grid_state)
+    records, _, failed = _collect(planned, jobs)
+    assert not records and len(failed) == 2
+    assert failed[0].startswith(f"{jobs[0].name}: fastfair: error: data.val_per_class=50") and "train.log" in failed[0]
+    assert "its process ended before it could record why" in failed[1]

@@ -20,7 +20,7 @@ from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
-from fastfair.scaleout.jobs import read_state
+from fastfair.scaleout.jobs import outcome, read_state
 from fastfair.scaleout.launchers import LAUNCHERS
 
 
@@ -107,8 +107,8 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                          runs=run_lines, user_sets=list(sets or []), notes=_notes(tab, scale, user_sets))
             echo(f"written: {path} and {root / 'reproduce.png'}")
     if failed:
-        echo(f"{len(failed)} run(s) failed: {', '.join(failed)}\nfix the cause and run the same command again: "
-             "done runs are skipped, the others resume")
+        echo(f"{len(failed)} of {len(jobs)} runs did not finish:\n" + "\n".join(f"  {line}" for line in failed)
+             + "\nfix the cause and run the same command again: done runs are skipped, the others resume")
         return 1
     return 0
 
@@ -121,8 +121,10 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
     for p, j in zip(planned, jobs):
         state = read_state(j.run_dir)["status"]
         rec, ckpt = _record(Path(j.run_dir), p) if state == "done" else (None, "-")
-        if rec is None:
-            failed.append(f"{j.name} (log: {RunDir(j.run_dir).train_log})")
+        if rec is None and state != "done":
+            failed.append(outcome(j.name, j.run_dir))  # its fastfair: error: line or crash, and its log
+        elif rec is None:
+            failed.append(f"{j.name}: finished without a test result (log: {RunDir(j.run_dir).train_log})")
         else:
             records.setdefault(p.row.preset, []).append(rec)
         run_lines.append((str(j.run_dir), state, ckpt))
