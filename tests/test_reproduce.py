@@ -286,3 +286,16 @@ def test_runs_that_did_not_finish_say_why_in_the_summary(tmp_path):
     assert not records and len(failed) == 2
     assert failed[0].startswith(f"{jobs[0].name}: fastfair: error: data.val_per_class=50") and "train.log" in failed[0]
     assert "its process ended before it could record why" in failed[1]
+
+
+@pytest.mark.parametrize("name, shape, names", [
+    ("cifar10-part.npz", (32, 32, 3), CIFAR10),  # a CIFAR-10 file: CIFAR-10's class names
+    ("my-digits.npz", (8, 8), [f"class {i}" for i in range(10)]),  # any other 10-class file is not called CIFAR-10
+])
+def test_the_subset_names_classes_as_the_npz_data_set_does(tmp_path, name, shape, names):
+    npz = tmp_path / name
+    np.savez(npz, x_train=np.zeros((60, *shape), np.uint8), y_train=np.arange(60) % 10,
+             x_test=np.zeros((20, *shape), np.uint8), y_test=np.arange(20) % 10)
+    sets = runs._subset_data(str(npz), tmp_path / "out")
+    with np.load(sets["data.data_dir"]) as f:
+        assert f["class_names"].tolist() == names

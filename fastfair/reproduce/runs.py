@@ -16,10 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastfair import config
+from fastfair import config, data
 from fastfair.attacks import autoattack
 from fastfair.checks import epoch_keys, last_acting
-from fastfair.data.datasets import CIFAR10_CLASSES
 from fastfair.errors import UserError
 from fastfair.registry import Registry
 from fastfair.reproduce.paper import PaperRow
@@ -65,18 +64,14 @@ def _subset_data(data_dir: str, out: Path) -> dict[str, Any]:
                         f"y_train/y_test, e.g. a CIFAR-10 subset); pass --data-dir FILE.npz (got {data_dir!r})")
     dest = out / "data" / "subset.npz"
     if not dest.is_file():  # written once, so a second invocation trains on the very same images
+        # read as --dataset npz reads it: the file's format checked, its classes named as the npz data set names
+        # them (its class_names, else a known data set's by file name and image shape, else "class i")
+        classes = data.load("npz", src).classes
         with np.load(src) as f:
-            try:
-                train = _first_per_class(f["y_train"], SUBSET_TRAIN_PER_CLASS)
-                test = _first_per_class(f["y_test"], SUBSET_TEST_PER_CLASS)
-                arrays = {"x_train": f["x_train"][train], "y_train": f["y_train"][train],
-                          "x_test": f["x_test"][test], "y_test": f["y_test"][test]}
-            except KeyError as err:
-                raise UserError(f"{src}: no array {err}; the file needs x_train, y_train, x_test, y_test") from None
-            if "class_names" in f.files:
-                arrays["class_names"] = f["class_names"]
-            elif len(np.unique(f["y_train"])) == len(CIFAR10_CLASSES):  # the tables' data set: name its classes
-                arrays["class_names"] = np.array(CIFAR10_CLASSES)
+            train = _first_per_class(f["y_train"], SUBSET_TRAIN_PER_CLASS)
+            test = _first_per_class(f["y_test"], SUBSET_TEST_PER_CLASS)
+            arrays = {"x_train": f["x_train"][train], "y_train": f["y_train"][train],
+                      "x_test": f["x_test"][test], "y_test": f["y_test"][test], "class_names": np.array(classes)}
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_suffix(f".{os.getpid()}.npz")  # complete or absent, whoever else reads it
         np.savez(partial, **arrays)
