@@ -333,3 +333,12 @@ def test_a_crashed_childs_last_traceback_line_is_its_error(tmp_path, monkeypatch
     assert run_job(job) == "failed"
     assert read_state(job.run_dir)["error"] == "RuntimeError: CUDA out of memory"
     assert outcome("r", job.run_dir) == f"r: RuntimeError: CUDA out of memory (log: {tmp_path / 'r' / 'train.log'})"
+
+
+def test_a_relative_data_dir_is_saved_absolute(tmp_path, capsys, monkeypatch):
+    """Every run's config names the data so that a later eval or a SLURM task started elsewhere finds it."""
+    monkeypatch.chdir(tmp_path)
+    _npz(tmp_path)
+    path, _ = _grid_with_a_bad_run(tmp_path, NPZ_GRID)
+    code, lines, _ = _cli(capsys, path, "--out", tmp_path / "out", "--dry-run", "--data-dir", "tiny.npz")
+    assert code == 0 and f'every run with: data.data_dir="{tmp_path / "tiny.npz"}"' in lines

@@ -162,7 +162,8 @@ def override(grid: Grid, data_dir: str | None, sets: list[str]) -> None:
     """``fastfair grid --data-dir DIR --set k=v``: keys for every run, read as ``fastfair train`` reads its
     --data-dir (data.data_dir) and --set, over the grid's own. A key an axis sweeps is an error: every
     run would get the one value while its folder name says another."""
-    given = [("data.data_dir", data_dir, "--data-dir")] if data_dir is not None else []
+    # absolute: each run's saved config then finds the data from any folder (a later eval, a SLURM task)
+    given = [("data.data_dir", str(Path(data_dir).expanduser().resolve()), "--data-dir")] if data_dir else []
     given += [(config.qualify(k), v, f"--set {k}") for k, v in config.parse_set(sets).items()]
     swept = {config.qualify(k): i for i, axis in enumerate(grid.axes) for k in axis.keys}
     for key, _, flag in given:
