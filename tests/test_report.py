@@ -169,6 +169,9 @@ def test_the_config_differences_are_a_table_under_the_comparison_figure(fake_run
     assert "| `train.seed` |" not in md  # seeds are what a group averages over, not a difference
     # keys TRADES' own defaults set are named once, not a row each
     assert "Also different, as each method's defaults set them: `attack.bn_mode`" in md
+    tex = (tmp_path / "r" / "tables.tex").read_text()  # the same table for the paper
+    assert r"config key & at & trades-s0 \\" in tex and r"\texttt{method.name} & pgd-at & trades \\" in tex
+    assert "% Also different, as each method's defaults set them: attack.bn\\_mode" in tex
 
 
 def test_report_paths_are_relative_so_its_folder_can_move(fake_runs, tmp_path):

@@ -139,15 +139,25 @@ def _value(value) -> str:
     return text.replace("|", "\\|")
 
 
-def differences_table(groups: list[Group]) -> str:
-    """Markdown: rows the config keys that set the groups apart, columns the groups; a line names the keys
-    left out because each method's defaults set them."""
+def differences_table(groups: list[Group], latex: bool = False) -> str:
+    """Markdown (or a LaTeX tabular): rows the config keys that set the groups apart, columns the groups; a line
+    (a LaTeX comment) names the keys left out because each method's defaults set them."""
     shown, implied = differences(groups)
     if not shown and not implied:
-        return "The groups' configs are the same (they differ in where they ran only).\n"
+        same = "The groups' configs are the same (they differ in where they ran only)."
+        return f"% {same}" if latex else same + "\n"
+    rows = [[k, *(_value(g.config.get(k)) for g in groups)] for k in shown]
+    also = f"Also different, as each method's defaults set them: {', '.join(implied)}." if implied else ""
+    if latex:
+        esc = measures.latex_label
+        lines = [r"\begin{tabular}{l " + "l " * len(groups) + "}", r"\toprule",
+                 "config key & " + " & ".join(esc(g.label) for g in groups) + r" \\", r"\midrule"]
+        lines += [r"\texttt{" + esc(k) + "} & " + " & ".join(esc(v.replace("\\|", "|")) for v in values) + r" \\"
+                  for k, *values in rows]
+        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"] + ([f"% {esc(also)}"] if also else []))
     lines = ["| config key | " + " | ".join(g.label for g in groups) + " |", "|---|" + "---|" * len(groups)]
-    lines += [f"| `{k}` | " + " | ".join(_value(g.config.get(k)) for g in groups) + " |" for k in shown]
-    note = (f"\nAlso different, as each method's defaults set them: {', '.join(f'`{k}`' for k in implied)}.\n"
+    lines += [f"| `{k}` | " + " | ".join(values) + " |" for k, *values in rows]
+    note = ("\nAlso different, as each method's defaults set them: " + ", ".join(f"`{k}`" for k in implied) + ".\n"
             if implied else "\n")
     return "\n".join(lines) + "\n" + note
 
@@ -390,6 +400,7 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
                                    fig_dir / "compare-per-class.png")
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
         md += ["What sets the groups apart (config keys):\n", differences_table(groups)]
+        tex += ["% what sets the groups apart (config keys)", differences_table(groups, latex=True)]
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
     write_text_atomic("\n".join(md), out / "report.md")
