@@ -165,6 +165,11 @@ def check_epochs(cfg) -> list[str]:
                 warnings.append(f"{said} is past train.epochs = {epochs}, so this run goes without it "
                                 f"({_LAYERS[_chosen(cfg, key, use)]}'s value{cut}; to see it act: "
                                 f"{setting or 'more epochs'})")
+    if epochs == 1:  # what only the end of an epoch sets acts from epoch 2 on
+        parts = [METHODS.get(cfg.method.name), *(OPTIONS.get(n) for n in cfg.enabled_options())]
+        warnings += [f"{what}: set at the end of each epoch, they act from epoch 2 on, so this one-epoch run trains "
+                     "without them (--epochs 2 or more to see them act)"
+                     for what in (part.epoch_update(cfg) for part in parts) if what]
     if never:
         one = len(never) == 1
         more = max(first for _, _, first in never)

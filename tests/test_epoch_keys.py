@@ -143,3 +143,18 @@ def test_help_numbers_epochs_from_1():
     assert "from epoch begin + 1 on" in keys_markdown() and "from epoch tau + 1 on" in keys_markdown()
     assert {"ccm.begin", "ccr.begin", "method.warmup", "method.tau_milestones", "method.halve_every",
             "he.pmax_epoch", "train.lr_milestones", "train.avg_begin", "train.select_begin"} <= set(epoch_keys())
+
+
+@pytest.mark.parametrize("flags, what", [
+    ({"method.name": "wat"}, "WAT's class weights"),
+    ({"method.name": "trades", "cost_sensitive.auto": True}, "cost_sensitive.auto's class weights"),
+])
+def test_what_only_an_epoch_s_end_sets_is_a_warning_in_a_one_epoch_run(flags, what):
+    """WAT's weights and cost_sensitive.auto's are set after each epoch: a one-epoch run trains without them."""
+    warned = check_config(config.resolve(None, {**flags, "train.epochs": 1, "train.lr_milestones": []}))
+    assert len(warned) == 1 and warned[0].startswith(what) and warned[0].endswith(
+        ": set at the end of each epoch, they act from epoch 2 on, so this one-epoch run trains without them "
+        "(--epochs 2 or more to see them act)")
+    assert check_config(config.resolve(None, {**flags, "train.epochs": 2, "train.lr_milestones": []})) == []
+    given = {"method.name": "trades", "cost_sensitive.weights": [1.0] * 10}  # given weights act from epoch 1
+    assert check_config(config.resolve(None, {**given, "train.epochs": 1, "train.lr_milestones": []})) == []

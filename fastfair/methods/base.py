@@ -70,6 +70,11 @@ class Method:
     def check(cls, cfg: Config) -> None:
         """Raise a UserError for settings this method cannot run (``check_config`` calls it before any work)."""
 
+    @classmethod
+    def epoch_update(cls, cfg: Config) -> str:
+        """What ``end_epoch`` sets for the epochs after it ('' for nothing): a one-epoch run trains without it."""
+        return ""
+
     def setup(self, state: ClassState) -> None:
         """Declare the per-class vectors this method reads (eps_k and alpha_k), then the options'."""
         state.add_vector("eps", self.cfg.attack.eps)

@@ -33,6 +33,11 @@ class CostSensitive(Option):
         return bool(cfg.cost_sensitive.weights) or cfg.cost_sensitive.auto
 
     @classmethod
+    def epoch_update(cls, cfg) -> str:
+        return "cost_sensitive.auto's class weights (from the train robust accuracy)" \
+            if cfg.cost_sensitive.auto else ""
+
+    @classmethod
     def check(cls, cfg) -> None:
         if cfg.cost_sensitive.weights and cfg.cost_sensitive.auto:
             raise UserError("set either cost_sensitive.weights (given) or cost_sensitive.auto, not both")

@@ -49,6 +49,11 @@ class Option:
         return getattr(cfg, cls.name).enabled
 
     @classmethod
+    def epoch_update(cls, cfg: Config) -> str:
+        """What ``end_epoch`` sets for the epochs after it ('' for nothing): a one-epoch run trains without it."""
+        return ""
+
+    @classmethod
     def check(cls, cfg: Config) -> None:
         """Reject a bad value before any long work starts (UserError naming the fix)."""
 

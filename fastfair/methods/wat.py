@@ -86,6 +86,10 @@ class WAT(TRADES):
                                       "class mean)"),
     }
 
+    @classmethod
+    def epoch_update(cls, cfg) -> str:
+        return "WAT's class weights (from the validation losses)"
+
     def setup(self, state):
         if self.cfg.method.val_divisor not in VAL_DIVISORS:
             raise UserError(f"method.val_divisor must be one of {', '.join(VAL_DIVISORS)}; "
