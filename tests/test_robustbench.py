@@ -113,3 +113,13 @@ def test_without_robustbench_one_line_names_the_extra(monkeypatch, capsys):
                         real(name, *a))
     assert cli.main(["eval", f"rb:{NAME}"]) == 2
     assert "pip install 'fastfair[robustbench]'" in capsys.readouterr().err
+
+
+def test_needs_neither_autoattack_nor_pkg_resources(monkeypatch):
+    """robustbench's package __init__ imports its benchmark (the git-only autoattack) and its loaders
+    (pkg_resources, gone from setuptools 81): fastfair's entry works without either."""
+    for name in [m for m in sys.modules if m == "robustbench" or m.startswith("robustbench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pkg_resources", None)  # import pkg_resources now fails
+    monkeypatch.setitem(sys.modules, "autoattack", None)
+    assert NAME in rb.names() and rb.entry(NAME, "cifar10", "Linf")["model"]().__class__.__name__ == "Ding2020MMANet"

@@ -19,6 +19,7 @@ import pickle
 import subprocess
 import sys
 import types
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -48,7 +49,9 @@ def _import(module: str):
         if spec is None:
             raise UserError(f"RobustBench models need the robustbench package: {INSTALL}")
         try:
-            importlib.import_module("robustbench")
+            with warnings.catch_warnings():  # its pkg_resources import warns on every command
+                warnings.simplefilter("ignore")
+                importlib.import_module("robustbench")
         except ImportError:
             shell = types.ModuleType("robustbench")
             shell.__spec__, shell.__path__ = spec, list(spec.submodule_search_locations)
