@@ -13,7 +13,6 @@ from typing import Any, Sequence
 import torch
 
 from fastfair import config as configs
-from fastfair.attacks import autoattack, names
 from fastfair.checks import check_config
 from fastfair.errors import Interrupted, UserError
 from fastfair.evaluation import per_class
@@ -95,10 +94,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     if not wanted:
         raise UserError("name at least one attack, e.g. attacks=['clean', 'pgd20']")
     per_class.check_attack_names(wanted)
-    if aa_backend not in ("auto", *autoattack.BACKENDS):
-        raise UserError(f"aa_backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got {aa_backend!r}")
-    if autoattack.NAME in names.expand(wanted) and aa_backend == "auto":
-        aa_backend = autoattack.default_backend()
+    aa_backend = per_class.aa_backend_for(wanted, aa_backend)
     if batch_size < 1:
         raise UserError(f"batch_size must be 1 or more; got {batch_size}")
     x, y = _tensors(data)
@@ -153,7 +149,8 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
     Per step: ``x_adv = m.perturb(model, x, y, state)``, then ``loss, logits = m.objective(model, x, x_adv, y,
     state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md)."""
 
-    cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset, **(sets or {})})
+    cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset}, sets or {})
+    check_config(cfg)  # the values train would refuse (its epoch warnings do not apply to your loop)
     m = METHODS.get(cfg.method.name)(cfg)
     state = ClassState(num_classes, torch.device(device))
     m.setup(state)
@@ -176,18 +173,23 @@ TRAIN_FLAGS = {
 
 def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, quiet: bool = True,
           sets: dict[str, Any] | None = None, **flags: Any) -> Path:
-    """``fastfair train`` from Python; returns the run directory (which ``evaluate``'s CLI twin reads).
+    """``fastfair train`` from Python; returns the run directory.
 
     ``config``: a preset name or TOML file; ``flags``: the long flags of ``fastfair train`` by their Python
     names (``method="me-trades", epochs=2, quick=20``); ``sets``: any config key, ``{"train.lr": 0.05}``."""
+    return run_training(config, flag_keys(**flags), sets or {}, out, resume=resume, quiet=quiet)
+
+
+def flag_keys(**flags: Any) -> dict[str, Any]:
+    """{config key: value} of ``fastfair train``'s flags given by their Python names (None: left out); an unknown
+    name is a UserError with a suggestion."""
     unknown = [k for k in flags if k not in TRAIN_FLAGS]
     if unknown:
         name = unknown[0]
         raise UserError(f"fastfair.train() has no setting {name!r}.{hint(name, TRAIN_FLAGS)} Pass a flag of "
                         f"fastfair train ({', '.join(TRAIN_FLAGS)}) or any config key in sets={{'train.lr': 0.05}}")
-    given = {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k == "compile" and isinstance(v, bool) else v)
-             for k, v in flags.items()}
-    return run_training(config, given, sets or {}, out, resume=resume, quiet=quiet)
+    return {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k == "compile" and isinstance(v, bool) else v)
+            for k, v in flags.items()}
 
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],

@@ -175,13 +175,12 @@ def train(
     adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
                                               "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
 ) -> None:
-    from fastfair.api import run_training
+    from fastfair.api import flag_keys, run_training
 
-    flags = {"method.name": method, "data.dataset": dataset, "data.data_dir": data_dir, "model.name": model,
-             "train.epochs": epochs, "train.device": device, "train.seed": seed, "train.kernels": kernels,
-             "train.compile": {True: "on", False: "off", None: None}[compile], "train.cudagraphs": cudagraphs or None,
-             "data.loader": loader, "data.beton_dir": beton_dir, "data.train_per_class": quick,
-             "data.test_per_class": quick_test, "train.track": track, "train.progress_every_s": progress_every,
+    flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
+                         seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs or None, loader=loader,
+                         beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
+                         progress_every=progress_every),
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
     run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
 
@@ -249,13 +248,11 @@ def eval_(
                                                  "(default ./models, as RobustBench)", rich_help_panel=RB_PANEL)]
     = None,
 ) -> None:
-    from fastfair.attacks import autoattack
-    from fastfair.evaluation.per_class import check_per_class, evaluate_checkpoint
+    from fastfair.evaluation.per_class import aa_backend_for, check_per_class, evaluate_checkpoint
     from fastfair.reports.summary import lines
 
-    if aa_backend not in ("auto", *autoattack.BACKENDS):
-        raise UserError(f"--aa-backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got {aa_backend!r}")
     names = [a.strip() for a in attacks.split(",") if a.strip()]
+    aa_backend_for(names, aa_backend, "--aa-backend")  # an unknown backend, before the model or data load
     check_per_class(per_class, _split(split))
     common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=batch_size,
                   amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class)

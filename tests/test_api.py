@@ -157,3 +157,16 @@ def test_autoattack_from_python_is_the_cli_s(tmp_path):
     assert r.record["results"]["aa"]["confusion"] == want["confusion"]
     assert r.record["results"]["aa"]["autoattack"]["recheck"]["prediction_mismatches"] == 0
     assert (tmp_path / "aa.aa.npz").is_file() and 0 < r.avg("aa") < 100
+
+
+def test_per_class_eps_needs_one_value_per_class(data):
+    with pytest.raises(fastfair.UserError, match="needs 4 values, one per class; got \\[3\\]"):
+        fastfair.evaluate(tiny_model(), data, attacks=["pgd3"], eps=[0.1, 0.1, 0.1])
+    r = fastfair.evaluate(tiny_model(), data, attacks=["pgd3"], eps=[0.0, 0.0, 0.1, 0.1])
+    clean = fastfair.evaluate(tiny_model(), data, attacks=["clean"])
+    assert r.per_class("pgd3")["0"] == clean.per_class("clean")["0"]  # a zero radius leaves class 0 as it is
+
+
+def test_method_refuses_what_train_refuses():
+    with pytest.raises(fastfair.UserError, match="attack.eps"):
+        fastfair.method("trades", num_classes=10, sets={"attack.eps": -1.0})

@@ -123,3 +123,15 @@ def test_needs_neither_autoattack_nor_pkg_resources(monkeypatch):
     monkeypatch.setitem(sys.modules, "pkg_resources", None)  # import pkg_resources now fails
     monkeypatch.setitem(sys.modules, "autoattack", None)
     assert NAME in rb.names() and rb.entry(NAME, "cifar10", "Linf")["model"]().__class__.__name__ == "Ding2020MMANet"
+
+
+def test_the_model_is_robustbench_s_own_loader_s(zoo):
+    """fastfair's reading (weights_only, then RobustBench's unwrapping and loading functions) gives what
+    robustbench.utils.load_model gives on the same file: the same class and every tensor equal."""
+    model_dir, _, _ = zoo
+    theirs = rb._import("robustbench.utils").load_model(NAME, model_dir=str(model_dir), dataset="cifar10",
+                                                         threat_model="Linf")
+    ours, _ = rb.load(NAME, model_dir=model_dir)
+    assert type(ours) is type(theirs)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

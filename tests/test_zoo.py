@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+import fastfair
 from fastfair import cli
 from fastfair.evaluation import robustbench as rb
 from fastfair.reports import zoo
@@ -85,3 +86,18 @@ def test_mistakes_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, ar
     err = capsys.readouterr().err
     assert err.startswith("fastfair: error:") and says in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_results_on_other_test_images_are_refused(tmp_path):
+    """One leaderboard, one test set: a result evaluated on other images since is not mixed in."""
+    per_class = {"per_class": [50.0] * 10, "summary": {"avg": 50.0, "overall": 50.0, "worst": 50.0, "worst_class": 0,
+                                                      "cv": 0.0, "mcd": 0.0}}
+    for name, data in zip(SMALL, ("a" * 64, "b" * 64)):
+        path = zoo.result_file(name, "cifar10", "Linf", tmp_path, None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"classes": [str(c) for c in range(10)], "images": 20, "fingerprint": {"data": data},
+                                    "results": {"clean": per_class, "pgd2": per_class},
+                                    "source": {"architecture": "x", "reported": None}}))
+    with pytest.raises(fastfair.UserError, match="on different test images \\(Ding2020MMA; Wong2020Fast\\)"):
+        zoo.write(list(SMALL), dataset="cifar10", threat="Linf", model_dir=tmp_path, per_class=None,
+                  out=tmp_path / "zoo")

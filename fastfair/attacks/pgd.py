@@ -56,7 +56,11 @@ def attack_mode(model: nn.Module, bn_mode: str):
 def per_class(value, num_classes: int, device) -> torch.Tensor:
     """A float or per-class vector as a float32 ``(C,)`` tensor on ``device``."""
     t = torch.as_tensor(value, dtype=torch.float32, device=device)
-    return t.expand(num_classes).contiguous() if t.dim() == 0 else t
+    if t.dim() == 0:
+        return t.expand(num_classes).contiguous()
+    if t.shape != (num_classes,):
+        raise UserError(f"a per-class radius or step needs {num_classes} values, one per class; got {list(t.shape)}")
+    return t
 
 
 class StopRule(Protocol):

@@ -56,18 +56,24 @@ AUTHORS_KEYS.register("wrn-34-10", "conv1, block1-3.layer.i (convShortcut), bn1,
 AUTHORS_KEYS.register("wrn-28-10", "as wrn-34-10, 4 blocks per stage")(_wide_resnet(28))
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a model file, unwrapped and without wrapper prefixes; nothing is unpickled."""
-    if not path.is_file():
-        raise UserError(f"no model file at {path}")
+def load_weights_only(path: Path):
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that would need unpickling, or is no torch save,
+    is a UserError (nothing is unpickled)."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UserError(f"{path} is unsafe to load: it holds Python objects other than tensors, which could run "
                         "code; fastfair does not unpickle it. Save the model's state_dict() instead") from None
     except Exception as err:  # torch.load's errors on a file that is not a torch save vary by version and format
         raise UserError(f"{path} is not a file written by torch.save ({type(err).__name__}); pass a saved "
                         "state dict") from None
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a model file, unwrapped and without wrapper prefixes; nothing is unpickled."""
+    if not path.is_file():
+        raise UserError(f"no model file at {path}")
+    obj = load_weights_only(path)
     # a state dict's values are tensors, so a dict under one of these names is always a wrapping
     while isinstance(obj, dict) and (inner := next((obj[k] for k in NESTED if isinstance(obj.get(k), dict)),
                                                    None)) is not None:

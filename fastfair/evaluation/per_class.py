@@ -61,6 +61,16 @@ def check_attack_names(attack_names: list[str]) -> None:
             raise names.unknown_attack(name, autoattack=True)
 
 
+def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_backend") -> str:
+    """The AutoAttack backend to run (``auto`` resolved when AutoAttack is asked for, so a missing package fails
+    before any work); an unknown backend is a UserError naming where it was given (``given_as``)."""
+    if backend not in ("auto", *autoattack.BACKENDS):
+        raise UserError(f"{given_as} must be one of auto, {', '.join(autoattack.BACKENDS)}; got {backend!r}")
+    if autoattack.NAME in names.expand(attack_names) and backend == "auto":
+        return autoattack.default_backend()
+    return backend
+
+
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
              log=None, clip_start: bool = True) -> dict[str, dict]:
@@ -154,8 +164,7 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
-    if autoattack.NAME in names.expand(attacks) and aa_backend == "auto":
-        aa_backend = autoattack.default_backend()  # resolved now, so a missing package fails before any work
+    aa_backend = aa_backend_for(attacks, aa_backend)
     run = RunDir.of_checkpoint(path)
     cap = cfg.data.test_per_class if split == "test" else 0  # first N test images of each class; 0: all
     out = run.eval_file(path, split, cap if cap != own_test_per_class else 0)

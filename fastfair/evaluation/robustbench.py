@@ -15,7 +15,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
-import pickle
 import subprocess
 import sys
 import types
@@ -27,7 +26,7 @@ import torch
 
 from fastfair import build, config
 from fastfair.errors import UserError
-from fastfair.evaluation.foreign import file_sha256
+from fastfair.evaluation.foreign import file_sha256, load_weights_only
 from fastfair.evaluation.per_class import evaluate_loaded
 from fastfair.suggest import hint
 
@@ -108,15 +107,6 @@ def entry(name: str, dataset: str, threat: str) -> dict:
     return found
 
 
-def _read(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0]
-        raise UserError(f"{path} holds more than tensors and fastfair does not unpickle model files ({first}); "
-                        "save its state_dict with torch.save") from None
-
-
 def load(name: str, *, dataset: str = "cifar10", threat: str = THREAT,
          model_dir: str | Path | None = None) -> tuple[torch.nn.Module, dict]:
     """(RobustBench's model ``name`` with its weights, in eval mode on the CPU, inputs in [0, 1]; the record of
@@ -128,7 +118,7 @@ def load(name: str, *, dataset: str = "cifar10", threat: str = THREAT,
                         f"(python -c \"from robustbench.utils import load_model; load_model('{name}', model_dir="
                         f"'{Path(model_dir or DEFAULT_DIR)}', dataset='{dataset}', threat_model='{threat}')\"), or "
                         "pass --model-dir where they are")
-    checkpoint = _read(path)
+    checkpoint = load_weights_only(path)
     if "Kireev2021Effectiveness" in name or name == "Andriushchenko2020Understanding":
         checkpoint = checkpoint["last"]  # RobustBench's loader takes the last of these files' two models
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
@@ -157,7 +147,8 @@ def reported_line(source: dict, results: dict) -> str:
     rep = source.get("reported")
     ours = ", ".join(f"{a} {r['summary']['overall']:.2f}" for a, r in results.items() if a in ("clean", "aa"))
     theirs = f"clean {rep['clean']:.2f}, AutoAttack {rep['autoattack']:.2f}" if rep else "no reported numbers"
-    return f"RobustBench reports {theirs} (full test set); here: {ours or 'no clean or aa run'}"
+    return (f"RobustBench reports {theirs} (share of its full test set correct); here, as a share of these images: "
+            f"{ours or 'no clean or aa run'}")
 
 
 def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str | None, attacks: list[str],

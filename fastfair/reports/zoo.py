@@ -142,6 +142,14 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
           out: Path) -> Path:
     """``zoo.md``, ``zoo.json`` and ``zoo.png`` of the models' per-class results, best worst class first."""
     records = {n: json.loads(result_file(n, dataset, threat, model_dir, per_class).read_text()) for n in names}
+    # one leaderboard, one test set: a result evaluated on other images (an eval run by hand since) is refused
+    by_data: dict[str, list[str]] = {}
+    for name, record in records.items():
+        by_data.setdefault(record["fingerprint"]["data"], []).append(name)
+    if len(by_data) > 1:
+        groups = "; ".join(", ".join(group) for group in by_data.values())
+        raise UserError(f"the models' results are on different test images ({groups}); evaluate them on the same "
+                        f"data: delete {out}/NAME/grid-state.json of the odd ones and run the same zoo command again")
     classes = next(iter(records.values()))["classes"]
     attack = _robust(records)
     rows = []
