@@ -4,8 +4,8 @@ import dataclasses
 
 import torch
 
-from conformance import (REL, STEPS, Check, case, differs, fixed_start, golden, inputs, max_diff, method, one_steps,
-                         rel_diff, weight_grad)
+from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
+                         max_diff, method, one_steps, rel_diff, weight_grad)
 from fastfair.methods.faal import batch_weights, kl_ball_weights, softmax_margin
 
 K = 10
@@ -69,8 +69,8 @@ def finetune(name, prefix):
     return [
         Check(label, "one attack step from each of the code's x_k", ref, worst, 0,
               STEPS, detail),
-        Check(label, "K-step attack from the code's start", ref, float((x_k - its[-1]).abs().gt(1e-6).double().mean()),
-              1e-2, "fraction of elements differing"),
+        Check(label, "K-step attack from the code's start", ref, differing(x_k, its[-1]),
+              K_TOL, FRACTION),
         # softmax probabilities in float32: rounding ~1e-7
         Check(label, "softmax margin (the code's cw) on the code's x_adv", ref,
               max_diff(margin, g.t(f"{prefix}_margin")), 1e-6),

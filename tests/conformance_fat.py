@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from conformance import (REL, SIGN_NOISE, Check, case, fixed_start, golden, inputs, max_diff, method, rel_diff,
-                         step_flips, weight_grad)
+from conformance import (FRACTION, K_TOL, REL, SIGN_NOISE, Check, case, differing, fixed_start, golden, inputs,
+                         max_diff, method, rel_diff, step_flips, weight_grad)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.fat import tau_at
 
@@ -140,7 +140,7 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
         Check(label, "one attack step from each of the code's x_k", ref, worst, 0,
               "elements not explained by float32 sign noise", f"{flips} noise flips in {len(codes)} steps"),
         Check(label, "K-step attack from the code's start", ref,
-              float((x_adv - its[-1]).abs().gt(1e-6).double().mean()), 1e-2, "fraction of elements differing"),
+              differing(x_adv, its[-1]), K_TOL, FRACTION),
     ]
 
 

@@ -5,8 +5,8 @@ from unittest import mock
 
 import torch
 
-from conformance import (REL, Check, case, fixed_start, golden, inputs, max_diff, method, rel_diff, step_flips,
-                         weight_grad)
+from conformance import (FRACTION, K_TOL, REL, Check, case, differing, fixed_start, golden, inputs, max_diff, method,
+                         rel_diff, step_flips, weight_grad)
 from conformance_dafa import W_TOL, loop_check, set_weights
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods import trix
@@ -109,7 +109,7 @@ def attack():
     loss, logits = m.objective(model, x, g.t("x_adv"), y, state)
     return checks + [
         Check("TRIX", "K-step attack (split, the code's targets, 10 steps) from the code's start", ref,
-              float((x_adv - g.t("x_adv")).abs().gt(1e-6).double().mean()), 1e-3, "fraction of elements differing"),
+              differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
         Check("TRIX", "loss on the code's x_adv (non-uniform W)", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
         Check("TRIX", "weight gradient on the code's x_adv", ref,
               rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),

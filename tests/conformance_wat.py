@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from conformance import (REL, STEPS, Check, case, differs, fixed_start, golden, inputs, max_diff, method, one_steps,
-                         rel_diff, weight_grad)
+from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
+                         max_diff, method, one_steps, rel_diff, weight_grad)
 from fastfair.methods.wat import hedge_weights
 
 K = 10
@@ -106,7 +106,7 @@ def train():
         Check("WAT", "one training attack step from each of the code's x_k", ref, worst, 0,
               STEPS, detail),
         Check("WAT", "K-step training attack from the code's start", ref,
-              float((x_k - its[-1]).abs().gt(1e-6).double().mean()), 1e-2, "fraction of elements differing"),
+              differing(x_k, its[-1]), K_TOL, FRACTION),
         # float32 loss of about 10: rounding ~1e-6
         Check("WAT", "class-weighted training loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")),
               1e-5),
