@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fastfair import config as configs
+from fastfair import build, config as configs
 from fastfair.checks import check_config
 from fastfair.errors import Interrupted, UserError
 from fastfair.evaluation import per_class
@@ -81,19 +81,23 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
              eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
-             out: str | Path | None = None, source: dict | None = None, progress: bool = False) -> Result:
+             out: str | Path | None = None, source: dict | None = None, progress: bool = False,
+             substitute: torch.nn.Module | str | Path | None = None) -> Result:
     """Per-class accuracy of ``model`` (images in [0, 1] -> logits) under each attack, as ``fastfair eval``.
 
     ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
-    tpgdK@grid, aa), a list or one comma-separated string. ``eps``/``alpha``: one radius/step or one per class.
+    tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, aa), a list or one comma-separated string.
+    ``eps``/``alpha``: one radius/step or one per class.
     ``data``: (images, labels) tensors or an iterable of batches. ``out``: a JSON path; an earlier file of the
     same weights, data and settings keeps its other attacks, another is moved to ``previous/`` beside it.
-    ``source``: what to record about where the model came from. The model's train/eval mode is restored."""
+    ``source``: what to record about where the model came from. The model's train/eval mode is restored.
+    ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on."""
 
     wanted = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
     if not wanted:
         raise UserError("name at least one attack, e.g. attacks=['clean', 'pgd20']")
     per_class.check_attack_names(wanted)
+    per_class.check_substitute(wanted, substitute is not None, "substitute=")
     aa_backend = per_class.aa_backend_for(wanted, aa_backend)
     if batch_size < 1:
         raise UserError(f"batch_size must be 1 or more; got {batch_size}")
@@ -109,9 +113,17 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
         if int(y.max()) >= c or int(y.min()) < 0:
             raise UserError(f"labels must be in 0..{c - 1} (the model has {c} outputs); got {int(y.min())}.."
                             f"{int(y.max())}")
+        if substitute is not None and not isinstance(substitute, torch.nn.Module):
+            substitute = build.substitute_model(substitute, device, model, x[:1].to(device))[0]
+        elif substitute is not None:
+            sub_c = _outputs(substitute, x, device)
+            if sub_c != c:
+                raise UserError(f"the substitute has {sub_c} outputs and the model {c}; give one trained on the same "
+                                "classes")
         settings = per_class.settings_of(eps=eps if isinstance(eps, (int, float)) else list(eps),
                                          alpha=alpha if isinstance(alpha, (int, float)) else list(alpha),
-                                         cw_kappa=cw_kappa, amp=bf16, seed=seed, clip_start=clip_start)
+                                         cw_kappa=cw_kappa, amp=bf16, seed=seed, clip_start=clip_start,
+                                         substitute=substitute)
         fp = per_class.fingerprint(model, (x, y), settings)
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
@@ -121,7 +133,8 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
                                          state_prefix=out.with_suffix("") if out else None, aa_backend=aa_backend,
-                                         seed=seed, log=prog.print if progress else None, clip_start=clip_start)
+                                         seed=seed, log=prog.print if progress else None, clip_start=clip_start,
+                                         substitute=substitute)
     finally:
         model.train(training)
     record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,

@@ -12,7 +12,7 @@ from fastfair.data import subsets
 from fastfair.config import Config
 from fastfair.errors import UserError
 from fastfair.ops import BACKENDS
-from fastfair.rundir import load_checkpoint
+from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.config import apply, load_saved_text
 
 
@@ -188,3 +188,36 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
     bundle, sp = splits(cfg)
     return ck, cfg, dev, model, bundle, sp[split]
 
+
+
+def checkpoint_path(target: str | Path, checkpoint: str = "auto") -> Path:
+    """RUN_DIR -> RUN_DIR/checkpoints/<checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
+    path = Path(target)
+    if not path.is_dir():
+        return path
+    run = RunDir(path)
+    if checkpoint != "auto":
+        return run.existing_checkpoint(checkpoint)
+    return run.selected_checkpoint(load_saved_text(run.read_config()).train.select)
+
+
+def substitute_model(target: str | Path, dev: torch.device, like: torch.nn.Module, example: torch.Tensor):
+    """The model of a fastfair run or checkpoint (weights only), in eval mode on ``dev``, for transfer attacks on
+    ``like``: a substitute with another number of classes or input shape than ``like`` takes on ``example``
+    (a batch of the target's inputs) is a UserError."""
+    path = checkpoint_path(target)
+    ck = load_checkpoint(path)
+    model = model_from_spec(ck["spec"], dev, False)
+    model.load_state_dict(ck["model"])
+    model.eval()
+    with torch.no_grad():
+        try:
+            theirs = model(example[:1].to(dev)).shape[1:]
+        except RuntimeError as err:
+            raise UserError(f"the substitute {path} does not take the evaluated images {list(example.shape[1:])} "
+                            f"({type(err).__name__}); give a substitute trained on the same data set") from None
+        ours = like(example[:1]).shape[1:]
+    if theirs != ours:
+        raise UserError(f"the substitute {path} has {theirs[0]} outputs and the evaluated model {ours[0]}; give a "
+                        "substitute trained on the same classes")
+    return model, path

@@ -22,7 +22,7 @@ from fastfair.attacks.names import parse_attack
 from fastfair.attacks.pgd import BN_MODES, OBJECTIVES
 from fastfair.data import DATASETS, LOADERS
 from fastfair.errors import UserError
-from fastfair.evaluation.per_class import check_attack_names
+from fastfair.evaluation.per_class import check_attack_names, check_substitute
 from fastfair.methods import METHODS, OPTIONS
 from fastfair.models import HEADS, MODELS, NORMS
 from fastfair.ops import BACKENDS
@@ -106,9 +106,12 @@ def check_config(cfg) -> list[str]:
         if value not in names:
             raise UserError(f"{key}={value!r} is not one of {', '.join(sorted(names))}.{hint(str(value), names)}")
     try:
-        parse_attack(cfg.train.val_attack)
+        val = parse_attack(cfg.train.val_attack)
     except UserError as err:
         raise UserError(f"train.val_attack: {err}") from None
+    if val.transfer or val.per_class:
+        raise UserError(f"train.val_attack={cfg.train.val_attack!r}: validation attacks the model itself on the whole "
+                        "validation split; transfer: and NAME/N are for eval.attacks")
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
         raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
                         f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
@@ -119,6 +122,7 @@ def check_config(cfg) -> list[str]:
         check_attack_names(cfg.eval.attacks)
     except UserError as err:
         raise UserError(f"eval.attacks: {err}") from None
+    check_substitute(cfg.eval.attacks, bool(cfg.eval.substitute), "eval.substitute")
     return check_epochs(cfg)
 
 

@@ -187,20 +187,6 @@ def train(
 
 # ---- eval, diagnose, report ---------------------------------------------------------------------
 
-def _checkpoint_path(target: str, checkpoint: str) -> Path:
-    """RUN_DIR -> RUN_DIR/checkpoints/<checkpoint>.pt (auto: the run's train.select); a .pt path stays."""
-    from fastfair import config as configs
-    from fastfair.rundir import RunDir
-
-    path = Path(target)
-    if not path.is_dir():
-        return path
-    run = RunDir(path)
-    if checkpoint != "auto":
-        return run.existing_checkpoint(checkpoint)
-    return run.selected_checkpoint(configs.load_saved_text(run.read_config()).train.select)
-
-
 def _split(split: str) -> str:
     if split not in ("test", "val"):
         raise UserError(f"--split must be test or val; got {split!r}")
@@ -212,8 +198,15 @@ def _split(split: str) -> str:
 def eval_(
     target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT|MODEL_FILE|rb:NAME")],
     attacks: Annotated[str, typer.Option(help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, "
-                                              "tpgdK@grid (1/T in 2,5,10,50), aa (AutoAttack standard)")]
+                                              "tpgdK@grid (1/T in 2,5,10,50), cwinf[K] (C&W's L-inf optimisation "
+                                              "attack), nattack[K] (NATTACK, query-based), transfer:NAME (NAME made "
+                                              "on --substitute), NAME/N (on the first N images of each class), aa "
+                                              "(AutoAttack standard)")]
     = "clean,pgd20,cw20",
+    substitute: Annotated[Text, typer.Option(
+        metavar="RUN_DIR|CHECKPOINT", help="the model transfer:NAME attacks make their examples on (a fastfair run "
+                                           "or checkpoint of the same data set; default the run's eval.substitute)")]
+    = None,
     split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
     checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
@@ -248,14 +241,17 @@ def eval_(
                                                  "(default ./models, as RobustBench)", rich_help_panel=RB_PANEL)]
     = None,
 ) -> None:
-    from fastfair.evaluation.per_class import aa_backend_for, check_per_class, evaluate_checkpoint
+    from fastfair import build
+    from fastfair.evaluation.per_class import aa_backend_for, check_per_class, check_substitute, evaluate_checkpoint
     from fastfair.reports.summary import lines
 
     names = [a.strip() for a in attacks.split(",") if a.strip()]
     aa_backend_for(names, aa_backend, "--aa-backend")  # an unknown backend, before the model or data load
     check_per_class(per_class, _split(split))
+    if substitute is not None:
+        check_substitute(names, True)
     common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=batch_size,
-                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class)
+                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
     robustbench = {"--threat": threat, "--model-dir": model_dir}
     if target.startswith("rb:"):
@@ -283,7 +279,7 @@ def eval_(
             if given:
                 raise UserError(f"{', '.join(given)}: only for a model file fastfair did not write; add --model ARCH "
                                 "(fastfair models), or leave it out for a run or a fastfair checkpoint")
-            record = evaluate_checkpoint(_checkpoint_path(target, checkpoint), **common)
+            record = evaluate_checkpoint(build.checkpoint_path(target, checkpoint), **common)
     if not quiet:
         print("\n" + "\n".join(lines(record)))
 
@@ -302,10 +298,11 @@ def diagnose(
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
 ) -> None:
+    from fastfair import build
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
     with _ctrl_c_says("interrupted; no diagnostics were written; run the same command again"):
-        diagnose_checkpoint(_checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
+        diagnose_checkpoint(build.checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
                             data_dir=data_dir, device=device, batch_size=batch_size, tsne_points=tsne, quiet=quiet,
                             seed=seed)
 

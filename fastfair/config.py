@@ -129,6 +129,8 @@ class EvalConfig:
     clip_start: bool = True
     split: str = "test"
     seed: int = 0  # seeds every random start of evaluation attacks (PGD, CW, T-PGD, AutoAttack)
+    # the model transfer:NAME attacks make their examples on: a fastfair run folder or checkpoint (--substitute)
+    substitute: str = ""
 
 
 # Which layer set a key (module docstring): a value a default or the preset chose that a shorter --epochs

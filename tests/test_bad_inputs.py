@@ -219,8 +219,9 @@ CASES: dict[str, Case] = {
                       r"APGD-T, FAB-T and Square together", None, "run"),
     "eval-pgd-spelling": Case(["eval", "{run}", "--attacks", "clean,PGD-20", "--quiet"], r"'PGD-20'\. Did you mean "
                               r"pgd20\?", None, "run"),
+    # no aa: never a validation attack
     "val-attack-spelling": bad_set("train.val_attack=PGD_10", r"train.val_attack: unknown attack 'PGD_10'\. Did you "
-                                   r"mean pgd10\? Use clean, .*tpgdK@tT \("),  # no aa: never a validation attack
+                                   r"mean pgd10\? Use clean, .*tpgdK@tT, cwinf.*NAME/N [^,]*\) \("),
     "eval-checkpoint-typo": Case(["eval", "{run}", "--checkpoint", "best_fiar", "--quiet"],
                                  r"run has no checkpoint 'best_fiar'\. Did you mean best_fair.*Its checkpoints: "
                                  r"best_fair, best_pgd, best_worst, last$", None, "run"),

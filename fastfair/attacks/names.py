@@ -1,5 +1,8 @@
 """Attacks a user names on the command line: ``clean``, ``fgsm``, ``pgdK``, ``pgdKxR``, ``cwK``,
-``tpgdK@tT``, and the grid name ``tpgdK@grid``.
+``tpgdK@tT``, the grid name ``tpgdK@grid``, C&W's L-inf optimisation attack ``cwinf`` (``cwinfK``), the
+query-based ``nattack`` (``nattackK``), ``transfer:NAME`` (NAME run on a substitute model, evaluated on the
+target), and ``NAME/N``: NAME on the first N test images of each class (Tian et al. run CW-inf and NATTACK on
+200 images a class: ``cwinf/200``).
 
 ``tpgdK@grid`` is Temperature-PGD-K over Tian et al.'s 1/T grid (KDD 2021, Sec. 5, 'Overall
 results': they search 1/T in {2, 5, 10, 50} and report the best attack, i.e. the temperature
@@ -11,7 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Callable
 
+from fastfair.attacks.cwinf import CWInf
+from fastfair.attacks.nattack import NAttack
 from fastfair.attacks.pgd import PGD
 from fastfair.errors import UserError
 from fastfair.suggest import hint, normal
@@ -23,23 +29,47 @@ ALIASES = {
     **dict.fromkeys(("apgd", "apgd-ce", "apgd-t", "apgd-dlr", "fab", "fab-t", "square"),
                     "aa (AutoAttack: APGD-CE, APGD-T, FAB-T and Square together; none runs alone)"),
     "natural": "clean", "nat": "clean", "none": "clean", "clean-acc": "clean", "standard": "clean",
-    "cw-inf": "cw20 (CW-20: PGD on the margin loss)", "cw-linf": "cw20 (CW-20: PGD on the margin loss)",
+    **dict.fromkeys(("cw-inf", "cw-linf", "cwlinf", "carlini-wagner"),
+                    "cwinf (C&W's L-inf optimisation attack) or cw20 (CW-20: PGD on the margin loss)"),
+    "n-attack": "nattack", "natattack": "nattack",
+    "transfer": "transfer:pgd20 (PGD-20 on the substitute model given by --substitute)",
+    "transfer-based": "transfer:pgd20 (PGD-20 on the substitute model given by --substitute)",
     "mim": "pgd20 (no MI-FGSM; PGD-20 is the papers' white-box attack)",
     "tpgd": "tpgd20@grid (Temperature-PGD over Tian et al.'s 1/T grid) or tpgd20@tT for one T",
 }
-_NAME = re.compile(r"^(?P<kind>pgd|cw|fgsm|tpgd)(?P<steps>\d*)(?:x(?P<restarts>\d+))?(?:@t(?P<t>[\d.]+))?$")
+_NAME = re.compile(r"^(?P<kind>pgd|cwinf|cw|fgsm|tpgd|nattack)(?P<steps>\d*)(?:x(?P<restarts>\d+))?"
+                   r"(?:@t(?P<t>[\d.]+))?$")
+TRANSFER = "transfer:"
+_CAP = re.compile(r"^(?P<name>.+)/(?P<n>\d+)$")
 
 
 @dataclass(frozen=True)
 class EvalAttack:
     """An attack a user names on the command line: ``clean``, ``pgd20``, ``pgd20x5`` (5 restarts),
-    ``cw20``, ``fgsm``, ``tpgd20@t0.1`` (Temperature-PGD, T = 0.1, i.e. 1/T = 10)."""
+    ``cw20``, ``fgsm``, ``tpgd20@t0.1`` (Temperature-PGD, T = 0.1, i.e. 1/T = 10), ``cwinf``, ``nattack``,
+    ``transfer:pgd20``, ``cwinf/200`` (see the module docstring)."""
 
     name: str
-    pgd: PGD | None  # None means clean accuracy
+    pgd: PGD | None  # None (and no search) means clean accuracy
     step_is_eps: bool = False  # FGSM: one step of size eps
+    search: Callable | None = None  # cwinf, nattack: (model, x, y, eps_c) -> a point in the ball
+    transfer: bool = False  # made on the substitute model, evaluated on the target
+    per_class: int = 0  # /N: on the first N images of each class; 0: on every image
 
-    def __call__(self, model, x, y, eps_c, alpha_c):
+    @property
+    def seed_name(self) -> str:
+        """The name its random draws are seeded by: a transfer attack draws the starts of the attack it runs, so
+        ``transfer:pgd20`` with the target as substitute is ``pgd20``, image by image."""
+        return self.name[len(TRANSFER):] if self.transfer else self.name
+
+    def __call__(self, model, x, y, eps_c, alpha_c, substitute=None):
+        if self.transfer:
+            if substitute is None:
+                raise UserError(f"{self.name} makes its examples on a substitute model; give one with --substitute "
+                                "RUN_DIR|CHECKPOINT (eval.substitute)")
+            model = substitute
+        if self.search is not None:
+            return self.search(model, x, y, eps_c)
         if self.pgd is None:
             return x
         return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
@@ -47,16 +77,29 @@ class EvalAttack:
 
 def parses(name: str) -> bool:
     """Whether :func:`parse_attack` takes ``name`` (AutoAttack's ``aa`` aside)."""
-    return name == "clean" or bool(_NAME.match(name))
+    try:
+        parse_attack(name)
+    except UserError:
+        return False
+    return True
+
+
+def is_transfer(name: str) -> bool:
+    return name.startswith(TRANSFER)
+
+
+class UnknownAttack(UserError):
+    """A name no form parses (rather than a form with a wrong part)."""
 
 
 def unknown_attack(name: str, autoattack: bool) -> UserError:
     """The error for a name no form parses: the hint (:data:`ALIASES`, another spelling), then every form;
     ``autoattack``: where AutoAttack (``aa``) is one of them (fastfair eval, eval.attacks)."""
-    spelled = [normal(name)] if parses(normal(name)) else []  # PGD-20, pgd_20: pgd20
-    return UserError(f"unknown attack {name!r}.{hint(name, spelled, ALIASES)} Use clean, fgsm, pgdK, pgdKxR "
-                     f"(R restarts), cwK, tpgdK@tT{', aa (AutoAttack)' if autoattack else ''} (for example pgd20, "
-                     "cw20, pgd50x5, tpgd20@t0.1)")
+    spelled = [normal(name)] if normal(name) != name and parses(normal(name)) else []  # PGD-20, pgd_20: pgd20
+    return UnknownAttack(f"unknown attack {name!r}.{hint(name, spelled, ALIASES)} Use clean, fgsm, pgdK, pgdKxR "
+                     f"(R restarts), cwK, tpgdK@tT, cwinf[K], nattack[K], transfer:NAME, NAME/N (the first N images "
+                     f"of each class){', aa (AutoAttack)' if autoattack else ''} (for example pgd20, cw20, pgd50x5, "
+                     "tpgd20@t0.1, cwinf/200, transfer:pgd20)")
 
 
 def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> EvalAttack:
@@ -65,12 +108,36 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
     ``clip_start`` (``eval.clip_start``): the uniform random start is clipped to [0, 1] before the first
     step (Madry et al.); false takes the first gradient at x + U(-eps, eps) as the TRADES and MART
     code's ``_pgd_whitebox`` does."""
+    capped = _CAP.match(name)
+    if capped:
+        n = int(capped["n"])
+        if capped["name"] == "aa":
+            raise UserError(f"{name}: AutoAttack runs on the whole evaluated set; fastfair eval --per-class {n} caps "
+                            "every attack to the first N images of each class")
+        if n < 1:
+            raise UserError(f"{name}: /N takes the number of images of each class, 1 or more")
+        return replace(parse_attack(capped["name"], cw_kappa, clip_start), name=name, per_class=n)
+    if is_transfer(name):
+        inner = parse_attack(name[len(TRANSFER):], cw_kappa, clip_start)
+        if inner.transfer or inner.per_class or (inner.pgd is None and inner.search is None) \
+                or isinstance(inner.search, NAttack):
+            raise UserError(f"{name}: transfer: takes a white-box attack (fgsm, pgdK, cwK, tpgdK@tT, cwinf), "
+                            "e.g. transfer:pgd20; /N goes last (transfer:pgd20/200)")
+        return replace(inner, name=name, transfer=True)
     if name == "clean":
         return EvalAttack(name, None)
     m = _NAME.match(name)
     if not m:
         raise unknown_attack(name, autoattack=False)
-    kind, steps = m["kind"], int(m["steps"] or (1 if m["kind"] == "fgsm" else 20))
+    kind = m["kind"]
+    if (m["restarts"] and kind in ("fgsm", "cwinf", "nattack")) or (m["t"] and kind != "tpgd"):
+        raise UserError(f"{name}: {'xR restarts' if m['restarts'] else '@tT (a temperature)'} does not apply to "
+                        f"{kind}; restarts go with pgd, cw and tpgd, temperatures with tpgd")
+    if kind == "cwinf":
+        return EvalAttack(name, None, search=CWInf(iterations=int(m["steps"] or CWInf.iterations)))
+    if kind == "nattack":
+        return EvalAttack(name, None, search=NAttack(iterations=int(m["steps"] or NAttack.iterations)))
+    steps = int(m["steps"] or (1 if kind == "fgsm" else 20))
     restarts = int(m["restarts"] or 1)
     if kind == "fgsm":
         return EvalAttack(name, PGD(steps=1, objective="ce", init="none"), step_is_eps=True)

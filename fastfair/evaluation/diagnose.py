@@ -16,6 +16,7 @@ from fastfair import build
 from fastfair.evaluation import measures as dg
 from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
+from fastfair.errors import UserError
 from fastfair.reports import figures
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 
@@ -88,7 +89,11 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
 
     ``seed`` (of the attack's random starts) defaults to the checkpoint's ``eval.seed``."""
     path = Path(path)
-    parse_attack(attack)
+    parsed = parse_attack(attack)
+    if parsed.transfer or parsed.per_class:
+        raise UserError(f"diagnose takes an attack on the checkpoint itself over its whole split; {attack} "
+                        f"{'needs a substitute model' if parsed.transfer else 'keeps N images a class'}: run it with "
+                        "fastfair eval")
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size, channels_last_ok=False)
     loader = build.eval_loader(cfg, data, dev, False)

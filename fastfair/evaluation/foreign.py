@@ -228,7 +228,8 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
 
 def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
                      attacks: list[str], split: str, data_dir: str | None, device: str, batch_size: int | None,
-                     amp: bool, quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None) -> dict:
+                     amp: bool, quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None,
+                     substitute: str | None = None) -> dict:
     """``fastfair eval FILE --model ARCH``: the same per-class attacks, table and JSON as for a fastfair checkpoint;
     the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used."""
     cfg, dev, net, bundle, data, source = load_foreign(
@@ -236,4 +237,5 @@ def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | N
         device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class)
     return evaluate_loaded(path, net, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": None, "source": source},
-                           title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})")
+                           title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})",
+                           substitute=substitute)

@@ -30,23 +30,36 @@ from fastfair.scaleout import distributed
 
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
-              amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0) -> torch.Tensor:
+              amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None) -> torch.Tensor:
     """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``.
 
-    Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.name, i)``."""
+    Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
+    first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
     model.eval()
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
+    seen = torch.zeros(num_classes, dtype=torch.long, device=dev)  # images of each class so far (NAME/N)
     cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     for i, (x, y) in enumerate(loader):
-        with cast, seeds.seeded(seed, attack.name, i, device=dev):
-            x_adv = attack(model, x, y, eps_c, alpha_c)
-            with torch.no_grad():
-                pred = model(x_adv).argmax(1)
-        conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
+        if attack.per_class:
+            x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
+        if len(y):
+            with cast, seeds.seeded(seed, attack.seed_name, i, device=dev):
+                x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
+                with torch.no_grad():
+                    pred = model(x_adv).argmax(1)
+            conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
         if progress is not None:
             progress()
     return conf.view(num_classes, num_classes)
+
+
+def _first_of_each_class(x, y, seen, n: int):
+    """The rows of a batch among the first ``n`` images of their class, given ``seen`` per class before it."""
+    onehot = torch.nn.functional.one_hot(y, len(seen))
+    rank = seen[y] + onehot.cumsum(0).gather(1, y[:, None]).squeeze(1) - 1  # this image's place in its class
+    keep = rank < n
+    return x[keep], y[keep], seen + onehot.sum(0)
 
 
 def progress_units(attack_names: list[str]) -> int:
@@ -57,8 +70,38 @@ def progress_units(attack_names: list[str]) -> int:
 def check_attack_names(attack_names: list[str]) -> None:
     """Raise a UserError for a name that neither parses nor names AutoAttack."""
     for name in names.expand(attack_names):
-        if name != autoattack.NAME and not names.parses(name):
-            raise names.unknown_attack(name, autoattack=True)
+        if name == autoattack.NAME:
+            continue
+        try:
+            parse_attack(name)
+        except names.UnknownAttack:
+            raise names.unknown_attack(name, autoattack=True) from None
+
+
+def wants_substitute(attack_names: list[str]) -> bool:
+    return any(names.is_transfer(n) for n in names.expand(attack_names))
+
+
+def check_substitute(attack_names: list[str], substitute_given: bool, given_as: str = "--substitute") -> None:
+    """A ``transfer:`` attack needs a substitute model, and a substitute without one would do nothing; ``NAME/N``
+    needs one process."""
+    transfer = [n for n in names.expand(attack_names) if names.is_transfer(n)]
+    if transfer and not substitute_given:
+        raise UserError(f"{transfer[0]} makes its examples on a substitute model: give one with {given_as} (a run "
+                        "folder or a checkpoint of the same data set)")
+    if substitute_given and not transfer:
+        raise UserError(f"{given_as} is used only by transfer: attacks (e.g. transfer:pgd20); add one to the attacks "
+                        f"or leave {given_as} out")
+    capped = any(parse_attack(n).per_class for n in names.expand(attack_names) if n != autoattack.NAME)
+    if capped and distributed.current().enabled:
+        raise UserError("NAME/N (the first N images of each class) runs on one process, not under torchrun, whose "
+                        "ranks each see every world-th image")
+
+
+def weights_sha256(model) -> str:
+    """SHA-256 of every tensor of the model's state dict, by name."""
+    state = sorted(model.state_dict().items())
+    return _sha256(b for k, t in state for b in (k.encode(), t.detach().cpu().contiguous().numpy().tobytes()))
 
 
 def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_backend") -> str:
@@ -73,12 +116,13 @@ def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_ba
 
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
-             log=None, clip_start: bool = True) -> dict[str, dict]:
+             log=None, clip_start: bool = True, substitute=None) -> dict[str, dict]:
     """{attack: {per_class, summary, confusion}} with accuracies in percent.
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
-    ``seed`` seeds every random start (recorded in each entry).
+    ``seed`` seeds every random start (recorded in each entry). ``transfer:`` attacks are made on
+    ``substitute``; a ``NAME/N`` entry records the ``images`` it saw.
     """
     dev = next(model.parameters()).device
     c = len(classes)
@@ -92,8 +136,10 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
                 backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
         else:
-            conf = confusion(model, loader, parse_attack(name, cw_kappa, clip_start), eps_c, alpha_c, c, amp_dtype,
-                             progress, seed)
+            attack = parse_attack(name, cw_kappa, clip_start)
+            conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute)
+            if attack.per_class:
+                extra["images"] = int(conf.sum())
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
         out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
@@ -114,9 +160,7 @@ def _sha256(chunks) -> str:
 def fingerprint(model, split: tuple[torch.Tensor, torch.Tensor], settings: dict) -> dict[str, str]:
     """SHA-256 of the weights (every tensor of the state dict), of the split (every image and label, in
     order) and of the settings that change a number (eps, alpha, CW kappa, precision, seed)."""
-    state = sorted(model.state_dict().items())
-    return {"weights": _sha256(b for k, t in state for b in (k.encode(), t.detach().cpu().contiguous().numpy()
-                                                                .tobytes())),
+    return {"weights": weights_sha256(model),
             "data": _sha256(t.cpu().contiguous().numpy().tobytes() for t in split),
             "settings": _sha256([json.dumps(settings, sort_keys=True).encode()])}
 
@@ -136,7 +180,7 @@ def check_per_class(per_class: int | None, split: str) -> None:
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
                         quiet: bool = False, aa_backend: str = "auto", seed: int | None = None,
-                        per_class: int | None = None) -> dict:
+                        per_class: int | None = None, substitute: str | None = None) -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table.
 
     ``seed`` defaults to the checkpoint's ``eval.seed``; ``per_class`` evaluates the first N test images of each
@@ -151,33 +195,41 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"], **EPOCH_NUMBERING},
                            title=f"{path.stem} (epoch {ck['epoch']})",
-                           own_test_per_class=own)
+                           own_test_per_class=own, substitute=substitute)
 
 
 def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
                     quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str,
-                    own_test_per_class: int = 0) -> dict:
+                    own_test_per_class: int = 0, substitute: str | None = None) -> dict:
     """Evaluate a loaded model (from ``path``) per class; writes the JSON beside ``path``'s run and prints a
     table. ``record`` adds what the result must say about where the model came from. A test set capped to
-    other than ``own_test_per_class`` images a class (``--per-class``) gets its own file."""
+    other than ``own_test_per_class`` images a class (``--per-class``) gets its own file. ``transfer:`` attacks
+    run on ``substitute`` (a run folder or checkpoint; default the config's ``eval.substitute``)."""
     seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
     check_attack_names(attacks)
     aa_backend = aa_backend_for(attacks, aa_backend)
+    if not substitute and wants_substitute(attacks):
+        substitute = cfg.eval.substitute or None
+    check_substitute(attacks, bool(substitute))
+    sub_model = None
+    if substitute:
+        sub_model, sub_path = build.substitute_model(substitute, dev, model, next(iter(loader))[0])
+        record = {**record, "substitute": str(sub_path)}
     run = RunDir.of_checkpoint(path)
     cap = cfg.data.test_per_class if split == "test" else 0  # first N test images of each class; 0: all
     out = run.eval_file(path, split, cap if cap != own_test_per_class else 0)
     out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
     settings = settings_of(eps=cfg.eval.eps, alpha=cfg.eval.alpha, cw_kappa=cfg.eval.cw_kappa, amp=amp, seed=seed,
-                           clip_start=cfg.eval.clip_start, test_per_class=cap)
+                           clip_start=cfg.eval.clip_start, test_per_class=cap, substitute=sub_model)
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
-                           clip_start=cfg.eval.clip_start)
+                           clip_start=cfg.eval.clip_start, substitute=sub_model)
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
               "images": len(data[1]), "subset": note, **settings, "fingerprint": fp}
@@ -195,12 +247,14 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
 
 
 def settings_of(*, eps, alpha, cw_kappa: float, amp: bool, seed: int, clip_start: bool = True,
-                test_per_class: int = 0) -> dict:
-    """The settings that change a number, as recorded in a result and hashed into its fingerprint."""
+                test_per_class: int = 0, substitute=None) -> dict:
+    """The settings that change a number, as recorded in a result and hashed into its fingerprint; a
+    ``substitute`` model (of transfer attacks) by the SHA-256 of its weights."""
     return {"eps": eps, "alpha": alpha, "cw_kappa": cw_kappa, "precision": "bf16" if amp else "fp32", "seed": seed,
             # named only when off or set, so results of the default keep their fingerprint
             **({} if clip_start else {"clip_start": False}),
-            **({"test_per_class": test_per_class} if test_per_class else {})}
+            **({"test_per_class": test_per_class} if test_per_class else {}),
+            **({"substitute_weights": weights_sha256(substitute)} if substitute is not None else {})}
 
 
 def write_record(record: dict, results: dict, out: Path, previous) -> Path | None:

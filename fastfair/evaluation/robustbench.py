@@ -153,7 +153,8 @@ def reported_line(source: dict, results: dict) -> str:
 
 def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str | None, attacks: list[str],
                          split: str, data_dir: str | None, device: str, batch_size: int | None, amp: bool,
-                         quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None) -> dict:
+                         quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None,
+                         substitute: str | None = None) -> dict:
     """``fastfair eval rb:NAME``: the per-class attacks, table and JSON of any model file, the JSON beside the
     weights (``MODEL_DIR/<dataset>/<threat>/eval/``), its ``source`` naming the model and RobustBench's numbers."""
     check_threat(dataset, threat)
@@ -176,7 +177,7 @@ def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str
     record = evaluate_loaded(model_file(name, dataset, threat, model_dir), net, cfg, dev, bundle, splits[split],
                              attacks=attacks, split=split, amp=amp, quiet=quiet, aa_backend=aa_backend, seed=seed,
                              record={"epoch": None, "source": source},
-                             title=f"{name} (RobustBench, {dataset} {threat})")
+                             title=f"{name} (RobustBench, {dataset} {threat})", substitute=substitute)
     if not quiet:
         print(reported_line(source, record["results"]))
     return record
