@@ -205,3 +205,27 @@ def test_on_real_cifar10_each_attack_fools_a_standard_model_on_its_own_images():
     for name in ("cwinf30/3", "nattack20/3"):
         assert result.record["results"][name]["images"] == 30
         assert result.avg(name) < clean / 2
+
+
+def test_fgsmrs_is_one_eps_step_from_a_uniform_start_inside_the_ball():
+    model, y = Boundary(), torch.zeros(64, dtype=torch.long)
+    x = torch.full((64, 1, 2, 2), 0.5)
+    torch.manual_seed(0)
+    x_adv = parse_attack("fgsmrs")(model, x, y, torch.full((2,), 0.04), torch.full((2,), 0.01))
+    step = x_adv - x
+    assert step.abs().max() <= 0.04 + 1e-6
+    # the step moves every pixel against sign(w) from a point drawn in the ball: the ends are spread, not +-eps
+    w = torch.tensor([1.0, -1.0, 1.0, -1.0]).view(1, 1, 2, 2)
+    assert bool(((step * w) <= 1e-6).all()) and step.abs().min() < 0.03
+    plain = parse_attack("fgsm")(model, x, y, torch.full((2,), 0.04), torch.full((2,), 0.01))
+    assert torch.allclose((plain - x).abs(), torch.full_like(x, 0.04))
+
+
+def test_wrn_32_10_is_madry_et_als_network_that_trades_calls_wrn_34_10():
+    from fastfair import models
+
+    kw = dict(num_classes=10, in_channels=3, mean=[0.5] * 3, std=[0.25] * 3)
+    a, b = models.build("wrn-32-10", **kw), models.build("wrn-34-10", **kw)
+    assert [p.shape for p in a.parameters()] == [p.shape for p in b.parameters()]
+    convs = [m for m in a.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)]
+    assert len(convs) + 1 == 32  # 3x3 convolutions on the main path and the linear head

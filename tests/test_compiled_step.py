@@ -252,7 +252,8 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
     small = ["data.dataset=digits", "data.data_dir=", "data.classes=[]", "data.val_per_class=5", "data.batch_size=32",
              "model.name=tiny-cnn", "model.width=0", "attack.steps=2", "train.compile=off", "train.kernels=torch",
              "train.progress=false", "train.device=cpu", "train.epochs=100",  # the demo's 15 < DAFA's warm-up
-             "train.select_begin=0"]  # CFA code presets select from epoch 100 of their 200
+             "train.select_begin=0",  # CFA code presets select from epoch 100 of their 200
+             "eval.attacks=['clean']"]  # no step evaluates; a transfer attack would need the substitute's run
     preset, _, method = kind.partition(":")
     cfg = config.resolve(preset, {"method.name": method} if method else {}, small)
     if cfg.train.init_from or cfg.method.name.startswith("frl"):  # FRL fine-tunes a model: any of its shape will do

@@ -1,6 +1,7 @@
 """``fastfair reproduce``: the presets' paper numbers, verdicts, --list, the missing-data error, and one
 table end to end at the subset scale on the real CIFAR-10 subset (structure only, never the numbers)."""
 import dataclasses
+import json
 from pathlib import Path
 import re
 import struct
@@ -34,7 +35,10 @@ def test_every_preset_names_its_source_and_numbers_that_parse(preset):
         assert all(0 <= v <= 100 for v in values if v is not None)
         if number.per_class:
             assert len(number.per_class) == 10 and number.worst == min(number.per_class)
-            assert number.avg == pytest.approx(sum(number.per_class) / 10, abs=0.05)
+            # papers round a total and its classes apart: Tian et al. KDD Table 1 prints totals up to 0.09 from their
+            # classes' mean (Madry PGD 52.1 for 52.19, which ICLR Table 2 prints as 52.2); a class typo of a point
+            # moves the mean by 0.1
+            assert number.avg == pytest.approx(sum(number.per_class) / 10, abs=0.095)
 
 
 def test_paper_numbers_stay_out_of_the_run_config():
@@ -42,9 +46,10 @@ def test_paper_numbers_stay_out_of_the_run_config():
     assert "paper" not in config.resolve("cfa-t1-at").to_dict()
 
 
-def test_every_table_row_reports_numbers():
+def test_every_table_row_reports_numbers_or_is_another_rows_run():
     for table in tables.tables().values():
-        assert all(row.numbers for row in table.rows), table.key
+        needed = {name for row in table.rows for name in row.depends_on}
+        assert all(row.numbers or row.preset in needed for row in table.rows), table.key
 
 
 def test_a_broken_paper_section_is_one_user_error(tmp_path):
@@ -97,11 +102,62 @@ def test_verdicts_per_class_and_when_not_comparable():
 def test_list_shows_every_table_its_runs_and_cost(capsys):
     assert cli.main(["reproduce", "--list", "--seeds", "3"]) == 0
     out = capsys.readouterr().out
-    for key in ("me-t2", "me-t3", "me-t4", "cfa-t1", "cfa-t2", "cfa-t3", "tian-iclr-t5"):
+    for key in ("me-t2", "me-t3", "me-t4", "cfa-t1", "cfa-t2", "cfa-t3", "tian-iclr-t2", "tian-iclr-t3", "tian-iclr-t4",
+                "tian-iclr-t5", "tian-kdd-t1", "tian-kdd-t3"):
         assert re.search(rf"^{key}: .*rows x 3 seed\(s\) = \d+ runs", out, re.M), key
     assert "me-table2-me-trades-l27" in out and "8 rows x 3 seed(s) = 24 runs" in out
     assert "cfa-t1: Wei et al. 2023 (CVPR), Table 1" in out  # CVPR 2023, as the README cites it (not NeurIPS)
     assert out.count("no GPU figure yet") == len(tables.tables())  # bench/results holds CPU figures only
+    assert "tian-iclr-t2-madry               Madry [fgsmrs avg/worst/per class, pgd20 avg/worst/per class," in out
+    assert "tian-iclr-t2-standard            standard WRN-32-10 (transfer substitute) [no numbers of its own: the " \
+           "transfer substitute of the other rows" in out
+    assert out.count("not run yet: RST (Carmon et al. 2019)") == 3  # ICLR Tables 2, 3 and 4
+
+
+def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
+    table = tables.get("tian-iclr-t2")
+    assert table.ordered()[0].preset == "tian-iclr-t2-standard"
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    planned = {p.name: p for p in runs.plan(table, 2, "subset", str(npz), tmp_path / "out", {})}
+    trades = planned["tian-iclr-t2-trades-s1"]
+    assert trades.sets["eval.substitute"] == str(tmp_path / "out" / "runs" / "tian-iclr-t2-standard-s1")
+    assert "eval.substitute" not in planned["tian-iclr-t2-standard-s1"].sets
+    # the subset scale runs the costly attacks shorter, on fewer images, and says which ran for which
+    assert trades.runs_for["cwinf/200"] == "cwinf20/5" and trades.runs_for["nattack/200"] == "nattack10/5"
+    assert trades.runs_for["transfer:pgd20"] == "transfer:pgd20" and "cwinf/200" not in trades.attacks
+    full = runs.SCALES.get("full").attack
+    assert full("cwinf/200") == "cwinf/200" and runs.SCALES.get("subset").attack("transfer:cwinf/200") == \
+        "transfer:cwinf20/5"
+
+
+def test_a_substitute_outside_its_table_is_refused(monkeypatch):
+    real = paper.load
+
+    def load(name):
+        row = real(name)
+        return dataclasses.replace(row, substitute="cfa-t1-at") if name == "tian-kdd-t1-he" else row
+
+    monkeypatch.setattr(tables, "load", load)
+    with pytest.raises(UserError, match=r"tian-kdd-t1-he: \[paper\] substitute = 'cfa-t1-at' is not a row"):
+        tables.tables()
+
+
+def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
+    real_data()
+    out = tmp_path / "t2"
+    assert reproduce("tian-iclr-t2", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu",
+                     per_gpu=2, sets=["train.epochs=1", "model.width=4"], echo=lambda line: None) == 0
+    md = (out / "reproduce.md").read_text()
+    for attack in ("fgsmrs", "pgd20", "cwinf/200", "transfer:pgd20", "nattack/200", "tpgd20@t0.142857"):
+        rows = [line for line in md.splitlines() if f"| `tian-iclr-t2-mart` | {attack} |" in line]
+        assert len(rows) == 12 and all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows), attack
+    assert "| MART | `tian-iclr-t2-mart` | nattack/200 | cat | 49.00 |" in md
+    assert "transfer attacks made on tian-iclr-t2-standard (same seed)" in md and "Not run by fastfair yet: RST" in md
+    record = json.loads(next((out / "runs" / "tian-iclr-t2-mart-s0" / "eval").glob("*-test.json")).read_text())
+    assert record["substitute"].startswith(str(out / "runs" / "tian-iclr-t2-standard-s0"))
+    assert record["results"]["cwinf20/5"]["images"] == 50 and _png_ok(out / "reproduce.png")
 
 
 def test_full_scale_without_cifar10_stops_at_once_naming_data_dir(tmp_path, capsys):

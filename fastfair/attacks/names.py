@@ -1,8 +1,8 @@
 """Attacks a user names on the command line: ``clean``, ``fgsm``, ``pgdK``, ``pgdKxR``, ``cwK``,
-``tpgdK@tT``, the grid name ``tpgdK@grid``, C&W's L-inf optimisation attack ``cwinf`` (``cwinfK``), the
-query-based ``nattack`` (``nattackK``), ``transfer:NAME`` (NAME run on a substitute model, evaluated on the
-target), and ``NAME/N``: NAME on the first N test images of each class (Tian et al. run CW-inf and NATTACK on
-200 images a class: ``cwinf/200``).
+``tpgdK@tT``, the grid name ``tpgdK@grid``, ``fgsmrs`` (FGSM from a uniform random start), C&W's L-inf
+optimisation attack ``cwinf`` (``cwinfK``), the query-based ``nattack`` (``nattackK``), ``transfer:NAME``
+(NAME run on a substitute model, evaluated on the target), and ``NAME/N``: NAME on the first N test images
+of each class (Tian et al. run CW-inf and NATTACK on 200 images a class: ``cwinf/200``).
 
 ``tpgdK@grid`` is Temperature-PGD-K over Tian et al.'s 1/T grid (KDD 2021, Sec. 5, 'Overall
 results': they search 1/T in {2, 5, 10, 50} and report the best attack, i.e. the temperature
@@ -37,7 +37,7 @@ ALIASES = {
     "mim": "pgd20 (no MI-FGSM; PGD-20 is the papers' white-box attack)",
     "tpgd": "tpgd20@grid (Temperature-PGD over Tian et al.'s 1/T grid) or tpgd20@tT for one T",
 }
-_NAME = re.compile(r"^(?P<kind>pgd|cwinf|cw|fgsm|tpgd|nattack)(?P<steps>\d*)(?:x(?P<restarts>\d+))?"
+_NAME = re.compile(r"^(?P<kind>pgd|cwinf|cw|fgsmrs|fgsm|tpgd|nattack)(?P<steps>\d*)(?:x(?P<restarts>\d+))?"
                    r"(?:@t(?P<t>[\d.]+))?$")
 TRANSFER = "transfer:"
 _CAP = re.compile(r"^(?P<name>.+)/(?P<n>\d+)$")
@@ -97,9 +97,9 @@ def unknown_attack(name: str, autoattack: bool) -> UserError:
     ``autoattack``: where AutoAttack (``aa``) is one of them (fastfair eval, eval.attacks)."""
     spelled = [normal(name)] if normal(name) != name and parses(normal(name)) else []  # PGD-20, pgd_20: pgd20
     return UnknownAttack(f"unknown attack {name!r}.{hint(name, spelled, ALIASES)} Use clean, fgsm, pgdK, pgdKxR "
-                     f"(R restarts), cwK, tpgdK@tT, cwinf[K], nattack[K], transfer:NAME, NAME/N (the first N images "
-                     f"of each class){', aa (AutoAttack)' if autoattack else ''} (for example pgd20, cw20, pgd50x5, "
-                     "tpgd20@t0.1, cwinf/200, transfer:pgd20)")
+                     f"(R restarts), cwK, tpgdK@tT, fgsmrs, cwinf[K], nattack[K], transfer:NAME, NAME/N (the first N "
+                     f"images of each class){', aa (AutoAttack)' if autoattack else ''} (for example pgd20, cw20, "
+                     "pgd50x5, tpgd20@t0.1, cwinf/200, transfer:pgd20)")
 
 
 def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> EvalAttack:
@@ -121,7 +121,7 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
         inner = parse_attack(name[len(TRANSFER):], cw_kappa, clip_start)
         if inner.transfer or inner.per_class or (inner.pgd is None and inner.search is None) \
                 or isinstance(inner.search, NAttack):
-            raise UserError(f"{name}: transfer: takes a white-box attack (fgsm, pgdK, cwK, tpgdK@tT, cwinf), "
+            raise UserError(f"{name}: transfer: takes a white-box attack (fgsm, fgsmrs, pgdK, cwK, tpgdK@tT, cwinf), "
                             "e.g. transfer:pgd20; /N goes last (transfer:pgd20/200)")
         return replace(inner, name=name, transfer=True)
     if name == "clean":
@@ -130,9 +130,11 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
     if not m:
         raise unknown_attack(name, autoattack=False)
     kind = m["kind"]
-    if (m["restarts"] and kind in ("fgsm", "cwinf", "nattack")) or (m["t"] and kind != "tpgd"):
-        raise UserError(f"{name}: {'xR restarts' if m['restarts'] else '@tT (a temperature)'} does not apply to "
-                        f"{kind}; restarts go with pgd, cw and tpgd, temperatures with tpgd")
+    if (m["restarts"] and kind in ("fgsm", "fgsmrs", "cwinf", "nattack")) or (m["t"] and kind != "tpgd") \
+            or (m["steps"] and kind in ("fgsm", "fgsmrs")):
+        what = "xR restarts" if m["restarts"] else "@tT (a temperature)" if m["t"] else "a step count"
+        raise UserError(f"{name}: {what} does not apply to {kind}; restarts go with pgd, cw and tpgd, temperatures "
+                        "with tpgd, and FGSM takes one step")
     if kind == "cwinf":
         return EvalAttack(name, None, search=CWInf(iterations=int(m["steps"] or CWInf.iterations)))
     if kind == "nattack":
@@ -141,6 +143,9 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
     restarts = int(m["restarts"] or 1)
     if kind == "fgsm":
         return EvalAttack(name, PGD(steps=1, objective="ce", init="none"), step_is_eps=True)
+    if kind == "fgsmrs":  # FGSM from a uniform random start in the ball (Tian et al. App. E: "random start")
+        return EvalAttack(name, PGD(steps=1, objective="ce", init="uniform" if clip_start else "uniform_unclipped",
+                                    bn_mode="eval"), step_is_eps=True)
     base = PGD(steps=steps, restarts=restarts, objective="ce", init="uniform" if clip_start else "uniform_unclipped",
                bn_mode="eval")
     if kind == "cw":

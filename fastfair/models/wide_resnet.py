@@ -26,3 +26,11 @@ def wrn28_10(in_channels, norm, width):
 @MODELS.register("wrn-34-10", "WideResNet-34-10 (Zagoruyko & Komodakis 2016); TRADES/MART/FAT model")
 def wrn34_10(in_channels, norm, width):
     return wide_resnet(34, 10, in_channels, norm, width)
+
+
+@MODELS.register("wrn-32-10", "WideResNet-32-10 as Tian et al. and Madry et al. name it: wrn-34-10's network")
+def wrn32_10(in_channels, norm, width):
+    """Madry et al.'s CIFAR-10 WideResNet (5 blocks a stage, width 10), named by its weighted layers on the main
+    path: 1 + 3 x 5 x 2 convolutions and the linear head = 32. Counted as 6n + 4 (Zagoruyko & Komodakis) with
+    n = 5 it is WRN-34-10, the same network TRADES and MART name so; depth 32 fits no 6n + 4."""
+    return wide_resnet(34, 10, in_channels, norm, width)

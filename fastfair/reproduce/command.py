@@ -34,10 +34,22 @@ def listing(seeds: int, echo=print) -> None:
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
         for row in table.rows:
-            numbers = ", ".join(f"{a} {'/'.join(s for s in STATS if getattr(n, s) is not None) or 'per class'}"
-                                for a, n in row.numbers.items())
-            echo(f"  {row.preset:<32} {row.row} [{numbers}; follows {row.follows}]")
+            echo(f"  {row.preset:<32} {row.row} [{_what_it_reports(row, table)}; follows {row.follows}]")
+        for pending in table.pending:
+            echo(f"  not run yet: {pending}")
         echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
+
+
+def _what_it_reports(row, table: tables.Table) -> str:
+    """The statistics the paper gives per attack, or which rows' runs this row is for."""
+    def stats(n) -> str:
+        return "/".join([s for s in STATS if getattr(n, s) is not None] + (["per class"] if n.per_class else []))
+
+    if row.numbers:
+        return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items())
+    roles = {"transfer substitute" if r.substitute == row.preset else "fine-tuning base"
+             for r in table.rows if row.preset in r.depends_on}
+    return f"no numbers of its own: the {' and '.join(sorted(roles))} of the other rows"
 
 
 def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
@@ -92,7 +104,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them to end "
                             "(or stop them), then run the same command again")
         # A row that fine-tunes another row's model (FRL) starts once that row's runs have ended.
-        for wave in (lambda p: not p.row.init_from, lambda p: bool(p.row.init_from)):
+        for wave in (lambda p: not p.row.depends_on, lambda p: bool(p.row.depends_on)):
             todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]
             if todo:
                 LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
@@ -101,8 +113,9 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         classes = next((recs[0]["classes"] for recs in records.values()), None)
         if classes:  # at least one run finished: the table with what there is
             comparable = scale_spec.comparable and not user_sets
+            runs_for = {p.row.preset: p.runs_for for p in planned}
             comparisons = [c for row in tab.ordered() for c in compare_row(row, records.get(row.preset, []),
-                                                                             comparable, classes)]
+                                                                             comparable, classes, runs_for[row.preset])]
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
                          runs=run_lines, user_sets=list(sets or []), notes=_notes(tab, scale, user_sets))
             echo(f"written: {path} and {root / 'reproduce.png'}")
@@ -138,8 +151,10 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
         follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"paper's checkpoint: {row.selection}; fastfair: train.select = {preset.train.select} on the "
-                     f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}. "
+                     f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
+                     f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")
+    notes += [f"Not run by fastfair yet: {p}" for p in tab.pending]
     if scale != "full":
         notes.append(f"Scale {scale}: {runs.SCALES.doc(scale)}.")
     if user_sets:

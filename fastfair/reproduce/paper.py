@@ -12,6 +12,8 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     selection = "highest sum of average and worst-class robustness"
     also_in = ["2"]                  # optional: other tables printing this row with the same numbers
     init_from = "cfa-t1-trades-paper"  # optional: fine-tunes that preset's run (FRL)
+    substitute = "tian-iclr-t2-standard"  # optional: that preset's run is the transfer: attacks' substitute
+    pending = ["RST: ..."]           # optional: rows of the table fastfair does not run yet, and why
     baseline = "cfa-t1-trades-paper"   # optional: the row rho is measured against (DAFA and WAT report it)
     clean = {avg = 80.8, worst = 64.6}
     aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
@@ -80,6 +82,13 @@ class PaperRow:
     also_in: tuple[str, ...] = ()
     init_from: str = ""
     baseline: str = ""
+    substitute: str = ""
+    pending: tuple[str, ...] = ()
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        """The rows whose runs this row's runs need (fine-tuned from, or attacked through)."""
+        return tuple(n for n in (self.init_from, self.substitute) if n)
 
     @property
     def where(self) -> str:
@@ -111,7 +120,8 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
                   per_class=per_class, classes=classes)
 
 
-FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline"}
+FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
+          "substitute", "pending"}
 
 
 def load(preset: str) -> PaperRow | None:
@@ -136,4 +146,5 @@ def load(preset: str) -> PaperRow | None:
                     selection=text["selection"],
                     numbers={a: _number(preset, a, s) for a, s in numbers.items()},
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
-                    baseline=text.get("baseline", ""))
+                    baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
+                    pending=tuple(str(t) for t in text.get("pending", [])))

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastfair import config, data
-from fastfair.attacks import autoattack
+from fastfair.attacks import autoattack, names
 from fastfair.checks import epoch_keys, last_acting
 from fastfair.errors import UserError
 from fastfair.registry import Registry
@@ -42,6 +42,8 @@ class Scale:
     data: Callable[[str, Path], dict[str, Any]]
     # (the row's resolved config as flat keys, the user's --set keys) -> the keys this scale changes
     changes: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+    # a paper's attack name -> the attack this scale runs for it (the subset scale shortens the costly ones)
+    attack: Callable[[str], str] = lambda name: name
 
 
 SCALES: Registry[Scale] = Registry("scale")
@@ -108,12 +110,28 @@ def _subset_changes(flat: dict[str, Any], user: dict[str, Any]) -> dict[str, Any
     return out
 
 
+SUBSET_SEARCH = {"cwinf": 20, "nattack": 10}  # iterations of the optimisation and query attacks at subset scale
+SUBSET_ATTACK_PER_CLASS = 5  # images a class of a NAME/N attack at subset scale
+
+
+def _subset_attack(name: str) -> str:
+    """The cheaper attack the subset scale runs for a paper's ``name``: C&W L-inf and NATTACK with
+    :data:`SUBSET_SEARCH` iterations, ``NAME/N`` on at most :data:`SUBSET_ATTACK_PER_CLASS` images a class."""
+    prefix = names.TRANSFER if names.is_transfer(name) else ""
+    base, _, cap = name[len(prefix):].partition("/")
+    base = next((f"{kind}{n}" for kind, n in SUBSET_SEARCH.items() if base == kind), base)
+    cap = f"/{min(int(cap), SUBSET_ATTACK_PER_CLASS)}" if cap else ""
+    return f"{prefix}{base}{cap}"
+
+
 SCALES.register("full", "the presets as they are, on the full CIFAR-10 (--data-dir FOLDER): the paper's table")(
     Scale(True, _full_data, lambda flat, user: {}))
 SCALES.register("subset", f"the first {SUBSET_TRAIN_PER_CLASS} train / {SUBSET_TEST_PER_CLASS} test images per class "
                           f"of --data-dir FILE.npz ({SUBSET_VAL_PER_CLASS} per class for validation), tiny-cnn width "
-                          f"16, {SUBSET_EPOCHS} epochs with the schedule's epoch counts scaled: for CI and a quick "
-                          "look, not comparable to the paper")(Scale(False, _subset_data, _subset_changes))
+                          f"16, {SUBSET_EPOCHS} epochs with the schedule's epoch counts scaled, C&W L-inf and "
+                          f"NATTACK at {SUBSET_SEARCH['cwinf']} and {SUBSET_SEARCH['nattack']} iterations on at most "
+                          f"{SUBSET_ATTACK_PER_CLASS} images a class: for CI and a quick look, not comparable to the "
+                          "paper")(Scale(False, _subset_data, _subset_changes, _subset_attack))
 
 
 @dataclass(frozen=True)
@@ -122,8 +140,9 @@ class PlannedRun:
     seed: int
     name: str  # folder name under OUT/runs
     sets: dict[str, Any]  # every override of the preset, as --set takes them
-    attacks: tuple[str, ...]
+    attacks: tuple[str, ...]  # the attacks the run evaluates
     averaged: bool  # the paper's number is the EMA/FAWA model's
+    runs_for: dict[str, str]  # a paper's attack name -> the attack run for it (the scale's)
 
     def run_dir(self, out: Path) -> Path:
         return out / "runs" / self.name
@@ -143,7 +162,8 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
     runs = []
     for row in table.ordered():
         flat = config.flatten(config.resolve(row.preset).to_dict())
-        attacks = paper_attacks(row)
+        runs_for = {a: spec.attack(a) for a in paper_attacks(row)}
+        attacks = tuple(dict.fromkeys(runs_for.values()))
         for seed in range(seeds):
             name = f"{row.preset}-s{seed}"
             sets = {**data, **spec.changes(flat, user_sets), "train.seed": seed, "eval.attacks": list(attacks)}
@@ -151,8 +171,10 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
                 base = config.resolve(row.init_from)
                 sets["train.init_from"] = str(RunDir(out / "runs" / f"{row.init_from}-s{seed}")
                                               .selected_checkpoint(base.train.select).resolve())
+            if row.substitute:  # transfer attacks are made on the same seed's run of the row it names
+                sets["eval.substitute"] = str((out / "runs" / f"{row.substitute}-s{seed}").resolve())
             sets.update(user_sets)
-            runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none"))
+            runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none", runs_for))
     return runs
 
 

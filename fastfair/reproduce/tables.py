@@ -27,9 +27,14 @@ class Table:
         return f"{PAPERS[self.source].cite}, Table {self.number}"
 
     def ordered(self) -> list[PaperRow]:
-        """The rows in run order: a row another row starts from (``init_from``) comes first."""
-        first = [r for r in self.rows if not r.init_from]
-        return first + [r for r in self.rows if r.init_from]
+        """The rows in run order: a row another row needs (``init_from``, ``substitute``) comes first."""
+        first = [r for r in self.rows if not r.depends_on]
+        return first + [r for r in self.rows if r.depends_on]
+
+    @property
+    def pending(self) -> list[str]:
+        """The rows of the paper's table fastfair does not run yet, each with why (its rows' ``pending``)."""
+        return list(dict.fromkeys(p for r in self.rows for p in r.pending))
 
 
 def _natural(name: str) -> list:
@@ -53,7 +58,8 @@ def tables() -> dict[str, Table]:
         names = {r.preset for r in group}
         for r in group:
             # a row another table reprints (also_in) keeps its baseline in its own table; rho skips it elsewhere
-            own = [("init_from", r.init_from)] + ([("baseline", r.baseline)] if number == r.table else [])
+            own = [("init_from", r.init_from), ("substitute", r.substitute)] + \
+                ([("baseline", r.baseline)] if number == r.table else [])
             for field, name in own:
                 if name and name not in names:
                     raise UserError(f"preset {r.preset}: [paper] {field} = {name!r} is not a row of its table")

@@ -72,13 +72,16 @@ def _stats(number: Number, classes: list[str]) -> list[tuple[str, float, int | N
     return out
 
 
-def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: list[str]) -> list[Comparison]:
-    """Every number of ``row`` beside ours from ``records`` (one evaluation record per finished seed)."""
+def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: list[str],
+                runs_for: dict[str, str] | None = None) -> list[Comparison]:
+    """Every number of ``row`` beside ours from ``records`` (one evaluation record per finished seed); ``runs_for``
+    names the attack run for each of the paper's (the scale's; itself by default)."""
     out = []
     for attack, number in row.numbers.items():
+        ran = (runs_for or {}).get(attack, attack)
         for label, paper, k, kind in _stats(number, classes):
             std = number.std.get(kind) if kind in ("avg", "worst") else None
-            ours = [_ours(rec, attack, label, k) for rec in records if attack in rec["results"]]
+            ours = [_ours(rec, ran, label, k) for rec in records if ran in rec["results"]]
             out.append(Comparison(row.preset, row.row, attack, label, paper, ours,
                                   std if std is not None else DEFAULT_TOLERANCE[kind],
                                   "paper std" if std is not None else "default", comparable))

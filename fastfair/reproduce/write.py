@@ -53,7 +53,10 @@ def _rho(value: float | None) -> str:
 
 
 def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
-    """One line per number: the paper's value (hollow), ours (filled, seed std as a bar), the tolerance band."""
+    """One line per number: the paper's value (hollow), ours (filled, seed std as a bar), the tolerance band; a
+    table of per-class numbers gets one panel per row and attack instead (:func:`per_class_figure`)."""
+    if any(c.stat not in ("avg", "worst") for c in comparisons):
+        return per_class_figure(table, comparisons, path, scale)
     n = len(comparisons)
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * n))
     for i, c in enumerate(comparisons):
@@ -85,6 +88,54 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
     ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
     fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
+    """A grid of panels, a column per table row and a line per attack: in each, the average then every class on the
+    x axis, the paper's numbers (hollow, joined, with the tolerance as a grey bar) and ours (coloured by verdict)."""
+    rows = list(dict.fromkeys((c.preset, c.row) for c in comparisons))
+    attacks = list(dict.fromkeys(c.attack for c in comparisons))
+    stats = list(dict.fromkeys(c.stat for c in comparisons if c.stat != "worst"))
+    where = {s: i for i, s in enumerate(stats)}
+    fig, axes = plt.subplots(len(attacks), len(rows), figsize=(2.9 * len(rows) + 0.6, 1.55 * len(attacks) + 0.9),
+                             sharex=True, sharey=True, squeeze=False)
+    for (preset, row), column in zip(rows, axes.T):
+        for attack, ax in zip(attacks, column):
+            mine = [c for c in comparisons if c.preset == preset and c.attack == attack and c.stat in where]
+            ax.grid(axis="y", alpha=0.3)
+            if not mine:
+                ax.text(0.5, 0.5, "not in the paper", ha="center", va="center", fontsize=7, color="0.5",
+                        transform=ax.transAxes)
+                continue
+            xs = [where[c.stat] for c in mine]
+            ax.errorbar(xs, [c.paper for c in mine], yerr=[c.tolerance for c in mine], fmt="none", ecolor="0.8",
+                        elinewidth=4, zorder=1)
+            ax.plot(xs, [c.paper for c in mine], "-o", color="black", mfc="white", lw=0.6, ms=4, zorder=3)
+            for x, c in zip(xs, mine):
+                if c.mean is not None:
+                    colour, marker = STYLE[c.verdict]
+                    ax.errorbar(x, c.mean, yerr=c.std or 0, fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
+            ax.set_title(f"{row} · {attack}", fontsize=7, pad=2)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy (%)", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xticks(range(len(stats)))
+        ax.set_xticklabels(stats, rotation=70, fontsize=6)
+    for ax in axes.flat:
+        ax.tick_params(axis="y", labelsize=6)
+    handles = [plt.Line2D([], [], marker="o", color="black", mfc="white", lw=0.6, label="paper"),
+               plt.Line2D([], [], color="0.8", lw=4, label="paper ± tolerance")]
+    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
+                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+    note = "" if scale == "full" else f"; {scale} scale: not comparable to the paper"
+    top = 1 - 0.75 / fig.get_figheight()  # room for the title and, under it, the legend
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.suptitle(f"{table.title}: paper vs fastfair, average and per class{note}", fontsize=9, y=0.999)
+    fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()),
+               ncol=len(handles), frameon=False)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
