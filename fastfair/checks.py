@@ -123,7 +123,7 @@ def check_config(cfg) -> list[str]:
     except UserError as err:
         raise UserError(f"eval.attacks: {err}") from None
     check_substitute(cfg.eval.attacks, bool(cfg.eval.substitute), "eval.substitute")
-    return check_epochs(cfg)
+    return method.warnings(cfg) + check_epochs(cfg)
 
 
 def epoch_keys(cfg=None) -> dict[str, Epochs]:

@@ -25,6 +25,7 @@ else:  # pragma: no cover
 import tomli_w
 
 from fastfair import schema
+from fastfair.schema import DEFAULTS, PRESET, USER  # noqa: F401  (config.DEFAULTS etc.)
 from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
@@ -132,10 +133,6 @@ class EvalConfig:
     # the model transfer:NAME attacks make their examples on: a fastfair run folder or checkpoint (--substitute)
     substitute: str = ""
 
-
-# Which layer set a key (module docstring): a value a default or the preset chose that a shorter --epochs
-# cuts short is a quick look (a warning), a value the user set is meant (fastfair.checks.check_epochs).
-DEFAULTS, PRESET, USER = 0, 1, 2
 
 CORE = {"data": DataConfig, "model": ModelConfig, "attack": AttackConfig, "train": TrainConfig, "eval": EvalConfig}
 

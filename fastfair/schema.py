@@ -17,6 +17,10 @@ from typing import Any, Callable
 
 from fastfair.errors import UserError
 
+# Which layer set a key (fastfair.config docstring): a value a default or the preset chose that a shorter --epochs
+# cuts short is a quick look (a warning), a value the user set is meant (fastfair.checks.check_epochs).
+DEFAULTS, PRESET, USER = 0, 1, 2
+
 
 @dataclass(frozen=True)
 class Epochs:

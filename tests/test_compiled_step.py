@@ -255,6 +255,7 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
              "train.select_begin=0",  # CFA code presets select from epoch 100 of their 200
              "eval.attacks=['clean']"]  # no step evaluates; a transfer attack would need the substitute's run
     preset, _, method = kind.partition(":")
+    small += ["attack.steps=1"] if method == "fgsm-rs" else []  # one step is what FGSM-RS is
     cfg = config.resolve(preset, {"method.name": method} if method else {}, small)
     if cfg.train.init_from or cfg.method.name.startswith("frl"):  # FRL fine-tunes a model: any of its shape will do
         start = Trainer(config.resolve("demo", {"method.name": "pgd-at"}, small), tmp_path / "start", quiet=True)

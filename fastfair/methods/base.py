@@ -71,6 +71,11 @@ class Method:
         """Raise a UserError for settings this method cannot run (``check_config`` calls it before any work)."""
 
     @classmethod
+    def warnings(cls, cfg: Config) -> list[str]:
+        """What the run should say once about settings this method reads otherwise (``check_config`` returns them)."""
+        return []
+
+    @classmethod
     def epoch_update(cls, cfg: Config) -> str:
         """What ``end_epoch`` sets for the epochs after it ('' for nothing): a one-epoch run trains without it."""
         return ""
