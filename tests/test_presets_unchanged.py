@@ -75,6 +75,21 @@ CHANGED: dict[str, dict[str, tuple[object, str]]] = {
     "tian-iclr-t5-he": {"he.weight_norm": ("data", "the preset follows Pang et al.'s PGD-HE code, whose forward "
                                                    "overwrites fc.weight.data with its normalised rows (issue 25)")},
 }
+# Table 6's Temperature-PGD-20 columns joined the Table 5 rows' evaluation (issue 29)
+_T6 = ["tpgd20@t0.2", "tpgd20@t0.02", "tpgd20@t0.013333", "tpgd20@t0.01", "tpgd20@t0.008", "tpgd20@t0.006667",
+       "tpgd20@t0.005", "tpgd20@t0.003333"]
+_T6_DESCRIPTION = {  # the description names Table 6 too
+    "tian-iclr-t5-he": "Tian et al. ICLR sub. Table 5 row 'HE' (target: nat 83.1, PGD-20 60.7); PGD-AT + HE s 10, "
+                       "m 0.2, with its Table 6 row: follows Pang et al.'s PGD-HE (the paper gives no s, m)",
+    "tian-iclr-t5-he-lis": "Tian et al. ICLR sub. Table 5 row 'HE-LIS' (target: nat 84.6, PGD-20 63.9), with its "
+                           "Table 6 row; follows the paper",
+    "tian-iclr-t5-he-cmp": "Tian et al. ICLR sub. Table 5 row 'HE-CMP' (target: nat 84.4, PGD-20 69.9), with its "
+                           "Table 6 row; follows the paper"}
+for _p, _text in _T6_DESCRIPTION.items():
+    CHANGED[_p] = {**CHANGED.get(_p, {}),
+                   "eval.attacks": (["clean", "pgd20", "cw20", "tpgd20@t0.1", *_T6],
+                                    "ICLR Table 6's 1/T columns evaluated too (issue 29)"),
+                   "preset": (_text, "the description names Table 6 too (issue 29)")}
 for _p in CFA_CODE_PRESETS:
     CHANGED[_p] = {**CHANGED.get(_p, {}), **_CFA_SETUP}
 
@@ -101,7 +116,7 @@ def test_preset_resolves_to_the_same_run(preset):
 ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "trix-rebuttal-t1-trades",
                "trix-rebuttal-t1-trades-dafa", "trix-rebuttal-t1-trades-trix", "trix-rebuttal-t1-trades-wat",
                *(f"tian-iclr-t2-{r}" for r in ("madry", "trades", "mart", "standard")),
-               *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard"))}
+               *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry"}
 
 
 def test_every_shipped_preset_is_covered():

@@ -198,20 +198,21 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     assert "## rho" not in md  # no row of Table 5 names a baseline
     rows = [line for line in md.splitlines() if line.startswith("| ") and "`tian-iclr-t5-" in line
             and " | pgd20 |" in line]
-    assert len(rows) == 3 * 12  # per row: pgd20 avg, worst and ten classes
+    assert len(rows) == 4 * 12  # per row: pgd20 avg, worst and ten classes
     assert all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows)
     assert "| HE | `tian-iclr-t5-he` | pgd20 | cat | 34.30 |" in md
     assert "![paper vs fastfair, every number](reproduce.png)" in md and _png_ok(out / "reproduce.png")
-    assert md.count("| done | best_pgd.pt |") == 3
+    assert md.count("| done | best_pgd.pt |") == 4
     # the runs trained the subset: tiny-cnn, one epoch, the paper's attacks
     cfg = config.load_saved_text(RunDir(out / "runs" / "tian-iclr-t5-he-s0").read_config())
-    assert (cfg.model.name, cfg.train.epochs, cfg.eval.attacks, cfg.data.dataset) == ("tiny-cnn", 1, ["clean", "pgd20"],
-                                                                                     "npz")
+    assert (cfg.model.name, cfg.train.epochs, cfg.data.dataset) == ("tiny-cnn", 1, "npz")
+    assert cfg.eval.attacks[:3] == ["clean", "pgd20", "tpgd20@t0.2"]
+    assert len(cfg.eval.attacks) == 2 + 9  # and Table 6's nine 1/T
     ckpt = RunDir(out / "runs" / "tian-iclr-t5-he-s0").last
     before = ckpt.stat().st_mtime_ns
     lines.clear()
     assert reproduce("tian-iclr-t5", **args) == 0
-    assert "3 runs" in lines[0] and "3 done" in lines[0] and not any(line.startswith("start ") for line in lines)
+    assert "4 runs" in lines[0] and "4 done" in lines[0] and not any(line.startswith("start ") for line in lines)
     assert ckpt.stat().st_mtime_ns == before
     # other settings for runs already started are refused before anything runs
     with pytest.raises(UserError, match=r"started with other settings: .*tian-iclr-t5-he-s0 \(model.width\)"):
