@@ -132,18 +132,6 @@ def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
         "transfer:cwinf20/5"
 
 
-def test_a_substitute_outside_its_table_is_refused(monkeypatch):
-    real = paper.load
-
-    def load(name):
-        row = real(name)
-        return dataclasses.replace(row, substitute="cfa-t1-at") if name == "tian-kdd-t1-he" else row
-
-    monkeypatch.setattr(tables, "load", load)
-    with pytest.raises(UserError, match=r"tian-kdd-t1-he: \[paper\] substitute = 'cfa-t1-at' is not a row"):
-        tables.tables()
-
-
 def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
     real_data()
     out = tmp_path / "t2"
@@ -283,17 +271,17 @@ def test_rho_of_ours_comes_from_our_seed_means(tmp_path):
     assert "| +0.363 | undefined (the baseline's worst class is 0) |" in write.rho_table(table, zero)
 
 
-def test_a_baseline_outside_its_table_is_refused(monkeypatch):
+@pytest.mark.parametrize("field, preset", [("baseline", "dafa-t1-trades-wat"), ("substitute", "tian-kdd-t1-he")])
+def test_a_row_named_from_outside_its_table_is_refused(monkeypatch, field, preset):
     real = paper.load
 
     def load(name):
         row = real(name)
-        return dataclasses.replace(row, baseline="cfa-t1-at") if name == "dafa-t1-trades-wat" else row
+        return dataclasses.replace(row, **{field: "cfa-t1-at"}) if name == preset else row
 
     monkeypatch.setattr(tables, "load", load)
-    with pytest.raises(UserError, match=r"dafa-t1-trades-wat: \[paper\] baseline = 'cfa-t1-at' is not a row"):
+    with pytest.raises(UserError, match=rf"{preset}: \[paper\] {field} = 'cfa-t1-at' is not a row"):
         tables.tables()
-
 
 
 def test_a_reprinted_row_keeps_its_baseline_in_its_own_table(monkeypatch):
