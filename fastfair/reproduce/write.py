@@ -94,23 +94,36 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
 
 
 def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
-    """A grid of panels, a column per table row and a line per attack: in each, the average then every class on the
-    x axis, the paper's numbers (hollow, joined, with the tolerance as a grey bar) and ours (coloured by verdict)."""
+    """A grid of panels, a column per table row: a line of panels per attack with per-class numbers (the average,
+    then every class on the x axis) and, for the attacks the paper gives an average only, one line with those
+    attacks on the x axis. In each, the paper's numbers (hollow, joined, the tolerance as a grey bar) and ours
+    (coloured by verdict)."""
     rows = list(dict.fromkeys((c.preset, c.row) for c in comparisons))
-    attacks = list(dict.fromkeys(c.attack for c in comparisons))
-    stats = list(dict.fromkeys(c.stat for c in comparisons if c.stat != "worst"))
-    where = {s: i for i, s in enumerate(stats)}
-    fig, axes = plt.subplots(len(attacks), len(rows), figsize=(2.9 * len(rows) + 0.6, 1.55 * len(attacks) + 0.9),
-                             sharex=True, sharey=True, squeeze=False)
+    classed = list(dict.fromkeys(c.attack for c in comparisons if c.stat not in ("avg", "worst")))
+    averaged = [a for a in dict.fromkeys(c.attack for c in comparisons) if a not in classed]
+    stats = list(dict.fromkeys(c.stat for c in comparisons if c.stat != "worst" and c.attack in classed))
+    # (title, x labels, the comparisons of a row the panel draws, x of a comparison)
+    lines = [(attack, stats, lambda c, a=attack: c.attack == a and c.stat in stats, lambda c: stats.index(c.stat))
+             for attack in classed]
+    if averaged:
+        lines.append(("average", averaged, lambda c: c.attack in averaged and c.stat == "avg",
+                      lambda c: averaged.index(c.attack)))
+    fig, axes = plt.subplots(len(lines), len(rows), figsize=(2.9 * len(rows) + 0.6, 1.55 * len(lines) + 1.4),
+                             sharey=True, squeeze=False)
     for (preset, row), column in zip(rows, axes.T):
-        for attack, ax in zip(attacks, column):
-            mine = [c for c in comparisons if c.preset == preset and c.attack == attack and c.stat in where]
+        for (title, labels, keep, x_of), ax in zip(lines, column):
+            mine = [c for c in comparisons if c.preset == preset and keep(c)]
             ax.grid(axis="y", alpha=0.3)
+            ax.set_xticks(range(len(labels)))
+            labelled = title == classed[-1] or (averaged and title == "average")  # each x axis's last line
+            ax.set_xticklabels(labels if labelled else [], rotation=70, fontsize=6)
+            ax.set_xlim(-0.5, len(labels) - 0.5)
+            ax.set_title(f"{row} · {title}", fontsize=7, pad=2)
             if not mine:
                 ax.text(0.5, 0.5, "not in the paper", ha="center", va="center", fontsize=7, color="0.5",
                         transform=ax.transAxes)
                 continue
-            xs = [where[c.stat] for c in mine]
+            xs = [x_of(c) for c in mine]
             ax.errorbar(xs, [c.paper for c in mine], yerr=[c.tolerance for c in mine], fmt="none", ecolor="0.8",
                         elinewidth=4, zorder=1)
             ax.plot(xs, [c.paper for c in mine], "-o", color="black", mfc="white", lw=0.6, ms=4, zorder=3)
@@ -118,12 +131,8 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
                 if c.mean is not None:
                     colour, marker = STYLE[c.verdict]
                     ax.errorbar(x, c.mean, yerr=c.std or 0, fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
-            ax.set_title(f"{row} · {attack}", fontsize=7, pad=2)
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy (%)", fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xticks(range(len(stats)))
-        ax.set_xticklabels(stats, rotation=70, fontsize=6)
     for ax in axes.flat:
         ax.tick_params(axis="y", labelsize=6)
     handles = [plt.Line2D([], [], marker="o", color="black", mfc="white", lw=0.6, label="paper"),
