@@ -86,7 +86,11 @@ def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.Dat
     returned it, when the caller has it already (a grid checks many runs of one data set)."""
     raw = data.load(cfg.data.dataset, cfg.data.data_dir or None) if loaded is None else loaded
     bundle = subsets.select(raw, cfg.data.classes)
-    return bundle, data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
+    if cfg.data.drop_classes and cfg.data.loader != "device":  # .beton files hold every class's training images
+        raise UserError(f"data.drop_classes needs data.loader=device; the {cfg.data.loader} loader reads the training "
+                        "images from its own files, which still hold the dropped classes")
+    sp = data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
+    return bundle, subsets.drop_from_training(bundle, sp, cfg.data.drop_classes)
 
 
 def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
