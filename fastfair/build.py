@@ -97,6 +97,10 @@ def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple
     """:func:`splits`, and the checks of them a training run needs: the trainer's, and a grid's for every run
     before the first launches."""
     bundle, sp = splits(cfg, loaded)
+    if cfg.data.drop_classes and cfg.train.select in ("fair", "worst"):
+        raise UserError(f"train.select={cfg.train.select} scores the worst class on the validation split, and a class "
+                        f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "
+                        "the worst); use train.select=pgd or last")
     n = len(sp["train"][1])
     if n < cfg.data.batch_size:
         raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {n} training images "

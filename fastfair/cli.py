@@ -330,6 +330,29 @@ def report(
     print(f"written: {path} (figures in {path.parent / 'figures'}, LaTeX tables in {path.parent / 'tables.tex'})")
 
 
+@app.command(help="the homing property (Tian et al. KDD 2021, Sec. 6.1, Fig. 4): attack a run trained on every "
+                  "class and the runs re-trained without one class each (data.drop_classes; the grid "
+                  "tian-kdd-fig4-homing), then write the misclassified and homing matrices (homing.md, .json, .png)")
+def homing(
+    runs: Annotated[List[str], typer.Argument(metavar="GRID_DIR|RUN_DIR...")],
+    attack: Annotated[str, typer.Option(help="the attack on every model (pgdK, cwK, fgsm, tpgdK@tT)")] = "pgd20",
+    out: Annotated[Text, typer.Option(help="output folder (default GRID_DIR/homing, or RUN_DIR/homing of the run "
+                                           "on every class)")] = None,
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="evaluation batch size")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
+) -> None:
+    from fastfair.evaluation.homing import homing as run_homing
+
+    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+        path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device, batch_size=batch_size,
+                          data_dir=data_dir, seed=seed, quiet=quiet)
+    print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
+
+
 # ---- grid, data ---------------------------------------------------------------------------------
 
 @app.command(help="run a grid of trainings (axes over config keys), then one comparison table; every run's "
