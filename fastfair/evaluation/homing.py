@@ -26,6 +26,7 @@ from fastfair.attacks import names, parse_attack, per_class
 from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.progress import Progress
+from fastfair.reports import figures
 from fastfair.rundir import RunDir, write_json_atomic, write_text_atomic
 
 
@@ -183,8 +184,6 @@ def homing(targets: list[str], *, attack: str = "pgd20", out: str | None = None,
               "misclassified": mis.tolist(),
               "homing": [[None if math.isnan(v) else int(v) for v in row] for row in home]}
     write_json_atomic(record, folder / "homing.json")
-    from fastfair.reports import figures
-
     figures.homing_heatmaps(mis, home, classes, f"{attack}, {len(y)} test images", folder / "homing.png")
     md = folder / "homing.md"
     write_text_atomic(markdown(record), md)
