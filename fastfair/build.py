@@ -86,13 +86,21 @@ def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.Dat
     returned it, when the caller has it already (a grid checks many runs of one data set)."""
     raw = data.load(cfg.data.dataset, cfg.data.data_dir or None) if loaded is None else loaded
     bundle = subsets.select(raw, cfg.data.classes)
-    return bundle, data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
+    if cfg.data.drop_classes and cfg.data.loader != "device":  # .beton files hold every class's training images
+        raise UserError(f"data.drop_classes needs data.loader=device; the {cfg.data.loader} loader reads the training "
+                        "images from its own files, which still hold the dropped classes")
+    sp = data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
+    return bundle, subsets.drop_from_training(bundle, sp, cfg.data.drop_classes)
 
 
 def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
     """:func:`splits`, and the checks of them a training run needs: the trainer's, and a grid's for every run
     before the first launches."""
     bundle, sp = splits(cfg, loaded)
+    if cfg.data.drop_classes and cfg.train.select in ("fair", "worst"):
+        raise UserError(f"train.select={cfg.train.select} scores the worst class on the validation split, and a class "
+                        f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "
+                        "the worst); use train.select=pgd or last")
     n = len(sp["train"][1])
     if n < cfg.data.batch_size:
         raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {n} training images "

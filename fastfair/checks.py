@@ -62,6 +62,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "he.pmax_epoch": _at_least(1),
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
                      "distinct class indices, each at least 0"),
+    "data.drop_classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
+                          "distinct class indices, each at least 0"),
 }
 
 # key -> the names it may take (a registry, or a tuple of words)

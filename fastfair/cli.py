@@ -327,6 +327,59 @@ def report(
     print(f"written: {path} (figures in {path.parent / 'figures'}, LaTeX tables in {path.parent / 'tables.tex'})")
 
 
+@app.command(help="the homing property (Tian et al. KDD 2021, Sec. 6.1, Fig. 4): attack a run trained on every "
+                  "class and the runs re-trained without one class each (data.drop_classes; the grid "
+                  "tian-kdd-fig4-homing), then write the misclassified and homing matrices (homing.md, .json, .png)")
+def homing(
+    runs: Annotated[List[str], typer.Argument(metavar="GRID_DIR|RUN_DIR...")],
+    attack: Annotated[str, typer.Option(help="the attack on every model (pgdK, cwK, fgsm, tpgdK@tT)")] = "pgd20",
+    out: Annotated[Text, typer.Option(help="output folder (default GRID_DIR/homing, or RUN_DIR/homing of the run "
+                                           "on every class)")] = None,
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="evaluation batch size")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
+) -> None:
+    from fastfair.evaluation.homing import homing as run_homing
+
+    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+        path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device, batch_size=batch_size,
+                          data_dir=data_dir, seed=seed, quiet=quiet)
+    print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
+
+
+@app.command(help="Table 4 of Tian et al. KDD 2021 (Sec. 6.2): one class's test images predicted as each class, "
+                  "natural and under attack, before and after their background is replaced by one colour given "
+                  "foreground masks (fastfair data masks makes approximate ones); written to its own file "
+                  "eval/<checkpoint>-test-background-<class>-<colour>.json")
+def background(
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    class_: Annotated[str, typer.Option("--class", help="the class whose test images get the new background "
+                                                         "(index or name, e.g. 3 or cat)")],
+    mask: Annotated[str, typer.Option(metavar="FILE.npz", help="foreground masks of the class's test images: "
+                                                               "'masks' bool (N, H, W), True on the foreground")],
+    colour: Annotated[str, typer.Option(help="the new background: white (the paper's), a name, R,G,B or #rrggbb")]
+    = "white",
+    attacks: Annotated[str, typer.Option(help="as fastfair eval --attacks (the paper: Temperature-PGD-20)")]
+    = "clean,tpgd20@t0.1",
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="evaluation batch size")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress or table")] = False,
+) -> None:
+    from fastfair import build
+    from fastfair.evaluation.background import background_counts
+
+    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+        background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
+                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], device=device,
+                          data_dir=data_dir, batch_size=batch_size, seed=seed, quiet=quiet)
+
+
 # ---- grid, data ---------------------------------------------------------------------------------
 
 @app.command(help="run a grid of trainings (axes over config keys), then one comparison table; every run's "
@@ -444,6 +497,67 @@ def convert(
         print(f"{split:5s} {meta['splits'][split]['n']:7d} images  {path}")
     print(f"train with: fastfair train --dataset {dataset} --loader ffcv --beton-dir {out}"
           + (f" --data-dir {data_dir}" if data_dir else ""))
+
+
+def _load_source(dataset: Text, data_dir: Text, default: str):
+    """The data set a data command reads: ``--dataset``, else npz when ``--data-dir`` is a file, else ``default``."""
+    from fastfair import data
+
+    name = dataset or ("npz" if data_dir and Path(data_dir).is_file() else default)
+    return data.load(name, data_dir)
+
+
+@data_app.command("background", help="MNIST with a background colour per class (Tian et al. KDD 2021, Sec. 6.2, "
+                                     "Fig. 5) as an .npz to train on with --dataset npz --data-dir FILE; the colours "
+                                     "and seed are recorded in it (background_params)")
+def background_data(
+    out: Annotated[str, typer.Option(metavar="FILE.npz", help="the .npz to write")],
+    data_dir: Annotated[Text, typer.Option(help="torchvision's MNIST folder, or an .npz of grey digits")] = None,
+    dataset: Annotated[Text, typer.Option(help="the grey data set (default mnist; npz when --data-dir is a "
+                                               "file)")] = None,
+    colours: Annotated[Text, typer.Option(metavar="SPEC", help="CLASS=COLOUR[/COLOUR...] for every class, e.g. "
+                                          "0=red,1=red,2=#00ff00/blue,...; several colours: each image draws one "
+                                          "(default: classes 2k and 2k+1 share a colour, fastfair's reading of "
+                                          "Fig. 5(a))")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the draws among a class's colours")] = 0,
+) -> None:
+    from fastfair.data.background import MNIST_PAIRS, write_mnist_background
+
+    path = Path(out)
+    if path.suffix != ".npz":
+        raise UserError(f"--out {out}: the data set is written as an .npz (np.savez adds .npz to any other name)")
+    params = write_mnist_background(_load_source(dataset, data_dir, "mnist"), path, colours or MNIST_PAIRS, seed)
+    shown = ", ".join(f"{name} " + "/".join("#%02x%02x%02x" % tuple(c) for c in cs) for name, cs in
+                      params["colours"].items())
+    print(f"written: {path} (backgrounds: {shown})")
+    print(f"train with: fastfair train --dataset npz --data-dir {path} --set attack.eps=0.5 --set eval.eps=0.5 ...")
+
+
+@data_app.command("masks", help="approximate foreground masks of one class's test images for fastfair background: "
+                                "background = pixels within --threshold of the median border colour and connected "
+                                "to the border (a stated rule standing in for the paper's hand-made masks)")
+def masks(
+    class_: Annotated[str, typer.Option("--class", help="the class (index or name, e.g. 3 or cat)")],
+    out: Annotated[str, typer.Option(metavar="FILE.npz", help="the mask file to write")],
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    dataset: Annotated[Text, typer.Option(help="data set (default cifar10; npz when --data-dir is a file)")] = None,
+    threshold: Annotated[float, typer.Option(help="largest channel difference from the border colour, on [0, 1], "
+                                                  "still counted as background")] = 0.1,
+) -> None:
+    import numpy as np
+
+    from fastfair.data.background import border_masks, class_index, named
+
+    if not 0 < threshold < 1:
+        raise UserError(f"--threshold is a colour difference on [0, 1], above 0 and below 1; got {threshold}")
+    if Path(out).suffix != ".npz":
+        raise UserError(f"--out {out}: masks are written as an .npz")
+    bundle = _load_source(dataset, data_dir, "cifar10")
+    c = class_index(class_, bundle.classes, "--class")
+    x = bundle.x_test[bundle.y_test == c].numpy()
+    found = border_masks(x, threshold)
+    np.savez_compressed(out, masks=found, class_index=c, rule="border-colour", threshold=threshold)
+    print(f"written: {out} ({len(found)} masks of {named(bundle.classes[c])}, {100 * found.mean():.0f} % foreground)")
 
 
 # ---- entry point --------------------------------------------------------------------------------

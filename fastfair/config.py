@@ -56,6 +56,10 @@ class DataConfig:
     # ME paper Sec. 2.2 binary/subset experiments: keep only these classes, relabelled 0..k-1 in
     # the order given (e.g. [3, 5] = cat vs dog); empty keeps all
     classes: list[int] = field(default_factory=list)
+    # Tian et al. KDD 2021 Sec. 6.1 (homing property): re-train without these classes' images (indices of the
+    # run's classes). Only train and val lose them; the head keeps every class, so class indices and the test
+    # set stay those of the run trained on all classes, whose adversarial examples the re-trained model is tested on
+    drop_classes: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -27,3 +27,27 @@ def select(bundle: DataBundle, classes: list[int]) -> DataBundle:
     x_train, y_train = keep(bundle.x_train, bundle.y_train)
     x_test, y_test = keep(bundle.x_test, bundle.y_test)
     return DataBundle(bundle.name, x_train, y_train, x_test, y_test, [bundle.classes[k] for k in classes])
+
+
+def drop_from_training(bundle: DataBundle, splits: dict, drop: list[int]) -> dict:
+    """Remove the ``drop`` classes' images from train and val, as Tian et al. (KDD 2021, Sec. 6.1) re-train.
+
+    The labels and the head are not renumbered: the re-trained model's predictions must be compared, class
+    index for class index, with the model trained on every class. The test split is left whole."""
+    if not drop:
+        return splits
+    c = bundle.num_classes
+    bad = [k for k in drop if not 0 <= k < c]
+    if bad or len(set(drop)) != len(drop):
+        raise UserError(f"data.drop_classes takes distinct class indices in 0..{c - 1} of {bundle.name} "
+                        f"({', '.join(f'{i} {n}' for i, n in enumerate(bundle.classes))}); got {drop}")
+    if c - len(drop) < 2:
+        raise UserError(f"data.drop_classes={drop} leaves {c - len(drop)} of the {c} classes to train on; "
+                        "a classifier needs at least two")
+    gone = torch.tensor(drop)
+
+    def keep(x, y):
+        mask = ~torch.isin(y, gone)
+        return x[mask], y[mask]
+
+    return {"train": keep(*splits["train"]), "val": keep(*splits["val"]), "test": splits["test"]}

@@ -136,6 +136,38 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
     return _save(fig, path)
 
 
+def homing_heatmaps(misclassified, homing, classes: list[str], subtitle: str, path: Path) -> Path:
+    """Tian et al. (KDD 2021, Sec. 6.1) Fig. 4(a) and 4(b) side by side; the diagonal and columns without a
+    re-training (NaN in ``homing``) are blank, every other cell has its count written in."""
+    n = len(classes)
+    side = min(0.5 * n + 2.2, 9.0)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * side + 0.6, side))
+    mis = np.asarray(misclassified, dtype=float)
+    off = ~np.eye(n, dtype=bool)
+    panels = ((np.where(off, mis, np.nan), "(a) misclassified: attacked images of row class i\nsent to "
+               "column class j", "confound class j (attack's prediction)"),
+              (np.asarray(homing, dtype=float), "(b) homing: of those, classified i "
+               "by the model\nre-trained without class j", "confound class j (removed from training)"))
+    top = np.nanmax(mis[off]) if n > 1 and np.any(mis[off]) else 1.0  # one colour scale: (b) reads as a share of (a)
+    for ax, (shown, title, xlabel) in zip(axes, panels):
+        ax.imshow(np.ma.masked_invalid(shown), cmap="Blues", vmin=0, vmax=top)
+        ax.set_facecolor("#f2f2f2")  # blank cells read as "not applicable", not as 0
+        if n <= 20:
+            for i in range(n):
+                for j in range(n):
+                    if not np.isnan(shown[i, j]):
+                        ax.text(j, i, f"{shown[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                                color="white" if shown[i, j] > 0.6 * top else "black")
+        _class_axis(ax, classes)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels(classes)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("true class i")
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"Homing property (Tian et al. 2021, Fig. 4): {subtitle}", fontsize=11)
+    return _save(fig, path)
+
+
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
            ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
     """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
