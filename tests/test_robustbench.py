@@ -4,7 +4,6 @@ RobustBench's architecture, read without unpickling, evaluated per class, and re
 reported numbers; the mistakes a user makes are one error line each."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
 import sys
@@ -17,7 +16,7 @@ from fastfair import cli
 from fastfair.evaluation import robustbench as rb
 from helpers import CIFAR10, cifar_layout_npz, write_model
 
-if importlib.util.find_spec("robustbench") is None:  # its package __init__ needs what fastfair does not: no import
+if not rb.installed():  # its package __init__ needs what fastfair does not: no import
     pytest.skip("the rb: path needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
 
 NAME = "Ding2020MMA"  # the smallest single model of RobustBench's CIFAR-10 Linf list (a WRN-28-4, 5.8 M weights)
@@ -108,9 +107,14 @@ def test_a_file_needing_unpickling_is_refused_without_running_it(tmp_path, capsy
 def test_without_robustbench_one_line_names_the_extra(monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "robustbench" or m.startswith("robustbench.")]:
         monkeypatch.delitem(sys.modules, name)
-    real = rb.importlib.util.find_spec
-    monkeypatch.setattr(rb.importlib.util, "find_spec", lambda name, *a: None if name == "robustbench" else
-                        real(name, *a))
+    real = rb.importlib.metadata.version
+
+    def version(name):  # as where only torchattacks's partial copy of the package is installed
+        if name == "robustbench":
+            raise rb.importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(rb.importlib.metadata, "version", version)
     assert cli.main(["eval", f"rb:{NAME}"]) == 2
     assert "pip install 'fastfair[robustbench]'" in capsys.readouterr().err
 

@@ -3,7 +3,6 @@ initialised models in RobustBench's layout: per-class results as child ``fastfai
 worst-class leaderboard, the resume, a failing model's error line, and the mistakes caught before any work."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -16,7 +15,7 @@ from fastfair.reports import zoo
 from fastfair.scaleout import launchers
 from helpers import cifar_layout_npz, write_model
 
-if importlib.util.find_spec("robustbench") is None:
+if not rb.installed():
     pytest.skip("fastfair zoo needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
 
 SMALL = ("Ding2020MMA", "Wong2020Fast")  # the two smallest single models of the CIFAR-10 Linf list

@@ -39,14 +39,24 @@ REPORTED = Path(__file__).with_name("robustbench_reported.json")
 INSTALL = "pip install 'fastfair[robustbench]'"
 
 
+def installed() -> bool:
+    """Whether the robustbench distribution is installed. A ``robustbench`` folder alone is not it: torchattacks
+    3.5 ships a few of its modules under that name (no model zoo, no loaders), without robustbench's metadata."""
+    try:
+        importlib.metadata.version("robustbench")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return importlib.util.find_spec("robustbench") is not None
+
+
 def _import(module: str):
     """A robustbench submodule. Where robustbench's package __init__ cannot run (it imports its benchmark,
     which needs the git-only autoattack and setuptools' pkg_resources), the package is entered without it:
     fastfair needs only the model zoo and the loading helpers."""
     if "robustbench" not in sys.modules:
-        spec = importlib.util.find_spec("robustbench")
-        if spec is None:
+        if not installed():
             raise UserError(f"RobustBench models need the robustbench package: {INSTALL}")
+        spec = importlib.util.find_spec("robustbench")
         try:
             with warnings.catch_warnings():  # its pkg_resources import warns on every command
                 warnings.simplefilter("ignore")
