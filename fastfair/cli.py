@@ -418,7 +418,9 @@ def reproduce(
     list_: Annotated[bool, typer.Option("--list", help="every table with its runs and an estimate of GPU hours, "
                                                        "and the scales")] = False,
     seeds: Annotated[int, typer.Option(help="seeds per row (0..N-1); reported as mean ± std")] = 1,
-    data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py; subset: a FILE.npz")] = "",
+    data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
+                                               "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "
+                                               "for a table over several data sets")] = "",
     per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU")] = 1,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto")] = "auto",
     scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
@@ -428,12 +430,14 @@ def reproduce(
                                            "(default runs/reproduce/TABLE-SCALE)")] = None,
     set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(
         "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
+    model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "
+                                                 "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
     with _ctrl_c_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
-                         out=out, gpus=gpus, sets=set_ or [])
+                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir)
 
 
 @app.command(help="RobustBench's models with their reported averages; with --run, evaluate them per class as a "

@@ -103,7 +103,7 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
     assert cli.main(["reproduce", "--list", "--seeds", "3"]) == 0
     out = capsys.readouterr().out
     for key in ("me-t2", "me-t3", "me-t4", "cfa-t1", "cfa-t2", "cfa-t3", "tian-iclr-t2", "tian-iclr-t3", "tian-iclr-t4",
-                "tian-iclr-t5", "tian-kdd-t1", "tian-kdd-t3"):
+                "tian-iclr-t5", "tian-kdd-t1", "tian-kdd-t3", "tian-kdd-t5"):
         assert re.search(rf"^{key}: .*rows x 3 seed\(s\) = \d+ runs", out, re.M), key
     assert "me-table2-me-trades-l27" in out and "8 rows x 3 seed(s) = 24 runs" in out
     assert "cfa-t1: Wei et al. 2023 (CVPR), Table 1" in out  # CVPR 2023, as the README cites it (not NeurIPS)
@@ -111,7 +111,9 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
     assert "tian-iclr-t2-madry               Madry [fgsmrs avg/worst/per class, pgd20 avg/worst/per class," in out
     assert "tian-iclr-t2-standard            standard WRN-32-10 (transfer substitute) [no numbers of its own: the " \
            "transfer substitute of the other rows" in out
-    assert out.count("not run yet: RST (Carmon et al. 2019)") == 3  # ICLR Tables 2, 3 and 4
+    # ICLR Tables 2, 3 and 4: the RST row is the released model, evaluated
+    assert out.count("RobustBench's Carmon2019Unlabeled, evaluated, not trained]") == 3
+    assert "tian-kdd-t5-cifar100-madry       CIFAR-100, adversarial training [pgd20 cv/mcd; follows paper]" in out
 
 
 def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
@@ -142,7 +144,8 @@ def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
         rows = [line for line in md.splitlines() if f"| `tian-iclr-t2-mart` | {attack} |" in line]
         assert len(rows) == 12 and all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows), attack
     assert "| MART | `tian-iclr-t2-mart` | nattack/200 | cat | 49.00 |" in md
-    assert "transfer attacks made on tian-iclr-t2-standard (same seed)" in md and "Not run by fastfair yet: RST" in md
+    assert "transfer attacks made on tian-iclr-t2-standard (same seed)" in md
+    assert "Not run at this scale: tian-iclr-t2-rst (RST): " in md  # RobustBench's weights: not here, or no package
     record = json.loads(next((out / "runs" / "tian-iclr-t2-mart-s0" / "eval").glob("*-test.json")).read_text())
     assert record["substitute"].startswith(str(out / "runs" / "tian-iclr-t2-standard-s0"))
     assert record["results"]["cwinf20/5"]["images"] == 50 and _png_ok(out / "reproduce.png")
@@ -341,6 +344,54 @@ def test_the_subset_names_classes_as_the_npz_data_set_does(tmp_path, name, shape
     npz = tmp_path / name
     np.savez(npz, x_train=np.zeros((60, *shape), np.uint8), y_train=np.arange(60) % 10,
              x_test=np.zeros((20, *shape), np.uint8), y_test=np.arange(20) % 10)
-    sets = runs._subset_data(str(npz), tmp_path / "out")
+    sets = runs._subset_data(str(npz), tmp_path / "out", "cifar10")
     with np.load(sets["data.data_dir"]) as f:
         assert f["class_names"].tolist() == names
+
+
+def test_class_wise_spread_numbers_their_verdicts_and_bad_values(tmp_path, monkeypatch):
+    """Tian et al. KDD Table 5 gives CV and MCD alone: ours come from the per-class accuracies, CV within 25 % of
+    the paper's, MCD within 5 points."""
+    row = paper.load("tian-kdd-t5-cifar10-madry")
+    assert row.table == "5" and row.numbers["pgd20"] == Number(cv=284.43, mcd=52.8)
+    per_class = [80.0, 85.0, 40.0, 33.0, 45.0, 50.0, 70.0, 72.0, 80.0, 82.0]  # CV 302.8, MCD 52
+    record = {"results": {"pgd20": {"per_class": per_class, "summary": {"avg": 63.7, "worst": 33.0}}}}
+    got = {c.stat: c for c in compare_row(row, [record], True, CIFAR10)}
+    assert set(got) == {"cv", "mcd"} and got["cv"].mean == pytest.approx(np.var(per_class))
+    assert got["cv"].tolerance == pytest.approx(0.25 * 284.43) and got["cv"].verdict == "agrees"
+    assert got["mcd"].mean == 52.0 and got["mcd"].tolerance == DEFAULT_TOLERANCE["mcd"] == 5.0
+    tiny = compare_row(paper.load("tian-kdd-t5-mnist-standard"), [{"results": {"clean": {
+        "per_class": [99.0] * 9 + [90.0], "summary": {}}}}], True, CIFAR10)  # CV 7.29, MCD 9
+    assert [(c.stat, c.tolerance, c.verdict) for c in tiny] == [("cv", 1.0, "higher"), ("mcd", 5.0, "higher")]
+    for bad in ("cv = -1.0", "cv = 3000.0", "mcd = 120.0"):
+        monkeypatch.setattr(config, "read_paper", lambda name, b=bad: {
+            "source": "tian-kdd", "table": "5", "row": "r", "follows": "paper", "selection": "s",
+            "pgd20": {k.strip(): float(v) for k, v in [b.split("=")]}})
+        with pytest.raises(UserError, match=bad.split(" ")[0]):
+            paper.load("x")
+
+
+def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_path):
+    """KDD Table 5 trains on six data sets: at subset scale --data-dir is a folder of <dataset>-subset.npz files;
+    the MNIST and CIFAR-10 rows run on theirs, the others are named as not run, and one file is refused."""
+    real_data()
+    with pytest.raises(UserError, match="FOLDER holding cifar10-subset.npz, cifar100-subset.npz"):
+        reproduce("tian-kdd-t5", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(tmp_path / "one"))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("cifar10-subset.npz", "mnist-subset.npz"):
+        (folder / name).symlink_to(CIFAR_SUBSET.parent / name)
+    out = tmp_path / "t5"
+    lines = []
+    assert reproduce("tian-kdd-t5", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
+                     sets=["train.epochs=1", "model.width=4"], echo=lines.append) == 0
+    assert sum("not run at this scale" in line for line in lines) == 6
+    md = (out / "reproduce.md").read_text()
+    for preset, attack in [("cifar10-madry", "pgd20"), ("cifar10-standard", "clean"), ("mnist-madry", "pgd40"),
+                           ("mnist-standard", "clean")]:
+        rows = [line for line in md.splitlines() if f"| `tian-kdd-t5-{preset}` | {attack} |" in line]
+        assert [line.split(" | ")[3] for line in rows] == ["cv", "mcd"], preset
+        assert all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows)
+    assert "Not run at this scale: tian-kdd-t5-stl10-madry (STL-10, adversarial training): no stl10-subset.npz" in md
+    mnist = json.loads(next((out / "runs" / "tian-kdd-t5-mnist-madry-s0" / "eval").glob("*-test.json")).read_text())
+    assert mnist["classes"] == [str(d) for d in range(10)] and _png_ok(out / "reproduce.png")

@@ -4,6 +4,7 @@ RobustBench's architecture, read without unpickling, evaluated per class, and re
 reported numbers; the mistakes a user makes are one error line each."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from fastfair import cli
+from fastfair.errors import UserError
 from fastfair.evaluation import robustbench as rb
 from helpers import CIFAR10, cifar_layout_npz, write_model
 
@@ -139,3 +141,41 @@ def test_the_model_is_robustbench_s_own_loader_s(zoo):
     assert type(ours) is type(theirs)
     a, b = ours.state_dict(), theirs.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reproduce_row_that_is_a_released_model_is_evaluated_in_its_own_run_folder(zoo, tmp_path):
+    """Tian et al.'s RST row is RobustBench's Carmon2019Unlabeled, evaluated (not trained) at the row's eps and step;
+    here a small RobustBench model stands in for it, with the subset's attack names."""
+    from fastfair.reproduce import command, runs, tables
+
+    model_dir, _, npz = zoo
+    table = tables.get("tian-iclr-t2")
+    rst = next(r for r in table.rows if r.robustbench)
+    assert (rst.robustbench, rst.substitute, rst.row) == ("Carmon2019Unlabeled", "tian-iclr-t2-standard", "RST")
+    planned = runs.plan(table, 1, "subset", str(npz), tmp_path / "out", {}, str(model_dir))
+    (missing,) = [p for p in planned if p.missing]  # no weights for Carmon2019Unlabeled in this model folder
+    assert missing.row is rst and "no weights for RobustBench's Carmon2019Unlabeled" in missing.missing
+    assert "train.epochs" not in missing.sets and "model.name" not in missing.sets  # evaluated, not trained
+    stand_in = runs.PlannedRun(dataclasses.replace(rst, robustbench=NAME), 0, "rst-s0",
+                               {k: v for k, v in missing.sets.items() if k != "eval.substitute"},
+                               ("clean", "pgd2"), False, {"clean": "clean", "pgd2": "pgd2"})
+    records, lines, failed = {}, [], []
+    command._evaluate_released(stand_in, tmp_path / "out", str(model_dir), "cpu", records, lines, failed,
+                               lambda line: None)
+    assert not failed and lines[0][1] == "done" and NAME in lines[0][2]
+    (record,) = records[rst.preset]
+    saved = json.loads((tmp_path / "out" / "runs" / "rst-s0" / "eval" / f"{NAME}-test.json").read_text())
+    assert saved["results"] == record["results"] and set(record["results"]) == {"clean", "pgd2"}
+    assert record["eps"] == pytest.approx(0.031) and record["alpha"] == pytest.approx(0.01)  # the row's, not 8/255
+    assert record["source"]["robustbench"] == NAME
+
+
+def test_full_scale_refuses_a_released_row_without_its_weights_before_any_run(zoo, tmp_path):
+    from fastfair.reproduce.command import reproduce
+
+    model_dir, _, _ = zoo
+    (tmp_path / "data" / "cifar-10-batches-py").mkdir(parents=True)
+    with pytest.raises(UserError, match="row RST .*no weights for RobustBench's Carmon2019Unlabeled"):
+        reproduce("tian-iclr-t2", data_dir=str(tmp_path / "data"), out=str(tmp_path / "out"),
+                  model_dir=str(model_dir))
+    assert not (tmp_path / "out").exists()

@@ -15,7 +15,7 @@ from fastfair import config
 from fastfair.attacks import autoattack
 from fastfair.errors import UserError
 from fastfair.reproduce import cost, runs, tables
-from fastfair.reproduce.paper import PAPERS, STATS
+from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write
 from fastfair.rundir import RunDir, read_json
@@ -34,7 +34,8 @@ def listing(seeds: int, echo=print) -> None:
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
         for row in table.rows:
-            echo(f"  {row.preset:<32} {row.row} [{_what_it_reports(row, table)}; follows {row.follows}]")
+            released = f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else ""
+            echo(f"  {row.preset:<32} {row.row} [{_what_it_reports(row, table)}; follows {row.follows}{released}]")
         for pending in table.pending:
             echo(f"  not run yet: {pending}")
         echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
@@ -43,7 +44,8 @@ def listing(seeds: int, echo=print) -> None:
 def _what_it_reports(row, table: tables.Table) -> str:
     """The statistics the paper gives per attack, or which rows' runs this row is for."""
     def stats(n) -> str:
-        return "/".join([s for s in STATS if getattr(n, s) is not None] + (["per class"] if n.per_class else []))
+        return "/".join([s for s in (*STATS, *SPREAD) if getattr(n, s) is not None]
+                        + (["per class"] if n.per_class else []))
 
     if row.numbers:
         return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items())
@@ -67,7 +69,7 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
 
 def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int = 1, scale: str = "full",
               list_only: bool = False, out: str | None = None, gpus: str = "auto", sets: list[str] | None = None,
-              echo=print) -> int:
+              model_dir: str | None = None, echo=print) -> int:
     """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed."""
     if list_only:
         listing(seeds, echo)
@@ -80,9 +82,16 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     scale_spec = runs.SCALES.get(scale)
     root = Path(out or f"runs/reproduce/{table}-{scale}")
     user_sets = config.parse_set(sets or [])
-    planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets)
+    planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets, model_dir)
+    left_out = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned if p.missing))
+    planned = [p for p in planned if not p.missing]
+    if not planned:
+        raise UserError(f"no row of {table} has its data at --scale {scale} ({'; '.join(left_out)}): pass --data-dir "
+                        "FILE.npz, or a folder of <dataset>-subset.npz files")
     if runs.needs_autoattack(planned):
         autoattack.default_backend()  # a missing AutoAttack package stops here, before any training
+    evaluated = [p for p in planned if p.row.robustbench]  # released models: evaluated once the others are done
+    planned = [p for p in planned if not p.row.robustbench]
     jobs, changed = [], []
     for p in planned:
         try:
@@ -97,7 +106,10 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                         "Use the same options as then, another --out, or delete those run folders")
     status = {j.name: read_state(j.run_dir)["status"] for j in jobs}
     echo(f"reproduce {tab.title} at scale {scale}: {len(jobs)} runs in {root}, "
-         f"{sum(s == 'done' for s in status.values())} done")
+         f"{sum(s == 'done' for s in status.values())} done" +
+         (f"; then {len(evaluated)} evaluations of released models" if evaluated else ""))
+    for r in left_out:
+        echo(f"  not run at this scale: {r}")
     with RunDir(root).lock(echo):
         busy = [f"{j.name} ({holder})" for j in jobs if status[j.name] == "running" and (holder := still_held(j, echo))]
         if busy:
@@ -110,20 +122,56 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                 LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
                                        echo=echo)
         records, run_lines, failed = _collect(planned, jobs)
-        classes = next((recs[0]["classes"] for recs in records.values()), None)
-        if classes:  # at least one run finished: the table with what there is
+        for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
+            _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
+        if records:  # at least one run finished: the table with what there is
             comparable = scale_spec.comparable and not user_sets
-            runs_for = {p.row.preset: p.runs_for for p in planned}
-            comparisons = [c for row in tab.ordered() for c in compare_row(row, records.get(row.preset, []),
-                                                                             comparable, classes, runs_for[row.preset])]
+            runs_for = {p.row.preset: p.runs_for for p in planned + evaluated}
+            # each row's own classes: a table may span data sets (Tian et al. KDD Table 5)
+            any_classes = next(recs[0]["classes"] for recs in records.values())
+            comparisons = []
+            for row in tab.ordered():
+                if row.preset not in runs_for:  # left out at this scale: the notes say why
+                    continue
+                recs = records.get(row.preset, [])
+                comparisons += compare_row(row, recs, comparable, recs[0]["classes"] if recs else any_classes,
+                                           runs_for[row.preset])
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
-                         runs=run_lines, user_sets=list(sets or []), notes=_notes(tab, scale, user_sets))
+                         runs=run_lines, user_sets=list(sets or []),
+                         notes=_notes(tab, scale, user_sets) + [f"Not run at this scale: {r}" for r in left_out])
             echo(f"written: {path} and {root / 'reproduce.png'}")
     if failed:
-        echo(f"{len(failed)} of {len(jobs)} runs did not finish:\n" + "\n".join(f"  {line}" for line in failed)
+        echo(f"{len(failed)} of {len(jobs) + len(evaluated)} runs did not finish:\n"
+             + "\n".join(f"  {line}" for line in failed)
              + "\nfix the cause and run the same command again: done runs are skipped, the others resume")
         return 1
     return 0
+
+
+def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gpus: str, records: dict,
+                       run_lines: list, failed: list, echo) -> None:
+    """A RobustBench row: its model evaluated per class under the row's attacks and eval settings, the result in
+    the row's own run folder (fingerprinted: a second invocation reuses it)."""
+    from fastfair.evaluation.robustbench import evaluate_robustbench
+
+    cfg = config.resolve(p.row.preset, sets=p.sets)
+    dataset = config.resolve(p.row.preset).data.dataset  # the model's (the subset scale reads it from an .npz)
+    run_dir = p.run_dir(root)
+    echo(f"evaluate {p.name}: RobustBench's {p.row.robustbench} under {', '.join(p.attacks)}")
+    try:
+        record = evaluate_robustbench(p.row.robustbench, dataset=dataset, threat="Linf", model_dir=model_dir,
+                                      attacks=list(p.attacks), split="test", data_dir=cfg.data.data_dir,
+                                      device="cpu" if gpus == "cpu" else cfg.train.device, batch_size=None,
+                                      amp=False, quiet=True, aa_backend="auto", seed=None,
+                                      substitute=cfg.eval.substitute or None, eps=cfg.eval.eps, alpha=cfg.eval.alpha,
+                                      run_dir=run_dir)
+    except UserError as err:
+        failed.append(f"{p.name}: fastfair: error: {err}")
+        run_lines.append((str(run_dir), "failed", f"RobustBench {p.row.robustbench}"))
+        return
+    records.setdefault(p.row.preset, []).append(record)
+    run_lines.append((str(run_dir), "done", f"RobustBench {p.row.robustbench} (sha256 "
+                                            f"{record['source']['sha256'][:12]})"))
 
 
 def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], list, list[str]]:
@@ -149,6 +197,12 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
     for row in tab.rows:
         preset = config.resolve(row.preset)
         follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
+        if row.robustbench:
+            notes.append(f"`{row.preset}` ({row.row}): the released model, RobustBench's {row.robustbench}, "
+                         f"evaluated (not trained) at eps {preset.eval.eps:g}, step {preset.eval.alpha:g}"
+                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}"
+                         f". Preset: {preset.preset}")
+            continue
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"paper's checkpoint: {row.selection}; fastfair: train.select = {preset.train.select} on the "
                      f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"

@@ -15,7 +15,9 @@ from fastfair import config
 from fastfair.reproduce.tables import Table
 
 BENCH = Path(fastfair.__file__).resolve().parents[1] / "bench" / "results"
-TRAIN_IMAGES = {"cifar10": 50_000}  # before the validation split is carved out
+# (training images before the validation split is carved out, classes)
+TRAIN_IMAGES = {"cifar10": (50_000, 10), "cifar100": (50_000, 100), "mnist": (60_000, 10), "svhn": (73_257, 10),
+                "stl10": (5_000, 10), "imagenet": (1_281_167, 1000)}
 
 
 def gpu_images_per_s(folder: Path = BENCH) -> dict[tuple[str, str], tuple[float, str]]:
@@ -40,8 +42,11 @@ def estimate(table: Table, seeds: int, speeds: dict[tuple[str, str], tuple[float
     """One line: the table's training work and GPU hours, or why there is no GPU figure."""
     hours, devices, missing, epochs = 0.0, set(), [], 0
     for row in table.rows:
+        if row.robustbench:  # a released model: evaluated, not trained
+            continue
         cfg = config.resolve(row.preset)
-        images = TRAIN_IMAGES.get(cfg.data.dataset, 0) - cfg.data.val_per_class * 10
+        total, classes = TRAIN_IMAGES.get(cfg.data.dataset, (0, 0))
+        images = total - cfg.data.val_per_class * classes
         epochs += cfg.train.epochs * seeds
         key = (cfg.method.name, cfg.model.name)
         if key in speeds:

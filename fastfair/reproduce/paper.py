@@ -14,9 +14,11 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     init_from = "cfa-t1-trades-paper"  # optional: fine-tunes that preset's run (FRL)
     substitute = "tian-iclr-t2-standard"  # optional: that preset's run is the transfer: attacks' substitute
     pending = ["RST: ..."]           # optional: rows of the table fastfair does not run yet, and why
+    robustbench = "Carmon2019Unlabeled"  # optional: the row is that RobustBench model, evaluated, not trained
     baseline = "cfa-t1-trades-paper"   # optional: the row rho is measured against (DAFA and WAT report it)
     clean = {avg = 80.8, worst = 64.6}
     aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
+    pgd20 = {cv = 284.43, mcd = 52.8}                 # the class-wise spread alone (Tian et al. KDD Table 5)
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ PAPERS: dict[str, Paper] = {
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below
+SPREAD = ("cv", "mcd")  # the class-wise spread of the per-class accuracies (Tian et al. KDD 2021, Sec. 3)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class Number:
     std: dict[str, float] = field(default_factory=dict)  # stat -> the paper's std over its seeds
     per_class: tuple[float, ...] = ()
     classes: dict[str, float] = field(default_factory=dict)  # class name -> accuracy (a figure's text)
+    cv: float | None = None  # variance of the per-class accuracies, % squared
+    mcd: float | None = None  # best minus worst class accuracy, points
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class PaperRow:
     baseline: str = ""
     substitute: str = ""
     pending: tuple[str, ...] = ()
+    robustbench: str = ""  # the row is this released model (RobustBench's CIFAR-10 Linf name), evaluated only
 
     @property
     def depends_on(self) -> tuple[str, ...]:
@@ -105,7 +111,7 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
     where = f"[paper] {attack}"
     if not isinstance(spec, dict):
         raise UserError(f"preset {preset}: {where} must be a table such as {{avg = 50.1, worst = 24.4}}")
-    known = {*STATS, *(f"std_{s}" for s in STATS), "per_class", "classes"}
+    known = {*STATS, *(f"std_{s}" for s in STATS), "per_class", "classes", *SPREAD}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise UserError(f"preset {preset}: {where} has unknown entries {unknown}; it takes {', '.join(sorted(known))}")
@@ -114,14 +120,19 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
             parse_attack(name)
     per_class = tuple(_percent(preset, f"{attack}.per_class", v) for v in spec.get("per_class", []))
     classes = {str(k): _percent(preset, f"{attack}.classes.{k}", v) for k, v in spec.get("classes", {}).items()}
+    cv = spec.get("cv")
+    if cv is not None and (isinstance(cv, bool) or not isinstance(cv, (int, float)) or not 0 <= cv <= 2500):
+        raise UserError(f"preset {preset}: [paper] {attack}.cv must be a variance of accuracies in % squared "
+                        f"(0 to 2500); got {cv!r}")
     return Number(avg=_percent(preset, f"{attack}.avg", spec["avg"]) if "avg" in spec else None,
                   worst=_percent(preset, f"{attack}.worst", spec["worst"]) if "worst" in spec else None,
                   std={s: _percent(preset, f"{attack}.std_{s}", spec[f"std_{s}"]) for s in STATS if f"std_{s}" in spec},
-                  per_class=per_class, classes=classes)
+                  per_class=per_class, classes=classes, cv=None if cv is None else float(cv),
+                  mcd=_percent(preset, f"{attack}.mcd", spec["mcd"]) if "mcd" in spec else None)
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending"}
+          "substitute", "pending", "robustbench"}
 
 
 def load(preset: str) -> PaperRow | None:
@@ -147,4 +158,4 @@ def load(preset: str) -> PaperRow | None:
                     numbers={a: _number(preset, a, s) for a, s in numbers.items()},
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
-                    pending=tuple(str(t) for t in text.get("pending", [])))
+                    pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""))

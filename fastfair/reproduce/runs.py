@@ -5,7 +5,9 @@ full data set; ``subset`` keeps every method setting but swaps in a small real d
 first images of each class of an ``.npz``), fastfair's tiny CNN and a few epochs, with every
 epoch count of the schedule (the keys naming an epoch, :func:`fastfair.checks.epoch_keys`) scaled to them
 and kept within them; its numbers say how the code
-behaves, never how close the paper came.
+behaves, never how close the paper came. A table whose rows train on several data sets (Tian et al. KDD
+Table 5) takes, at subset scale, a folder of ``<dataset>-subset.npz`` files; a row whose data set has none
+there is not run, and the report says so.
 """
 from __future__ import annotations
 
@@ -31,15 +33,30 @@ SUBSET_VAL_PER_CLASS = 5
 SUBSET_TEST_PER_CLASS = 50
 SUBSET_MODEL = {"model.name": "tiny-cnn", "model.width": 16}
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
-# Where torchvision's loader (fastfair.data.datasets) finds each data set the tables use, under the data folder.
-FULL_DATA = {"cifar10": ("cifar-10-batches-py", "CIFAR-10 python version (cifar-10-python.tar.gz)")}
+# Where fastfair's loaders (fastfair.data.datasets) find each data set the tables use, under the data folder,
+# what to put there, and from where.
+FULL_DATA = {
+    "cifar10": ("cifar-10-batches-py", "CIFAR-10 python version (cifar-10-python.tar.gz)", CIFAR_URL),
+    "cifar100": ("cifar-100-python", "CIFAR-100 python version (cifar-100-python.tar.gz)", CIFAR_URL),
+    "mnist": ("MNIST/raw", "MNIST's four idx files (torchvision.datasets.MNIST(FOLDER, download=True) puts them there)",
+              "https://yann.lecun.com/exdb/mnist/"),
+    "svhn": ("test_32x32.mat", "SVHN's train_32x32.mat and test_32x32.mat", "http://ufldl.stanford.edu/housenumbers/"),
+    "stl10": ("stl10_binary", "STL-10 binary version (stl10_binary.tar.gz)", "https://cs.stanford.edu/~acoates/stl10/"),
+    "imagenet": ("imagenet", "ImageNet ILSVRC-2012 train/ and val/, a folder per class (wnid)",
+                 "https://image-net.org/download.php"),
+}
+
+
+class NoData(UserError):
+    """A row's data set is not in the subset folder: the row is not run at this scale."""
 
 
 @dataclass(frozen=True)
 class Scale:
     comparable: bool  # may a verdict compare its numbers with the paper's
-    # (data_dir, the reproduce folder) -> the data keys every run gets; checks the data first
-    data: Callable[[str, Path], dict[str, Any]]
+    # (data_dir, the reproduce folder, the row's data set) -> the data keys its runs get; checks the data first
+    # (raises NoData where a row's data set is absent and the row can be left out)
+    data: Callable[[str, Path, str], dict[str, Any]]
     # (the row's resolved config as flat keys, the user's --set keys) -> the keys this scale changes
     changes: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
     # a paper's attack name -> the attack this scale runs for it (the subset scale shortens the costly ones)
@@ -49,22 +66,30 @@ class Scale:
 SCALES: Registry[Scale] = Registry("scale")
 
 
-def _full_data(data_dir: str, out: Path) -> dict[str, Any]:
+def _full_data(data_dir: str, out: Path, dataset: str) -> dict[str, Any]:
     root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
-    folder, what = FULL_DATA["cifar10"]
-    if not (root / folder).is_dir():
-        raise UserError(f"the paper tables use the full CIFAR-10, and {root / folder} does not exist: download the "
-                        f"{what} from {CIFAR_URL}, unpack it into a folder and pass --data-dir FOLDER "
+    folder, what, url = FULL_DATA[dataset]
+    if not (root / folder).exists():
+        raise UserError(f"the paper tables use the full {dataset}, and {root / folder} does not exist: download the "
+                        f"{what} from {url}, unpack it into a folder and pass --data-dir FOLDER "
                         f"(or run --scale subset --data-dir FILE.npz for a quick look)")
-    return {"data.data_dir": str(root)}
+    # torchvision's data sets live side by side under one folder; ImageNet is its own folder (train/, val/)
+    return {"data.data_dir": str(root / folder if dataset == "imagenet" else root)}
 
 
-def _subset_data(data_dir: str, out: Path) -> dict[str, Any]:
+def _subset_data(data_dir: str, out: Path, dataset: str) -> dict[str, Any]:
     src = Path(data_dir).expanduser() if data_dir else None
-    if src is None or src.suffix != ".npz" or not src.is_file():
+    if src is not None and src.is_dir():  # a folder of <dataset>-subset.npz files: a table over several data sets
+        found = src / f"{dataset}-subset.npz"
+        if not found.is_file():
+            raise NoData(f"no {found.name} in {src}")
+        src, dest = found, out / "data" / found.name
+    elif src is None or src.suffix != ".npz" or not src.is_file():
         raise UserError(f"--scale subset reads a small real data set from an .npz file (uint8 x_train/x_test, int "
-                        f"y_train/y_test, e.g. a CIFAR-10 subset); pass --data-dir FILE.npz (got {data_dir!r})")
-    dest = out / "data" / "subset.npz"
+                        f"y_train/y_test, e.g. a CIFAR-10 subset); pass --data-dir FILE.npz, or a folder of "
+                        f"<dataset>-subset.npz files for a table over several data sets (got {data_dir!r})")
+    else:
+        dest = out / "data" / "subset.npz"
     if not dest.is_file():  # written once, so a second invocation trains on the very same images
         # read as --dataset npz reads it: the file's format checked, its classes named as the npz data set names
         # them (its class_names, else a known data set's by file name and image shape, else "class i")
@@ -143,6 +168,7 @@ class PlannedRun:
     attacks: tuple[str, ...]  # the attacks the run evaluates
     averaged: bool  # the paper's number is the EMA/FAWA model's
     runs_for: dict[str, str]  # a paper's attack name -> the attack run for it (the scale's)
+    missing: str = ""  # why the run is left out at this scale (its data set is not in the subset folder)
 
     def run_dir(self, out: Path) -> Path:
         return out / "runs" / self.name
@@ -153,20 +179,50 @@ def paper_attacks(row: PaperRow) -> tuple[str, ...]:
     return tuple(dict.fromkeys(["clean", *row.numbers]))
 
 
-def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any]) -> list[PlannedRun]:
-    """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides."""
+def _robustbench_missing(name: str, model_dir: str | None) -> str:
+    """Why RobustBench's model ``name`` cannot be evaluated here ('' when it can): the package or the weights."""
+    from fastfair.evaluation import robustbench as rb
+
+    if not rb.installed():
+        return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
+    path = rb.model_file(name, model_dir=model_dir)
+    if not path.is_file():
+        return (f"no weights for RobustBench's {name} at {path} (fastfair does not download: fetch them with "
+                f"robustbench.utils.load_model('{name}', model_dir='{path.parents[2]}'), or pass --model-dir)")
+    return ""
+
+
+def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any],
+         model_dir: str | None = None) -> list[PlannedRun]:
+    """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides. A row that is
+    a RobustBench model (``[paper] robustbench``) is evaluated, not trained: its runs take the data, seed, attacks
+    and substitute keys only; without its weights it is left out at a scale that is not the paper's and refused at
+    one that is."""
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1; got {seeds}")
     spec = SCALES.get(scale)
-    data = spec.data(data_dir, out)
+    flats = {row.preset: config.flatten(config.resolve(row.preset).to_dict()) for row in table.ordered()}
+    datasets = sorted({flat["data.dataset"] for flat in flats.values()})
+    if len(datasets) > 1 and not spec.comparable and data_dir and Path(data_dir).expanduser().is_file():
+        raise UserError(f"{table.key} trains on {', '.join(datasets)}: at --scale {scale} pass --data-dir FOLDER "
+                        f"holding {', '.join(f'{d}-subset.npz' for d in datasets)} (a row whose file is not there is "
+                        "not run), not one file")
     runs = []
     for row in table.ordered():
-        flat = config.flatten(config.resolve(row.preset).to_dict())
+        flat = flats[row.preset]
+        try:
+            data, missing = spec.data(data_dir, out, flat["data.dataset"]), ""
+        except NoData as why:
+            data, missing = {}, str(why)
+        if row.robustbench and not missing and (missing := _robustbench_missing(row.robustbench, model_dir)):
+            if spec.comparable:
+                raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
         runs_for = {a: spec.attack(a) for a in paper_attacks(row)}
         attacks = tuple(dict.fromkeys(runs_for.values()))
         for seed in range(seeds):
             name = f"{row.preset}-s{seed}"
-            sets = {**data, **spec.changes(flat, user_sets), "train.seed": seed, "eval.attacks": list(attacks)}
+            trains = {} if row.robustbench else spec.changes(flat, user_sets)
+            sets = {**data, **trains, "train.seed": seed, "eval.attacks": list(attacks)}
             if row.init_from:  # FRL fine-tunes the same seed's run of the row it names, its selected checkpoint
                 base = config.resolve(row.init_from)
                 sets["train.init_from"] = str(RunDir(out / "runs" / f"{row.init_from}-s{seed}")
@@ -174,7 +230,8 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
             if row.substitute:  # transfer attacks are made on the same seed's run of the row it names
                 sets["eval.substitute"] = str((out / "runs" / f"{row.substitute}-s{seed}").resolve())
             sets.update(user_sets)
-            runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none", runs_for))
+            runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none", runs_for,
+                                   missing))
     return runs
 
 

@@ -10,9 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fastfair.reproduce.paper import PAPERS  # noqa: E402
+from fastfair.reproduce.paper import PAPERS, SPREAD  # noqa: E402
 from fastfair.reproduce.tables import Table  # noqa: E402
-from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison, rho_rows  # noqa: E402
+from fastfair.reproduce.verdict import CV_TOLERANCE, DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison, rho_rows  # noqa: E402,E501
 from fastfair.rundir import write_text_atomic  # noqa: E402
 
 # colour and marker per verdict: the shape alone tells higher from lower in grey print
@@ -54,7 +54,10 @@ def _rho(value: float | None) -> str:
 
 def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
     """One line per number: the paper's value (hollow), ours (filled, seed std as a bar), the tolerance band; a
-    table of per-class numbers gets one panel per row and attack instead (:func:`per_class_figure`)."""
+    table of per-class numbers gets one panel per row and attack instead (:func:`per_class_figure`), a table of
+    class-wise spreads a panel per measure (:func:`spread_figure`)."""
+    if all(c.stat in SPREAD for c in comparisons):
+        return spread_figure(table, comparisons, path, scale)
     if any(c.stat not in ("avg", "worst") for c in comparisons):
         return per_class_figure(table, comparisons, path, scale)
     n = len(comparisons)
@@ -63,11 +66,7 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
         y = n - 1 - i
         if i and c.preset != comparisons[i - 1].preset:  # a rule between the table's rows
             ax.axhline(y + 0.5, color="0.6", lw=0.6)
-        ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
-        ax.plot(c.paper, y, "o", mfc="none", mec="black", ms=7, zorder=4)  # drawn over ours: both stay visible
-        if c.mean is not None:
-            colour, marker = STYLE[c.verdict]
-            ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
+        _draw(ax, c, y)
     # a row the table holds twice (the paper's and the authors' code's settings) is named by its preset
     presets_of = {}
     for c in comparisons:
@@ -88,6 +87,52 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
     ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
     fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _draw(ax, c: Comparison, y: float) -> None:
+    """One number on a horizontal axis: the tolerance band, the paper's value (hollow), ours (by verdict)."""
+    ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
+    ax.plot(c.paper, y, "o", mfc="none", mec="black", ms=7, zorder=4)
+    if c.mean is not None:
+        colour, marker = STYLE[c.verdict]
+        ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
+
+
+def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
+    """A panel per spread measure (CV on a symmetric-log axis: the papers' values span four decades and a model
+    with every class at one accuracy has CV 0; MCD in points), a line per row and attack, the paper's value beside
+    ours."""
+    lines = list(dict.fromkeys((c.preset, c.row, c.attack) for c in comparisons))
+    stats = [s for s in SPREAD if any(c.stat == s for c in comparisons)]
+    fig, axes = plt.subplots(1, len(stats), figsize=(4.2 * len(stats) + 1.5, 1.3 + 0.32 * len(lines)), sharey=True,
+                             squeeze=False)
+    for ax, stat in zip(axes[0], stats):
+        for c in comparisons:
+            if c.stat == stat:
+                _draw(ax, c, len(lines) - 1 - lines.index((c.preset, c.row, c.attack)))
+        if stat == "cv":
+            ax.set_xscale("symlog", linthresh=0.1)
+            ax.set_xlim(left=0)
+        ax.set_xlabel("CV: variance of the class accuracies (% squared, log above 0.1)" if stat == "cv"
+                      else "MCD: best minus worst class (points)", fontsize=8)
+        ax.grid(axis="x", alpha=0.3, which="both")
+        ax.tick_params(labelsize=7)
+    ax = axes[0][0]
+    ax.set_yticks(range(len(lines)))
+    ax.set_yticklabels([f"{row} · {attack}" for _, row, attack in reversed(lines)], fontsize=7)
+    ax.set_ylim(-0.7, len(lines) - 0.3)
+    handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
+               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
+    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
+                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+    note = "" if scale == "full" else f"; {scale} scale: not comparable to the paper"
+    fig.suptitle(f"{table.title}: class-wise spread, paper vs fastfair{note}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
+    fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=len(handles),
+               frameon=False)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -170,7 +215,8 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
            "the per-class accuracies; mean ± std over the seeds that finished. A number agrees when |ours − paper| is "
            "within the tolerance: the paper's std where it gives one, else fastfair's default of "
            f"±{DEFAULT_TOLERANCE['avg']:g} points for averages and ±{DEFAULT_TOLERANCE['worst']:g} for worst-class "
-           "and single-class numbers (docs/reproduce.md says why).\n",
+           f"and single-class numbers, ±{CV_TOLERANCE:.0%} of the paper's CV and ±{DEFAULT_TOLERANCE['mcd']:g} points "
+           "of MCD (CV, MCD: from the per-class accuracies; docs/reproduce.md says why).\n",
            f"![paper vs fastfair, every number]({FIGURE})\n"]
     rhos = rho_table(table, comparisons)
     if rhos:
