@@ -511,7 +511,9 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
                                      "Fig. 5) as an .npz to train on with --dataset npz --data-dir FILE; the colours "
                                      "and seed are recorded in it (background_params)")
 def background_data(
-    out: Annotated[str, typer.Option(metavar="FILE.npz", help="the .npz to write")],
+    out: Annotated[Text, typer.Option(metavar="FILE.npz", help="the .npz to write (default: mnist-background.npz in "
+                                                            "$FASTFAIR_DATA, else ~/.cache/fastfair/data, where "
+                                                            "the Fig. 5 preset reads it)")] = None,
     data_dir: Annotated[Text, typer.Option(help="torchvision's MNIST folder, or an .npz of grey digits")] = None,
     dataset: Annotated[Text, typer.Option(help="the grey data set (default mnist; npz when --data-dir is a "
                                                "file)")] = None,
@@ -521,16 +523,17 @@ def background_data(
                                           "Fig. 5(a))")] = None,
     seed: Annotated[int, typer.Option(help="seed of the draws among a class's colours")] = 0,
 ) -> None:
-    from fastfair.data.background import MNIST_PAIRS, write_mnist_background
+    from fastfair.data.background import MNIST_PAIRS, data_path, write_mnist_background
 
-    path = Path(out)
+    path = Path(out) if out else data_path(None)
     if path.suffix != ".npz":
         raise UserError(f"--out {out}: the data set is written as an .npz (np.savez adds .npz to any other name)")
     params = write_mnist_background(_load_source(dataset, data_dir, "mnist"), path, colours or MNIST_PAIRS, seed)
     shown = ", ".join(f"{name} " + "/".join("#%02x%02x%02x" % tuple(c) for c in cs) for name, cs in
                       params["colours"].items())
     print(f"written: {path} (backgrounds: {shown})")
-    print(f"train with: fastfair train --dataset npz --data-dir {path} --set attack.eps=0.5 --set eval.eps=0.5 ...")
+    where = "" if path == data_path(None) else f" --data-dir {path}"  # the preset finds the default file itself
+    print(f"train with: fastfair train --config tian-kdd-fig5-madry-mnist-background{where}")
 
 
 @data_app.command("masks", help="approximate foreground masks of one class's test images for fastfair background: "

@@ -213,6 +213,47 @@ def test_mnist_background_refuses_colour_images(tmp_path, capsys):
     assert "grey digits" in _error(argv, capsys)
 
 
+# ---- the Fig. 5 preset: PGD-AT on the coloured MNIST ---------------------------------------------------------
+
+FIG5 = "tian-kdd-fig5-madry-mnist-background"
+
+
+def test_fig5_preset_is_the_papers_mnist_setup_at_eps_half():
+    cfg = config.resolve(FIG5)
+    assert (cfg.data.dataset, cfg.model.name, cfg.method.name) == ("mnist-background", "small-cnn", "pgd-at")
+    assert (cfg.attack.eps, cfg.attack.alpha, cfg.attack.steps) == (0.5, 0.01, 40)  # Sec. 6.2's eps, App. A.1's PGD
+    assert (cfg.eval.eps, cfg.eval.attacks) == (0.5, ["clean", "pgd40"])
+    assert (cfg.train.lr, cfg.train.lr_milestones, cfg.train.epochs, cfg.train.weight_decay) == (0.01, [55, 75, 90],
+                                                                                                 100, 2e-4)
+    assert (cfg.data.crop_padding, cfg.data.flip) == (0, False)  # MNIST's: no augmentation
+
+
+def test_fig5_preset_without_its_data_names_the_command_that_writes_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FASTFAIR_DATA", str(tmp_path))
+    err = _error(["train", "--config", FIG5, "--device", "cpu", "--out", str(tmp_path / "run")], capsys)
+    assert f"fastfair data background --out {tmp_path / 'mnist-background.npz'}" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_fig5_preset_refuses_grey_mnist(mnist_small, tmp_path, capsys):
+    err = _error(["train", "--config", FIG5, "--data-dir", str(mnist_small), "--device", "cpu",
+                  "--out", str(tmp_path / "run")], capsys)
+    assert "no background_params" in err and "fastfair data background" in err
+
+
+def test_fig5_preset_trains_on_what_data_background_wrote(mnist_small, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FASTFAIR_DATA", str(tmp_path))
+    assert cli.main(["data", "background", "--data-dir", str(mnist_small)]) == 0  # --out: where the preset reads
+    assert f"train with: fastfair train --config {FIG5}\n" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert cli.main(["train", "--config", FIG5, "--epochs", "1", "--quiet", "--device", "cpu", "--out", str(run),
+                     "--set", "model.width=4", "--set", "attack.steps=2", "--set", "train.val_attack=fgsm",
+                     "--set", "eval.attacks=['clean', 'pgd2']", "--set", "data.val_per_class=10"]) == 0
+    record = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    assert record["images"] == 500 and record["eps"] == 0.5
+    assert np.array(record["results"]["pgd2"]["confusion"]).sum() == 500
+
+
 # ---- background replaced at inference (Table 4) -------------------------------------------------------------
 
 def test_replacement_changes_only_background_pixels():
