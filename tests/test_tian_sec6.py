@@ -141,6 +141,42 @@ def test_homing_refuses_an_unknown_attack_before_any_work(homing_runs, capsys):
     assert "pgd20x" in _error(["homing", str(homing_runs), "--attack", "pgd20x"], capsys)
 
 
+def test_homing_refuses_transfer_and_capped_attacks(homing_runs, capsys):
+    for attack in ("transfer:pgd20", "pgd20/10"):
+        assert "not offered" in _error(["homing", str(homing_runs), "--attack", attack], capsys)
+
+
+def test_homing_reuses_each_models_predictions_until_its_checkpoint_changes(homing_runs, tmp_path, monkeypatch):
+    import shutil
+
+    from fastfair.evaluation import homing as module
+
+    grid = tmp_path / "grid"
+    shutil.copytree(homing_runs, grid, ignore=shutil.ignore_patterns("homing"))  # no cache, no earlier output
+    attacked = []
+    real = module.predictions
+    monkeypatch.setattr(module, "predictions", lambda model, *a, **kw: attacked.append(model) or real(model, *a, **kw))
+    argv = ["homing", str(grid), "--attack", "fgsm", "--device", "cpu", "--quiet"]
+
+    def run(*extra) -> tuple[int, dict]:
+        attacked.clear()
+        assert cli.main([*argv, *extra]) == 0
+        return len(attacked), json.loads((grid / "homing" / "homing.json").read_text())
+
+    n, first = run()
+    assert n == 3 and (grid / "without-5" / "eval" / "homing" / "best_pgd-test-fgsm.json").is_file()
+    n, again = run()
+    assert n == 0 and again == first  # every model's predictions come from its cache
+    ck_path = grid / "without-5" / "checkpoints" / "best_pgd.pt"
+    ck = torch.load(ck_path, weights_only=True)
+    name = next(k for k, v in ck["model"].items() if v.is_floating_point())
+    ck["model"][name] = ck["model"][name] + 1.0
+    torch.save(ck, ck_path)
+    n, changed = run()
+    assert n == 1 and changed["misclassified"] == first["misclassified"]  # only the changed model is attacked
+    assert run("--seed", "7")[0] == 3 and run("--attack", "pgd2")[0] == 3  # other settings: every model again
+
+
 # ---- the MNIST background data set (Fig. 5) ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
