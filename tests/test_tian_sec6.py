@@ -76,6 +76,17 @@ def test_drop_classes_refuses_a_worst_class_selection_and_the_ffcv_loader():
         build.splits(config.resolve("demo", {"data.drop_classes": [2], "data.loader": "ffcv"}, []))
 
 
+def test_dropped_note_names_each_dropped_class():
+    from fastfair.data.subsets import dropped_note
+
+    assert dropped_note([], ["a", "b"]) == ""
+    assert dropped_note([3], ["0", "1", "2", "3"]).startswith("trained without class 3 (data.drop_classes)")
+    assert dropped_note([1, 2], ["cat", "dog", "ship"]) == ("trained without class 1 (dog), class 2 (ship) "
+                                                           "(data.drop_classes): the model never saw their training "
+                                                           "images (their rows count in the mean and the worst "
+                                                           "class)")
+
+
 # ---- the homing matrices (Fig. 4) --------------------------------------------------------------------------
 
 def test_homing_matrices_on_a_hand_made_case():
@@ -139,6 +150,23 @@ def test_homing_bad_inputs_are_one_error_line(homing_runs, capsys, pick, match):
 
 def test_homing_refuses_an_unknown_attack_before_any_work(homing_runs, capsys):
     assert "pgd20x" in _error(["homing", str(homing_runs), "--attack", "pgd20x"], capsys)
+
+
+def test_a_run_without_a_class_says_so_beside_its_tables(homing_runs, tmp_path, capsys):
+    run, note = homing_runs / "without-3", "trained without class 3 (data.drop_classes)"
+    assert json.loads((run / "eval" / "best_pgd-test.json").read_text())["dropped_classes"] == [3]
+    assert "dropped_classes" not in json.loads((homing_runs / "all" / "eval" / "best_pgd-test.json").read_text())
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--attacks", "clean", "--device", "cpu"]) == 0
+    table, _, closing = capsys.readouterr().out.partition("\nrun: ")
+    assert note in table.strip().splitlines()[-1]  # right under the per-class table
+    assert f"\n  {note}" in closing and closing.index(note) < closing.index("written:")  # and beside the headline
+    assert cli.main(["report", str(run), str(homing_runs / "all"), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    comparison, _, sections = md.partition("## Comparison")
+    assert f"**without-3: {note}" in comparison and "**all:" not in comparison
+    assert f"**T{note[1:]}" in sections.split("## all")[0] and "rained without" not in sections.split("## all")[1]
+    assert f"% without-3: {note}" in (tmp_path / "r" / "tables.tex").read_text()
 
 
 def test_homing_refuses_transfer_and_capped_attacks(homing_runs, capsys):
@@ -338,6 +366,15 @@ def test_background_command_writes_table4_counts_to_its_own_file(homing_runs, tm
         assert all(sum(row) == n for row in record["counts"][version].values())
     assert record["fingerprint"]["data"] != record["original_fingerprint"]  # the replaced images are fingerprinted
     assert (run / "eval" / "best_pgd-test.json").read_bytes() == plain  # the plain result is untouched
+
+
+def test_background_table_of_a_run_without_a_class_says_so(homing_runs, tmp_path, capsys):
+    run = homing_runs / "without-5"
+    masks = _class_masks(run, 3, tmp_path)
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(masks), "--attacks", "clean",
+                     "--device", "cpu"]) == 0
+    assert "trained without class 5 (data.drop_classes)" in capsys.readouterr().out
+    assert json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())["dropped_classes"] == [5]
 
 
 @pytest.mark.parametrize("change, match", [

@@ -14,6 +14,7 @@ import torch
 
 from fastfair import build, display
 from fastfair.data.background import class_index, named, parse_colour, read_masks, replace_background
+from fastfair.data.subsets import dropped_note
 from fastfair.evaluation.per_class import check_attack_names, evaluate, fingerprint, settings_of
 from fastfair.progress import Progress
 from fastfair.rundir import RunDir, write_json_atomic
@@ -55,7 +56,7 @@ def background_counts(path, *, cls: str, mask: str, colour: str = "white", attac
               "mask": str(mask), "mask_sha256": mask_sha, "classes": bundle.classes, **settings,
               "fingerprint": fingerprint(model, (replaced, y[members]), settings),
               "original_fingerprint": fingerprint(model, (original, y[members]), settings)["data"],
-              "counts": results}
+              **({"dropped_classes": cfg.data.drop_classes} if cfg.data.drop_classes else {}), "counts": results}
     dest.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, dest)
     record["path"] = str(dest)
@@ -63,6 +64,8 @@ def background_counts(path, *, cls: str, mask: str, colour: str = "white", attac
         print(f"\n{named(bundle.classes[c])}: {len(members)} test images predicted as each class, background replaced "
               f"by {colour} ({'x'.join(map(str, rgb))}); eps {display.eps_text(cfg.eval.eps)}, seed {seed}\n")
         display.print_table(*table_rows(record))
+        if cfg.data.drop_classes:
+            print(dropped_note(cfg.data.drop_classes, bundle.classes))
         print(f"\nwritten: {dest}")
     return record
 
