@@ -350,10 +350,10 @@ def homing(
     print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
 
 
-@app.command(help="Table 4 of Tian et al. KDD 2021 (Sec. 6.2): one class's test images predicted as each class, "
-                  "natural and under attack, before and after their background is replaced by one colour given "
-                  "foreground masks (fastfair data masks makes approximate ones); written to its own file "
-                  "eval/<checkpoint>-test-background-<class>-<colour>.json")
+@app.command(help="Table 4 and Fig. 6 of Tian et al. KDD 2021 (Sec. 6.2): one class's test images predicted as "
+                  "each class, natural and under attack, before and after their background is replaced by one colour "
+                  "given foreground masks (fastfair data masks makes approximate ones); written to its own file "
+                  "eval/<checkpoint>-test-background-<class>-<colour>.json, with Fig. 6's examples as .png beside it")
 def background(
     target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
     class_: Annotated[str, typer.Option("--class", help="the class whose test images get the new background "
@@ -364,6 +364,12 @@ def background(
     = "white",
     attacks: Annotated[str, typer.Option(help="as fastfair eval --attacks (the paper: Temperature-PGD-20)")]
     = "clean,tpgd20@t0.1",
+    adjusted: Annotated[Text, typer.Option(metavar="RUN_DIR|CHECKPOINT", help="a run trained with Sec. 6.1's "
+                                           "adjustment (preset tian-kdd-fig4c-trades-beta5-0.5), attacked on the "
+                                           "replaced images with RUN's settings: Table 4's lines 3 and 6")] = None,
+    examples: Annotated[int, typer.Option(help="images in Fig. 6 (before and after, with their predictions under "
+                                               "the first attack other than clean; one more pass of that attack); "
+                                               "0: no figure")] = 4,
     checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
@@ -376,7 +382,8 @@ def background(
 
     with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
         background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
-                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], device=device,
+                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], examples=examples,
+                          adjusted=build.checkpoint_path(adjusted) if adjusted else None, device=device,
                           data_dir=data_dir, batch_size=batch_size, seed=seed, quiet=quiet)
 
 

@@ -368,6 +368,81 @@ def test_background_command_writes_table4_counts_to_its_own_file(homing_runs, tm
     assert (run / "eval" / "best_pgd-test.json").read_bytes() == plain  # the plain result is untouched
 
 
+def test_fig6_shows_the_images_table4_counts_with_their_predictions(homing_runs, tmp_path, monkeypatch):
+    from fastfair.evaluation import background as module
+
+    run = homing_runs / "all"
+    seen = {}
+    real = module.figure_6
+    monkeypatch.setattr(module, "figure_6", lambda scores, attack, *a: seen.update(scores=scores, attack=attack)
+                        or real(scores, attack, *a))
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(_class_masks(run, 3, tmp_path)),
+                     "--attacks", "clean,pgd3/10,fgsm", "--examples", "3", "--device", "cpu", "--quiet"]) == 0
+    record = json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())
+    assert seen["attack"] == "fgsm"  # the first attack made image by image on every image
+    for version in ("original", "replaced"):  # the figure's predictions are the ones Table 4 counts
+        for attack in ("clean", "fgsm"):
+            pred = seen["scores"][version, attack].argmax(1)
+            assert np.bincount(pred, minlength=10).tolist() == record["counts"][version][attack]
+    _, y = build.splits(config.resolve("demo", {}, []))[1]["test"]
+    assert len(record["examples"]) == 3 and all(y[i] == 3 for i in record["examples"])  # test-set indices
+    png = Path(record["figure"])
+    assert png == run / "eval" / "best_pgd-test-background-3-white.png" and png.read_bytes()[:4] == b"\x89PNG"
+    png.unlink()
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(_class_masks(run, 3, tmp_path)),
+                     "--attacks", "clean", "--examples", "0", "--device", "cpu", "--quiet"]) == 0
+    assert not png.exists() and "figure" not in json.loads((png.with_suffix(".json")).read_text())
+
+
+def test_fig6_puts_the_images_the_background_makes_robust_first(monkeypatch):
+    from fastfair.evaluation import background as module
+
+    drawn = {}
+    monkeypatch.setattr(module.figures, "image_grid", lambda columns, titles, *a: drawn.update(c=columns, t=titles))
+    # class 1 of 3; images 0..3: image 2 becomes right under the attack (+0.3), image 0 gains more (+0.4) but stays
+    # wrong, image 1 loses, image 3 is right before and after
+    adv_before = np.array([[0.5, 0.1, 0.4], [0.2, 0.5, 0.3], [0.5, 0.3, 0.2], [0.1, 0.8, 0.1]])
+    adv_after = np.array([[0.5, 0.5, 0.0], [0.5, 0.3, 0.2], [0.3, 0.6, 0.1], [0.1, 0.8, 0.1]])
+    clean = np.tile([0.2, 0.7, 0.1], (4, 1))
+    scores = {("original", "clean"): clean, ("replaced", "clean"): clean,
+              ("original", "pgd20"): adv_before, ("replaced", "pgd20"): adv_after}
+    images = np.zeros((4, 3, 2, 2), dtype=np.uint8)
+    ids = module.figure_6(scores, "pgd20", images, images, np.array([10, 11, 12, 13]), 1, ["a", "b", "c"], 3,
+                          "white", Path("unused.png"))
+    assert ids == [12, 10, 13] and drawn["t"] == ["test image 12", "test image 10", "test image 13"]
+    before, after = drawn["c"][0]  # image 12: before and after, natural then pgd20, (text, right)
+    assert before[1] == [("natural: b 0.70, a 0.20", True), ("pgd20: a 0.50, b 0.30", False)]
+    assert after[1][1] == ("pgd20: b 0.60, a 0.30", True)
+
+
+def test_background_adjusted_model_gives_table4_lines_3_and_6(homing_runs, tmp_path, capsys):
+    run, adjusted = homing_runs / "all", homing_runs / "without-5"
+    masks = _class_masks(run, 3, tmp_path)
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(masks), "--attacks", "clean,fgsm",
+                     "--adjusted", str(adjusted), "--examples", "0", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())
+    adj = record["adjusted"]
+    assert adj["checkpoint"] == str(adjusted / "checkpoints" / "best_pgd.pt")
+    assert set(adj["counts"]) == {"clean", "fgsm"}
+    assert all(sum(row) == record["images"] for row in adj["counts"].values())
+    before = record["counts"]["original"]["fgsm"]
+    line6 = next(line for line in out.splitlines() if line.startswith("+ training adjustment (fgsm)"))
+    cells = [cell.strip() for cell in line6.split("│")[1:]]  # each change is from the first model's original row
+    assert cells == [f"{a} ({a - b:+d})" for a, b in zip(adj["counts"]["fgsm"], before)]
+
+
+def test_background_adjusted_model_of_other_images_is_one_error_line(homing_runs, tmp_path, capsys):
+    run = homing_runs / "all"
+    masks = str(_class_masks(run, 3, tmp_path))
+    other = _train(tmp_path / "other", "--set", "data.test_per_class=20")
+    capsys.readouterr()  # training's warnings
+    argv = ["background", str(run), "--class", "3", "--mask", masks, "--attacks", "clean", "--device", "cpu"]
+    assert "are not those of" in _error([*argv, "--adjusted", str(other)], capsys)
+    assert "nowhere" in _error([*argv, "--adjusted", str(tmp_path / "nowhere.pt")], capsys)
+    assert "--examples" in _error([*argv, "--examples", "-1"], capsys)
+
+
 def test_background_table_of_a_run_without_a_class_says_so(homing_runs, tmp_path, capsys):
     run = homing_runs / "without-5"
     masks = _class_masks(run, 3, tmp_path)

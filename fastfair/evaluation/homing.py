@@ -34,13 +34,13 @@ from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_ato
 
 
 @torch.no_grad()
-def _predict(model, x) -> torch.Tensor:
-    return model(x).argmax(1)
+def _softmax(model, x) -> torch.Tensor:
+    return model(x).float().softmax(1)
 
 
-def predictions(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
-                seed: int = 0, clip_start: bool = True, progress=None) -> np.ndarray:
-    """Each test image's predicted class after ``attack_name``; batch ``i`` is attacked under
+def probabilities(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
+                  seed: int = 0, clip_start: bool = True, progress=None) -> np.ndarray:
+    """Each image's softmax output (N, C) after ``attack_name``; batch ``i`` is attacked under
     ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` attacks it."""
     model.eval()
     dev = next(model.parameters()).device
@@ -48,11 +48,16 @@ def predictions(model, loader, attack_name: str, *, eps, alpha, num_classes: int
     attack = parse_attack(attack_name, cw_kappa, clip_start)
     out = []
     for i, (x, y) in enumerate(loader):
-        with seeds.seeded(seed, attack.name, i, device=dev):
-            out.append(_predict(model, attack(model, x, y, eps_c, alpha_c)).cpu())
+        with seeds.seeded(seed, attack.seed_name, i, device=dev):
+            out.append(_softmax(model, attack(model, x, y, eps_c, alpha_c)).cpu())
         if progress is not None:
             progress()
     return torch.cat(out).numpy()
+
+
+def predictions(model, loader, attack_name: str, **kw) -> np.ndarray:
+    """Each image's predicted class after ``attack_name`` (:func:`probabilities`' arguments)."""
+    return probabilities(model, loader, attack_name, **kw).argmax(1)
 
 
 def misclassified_matrix(y: np.ndarray, pred: np.ndarray, num_classes: int) -> np.ndarray:
