@@ -286,7 +286,7 @@ def test_fig5_preset_is_the_papers_mnist_setup_at_eps_half():
     cfg = config.resolve(FIG5)
     assert (cfg.data.dataset, cfg.model.name, cfg.method.name) == ("mnist-background", "small-cnn", "pgd-at")
     assert (cfg.attack.eps, cfg.attack.alpha, cfg.attack.steps) == (0.5, 0.01, 40)  # Sec. 6.2's eps, App. A.1's PGD
-    assert (cfg.eval.eps, cfg.eval.attacks) == (0.5, ["clean", "pgd40"])
+    assert (cfg.eval.eps, cfg.eval.attacks, cfg.train.val_attack) == (0.5, ["clean", "pgd40"], "pgd40")
     assert (cfg.train.lr, cfg.train.lr_milestones, cfg.train.epochs, cfg.train.weight_decay) == (0.01, [55, 75, 90],
                                                                                                  100, 2e-4)
     assert (cfg.data.crop_padding, cfg.data.flip) == (0, False)  # MNIST's: no augmentation
