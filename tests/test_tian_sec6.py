@@ -167,6 +167,11 @@ def test_a_run_without_a_class_says_so_beside_its_tables(homing_runs, tmp_path, 
     assert f"**without-3: {note}" in comparison and "**all:" not in comparison
     assert f"**T{note[1:]}" in sections.split("## all")[0] and "rained without" not in sections.split("## all")[1]
     assert f"% without-3: {note}" in (tmp_path / "r" / "tables.tex").read_text()
+    from fastfair.reports.report import compare  # the table fastfair grid ends with (results.md)
+
+    table = compare([run, homing_runs / "all"]).splitlines()
+    assert table[-1].startswith(f"without-3: {note}") and sum("rained without" in line for line in table) == 1
+    assert compare([homing_runs / "all"]).count("rained without") == 0
 
 
 def test_homing_refuses_transfer_and_capped_attacks(homing_runs, capsys):

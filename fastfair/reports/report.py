@@ -275,7 +275,11 @@ def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "te
     Markdown, or LaTeX with ``latex``."""
     groups, base = _groups_with_baseline(run_dirs, baseline, labels)
     attack, rows = comparison_rows(groups, attack, base, split)
-    return _table(attack, rows, base, latex)
+    classes = _records(groups, split)[0][0]["classes"]
+    # a grid of re-trainings without a class each (tian-kdd-fig4-homing): their worst class is most likely that one
+    dropped = [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
+    notes = [f"% {line}" if latex else line for line in dropped]
+    return "\n".join([_table(attack, rows, base, latex), *([""] + notes if notes else [])])
 
 
 def _checked_labels(run_dirs, labels: list[str] | None) -> list[str | None]:
