@@ -35,7 +35,7 @@ from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_ato
 
 @torch.no_grad()
 def _softmax(model, x) -> torch.Tensor:
-    return model(x).float().softmax(1)
+    return model(x).softmax(1)
 
 
 def probabilities(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
