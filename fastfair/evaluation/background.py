@@ -132,9 +132,10 @@ def figure_6(scores: dict, attack: str | None, original: np.ndarray, replaced: n
         return out
 
     columns = [[(original[i], lines("original", i)), (replaced[i], lines("replaced", i))] for i in order]
-    title = (f"{named(classes[c])}: background replaced by {colour}; each image's two most likely classes with their "
-             f"confidence (green: {classes[c]} ranks first)\nthe {len(order)} images whose confidence in "
-             f"{classes[c]} {'under ' + attack if attack else 'naturally'} rises most with the new background")
+    who = named(classes[c])
+    title = (f"{who}: background replaced by {colour}; each image's two most likely classes with their confidence "
+             f"(green: {who} ranks first)\nthe {len(order)} images whose confidence in {who} "
+             f"{'under ' + attack if attack else 'naturally'} rises most with the new background")
     figures.image_grid(columns, [f"test image {int(ids[i])}" for i in order], ["original", f"{colour} background"],
                        title, path)
     return [int(ids[i]) for i in order]
