@@ -515,8 +515,9 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
 
 
 @data_app.command("background", help="MNIST with a background colour per class (Tian et al. KDD 2021, Sec. 6.2, "
-                                     "Fig. 5) as an .npz to train on with --dataset npz --data-dir FILE; the colours "
-                                     "and seed are recorded in it (background_params)")
+                                     "Fig. 5) as an .npz, the data set mnist-background that the preset "
+                                     "tian-kdd-fig5-madry-mnist-background trains on; the colours and seed are "
+                                     "recorded in it (background_params)")
 def background_data(
     out: Annotated[Text, typer.Option(metavar="FILE.npz", help="the .npz to write (default: mnist-background.npz in "
                                                             "$FASTFAIR_DATA, else ~/.cache/fastfair/data, where "

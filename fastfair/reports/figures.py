@@ -176,7 +176,7 @@ def image_grid(columns, column_titles: list[str], row_titles: list[str], title: 
     background is replaced); ``columns[j][i] = (uint8 image (C, H, W), [(caption line, right), ...])``, each line
     under its image in green when ``right``, else red, as the paper's prediction boxes."""
     n, rows = len(columns), len(row_titles)
-    lines = max((len(cap) for col in columns for _, cap in col), default=0)
+    lines = max(len(cap) for col in columns for _, cap in col)
     fig, axes = plt.subplots(rows, n, figsize=(2.6 * n + 0.4, (2.3 + 0.2 * lines) * rows), squeeze=False)
     for j in range(n):
         for i in range(rows):
