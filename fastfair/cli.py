@@ -350,10 +350,10 @@ def homing(
     print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
 
 
-@app.command(help="Table 4 of Tian et al. KDD 2021 (Sec. 6.2): one class's test images predicted as each class, "
-                  "natural and under attack, before and after their background is replaced by one colour given "
-                  "foreground masks (fastfair data masks makes approximate ones); written to its own file "
-                  "eval/<checkpoint>-test-background-<class>-<colour>.json")
+@app.command(help="Table 4 and Fig. 6 of Tian et al. KDD 2021 (Sec. 6.2): one class's test images predicted as "
+                  "each class, natural and under attack, before and after their background is replaced by one colour "
+                  "given foreground masks (fastfair data masks makes approximate ones); written to its own file "
+                  "eval/<checkpoint>-test-background-<class>-<colour>.json, with Fig. 6's examples as .png beside it")
 def background(
     target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
     class_: Annotated[str, typer.Option("--class", help="the class whose test images get the new background "
@@ -364,6 +364,12 @@ def background(
     = "white",
     attacks: Annotated[str, typer.Option(help="as fastfair eval --attacks (the paper: Temperature-PGD-20)")]
     = "clean,tpgd20@t0.1",
+    adjusted: Annotated[Text, typer.Option(metavar="RUN_DIR|CHECKPOINT", help="a run trained with Sec. 6.1's "
+                                           "adjustment (preset tian-kdd-fig4c-trades-beta5-0.5), attacked on the "
+                                           "replaced images with RUN's settings: Table 4's lines 3 and 6")] = None,
+    examples: Annotated[int, typer.Option(help="images in Fig. 6 (before and after, with their predictions under "
+                                               "the first attack other than clean; one more pass of that attack); "
+                                               "0: no figure")] = 4,
     checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
@@ -376,7 +382,8 @@ def background(
 
     with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
         background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
-                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], device=device,
+                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], examples=examples,
+                          adjusted=build.checkpoint_path(adjusted) if adjusted else None, device=device,
                           data_dir=data_dir, batch_size=batch_size, seed=seed, quiet=quiet)
 
 
@@ -512,10 +519,13 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
 
 
 @data_app.command("background", help="MNIST with a background colour per class (Tian et al. KDD 2021, Sec. 6.2, "
-                                     "Fig. 5) as an .npz to train on with --dataset npz --data-dir FILE; the colours "
-                                     "and seed are recorded in it (background_params)")
+                                     "Fig. 5) as an .npz, the data set mnist-background that the preset "
+                                     "tian-kdd-fig5-madry-mnist-background trains on; the colours and seed are "
+                                     "recorded in it (background_params)")
 def background_data(
-    out: Annotated[str, typer.Option(metavar="FILE.npz", help="the .npz to write")],
+    out: Annotated[Text, typer.Option(metavar="FILE.npz", help="the .npz to write (default: mnist-background.npz in "
+                                                            "$FASTFAIR_DATA, else ~/.cache/fastfair/data, where "
+                                                            "the Fig. 5 preset reads it)")] = None,
     data_dir: Annotated[Text, typer.Option(help="torchvision's MNIST folder, or an .npz of grey digits")] = None,
     dataset: Annotated[Text, typer.Option(help="the grey data set (default mnist; npz when --data-dir is a "
                                                "file)")] = None,
@@ -525,16 +535,17 @@ def background_data(
                                           "Fig. 5(a))")] = None,
     seed: Annotated[int, typer.Option(help="seed of the draws among a class's colours")] = 0,
 ) -> None:
-    from fastfair.data.background import MNIST_PAIRS, write_mnist_background
+    from fastfair.data.background import MNIST_PAIRS, data_path, write_mnist_background
 
-    path = Path(out)
+    path = Path(out) if out else data_path(None)
     if path.suffix != ".npz":
         raise UserError(f"--out {out}: the data set is written as an .npz (np.savez adds .npz to any other name)")
     params = write_mnist_background(_load_source(dataset, data_dir, "mnist"), path, colours or MNIST_PAIRS, seed)
     shown = ", ".join(f"{name} " + "/".join("#%02x%02x%02x" % tuple(c) for c in cs) for name, cs in
                       params["colours"].items())
     print(f"written: {path} (backgrounds: {shown})")
-    print(f"train with: fastfair train --dataset npz --data-dir {path} --set attack.eps=0.5 --set eval.eps=0.5 ...")
+    where = "" if path == data_path(None) else f" --data-dir {path}"  # the preset finds the default file itself
+    print(f"train with: fastfair train --config tian-kdd-fig5-madry-mnist-background{where}")
 
 
 @data_app.command("masks", help="approximate foreground masks of one class's test images for fastfair background: "

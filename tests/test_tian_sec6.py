@@ -76,6 +76,17 @@ def test_drop_classes_refuses_a_worst_class_selection_and_the_ffcv_loader():
         build.splits(config.resolve("demo", {"data.drop_classes": [2], "data.loader": "ffcv"}, []))
 
 
+def test_dropped_note_names_each_dropped_class():
+    from fastfair.data.subsets import dropped_note
+
+    assert dropped_note([], ["a", "b"]) == ""
+    assert dropped_note([3], ["0", "1", "2", "3"]).startswith("trained without class 3 (data.drop_classes)")
+    assert dropped_note([1, 2], ["cat", "dog", "ship"]) == ("trained without class 1 (dog), class 2 (ship) "
+                                                           "(data.drop_classes): the model never saw their training "
+                                                           "images (their rows count in the mean and the worst "
+                                                           "class)")
+
+
 # ---- the homing matrices (Fig. 4) --------------------------------------------------------------------------
 
 def test_homing_matrices_on_a_hand_made_case():
@@ -139,6 +150,64 @@ def test_homing_bad_inputs_are_one_error_line(homing_runs, capsys, pick, match):
 
 def test_homing_refuses_an_unknown_attack_before_any_work(homing_runs, capsys):
     assert "pgd20x" in _error(["homing", str(homing_runs), "--attack", "pgd20x"], capsys)
+
+
+def test_a_run_without_a_class_says_so_beside_its_tables(homing_runs, tmp_path, capsys):
+    run, note = homing_runs / "without-3", "trained without class 3 (data.drop_classes)"
+    assert json.loads((run / "eval" / "best_pgd-test.json").read_text())["dropped_classes"] == [3]
+    assert "dropped_classes" not in json.loads((homing_runs / "all" / "eval" / "best_pgd-test.json").read_text())
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--attacks", "clean", "--device", "cpu"]) == 0
+    table, _, closing = capsys.readouterr().out.partition("\nrun: ")
+    assert note in table.strip().splitlines()[-1]  # right under the per-class table
+    assert f"\n  {note}" in closing and closing.index(note) < closing.index("written:")  # and beside the headline
+    assert cli.main(["report", str(run), str(homing_runs / "all"), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    comparison, _, sections = md.partition("## Comparison")
+    assert f"**without-3: {note}" in comparison and "**all:" not in comparison
+    assert f"**T{note[1:]}" in sections.split("## all")[0] and "rained without" not in sections.split("## all")[1]
+    assert f"% without-3: {note}" in (tmp_path / "r" / "tables.tex").read_text()
+    from fastfair.reports.report import compare  # the table fastfair grid ends with (results.md)
+
+    table = compare([run, homing_runs / "all"]).splitlines()
+    assert table[-1].startswith(f"without-3: {note}") and sum("rained without" in line for line in table) == 1
+    assert compare([homing_runs / "all"]).count("rained without") == 0
+
+
+def test_homing_refuses_transfer_and_capped_attacks(homing_runs, capsys):
+    for attack in ("transfer:pgd20", "pgd20/10"):
+        assert "not offered" in _error(["homing", str(homing_runs), "--attack", attack], capsys)
+
+
+def test_homing_reuses_each_models_predictions_until_its_checkpoint_changes(homing_runs, tmp_path, monkeypatch):
+    import shutil
+
+    from fastfair.evaluation import homing as module
+
+    grid = tmp_path / "grid"
+    shutil.copytree(homing_runs, grid, ignore=shutil.ignore_patterns("homing"))  # no cache, no earlier output
+    attacked = []
+    real = module.predictions
+    monkeypatch.setattr(module, "predictions", lambda model, *a, **kw: attacked.append(model) or real(model, *a, **kw))
+    argv = ["homing", str(grid), "--attack", "fgsm", "--device", "cpu", "--quiet"]
+
+    def run(*extra) -> tuple[int, dict]:
+        attacked.clear()
+        assert cli.main([*argv, *extra]) == 0
+        return len(attacked), json.loads((grid / "homing" / "homing.json").read_text())
+
+    n, first = run()
+    assert n == 3 and (grid / "without-5" / "eval" / "homing" / "best_pgd-test-fgsm.json").is_file()
+    n, again = run()
+    assert n == 0 and again == first  # every model's predictions come from its cache
+    ck_path = grid / "without-5" / "checkpoints" / "best_pgd.pt"
+    ck = torch.load(ck_path, weights_only=True)
+    name = next(k for k, v in ck["model"].items() if v.is_floating_point())
+    ck["model"][name] = ck["model"][name] + 1.0
+    torch.save(ck, ck_path)
+    n, changed = run()
+    assert n == 1 and changed["misclassified"] == first["misclassified"]  # only the changed model is attacked
+    assert run("--seed", "7")[0] == 3 and run("--attack", "pgd2")[0] == 3  # other settings: every model again
 
 
 # ---- the MNIST background data set (Fig. 5) ---------------------------------------------------------------
@@ -213,6 +282,47 @@ def test_mnist_background_refuses_colour_images(tmp_path, capsys):
     assert "grey digits" in _error(argv, capsys)
 
 
+# ---- the Fig. 5 preset: PGD-AT on the coloured MNIST ---------------------------------------------------------
+
+FIG5 = "tian-kdd-fig5-madry-mnist-background"
+
+
+def test_fig5_preset_is_the_papers_mnist_setup_at_eps_half():
+    cfg = config.resolve(FIG5)
+    assert (cfg.data.dataset, cfg.model.name, cfg.method.name) == ("mnist-background", "small-cnn", "pgd-at")
+    assert (cfg.attack.eps, cfg.attack.alpha, cfg.attack.steps) == (0.5, 0.01, 40)  # Sec. 6.2's eps, App. A.1's PGD
+    assert (cfg.eval.eps, cfg.eval.attacks, cfg.train.val_attack) == (0.5, ["clean", "pgd40"], "pgd40")
+    assert (cfg.train.lr, cfg.train.lr_milestones, cfg.train.epochs, cfg.train.weight_decay) == (0.01, [55, 75, 90],
+                                                                                                 100, 2e-4)
+    assert (cfg.data.crop_padding, cfg.data.flip) == (0, False)  # MNIST's: no augmentation
+
+
+def test_fig5_preset_without_its_data_names_the_command_that_writes_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FASTFAIR_DATA", str(tmp_path))
+    err = _error(["train", "--config", FIG5, "--device", "cpu", "--out", str(tmp_path / "run")], capsys)
+    assert f"fastfair data background --out {tmp_path / 'mnist-background.npz'}" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_fig5_preset_refuses_grey_mnist(mnist_small, tmp_path, capsys):
+    err = _error(["train", "--config", FIG5, "--data-dir", str(mnist_small), "--device", "cpu",
+                  "--out", str(tmp_path / "run")], capsys)
+    assert "no background_params" in err and "fastfair data background" in err
+
+
+def test_fig5_preset_trains_on_what_data_background_wrote(mnist_small, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FASTFAIR_DATA", str(tmp_path))
+    assert cli.main(["data", "background", "--data-dir", str(mnist_small)]) == 0  # --out: where the preset reads
+    assert f"train with: fastfair train --config {FIG5}\n" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert cli.main(["train", "--config", FIG5, "--epochs", "1", "--quiet", "--device", "cpu", "--out", str(run),
+                     "--set", "model.width=4", "--set", "attack.steps=2", "--set", "train.val_attack=fgsm",
+                     "--set", "eval.attacks=['clean', 'pgd2']", "--set", "data.val_per_class=10"]) == 0
+    record = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    assert record["images"] == 500 and record["eps"] == 0.5
+    assert np.array(record["results"]["pgd2"]["confusion"]).sum() == 500
+
+
 # ---- background replaced at inference (Table 4) -------------------------------------------------------------
 
 def test_replacement_changes_only_background_pixels():
@@ -261,6 +371,90 @@ def test_background_command_writes_table4_counts_to_its_own_file(homing_runs, tm
         assert all(sum(row) == n for row in record["counts"][version].values())
     assert record["fingerprint"]["data"] != record["original_fingerprint"]  # the replaced images are fingerprinted
     assert (run / "eval" / "best_pgd-test.json").read_bytes() == plain  # the plain result is untouched
+
+
+def test_fig6_shows_the_images_table4_counts_with_their_predictions(homing_runs, tmp_path, monkeypatch):
+    from fastfair.evaluation import background as module
+
+    run = homing_runs / "all"
+    seen = {}
+    real = module.figure_6
+    monkeypatch.setattr(module, "figure_6", lambda scores, attack, *a: seen.update(scores=scores, attack=attack)
+                        or real(scores, attack, *a))
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(_class_masks(run, 3, tmp_path)),
+                     "--attacks", "clean,pgd3/10,fgsm", "--examples", "3", "--device", "cpu", "--quiet"]) == 0
+    record = json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())
+    assert seen["attack"] == "fgsm"  # the first attack made image by image on every image
+    for version in ("original", "replaced"):  # the figure's predictions are the ones Table 4 counts
+        for attack in ("clean", "fgsm"):
+            pred = seen["scores"][version, attack].argmax(1)
+            assert np.bincount(pred, minlength=10).tolist() == record["counts"][version][attack]
+    _, y = build.splits(config.resolve("demo", {}, []))[1]["test"]
+    assert len(record["examples"]) == 3 and all(y[i] == 3 for i in record["examples"])  # test-set indices
+    png = Path(record["figure"])
+    assert png == run / "eval" / "best_pgd-test-background-3-white.png" and png.read_bytes()[:4] == b"\x89PNG"
+    png.unlink()
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(_class_masks(run, 3, tmp_path)),
+                     "--attacks", "clean", "--examples", "0", "--device", "cpu", "--quiet"]) == 0
+    assert not png.exists() and "figure" not in json.loads((png.with_suffix(".json")).read_text())
+
+
+def test_fig6_puts_the_images_the_background_makes_robust_first(monkeypatch):
+    from fastfair.evaluation import background as module
+
+    drawn = {}
+    monkeypatch.setattr(module.figures, "image_grid", lambda columns, titles, *a: drawn.update(c=columns, t=titles))
+    # class 1 of 3; images 0..3: image 2 becomes right under the attack (+0.3), image 0 gains more (+0.4) but stays
+    # wrong, image 1 loses, image 3 is right before and after
+    adv_before = np.array([[0.5, 0.1, 0.4], [0.2, 0.5, 0.3], [0.5, 0.3, 0.2], [0.1, 0.8, 0.1]])
+    adv_after = np.array([[0.5, 0.5, 0.0], [0.5, 0.3, 0.2], [0.3, 0.6, 0.1], [0.1, 0.8, 0.1]])
+    clean = np.tile([0.2, 0.7, 0.1], (4, 1))
+    scores = {("original", "clean"): clean, ("replaced", "clean"): clean,
+              ("original", "pgd20"): adv_before, ("replaced", "pgd20"): adv_after}
+    images = np.zeros((4, 3, 2, 2), dtype=np.uint8)
+    ids = module.figure_6(scores, "pgd20", images, images, np.array([10, 11, 12, 13]), 1, ["a", "b", "c"], 3,
+                          "white", Path("unused.png"))
+    assert ids == [12, 10, 13] and drawn["t"] == ["test image 12", "test image 10", "test image 13"]
+    before, after = drawn["c"][0]  # image 12: before and after, natural then pgd20, (text, right)
+    assert before[1] == [("natural: b 0.70, a 0.20", True), ("pgd20: a 0.50, b 0.30", False)]
+    assert after[1][1] == ("pgd20: b 0.60, a 0.30", True)
+
+
+def test_background_adjusted_model_gives_table4_lines_3_and_6(homing_runs, tmp_path, capsys):
+    run, adjusted = homing_runs / "all", homing_runs / "without-5"
+    masks = _class_masks(run, 3, tmp_path)
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(masks), "--attacks", "clean,fgsm",
+                     "--adjusted", str(adjusted), "--examples", "0", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())
+    adj = record["adjusted"]
+    assert adj["checkpoint"] == str(adjusted / "checkpoints" / "best_pgd.pt")
+    assert set(adj["counts"]) == {"clean", "fgsm"}
+    assert all(sum(row) == record["images"] for row in adj["counts"].values())
+    before = record["counts"]["original"]["fgsm"]
+    line6 = next(line for line in out.splitlines() if line.startswith("+ training adjustment (fgsm)"))
+    cells = [cell.strip() for cell in line6.split("│")[1:]]  # each change is from the first model's original row
+    assert cells == [f"{a} ({a - b:+d})" for a, b in zip(adj["counts"]["fgsm"], before)]
+
+
+def test_background_adjusted_model_of_other_images_is_one_error_line(homing_runs, tmp_path, capsys):
+    run = homing_runs / "all"
+    masks = str(_class_masks(run, 3, tmp_path))
+    other = _train(tmp_path / "other", "--set", "data.test_per_class=20")
+    capsys.readouterr()  # training's warnings
+    argv = ["background", str(run), "--class", "3", "--mask", masks, "--attacks", "clean", "--device", "cpu"]
+    assert "are not those of" in _error([*argv, "--adjusted", str(other)], capsys)
+    assert "nowhere" in _error([*argv, "--adjusted", str(tmp_path / "nowhere.pt")], capsys)
+    assert "--examples" in _error([*argv, "--examples", "-1"], capsys)
+
+
+def test_background_table_of_a_run_without_a_class_says_so(homing_runs, tmp_path, capsys):
+    run = homing_runs / "without-5"
+    masks = _class_masks(run, 3, tmp_path)
+    assert cli.main(["background", str(run), "--class", "3", "--mask", str(masks), "--attacks", "clean",
+                     "--device", "cpu"]) == 0
+    assert "trained without class 5 (data.drop_classes)" in capsys.readouterr().out
+    assert json.loads((run / "eval" / "best_pgd-test-background-3-white.json").read_text())["dropped_classes"] == [5]
 
 
 @pytest.mark.parametrize("change, match", [

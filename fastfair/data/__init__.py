@@ -2,5 +2,6 @@
 from fastfair.data.datasets import DATASETS, DataBundle, load, split, subset_note
 from fastfair.data.loaders import LOADERS, DeviceLoader, random_crop_flip
 from fastfair.data import ffcv  # noqa: F401  (registers the ffcv loader; the ffcv package loads only when used)
+from fastfair.data import background  # noqa: F401  (registers mnist-background, Tian et al. KDD Fig. 5)
 
 __all__ = ["DATASETS", "LOADERS", "DataBundle", "DeviceLoader", "load", "random_crop_flip", "split", "subset_note"]

@@ -9,13 +9,16 @@ seeded). The paper's masks were made by hand; :func:`border_masks` is a stated, 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
+from fastfair.data.datasets import DATASETS, DatasetSpec, load
 from fastfair.errors import UserError
 
 COLOURS = {"white": (255, 255, 255), "black": (0, 0, 0), "red": (230, 25, 25), "green": (30, 160, 50),
@@ -103,6 +106,37 @@ def write_mnist_background(bundle, out: Path, colours: str, seed: int) -> dict:
                         y_test=bundle.y_test.numpy(), class_names=np.array(bundle.classes),
                         background_train=c_train, background_test=c_test, background_params=json.dumps(params))
     return params
+
+
+DATA_FILE = "mnist-background.npz"  # what ``mnist-background`` reads in a data folder
+
+
+def data_path(data_dir: str | Path | None) -> Path:
+    """The coloured MNIST a run of ``mnist-background`` reads: ``data_dir`` when it is a file, else
+    ``mnist-background.npz`` in it (default ``$FASTFAIR_DATA``, else ``~/.cache/fastfair/data``, as torchvision's
+    MNIST the file is made from)."""
+    root = Path(data_dir or os.environ.get("FASTFAIR_DATA", "~/.cache/fastfair/data")).expanduser()
+    return root if root.suffix == ".npz" else root / DATA_FILE
+
+
+def _load_mnist_background(data_dir: Path | None):
+    path = data_path(data_dir)
+    make = f"fastfair data background --out {path} (add --data-dir FOLDER_OR_FILE.npz for your grey MNIST)"
+    if not path.is_file():
+        raise UserError(f"mnist-background needs the coloured MNIST of Tian et al. KDD Fig. 5, {path}, which is "
+                        f"not there; write it with: {make}; or pass --data-dir FILE.npz where it is")
+    with np.load(path, allow_pickle=False) as f:
+        coloured = "background_params" in f.files
+    if not coloured:
+        raise UserError(f"{path} has no background_params, so it is not the coloured MNIST fastfair data "
+                        f"background writes; write one with: {make}")
+    return dataclasses.replace(load("npz", path), name="mnist-background")
+
+
+# MNIST's own defaults (no crop, no flip: TRADES's MNIST code, which Tian et al. follow, augments nothing)
+DATASETS.register("mnist-background", "MNIST with a background colour per class (Tian et al. KDD 2021 Fig. 5), "
+                                      "the .npz fastfair data background writes")(
+    DatasetSpec(_load_mnist_background, 100, 0, False, "fastfair data background (from torchvision's MNIST)"))
 
 
 # ---- masks and replacement at inference (Table 4, Fig. 6) -----------------------------------------------

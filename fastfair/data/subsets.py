@@ -51,3 +51,14 @@ def drop_from_training(bundle: DataBundle, splits: dict, drop: list[int]) -> dic
         return x[mask], y[mask]
 
     return {"train": keep(*splits["train"]), "val": keep(*splits["val"]), "test": splits["test"]}
+
+
+def dropped_note(drop: list[int], classes: list[str]) -> str:
+    """The words every per-class table of a run trained with ``data.drop_classes`` carries ("" for none), so a
+    dropped class's near-zero accuracy is not read as a result (Tian et al., KDD 2021, Sec. 6.1)."""
+    if not drop:
+        return ""
+    named = ", ".join(f"class {i}" + ("" if classes[i] == str(i) else f" ({classes[i]})") for i in drop)
+    its, rows = ("its", "its row counts") if len(drop) == 1 else ("their", "their rows count")
+    return (f"trained without {named} (data.drop_classes): the model never saw {its} training images ({rows} in "
+            "the mean and the worst class)")

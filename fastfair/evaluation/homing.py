@@ -10,10 +10,12 @@ the re-trained model: the homing confusion matrix (Fig. 4(b)) counts those, cell
 directories: one with no dropped class, the others each without one class) and writes ``homing.md``,
 ``homing.json`` and ``homing.png``. Every model is attacked on the same test images with the same seeds
 (:mod:`fastfair.evaluation.seeds`, batch by batch as ``fastfair eval``), so the per-image predictions line up.
+Each model's predictions are kept in ``RUN/eval/homing/<checkpoint>-test-<attack>.json`` with the fingerprints of
+its weights, the test images and the attack settings (:func:`fastfair.evaluation.per_class.fingerprint`); a later
+call reuses them only when all three agree, so adding a run to the grid attacks that run alone.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,19 +27,20 @@ from fastfair import build, config
 from fastfair.attacks import names, parse_attack, per_class
 from fastfair.errors import UserError
 from fastfair.evaluation import seeds
+from fastfair.evaluation.per_class import fingerprint, settings_of
 from fastfair.progress import Progress
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, write_json_atomic, write_text_atomic
+from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_atomic
 
 
 @torch.no_grad()
-def _predict(model, x) -> torch.Tensor:
-    return model(x).argmax(1)
+def _softmax(model, x) -> torch.Tensor:
+    return model(x).softmax(1)
 
 
-def predictions(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
-                seed: int = 0, clip_start: bool = True, progress=None) -> np.ndarray:
-    """Each test image's predicted class after ``attack_name``; batch ``i`` is attacked under
+def probabilities(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
+                  seed: int = 0, clip_start: bool = True, progress=None) -> np.ndarray:
+    """Each image's softmax output (N, C) after ``attack_name``; batch ``i`` is attacked under
     ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` attacks it."""
     model.eval()
     dev = next(model.parameters()).device
@@ -45,11 +48,16 @@ def predictions(model, loader, attack_name: str, *, eps, alpha, num_classes: int
     attack = parse_attack(attack_name, cw_kappa, clip_start)
     out = []
     for i, (x, y) in enumerate(loader):
-        with seeds.seeded(seed, attack.name, i, device=dev):
-            out.append(_predict(model, attack(model, x, y, eps_c, alpha_c)).cpu())
+        with seeds.seeded(seed, attack.seed_name, i, device=dev):
+            out.append(_softmax(model, attack(model, x, y, eps_c, alpha_c)).cpu())
         if progress is not None:
             progress()
     return torch.cat(out).numpy()
+
+
+def predictions(model, loader, attack_name: str, **kw) -> np.ndarray:
+    """Each image's predicted class after ``attack_name`` (:func:`probabilities`' arguments)."""
+    return probabilities(model, loader, attack_name, **kw).argmax(1)
 
 
 def misclassified_matrix(y: np.ndarray, pred: np.ndarray, num_classes: int) -> np.ndarray:
@@ -136,11 +144,16 @@ def _settings(cfg) -> dict:
             "clip_start": cfg.eval.clip_start}
 
 
-def _digest(split) -> str:
-    h = hashlib.sha256()
-    for t in split:
-        h.update(t.cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+def _cache_file(m: Member, attack: str) -> Path:
+    return m.run / "eval" / "homing" / f"{m.checkpoint.stem}-test-{attack}.json"
+
+
+def _cached(path: Path, fp: dict) -> np.ndarray | None:
+    """The predictions stored at ``path`` when they were made under the fingerprint ``fp``, else None."""
+    if not path.is_file():
+        return None
+    stored = read_json(path)
+    return np.asarray(stored["predictions"]) if stored.get("fingerprint") == fp else None
 
 
 def homing(targets: list[str], *, attack: str = "pgd20", out: str | None = None, checkpoint: str = "auto",
@@ -150,6 +163,10 @@ def homing(targets: list[str], *, attack: str = "pgd20", out: str | None = None,
     (KDD 2021, Sec. 6.1) as ``homing.md``, ``homing.json`` and ``homing.png`` under ``out``; returns the .md path."""
     if not names.parses(attack):  # AutoAttack's backends give no per-image prediction of their last sub-attack
         raise names.unknown_attack(attack, autoattack=False)
+    if names.is_transfer(attack) or parse_attack(attack).per_class:
+        raise UserError(f"--attack {attack}: the homing matrices attack every test image of every model with a "
+                        "white-box attack such as pgd20, cw20, fgsm or tpgd20@t0.1; transfer: and NAME/N attacks "
+                        "are not offered")
     base, without = members(targets, checkpoint)
     # one grid folder: its homing/ beside the runs; run folders named one by one: inside the base run
     grid = len(targets) == 1 and not (Path(targets[0]) / "config.toml").is_file()
@@ -159,18 +176,30 @@ def homing(targets: list[str], *, attack: str = "pgd20", out: str | None = None,
     for m in [base, *(without[j] for j in sorted(without))]:
         _, cfg, dev, model, bundle, data = build.from_checkpoint(m.checkpoint, split="test", device_name=device,
                                                                  data_dir=data_dir, batch_size=batch_size)
-        this = {"classes": bundle.classes, "test data": _digest(data), "eval settings": _settings(cfg)}
         if first is None:
-            first, run_seed = this, cfg.eval.seed if seed is None else seed
+            run_seed = cfg.eval.seed if seed is None else seed
+        loader = build.eval_loader(cfg, data, dev, build.channels_last(cfg, dev))
+        # the batch size too: each batch's random starts come from its index (seeds.derive)
+        settings = {**settings_of(eps=cfg.eval.eps, alpha=cfg.eval.alpha, cw_kappa=cfg.eval.cw_kappa, amp=False,
+                                  seed=run_seed, clip_start=cfg.eval.clip_start),
+                    "attack": attack, "batch_size": loader.batch_size}
+        fp = fingerprint(model, data, settings)
+        this = {"classes": bundle.classes, "test data": fp["data"], "eval settings": _settings(cfg)}
+        first = first or this
         for what, value in this.items():
             if value != first[what]:
                 raise UserError(f"{m.run} and {base.run} differ in their {what}; the homing matrix compares the "
                                 "same test images under the same attack")
-        loader = build.eval_loader(cfg, data, dev, build.channels_last(cfg, dev))
-        with prog.task(f"{attack} on {m.run.name}", len(loader)) as advance:
-            preds[m.dropped] = predictions(model, loader, attack, num_classes=bundle.num_classes, seed=run_seed,
-                                           cw_kappa=cfg.eval.cw_kappa, clip_start=cfg.eval.clip_start,
-                                           progress=advance, eps=cfg.eval.eps, alpha=cfg.eval.alpha)
+        cache = _cache_file(m, attack)
+        preds[m.dropped] = _cached(cache, fp)
+        if preds[m.dropped] is None:
+            with prog.task(f"{attack} on {m.run.name}", len(loader)) as advance:
+                preds[m.dropped] = predictions(model, loader, attack, num_classes=bundle.num_classes, seed=run_seed,
+                                               cw_kappa=cfg.eval.cw_kappa, clip_start=cfg.eval.clip_start,
+                                               progress=advance, eps=cfg.eval.eps, alpha=cfg.eval.alpha)
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic({"checkpoint": str(m.checkpoint), **settings, "fingerprint": fp,
+                               "predictions": preds[m.dropped].tolist()}, cache, indent=None)
         y = data[1].numpy()
     classes, c = first["classes"], len(first["classes"])
     mis = misclassified_matrix(y, preds[()], c)

@@ -22,6 +22,7 @@ from fastfair.attacks import autoattack, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
+from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
@@ -231,8 +232,10 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
                            clip_start=cfg.eval.clip_start, substitute=sub_model)
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
+    dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
-              "images": len(data[1]), "subset": note, **settings, "fingerprint": fp}
+              "images": len(data[1]), "subset": note, **({"dropped_classes": dropped} if dropped else {}),
+              **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
         kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
@@ -241,6 +244,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")
         display.print_table(*measures.table_rows(results, bundle.classes))
+        if dropped:
+            print(dropped_note(dropped, bundle.classes))
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")
     return record

@@ -168,6 +168,38 @@ def homing_heatmaps(misclassified, homing, classes: list[str], subtitle: str, pa
     return _save(fig, path)
 
 
+RIGHT, WRONG = "#1a7f37", "#c62828"  # caption colours: prediction right (green) or wrong (red)
+
+
+def image_grid(columns, column_titles: list[str], row_titles: list[str], title: str, path: Path) -> Path:
+    """Images, a column per example and a row per version of it (Tian et al. KDD 2021 Fig. 6: before and after the
+    background is replaced); ``columns[j][i] = (uint8 image (C, H, W), [(caption line, right), ...])``, each line
+    under its image in green when ``right``, else red, as the paper's prediction boxes."""
+    n, rows = len(columns), len(row_titles)
+    lines = max(len(cap) for col in columns for _, cap in col)
+    fig, axes = plt.subplots(rows, n, figsize=(2.6 * n + 0.4, (2.3 + 0.2 * lines) * rows), squeeze=False)
+    for j in range(n):
+        for i in range(rows):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            image, caption = columns[j][i]
+            hwc = np.asarray(image).transpose(1, 2, 0)
+            grey = hwc.shape[2] == 1
+            ax.imshow(hwc[..., 0] if grey else hwc, cmap="gray" if grey else None, vmin=0, vmax=255,
+                      interpolation="nearest")  # a 32x32 image blurred would hide the mask's edge
+            for k, (text, right) in enumerate(caption):
+                ax.annotate(text, (0.5, 0), xycoords="axes fraction", xytext=(0, -4 - 11 * k),
+                            textcoords="offset points", ha="center", va="top", fontsize=7.5,
+                            color=RIGHT if right else WRONG)
+            if i == 0:
+                ax.set_title(column_titles[j], fontsize=9)
+            if j == 0:
+                ax.set_ylabel(row_titles[i], fontsize=9)
+    fig.suptitle(title, fontsize=_title_size(max(title.splitlines(), key=len), 2.6 * n))
+    return _save(fig, path)
+
+
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
            ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
     """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,

@@ -20,6 +20,7 @@ import numpy as np
 from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
 from fastfair import data, display
+from fastfair.data.subsets import dropped_note
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
@@ -274,7 +275,11 @@ def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "te
     Markdown, or LaTeX with ``latex``."""
     groups, base = _groups_with_baseline(run_dirs, baseline, labels)
     attack, rows = comparison_rows(groups, attack, base, split)
-    return _table(attack, rows, base, latex)
+    classes = _records(groups, split)[0][0]["classes"]
+    # a grid of re-trainings without a class each (tian-kdd-fig4-homing): their worst class is most likely that one
+    dropped = [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
+    notes = [f"% {line}" if latex else line for line in dropped]
+    return "\n".join([_table(attack, rows, base, latex), *([""] + notes if notes else [])])
 
 
 def _checked_labels(run_dirs, labels: list[str] | None) -> list[str | None]:
@@ -347,9 +352,11 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
     return f"![{caption}]({_relative(path, out)})\n"
 
 
-def _subset_lines(groups: list[Group]) -> list[str]:
-    """A line above the comparison for every group that is a quick run (part of its data set)."""
-    return [f"**{g.label}: {_subset_note(g.runs[0])}.**\n" for g in groups if _subset_note(g.runs[0])]
+def _subset_lines(groups: list[Group], classes: list[str]) -> list[str]:
+    """A line above the comparison for every group that is a quick run (part of its data set) or was trained
+    without some classes (its worst class is likely one of them)."""
+    return [f"**{g.label}: {note}.**\n" for g in groups
+            for note in (_subset_note(g.runs[0]), _dropped_note(g.runs[0], classes)) if note]
 
 
 def default_out(groups: list[Group]) -> Path:
@@ -381,14 +388,15 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
     classes = recs[0][0]["classes"]
     md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
-          f"are one group, shown as mean ± std).\n", *_subset_lines(groups), "## Comparison\n",
+          f"are one group, shown as mean ± std).\n", *_subset_lines(groups, classes), "## Comparison\n",
           _table(attack, rows, base, False) + "\n",
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           f"worst-class gain + relative average change against the baseline (WAT/DAFA).{rho_note(attack, rows, base)}"
           "\n"]
-    tex = ["% fastfair report tables (booktabs)", *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups)),
+    tex = ["% fastfair report tables (booktabs)",
+           *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups, classes)),
            f"% comparison, split {split}, robust attack {attack}",
            _table(attack, rows, base, True)]
     if len(groups) > 1:
@@ -415,8 +423,9 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
                                                  for r, s in zip(g.runs, g.seeds)) + "\n"]
     note = _subset_note(g.runs[0])
     label = f"{g.label} ({note})" if note else g.label  # a figure cut out of the report still says it
-    if note:
-        md.append(f"**{note[0].upper() + note[1:]}.**\n")
+    for said in (note, _dropped_note(g.runs[0], classes)):
+        if said:
+            md.append(f"**{said[0].upper() + said[1:]}.**\n")
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
     means = {n: _per_class_mean(recs, n) for n in attacks}
     table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
@@ -453,6 +462,10 @@ def _subset_note(run: Run) -> str:
     c = run.config
     return data.subset_note(c.get("data.dataset", "?"), c.get("data.train_per_class", 0),
                             c.get("data.test_per_class", 0))
+
+
+def _dropped_note(run: Run, classes: list[str]) -> str:
+    return dropped_note(run.config.get("data.drop_classes", []), classes)
 
 
 def _per_class_latex(table: dict, classes: list[str]) -> str:

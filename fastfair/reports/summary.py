@@ -8,6 +8,7 @@ from pathlib import Path
 from fastfair import display
 from fastfair.attacks import autoattack
 from fastfair.config import load_saved_text
+from fastfair.data.subsets import dropped_note
 from fastfair.rundir import RunDir
 
 AA_QUICK = 20  # images per class suggested for a first AutoAttack look on a CPU
@@ -45,6 +46,8 @@ def lines(record: dict, averaged: dict | None = None, figure: Path | None = None
     is_run = run.config.is_file()  # else a model file fastfair did not write: no run folder to report on
     out = [f"{'run' if is_run else 'model'}: {run.path if is_run else record['checkpoint']} ({_what(record)})",
            f"  {headline(record)}", f"  written: {record['path']}"]
+    if record.get("dropped_classes"):  # its worst class is most likely a dropped one
+        out.insert(2, f"  {dropped_note(record['dropped_classes'], record['classes'])}")
     if averaged:
         out += [f"averaged model ({Path(averaged['checkpoint']).stem}): {headline(averaged)}",
                 f"  written: {averaged['path']}"]
