@@ -84,9 +84,15 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
 def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
     """The run's data set and its train / val / test splits; ``loaded``: the data set as :func:`data.load`
     returned it, when the caller has it already (a grid checks many runs of one data set)."""
-    raw = data.load(cfg.data.dataset, cfg.data.data_dir or None) if loaded is None else loaded
-    bundle = subsets.select(raw, cfg.data.classes)
-    if cfg.data.drop_classes and cfg.data.loader != "device":  # .beton files hold every class's training images
+    d = cfg.data
+    need = data.DATASETS.get(d.dataset).loader
+    if d.loader != need and "folder" in (d.loader, need):  # a folder bundle holds file indices, the others images
+        raise UserError(f"data.loader={d.loader} cannot read {d.dataset}: it needs --loader {need}"
+                        + (" (its images do not fit in memory)" if need == "folder" else ""))
+    raw = data.load(d.dataset, d.data_dir or None) if loaded is None else loaded
+    bundle = subsets.select(raw, d.classes)
+    # .beton files hold every class's training images; the device and folder loaders read what the split indexes
+    if cfg.data.drop_classes and cfg.data.loader not in ("device", "folder"):
         raise UserError(f"data.drop_classes needs data.loader=device; the {cfg.data.loader} loader reads the training "
                         "images from its own files, which still hold the dropped classes")
     sp = data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
@@ -112,6 +118,8 @@ def _loader_options(cfg: Config) -> dict:
     d = cfg.data
     if d.loader == "device":
         return {}
+    if d.loader == "folder":
+        return {"data_dir": d.data_dir, "image_size": d.image_size, "workers": d.workers}
     return {"beton_dir": d.beton_dir, "os_cache": d.os_cache, "dataset": d.dataset, "val_per_class": d.val_per_class}
 
 
@@ -126,10 +134,12 @@ def train_loader(cfg: Config, split, dev, cl: bool):
 
 def eval_loader(cfg: Config, split, dev, cl: bool, name: str | None = None):
     """Evaluation batches in split order; through ``data.loader`` when the split's ``name`` is given
-    (the trainer's validation), else on the device (evaluating a checkpoint needs no .beton files)."""
+    (the trainer's validation) or the data set is read from its files (imagenet), else on the device
+    (evaluating a checkpoint needs no .beton files)."""
     x, y = split
-    kind = cfg.data.loader if name else "device"
-    opts = _loader_options(cfg) if name else {}
+    through = bool(name) or cfg.data.loader == "folder"
+    kind = cfg.data.loader if through else "device"
+    opts = _loader_options(cfg) if through else {}
     return data.LOADERS.get(kind)(name, x, y, cfg.data.eval_batch_size, device=dev, train=False,
                                   channels_last=cl, **opts)
 

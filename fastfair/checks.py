@@ -58,7 +58,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
     "train.select_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
-    "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
+    "data.crop_padding": _at_least(0), "data.image_size": _at_least(16), "data.workers": _at_least(0),
+    "model.width": _at_least(0), "model.head_scale": _POSITIVE,
     "he.pmax_epoch": _at_least(1),
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
                      "distinct class indices, each at least 0"),
@@ -114,9 +115,9 @@ def check_config(cfg) -> list[str]:
     if val.transfer or val.per_class:
         raise UserError(f"train.val_attack={cfg.train.val_attack!r}: validation attacks the model itself on the whole "
                         "validation split; transfer: and NAME/N are for eval.attacks")
-    if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
-        raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
-                        f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
+    if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader == "ffcv":
+        raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
+                        "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")

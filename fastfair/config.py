@@ -49,10 +49,16 @@ class DataConfig:
     flip: bool = True
     batch_size: int = 128
     eval_batch_size: int = 500
-    loader: str = "device"  # device | ffcv (fastfair data convert, then --loader ffcv --beton-dir DIR)
+    # device | ffcv (fastfair data convert, then --loader ffcv --beton-dir DIR) | folder (imagenet's default: its
+    # JPEGs streamed by CPU workers)
+    loader: str = "device"
     beton_dir: str = ""  # ffcv: folder with train/val/test.beton and meta.json
     os_cache: bool = True  # ffcv: let the OS page cache hold the .beton file (false: FFCV reads pages)
     order: str = "random"  # ffcv training order: random (the device loader's) | quasi_random | sequential
+    # folder loader (imagenet): the side of the training crop (random-resized, Wong et al. 2020's augmentation) and
+    # of the test centre crop, taken after resizing the shorter side to 256/224 of it (torchvision's ImageNet reference)
+    image_size: int = 224
+    workers: int = 8  # folder loader: processes decoding images (0: in the main process)
     # ME paper Sec. 2.2 binary/subset experiments: keep only these classes, relabelled 0..k-1 in
     # the order given (e.g. [3, 5] = cat vs dog); empty keeps all
     classes: list[int] = field(default_factory=list)
@@ -203,6 +209,7 @@ RESUMABLE: dict[str, str] = {
     "train.track": "where the numbers are also sent; the run's files stay the same",
     "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
     "data.eval_batch_size": "memory only: the same per-class accuracies",
+    "data.workers": "how the same computation runs (the folder loader draws its crops from the seed, not the worker)",
     "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",
 }
 
@@ -357,7 +364,7 @@ def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
     apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults", DEFAULTS)
     spec = DATASETS.get(dataset)
     apply(cfg, {"data.val_per_class": spec.val_per_class, "data.crop_padding": spec.crop_padding,
-                "data.flip": spec.flip}, f"data set {dataset}'s defaults", DEFAULTS)
+                "data.flip": spec.flip, "data.loader": spec.loader}, f"data set {dataset}'s defaults", DEFAULTS)
     for name in options:
         try:
             apply(cfg, OPTIONS.get(name).defaults, f"option {name}'s defaults", DEFAULTS)
