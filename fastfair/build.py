@@ -5,6 +5,7 @@ import contextlib
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fastfair import data, models
@@ -166,6 +167,16 @@ def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> s
         return "inductor" if compiled_descent else "triton"
     BACKENDS.get(choice)
     return choice
+
+
+def lr_at(cfg: Config):
+    """The rate at a fractional epoch t (epoch + steps done / steps), piecewise linear through
+    (train.lr_epochs, train.lr_values) as Wong et al. 2020's ImageNet code (main_fast.py: np.interp);
+    ``None`` for the step schedule."""
+    t = cfg.train
+    if not t.lr_epochs:
+        return None
+    return lambda epoch: float(np.interp(epoch, t.lr_epochs, t.lr_values))
 
 
 def sgd_impl(dev: torch.device) -> dict:

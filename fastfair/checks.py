@@ -118,6 +118,7 @@ def check_config(cfg) -> list[str]:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader == "ffcv":
         raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
                         "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
+    _check_piecewise(cfg.train)
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
@@ -127,6 +128,22 @@ def check_config(cfg) -> list[str]:
         raise UserError(f"eval.attacks: {err}") from None
     check_substitute(cfg.eval.attacks, bool(cfg.eval.substitute), "eval.substitute")
     return method.warnings(cfg) + check_epochs(cfg)
+
+
+def _check_piecewise(t) -> None:
+    """train.lr_epochs / train.lr_values: two or more points, epochs in order, rates at least 0."""
+    if not (t.lr_epochs or t.lr_values):
+        return
+    if len(t.lr_epochs) != len(t.lr_values) or len(t.lr_epochs) < 2:
+        raise UserError(f"train.lr_epochs and train.lr_values are the points of a piecewise-linear schedule: two or "
+                        f"more epochs and as many rates (Wong et al.: [0, 1, 6] and [0, 0.4, 0.04]); got "
+                        f"{t.lr_epochs} and {t.lr_values}")
+    if any(b < a for a, b in zip(t.lr_epochs, t.lr_epochs[1:])) or min(t.lr_epochs) < 0 or min(t.lr_values) < 0:
+        raise UserError(f"train.lr_epochs must be epochs from 0 in increasing order and train.lr_values rates at "
+                        f"least 0; got {t.lr_epochs} and {t.lr_values}")
+    if t.lr_milestones:
+        raise UserError(f"train.lr_epochs / train.lr_values replace the step schedule, so train.lr_milestones = "
+                        f"{t.lr_milestones} would never act; set train.lr_milestones=[]")
 
 
 def epoch_keys(cfg=None) -> dict[str, Epochs]:

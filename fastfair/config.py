@@ -100,6 +100,10 @@ class TrainConfig:
     # epochs after which the rate is multiplied by lr_gamma: it changes from epoch m + 1 on (MultiStepLR)
     lr_milestones: list[int] = field(default_factory=lambda: [75, 90])
     lr_gamma: float = 0.1
+    # Wong et al. 2020's schedule (their ImageNet configs' lr_epochs, lr_values): the rate is set every step, piecewise
+    # linear in the fractional epoch through these points, in place of train.lr and the step schedule above
+    lr_epochs: list[float] = field(default_factory=list)
+    lr_values: list[float] = field(default_factory=list)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "auto"  # auto (bf16 on CUDA and on a CPU with native bf16) | bf16 | off

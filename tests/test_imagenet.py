@@ -96,13 +96,18 @@ def test_resnet50_takes_images_in_0_1_and_gives_2048_features_and_the_logits():
     assert 25.5e6 < sum(p.numel() for p in m.parameters()) - 5 * 2049 + 1000 * 2049 < 25.6e6  # He et al.'s 25.6M
 
 
-def test_fgsm_rs_trains_one_epoch_from_the_cli_and_evaluates_per_class(folder, tmp_path):
+def test_fgsm_rs_trains_from_the_cli_on_wongs_schedule_and_evaluates_per_class(folder, tmp_path):
     done = fastfair("train", "--dataset", "imagenet", "--data-dir", str(folder), "--method", "fgsm-rs",
-                    "--epochs", "1", "--quiet", "--out", str(tmp_path / "run"), "--set", "model.name=tiny-cnn",
+                    "--epochs", "2", "--quiet", "--out", str(tmp_path / "run"), "--set", "model.name=tiny-cnn",
                     "--set", "model.width=4", "--set", "data.image_size=32", "--set", "data.batch_size=5",
                     "--set", "data.val_per_class=2", "--set", "data.workers=0", "--set", "attack.eps=0.007",
-                    "--set", "eval.attacks=['clean', 'pgd20']", "--set", "train.select=last")
+                    "--set", "eval.attacks=['clean', 'pgd20']", "--set", "train.select=last",
+                    "--set", "train.lr_epochs=[0, 1, 2]", "--set", "train.lr_values=[0, 0.3, 0.03]",
+                    "--set", "train.lr_milestones=[]")
     assert done.returncode == 0, done.stderr
+    # 15 training images in batches of 5: 3 steps an epoch, each epoch's line has its first step's rate
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([0.3 / 3, 0.3 - 0.27 / 3])
     result = json.loads((tmp_path / "run" / "eval" / "last-test.json").read_text())
     assert result["classes"] == CLASSES and result["images"] == 9
     assert {k: len(v["per_class"]) for k, v in result["results"].items()} == {"clean": 3, "pgd20": 3}
@@ -142,3 +147,15 @@ def test_imagenet_needs_the_folder_loader_and_other_data_sets_cannot_take_it(fol
         build.splits(config.resolve(None, {"data.dataset": "imagenet", "data.loader": "device"}))
     with pytest.raises(UserError, match="needs --loader device"):
         build.splits(config.resolve(None, {"data.dataset": "digits", "data.loader": "folder"}))
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["train.lr_epochs=[0, 1]", "train.lr_milestones=[]"], "as many rates"),
+    (["train.lr_epochs=[0, 2, 1]", "train.lr_values=[0, 1, 0]", "train.lr_milestones=[]"], "increasing order"),
+    (["train.lr_epochs=[0, 1]", "train.lr_values=[0, 0.4]"], "set train.lr_milestones=\\[\\]"),
+])
+def test_a_piecewise_schedule_that_cannot_be_wongs_is_an_error(sets, said):
+    from fastfair.checks import check_config
+
+    with pytest.raises(UserError, match=said):
+        check_config(config.resolve(None, {}, sets))
