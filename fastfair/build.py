@@ -108,10 +108,11 @@ def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple
         raise UserError(f"train.select={cfg.train.select} scores the worst class on the validation split, and a class "
                         f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "
                         "the worst); use train.select=pgd or last")
-    n = len(sp["train"][1])
-    if n < cfg.data.batch_size:
-        raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {n} training images "
-                        f"(after the validation split); lower data.batch_size")
+    n, d = len(sp["train"][1]), cfg.data
+    key, said = (("data.phase_batch_sizes", f"={d.phase_batch_sizes} has a batch of {max(d.phase_batch_sizes)}, which")
+                 if d.phase_batch_sizes else ("data.batch_size", f"={d.batch_size}"))
+    if n < max(d.phase_batch_sizes or [d.batch_size]):
+        raise UserError(f"{key}{said} is more than the {n} training images (after the validation split); lower {key}")
     return bundle, sp
 
 
@@ -120,7 +121,8 @@ def _loader_options(cfg: Config) -> dict:
     if d.loader == "device":
         return {}
     if d.loader == "folder":
-        return {"data_dir": d.data_dir, "image_size": d.image_size, "workers": d.workers}
+        return {"data_dir": d.data_dir, "image_size": d.image_size, "workers": d.workers,
+                "phases": list(zip(d.phase_epochs, d.phase_image_sizes, d.phase_batch_sizes))}
     return {"beton_dir": d.beton_dir, "os_cache": d.os_cache, "dataset": d.dataset, "val_per_class": d.val_per_class}
 
 
@@ -167,6 +169,13 @@ def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> s
         return "inductor" if compiled_descent else "triton"
     BACKENDS.get(choice)
     return choice
+
+
+def batch_size(cfg: Config, epoch: int) -> int:
+    """The training batch size of 0-based ``epoch``: its resolution phase's (data.phase_*), else data.batch_size."""
+    d = cfg.data
+    return next((b for first, b in reversed(list(zip(d.phase_epochs, d.phase_batch_sizes))) if first <= epoch),
+                d.batch_size)
 
 
 def lr_at(cfg: Config):

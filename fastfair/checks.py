@@ -119,6 +119,7 @@ def check_config(cfg) -> list[str]:
         raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
                         "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
     _check_piecewise(cfg.train)
+    _check_phases(cfg.data)
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
@@ -144,6 +145,25 @@ def _check_piecewise(t) -> None:
     if t.lr_milestones:
         raise UserError(f"train.lr_epochs / train.lr_values replace the step schedule, so train.lr_milestones = "
                         f"{t.lr_milestones} would never act; set train.lr_milestones=[]")
+
+
+def _check_phases(d) -> None:
+    """data.phase_*: as many sizes and batch sizes as phases, the first from epoch 0, the folder loader."""
+    lists = (d.phase_epochs, d.phase_image_sizes, d.phase_batch_sizes)
+    if not any(lists):
+        return
+    if d.loader != "folder":
+        raise UserError(f"data.phase_* (resolution phases) need the folder loader (the imagenet data set); "
+                        f"data.loader={d.loader!r} keeps one image size")
+    if len(set(map(len, lists))) > 1 or d.phase_epochs[:1] != [0]:
+        raise UserError(f"data.phase_epochs, data.phase_image_sizes and data.phase_batch_sizes give one value per "
+                        f"phase, the first phase from epoch 0 (Wong et al.: [0, 6, 12], [128, 224, 288], "
+                        f"[512, 224, 128]); got {d.phase_epochs}, {d.phase_image_sizes}, {d.phase_batch_sizes}")
+    if any(b <= a for a, b in zip(d.phase_epochs, d.phase_epochs[1:])) or min(d.phase_image_sizes) < 16 \
+            or min(d.phase_batch_sizes) < 1:
+        raise UserError(f"data.phase_epochs must increase, data.phase_image_sizes be at least 16 and "
+                        f"data.phase_batch_sizes at least 1; got {d.phase_epochs}, {d.phase_image_sizes}, "
+                        f"{d.phase_batch_sizes}")
 
 
 def epoch_keys(cfg=None) -> dict[str, Epochs]:

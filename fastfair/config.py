@@ -59,6 +59,12 @@ class DataConfig:
     # of the test centre crop, taken after resizing the shorter side to 256/224 of it (torchvision's ImageNet reference)
     image_size: int = 224
     workers: int = 8  # folder loader: processes decoding images (0: in the main process)
+    # folder loader: Wong et al. 2020's resolution phases (their ImageNet configs' crop_size and batch_size per phase):
+    # after phase_epochs[i] epochs (0, 6, 12: epochs 1-6, 7-12, 13-15) train on phase_image_sizes[i] crops in batches
+    # of phase_batch_sizes[i]; empty: data.image_size and data.batch_size throughout. Evaluation keeps data.image_size
+    phase_epochs: list[int] = field(default_factory=list)
+    phase_image_sizes: list[int] = field(default_factory=list)
+    phase_batch_sizes: list[int] = field(default_factory=list)
     # ME paper Sec. 2.2 binary/subset experiments: keep only these classes, relabelled 0..k-1 in
     # the order given (e.g. [3, 5] = cat vs dog); empty keeps all
     classes: list[int] = field(default_factory=list)

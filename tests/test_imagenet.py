@@ -77,6 +77,20 @@ def test_test_batches_are_centre_crops_in_file_order_keeping_the_last_partial_ba
                                                                       size=24)))
 
 
+def test_each_resolution_phase_trains_on_its_own_crop_and_batch_size_and_evaluation_keeps_image_size(folder):
+    b = data.load("imagenet", folder)
+    phases = [(0, 24, 4), (2, 40, 6)]
+    train = data.LOADERS.get("folder")("train", b.x_train, b.y_train, 99, device="cpu", train=True, flip=True,
+                                       data_dir=str(folder), image_size=32, phases=phases)
+    test = data.LOADERS.get("folder")("test", b.x_test, b.y_test, 9, device="cpu", train=False,
+                                      data_dir=str(folder), image_size=32, phases=phases)
+    for epoch, (size, batch) in ((0, (24, 4)), (1, (24, 4)), (2, (40, 6)), (5, (40, 6))):
+        train.set_epoch(epoch)
+        test.set_epoch(epoch)
+        assert len(train) == 21 // batch and {tuple(x.shape) for x, _ in train} == {(batch, 3, size, size)}
+        assert [tuple(x.shape) for x, _ in test] == [(9, 3, 32, 32)]
+
+
 def test_random_resized_crops_stay_in_the_image_within_the_area_and_aspect_ranges():
     import random
 
@@ -103,11 +117,12 @@ def test_fgsm_rs_trains_from_the_cli_on_wongs_schedule_and_evaluates_per_class(f
                     "--set", "data.val_per_class=2", "--set", "data.workers=0", "--set", "attack.eps=0.007",
                     "--set", "eval.attacks=['clean', 'pgd20']", "--set", "train.select=last",
                     "--set", "train.lr_epochs=[0, 1, 2]", "--set", "train.lr_values=[0, 0.3, 0.03]",
-                    "--set", "train.lr_milestones=[]")
+                    "--set", "train.lr_milestones=[]", "--set", "data.phase_epochs=[0, 1]",
+                    "--set", "data.phase_image_sizes=[24, 32]", "--set", "data.phase_batch_sizes=[5, 3]")
     assert done.returncode == 0, done.stderr
-    # 15 training images in batches of 5: 3 steps an epoch, each epoch's line has its first step's rate
+    # 15 training images: 3 steps in epoch 1 (batches of 5), 5 in epoch 2 (of 3); each line has its first step's rate
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert lrs == pytest.approx([0.3 / 3, 0.3 - 0.27 / 3])
+    assert lrs == pytest.approx([0.3 / 3, 0.3 - 0.27 / 5])
     result = json.loads((tmp_path / "run" / "eval" / "last-test.json").read_text())
     assert result["classes"] == CLASSES and result["images"] == 9
     assert {k: len(v["per_class"]) for k, v in result["results"].items()} == {"clean": 3, "pgd20": 3}
@@ -153,8 +168,16 @@ def test_imagenet_needs_the_folder_loader_and_other_data_sets_cannot_take_it(fol
     (["train.lr_epochs=[0, 1]", "train.lr_milestones=[]"], "as many rates"),
     (["train.lr_epochs=[0, 2, 1]", "train.lr_values=[0, 1, 0]", "train.lr_milestones=[]"], "increasing order"),
     (["train.lr_epochs=[0, 1]", "train.lr_values=[0, 0.4]"], "set train.lr_milestones=\\[\\]"),
+    (["data.phase_epochs=[0, 6]", "data.phase_image_sizes=[128, 224]", "data.phase_batch_sizes=[512, 224]"],
+     "need the folder loader"),
+    (["data.dataset=imagenet", "data.phase_epochs=[0, 6]", "data.phase_image_sizes=[128]",
+      "data.phase_batch_sizes=[512, 224]"], "one value per phase"),
+    (["data.dataset=imagenet", "data.phase_epochs=[1, 6]", "data.phase_image_sizes=[128, 224]",
+      "data.phase_batch_sizes=[512, 224]"], "from epoch 0"),
+    (["data.dataset=imagenet", "data.phase_epochs=[0, 6]", "data.phase_image_sizes=[128, 8]",
+      "data.phase_batch_sizes=[512, 224]"], "at least 16"),
 ])
-def test_a_piecewise_schedule_that_cannot_be_wongs_is_an_error(sets, said):
+def test_a_schedule_or_phases_that_cannot_be_wongs_are_an_error(sets, said):
     from fastfair.checks import check_config
 
     with pytest.raises(UserError, match=said):

@@ -171,10 +171,12 @@ class FolderLoader:
     :class:`fastfair.data.loaders.DeviceLoader`'s interface: ``set_epoch``, ``len`` (drop_last when training)."""
 
     def __init__(self, found: Listing, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
-                 flip: bool, seed: int, channels_last: bool, image_size: int, workers: int):
+                 flip: bool, seed: int, channels_last: bool, image_size: int, workers: int, phases=()):
         self.index, self.y = x.numpy(), y.numpy()
         self.batch_size, self.train, self.seed, self.device = batch_size, train, seed, torch.device(device)
         self.images = _Images(found.files, image_size, train, flip)
+        # (first 0-based epoch, image size, batch size) of each resolution phase (Wong et al. 2020); training only
+        self.phases = list(phases) if train else []
         self.workers = workers
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.gen = torch.Generator()
@@ -182,6 +184,9 @@ class FolderLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.gen.manual_seed(self.seed * 100_003 + epoch)  # DeviceLoader's seeding
+        for first, size, batch in self.phases:
+            if first <= epoch:
+                self.images.size, self.batch_size = size, batch
 
     def __len__(self) -> int:
         n = len(self.index)
@@ -203,6 +208,6 @@ class FolderLoader:
 @LOADERS.register("folder", "image files read by CPU workers (the imagenet data set; data.workers, data.image_size)")
 def _folder_loader(split: str, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
                    flip: bool = False, seed: int = 0, channels_last: bool = False, data_dir: str = "",
-                   image_size: int = 224, workers: int = 0, **_):
+                   image_size: int = 224, workers: int = 0, phases=(), **_):
     return FolderLoader(listing(data_dir), x, y, batch_size, device=device, train=train, flip=flip, seed=seed,
-                        channels_last=channels_last, image_size=image_size, workers=workers)
+                        channels_last=channels_last, image_size=image_size, workers=workers, phases=phases)

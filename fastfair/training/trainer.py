@@ -205,11 +205,11 @@ class Trainer:
         self.method.begin_epoch(self.model, epoch)
         self.train_loader.set_epoch(epoch)
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
-        steps = len(self.train_loader)
+        steps, batch = len(self.train_loader), build.batch_size(self.cfg, epoch)  # after set_epoch: its phase's
         lr = self.lr_at(epoch + 1 / steps) if self.lr_at else self.opt.param_groups[0]["lr"]  # the first step's
         t0 = time.perf_counter()
         with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps,
-                                images_per_step=self.cfg.data.batch_size) as advance:
+                                images_per_step=batch) as advance:
             for i, (x, y) in enumerate(self.train_loader):
                 if self.lr_at:  # a function of (epoch, step) alone, so a resumed run continues it exactly
                     for group in self.opt.param_groups:
@@ -235,7 +235,7 @@ class Trainer:
             "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
                     for k, v in val.items()},
             "vectors": stats["vectors"], "epoch_time_s": seconds,
-            "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
+            "images_per_s": steps * batch / seconds,
         }
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
