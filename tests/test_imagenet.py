@@ -1,6 +1,7 @@
 """ImageNet streamed from its folder (fastfair/data/folder.py), ResNet-50, and a CLI run on a generated ImageFolder."""
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,22 +111,23 @@ def test_resnet50_takes_images_in_0_1_and_gives_2048_features_and_the_logits():
     assert 25.5e6 < sum(p.numel() for p in m.parameters()) - 5 * 2049 + 1000 * 2049 < 25.6e6  # He et al.'s 25.6M
 
 
-def test_fgsm_rs_trains_from_the_cli_on_wongs_schedule_and_evaluates_per_class(folder, tmp_path):
-    done = fastfair("train", "--dataset", "imagenet", "--data-dir", str(folder), "--method", "fgsm-rs",
-                    "--epochs", "2", "--quiet", "--out", str(tmp_path / "run"), "--set", "model.name=tiny-cnn",
-                    "--set", "model.width=4", "--set", "data.image_size=32", "--set", "data.batch_size=5",
-                    "--set", "data.val_per_class=2", "--set", "data.workers=0", "--set", "attack.eps=0.007",
-                    "--set", "eval.attacks=['clean', 'pgd20']", "--set", "train.select=last",
+def test_the_fgsm_rs_preset_trains_from_the_cli_on_its_phases_and_schedule_and_evaluates_per_class(folder, tmp_path):
+    # the file, not the name: a subprocess's fastfair.presets is the installed checkout's (tests/conftest.py)
+    preset = Path(__file__).parents[1] / "configs" / "tian-kdd-t5-imagenet-fgsm-rs.toml"
+    done = fastfair("train", "--config", str(preset), "--data-dir", str(folder), "--epochs", "2", "--quiet",
+                    "--out", str(tmp_path / "run"), "--set", "model.name=tiny-cnn", "--set", "model.width=4",
+                    "--set", "data.image_size=32", "--set", "data.val_per_class=2", "--set", "data.workers=0",
                     "--set", "train.lr_epochs=[0, 1, 2]", "--set", "train.lr_values=[0, 0.3, 0.03]",
-                    "--set", "train.lr_milestones=[]", "--set", "data.phase_epochs=[0, 1]",
-                    "--set", "data.phase_image_sizes=[24, 32]", "--set", "data.phase_batch_sizes=[5, 3]")
+                    "--set", "data.phase_epochs=[0, 1]", "--set", "data.phase_image_sizes=[24, 32]",
+                    "--set", "data.phase_batch_sizes=[5, 3]")
     assert done.returncode == 0, done.stderr
     # 15 training images: 3 steps in epoch 1 (batches of 5), 5 in epoch 2 (of 3); each line has its first step's rate
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([0.3 / 3, 0.3 - 0.27 / 5])
     result = json.loads((tmp_path / "run" / "eval" / "last-test.json").read_text())
     assert result["classes"] == CLASSES and result["images"] == 9
-    assert {k: len(v["per_class"]) for k, v in result["results"].items()} == {"clean": 3, "pgd20": 3}
+    assert {k: len(v["per_class"]) for k, v in result["results"].items()} == {"clean": 3, "pgd50": 3}
+    assert result["eps"] == 0.007 and result["alpha"] == 0.003
     again = fastfair("eval", str(tmp_path / "run"), "--attacks", "clean", "--per-class", "2")
     assert again.returncode == 0, again.stderr
     written = [json.loads(p.read_text()) for p in (tmp_path / "run" / "eval").glob("*.json")]
@@ -182,3 +184,14 @@ def test_a_schedule_or_phases_that_cannot_be_wongs_are_an_error(sets, said):
 
     with pytest.raises(UserError, match=said):
         check_config(config.resolve(None, {}, sets))
+
+
+@pytest.mark.parametrize("row, method", [("fgsm-rs", "fgsm-rs"), ("standard", "standard")])
+def test_the_table_5_presets_are_wongs_three_phases_and_schedule_with_the_papers_attacks(row, method):
+    cfg = config.resolve(f"tian-kdd-t5-imagenet-{row}")
+    d, t = cfg.data, cfg.train
+    assert (cfg.method.name, cfg.model.name, d.dataset, d.loader) == (method, "resnet50", "imagenet", "folder")
+    assert (d.phase_epochs, d.phase_image_sizes, d.phase_batch_sizes) == ([0, 6, 12], [128, 224, 288], [512, 224, 128])
+    assert (t.epochs, t.lr_epochs, t.lr_values) == (15, [0, 1, 6, 12, 15], [0, 0.4, 0.04, 0.004, 0.0004])
+    assert (t.momentum, t.weight_decay, cfg.eval.eps, cfg.eval.alpha) == (0.9, 2e-4, 0.007, 0.003)
+    assert "Table 5" in cfg.preset and (cfg.attack.eps == 0.007 or method == "standard")

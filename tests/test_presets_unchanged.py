@@ -116,7 +116,8 @@ def test_preset_resolves_to_the_same_run(preset):
 ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "trix-rebuttal-t1-trades",
                "trix-rebuttal-t1-trades-dafa", "trix-rebuttal-t1-trades-trix", "trix-rebuttal-t1-trades-wat",
                *(f"tian-iclr-t2-{r}" for r in ("madry", "trades", "mart", "standard")),
-               *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry"}
+               *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry",
+               "tian-kdd-t5-imagenet-fgsm-rs", "tian-kdd-t5-imagenet-standard"}
 
 
 def test_every_shipped_preset_is_covered():
