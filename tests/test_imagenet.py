@@ -157,6 +157,13 @@ def test_the_cli_says_what_to_pass_before_any_work(tmp_path):
     assert "--data-dir DIR with the ImageNet folder layout" in done.stderr
 
 
+def test_imagenet_is_not_converted_to_beton_files(folder, tmp_path):
+    from fastfair.data import ffcv
+
+    with pytest.raises(UserError, match="streamed from its image files"):
+        ffcv.convert_dataset("imagenet", folder, tmp_path / "beton")
+
+
 def test_imagenet_needs_the_folder_loader_and_other_data_sets_cannot_take_it(folder):
     cfg = config.resolve(None, {"data.dataset": "imagenet", "data.data_dir": str(folder)})
     assert cfg.data.loader == "folder" and cfg.data.val_per_class == 10 and cfg.data.crop_padding == 0
