@@ -37,8 +37,10 @@ RESIZE_RATIO = 256 / 224  # test: shorter side to 256, centre crop 224 (torchvis
 
 @dataclass(frozen=True)
 class Listing:
-    root: str
-    files: tuple[str, ...]  # train files, then val files; sorted by class folder, then name (ImageFolder's order)
+    # train files, then val files, sorted by class folder, then name (ImageFolder's order); encoded paths in one numpy
+    # buffer, not 1.3M Python strings whose reference counts would copy their pages into every worker
+    # (pytorch/pytorch#13246)
+    files: np.ndarray
     labels: np.ndarray  # int64, one per file
     n_train: int
     classes: list[str]
@@ -88,7 +90,7 @@ def _scan(base: Path) -> Listing:
             files += split[name]
             labels += [c] * len(split[name])
     n_train = sum(len(v) for v in train.values())
-    return Listing(str(base), tuple(files), np.asarray(labels, dtype=np.int64), n_train, classes)
+    return Listing(np.array([os.fsencode(f) for f in files]), np.asarray(labels, dtype=np.int64), n_train, classes)
 
 
 class FolderBundle(DataBundle):
@@ -153,7 +155,7 @@ class _Images(torch.utils.data.Dataset):
         import torchvision.transforms.functional as TF  # here: imported by the processes that decode, when they do
         from PIL import Image
 
-        with Image.open(self.files[self.order[k]]) as f:
+        with Image.open(os.fsdecode(self.files[self.order[k]])) as f:
             img = f.convert("RGB")
         if self.train:
             rng = random.Random(int(self.seeds[k]))
