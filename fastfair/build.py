@@ -5,6 +5,7 @@ import contextlib
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fastfair import data, models
@@ -84,9 +85,15 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
 def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
     """The run's data set and its train / val / test splits; ``loaded``: the data set as :func:`data.load`
     returned it, when the caller has it already (a grid checks many runs of one data set)."""
-    raw = data.load(cfg.data.dataset, cfg.data.data_dir or None) if loaded is None else loaded
-    bundle = subsets.select(raw, cfg.data.classes)
-    if cfg.data.drop_classes and cfg.data.loader != "device":  # .beton files hold every class's training images
+    d = cfg.data
+    need = data.DATASETS.get(d.dataset).loader
+    if d.loader != need and "folder" in (d.loader, need):  # a folder bundle holds file indices, the others images
+        raise UserError(f"data.loader={d.loader} cannot read {d.dataset}: it needs --loader {need}"
+                        + (" (its images do not fit in memory)" if need == "folder" else ""))
+    raw = data.load(d.dataset, d.data_dir or None) if loaded is None else loaded
+    bundle = subsets.select(raw, d.classes)
+    # .beton files hold every class's training images; the device and folder loaders read what the split indexes
+    if cfg.data.drop_classes and cfg.data.loader not in ("device", "folder"):
         raise UserError(f"data.drop_classes needs data.loader=device; the {cfg.data.loader} loader reads the training "
                         "images from its own files, which still hold the dropped classes")
     sp = data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
@@ -101,10 +108,11 @@ def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple
         raise UserError(f"train.select={cfg.train.select} scores the worst class on the validation split, and a class "
                         f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "
                         "the worst); use train.select=pgd or last")
-    n = len(sp["train"][1])
-    if n < cfg.data.batch_size:
-        raise UserError(f"data.batch_size={cfg.data.batch_size} is more than the {n} training images "
-                        f"(after the validation split); lower data.batch_size")
+    n, d = len(sp["train"][1]), cfg.data
+    key, said = (("data.phase_batch_sizes", f"={d.phase_batch_sizes} has a batch of {max(d.phase_batch_sizes)}, which")
+                 if d.phase_batch_sizes else ("data.batch_size", f"={d.batch_size}"))
+    if n < max(d.phase_batch_sizes or [d.batch_size]):
+        raise UserError(f"{key}{said} is more than the {n} training images (after the validation split); lower {key}")
     return bundle, sp
 
 
@@ -112,6 +120,9 @@ def _loader_options(cfg: Config) -> dict:
     d = cfg.data
     if d.loader == "device":
         return {}
+    if d.loader == "folder":
+        return {"data_dir": d.data_dir, "image_size": d.image_size, "workers": d.workers,
+                "phases": list(zip(d.phase_epochs, d.phase_image_sizes, d.phase_batch_sizes))}
     return {"beton_dir": d.beton_dir, "os_cache": d.os_cache, "dataset": d.dataset, "val_per_class": d.val_per_class}
 
 
@@ -126,10 +137,12 @@ def train_loader(cfg: Config, split, dev, cl: bool):
 
 def eval_loader(cfg: Config, split, dev, cl: bool, name: str | None = None):
     """Evaluation batches in split order; through ``data.loader`` when the split's ``name`` is given
-    (the trainer's validation), else on the device (evaluating a checkpoint needs no .beton files)."""
+    (the trainer's validation) or the data set is read from its files (imagenet), else on the device
+    (evaluating a checkpoint needs no .beton files)."""
     x, y = split
-    kind = cfg.data.loader if name else "device"
-    opts = _loader_options(cfg) if name else {}
+    through = bool(name) or cfg.data.loader == "folder"
+    kind = cfg.data.loader if through else "device"
+    opts = _loader_options(cfg) if through else {}
     return data.LOADERS.get(kind)(name, x, y, cfg.data.eval_batch_size, device=dev, train=False,
                                   channels_last=cl, **opts)
 
@@ -156,6 +169,23 @@ def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> s
         return "inductor" if compiled_descent else "triton"
     BACKENDS.get(choice)
     return choice
+
+
+def batch_size(cfg: Config, epoch: int) -> int:
+    """The training batch size of 0-based ``epoch``: its resolution phase's (data.phase_*), else data.batch_size."""
+    d = cfg.data
+    return next((b for first, b in reversed(list(zip(d.phase_epochs, d.phase_batch_sizes))) if first <= epoch),
+                d.batch_size)
+
+
+def lr_at(cfg: Config):
+    """The rate at a fractional epoch t (epoch + steps done / steps), piecewise linear through
+    (train.lr_epochs, train.lr_values) as Wong et al. 2020's ImageNet code (main_fast.py: np.interp);
+    ``None`` for the step schedule."""
+    t = cfg.train
+    if not t.lr_epochs:
+        return None
+    return lambda epoch: float(np.interp(epoch, t.lr_epochs, t.lr_values))
 
 
 def sgd_impl(dev: torch.device) -> dict:

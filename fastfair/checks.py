@@ -58,7 +58,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
     "train.select_begin": _at_least(0),
     "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
-    "data.crop_padding": _at_least(0), "model.width": _at_least(0), "model.head_scale": _POSITIVE,
+    "data.crop_padding": _at_least(0), "data.image_size": _at_least(16), "data.workers": _at_least(0),
+    "model.width": _at_least(0), "model.head_scale": _POSITIVE,
     "he.pmax_epoch": _at_least(1),
     "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
                      "distinct class indices, each at least 0"),
@@ -114,9 +115,11 @@ def check_config(cfg) -> list[str]:
     if val.transfer or val.per_class:
         raise UserError(f"train.val_attack={cfg.train.val_attack!r}: validation attacks the model itself on the whole "
                         "validation split; transfer: and NAME/N are for eval.attacks")
-    if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader != "device":
-        raise UserError(f"data.train_per_class / data.test_per_class (a quick run) need the device loader; "
-                        f"data.loader={cfg.data.loader!r} reads whole .beton files. Drop --loader {cfg.data.loader}")
+    if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader == "ffcv":
+        raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
+                        "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
+    _check_piecewise(cfg.train)
+    _check_phases(cfg.data)
     method.check(cfg)
     if not cfg.eval.attacks:
         raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
@@ -126,6 +129,41 @@ def check_config(cfg) -> list[str]:
         raise UserError(f"eval.attacks: {err}") from None
     check_substitute(cfg.eval.attacks, bool(cfg.eval.substitute), "eval.substitute")
     return method.warnings(cfg) + check_epochs(cfg)
+
+
+def _check_piecewise(t) -> None:
+    """train.lr_epochs / train.lr_values: two or more points, epochs in order, rates at least 0."""
+    if not (t.lr_epochs or t.lr_values):
+        return
+    if len(t.lr_epochs) != len(t.lr_values) or len(t.lr_epochs) < 2:
+        raise UserError(f"train.lr_epochs and train.lr_values are the points of a piecewise-linear schedule: two or "
+                        f"more epochs and as many rates (Wong et al.: [0, 1, 6] and [0, 0.4, 0.04]); got "
+                        f"{t.lr_epochs} and {t.lr_values}")
+    if any(b < a for a, b in zip(t.lr_epochs, t.lr_epochs[1:])) or min(t.lr_epochs) < 0 or min(t.lr_values) < 0:
+        raise UserError(f"train.lr_epochs must be epochs from 0 in increasing order and train.lr_values rates at "
+                        f"least 0; got {t.lr_epochs} and {t.lr_values}")
+    if t.lr_milestones:
+        raise UserError(f"train.lr_epochs / train.lr_values replace the step schedule, so train.lr_milestones = "
+                        f"{t.lr_milestones} would never act; set train.lr_milestones=[]")
+
+
+def _check_phases(d) -> None:
+    """data.phase_*: as many sizes and batch sizes as phases, the first from epoch 0, the folder loader."""
+    lists = (d.phase_epochs, d.phase_image_sizes, d.phase_batch_sizes)
+    if not any(lists):
+        return
+    if d.loader != "folder":
+        raise UserError(f"data.phase_* (resolution phases) need the folder loader (the imagenet data set); "
+                        f"data.loader={d.loader!r} keeps one image size")
+    if len(set(map(len, lists))) > 1 or d.phase_epochs[:1] != [0]:
+        raise UserError(f"data.phase_epochs, data.phase_image_sizes and data.phase_batch_sizes give one value per "
+                        f"phase, the first phase from epoch 0 (Wong et al.: [0, 6, 12], [128, 224, 288], "
+                        f"[512, 224, 128]); got {d.phase_epochs}, {d.phase_image_sizes}, {d.phase_batch_sizes}")
+    if any(b <= a for a, b in zip(d.phase_epochs, d.phase_epochs[1:])) or min(d.phase_image_sizes) < 16 \
+            or min(d.phase_batch_sizes) < 1:
+        raise UserError(f"data.phase_epochs must increase, data.phase_image_sizes be at least 16 and "
+                        f"data.phase_batch_sizes at least 1; got {d.phase_epochs}, {d.phase_image_sizes}, "
+                        f"{d.phase_batch_sizes}")
 
 
 def epoch_keys(cfg=None) -> dict[str, Epochs]:

@@ -142,7 +142,7 @@ def train(
     cudagraphs: Annotated[bool, typer.Option("--cudagraphs",
                                              help="CUDA graphs via torch.compile reduce-overhead")] = False,
     loader: Annotated[Text, typer.Option(help="training/validation batches: device (default) | ffcv (needs "
-                                              "--beton-dir)")] = None,
+                                              "--beton-dir) | folder (imagenet's default)")] = None,
     beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
                                                  "--loader ffcv)")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(

@@ -49,10 +49,22 @@ class DataConfig:
     flip: bool = True
     batch_size: int = 128
     eval_batch_size: int = 500
-    loader: str = "device"  # device | ffcv (fastfair data convert, then --loader ffcv --beton-dir DIR)
+    # device | ffcv (fastfair data convert, then --loader ffcv --beton-dir DIR) | folder (imagenet's default: its
+    # JPEGs streamed by CPU workers)
+    loader: str = "device"
     beton_dir: str = ""  # ffcv: folder with train/val/test.beton and meta.json
     os_cache: bool = True  # ffcv: let the OS page cache hold the .beton file (false: FFCV reads pages)
     order: str = "random"  # ffcv training order: random (the device loader's) | quasi_random | sequential
+    # folder loader (imagenet): the side of the training crop (random-resized, Wong et al. 2020's augmentation) and
+    # of the test centre crop, taken after resizing the shorter side to 256/224 of it (torchvision's ImageNet reference)
+    image_size: int = 224
+    workers: int = 8  # folder loader: processes decoding images (0: in the main process)
+    # folder loader: Wong et al. 2020's resolution phases (their ImageNet configs' crop_size and batch_size per phase):
+    # after phase_epochs[i] epochs (0, 6, 12: epochs 1-6, 7-12, 13-15) train on phase_image_sizes[i] crops in batches
+    # of phase_batch_sizes[i]; empty: data.image_size and data.batch_size throughout. Evaluation keeps data.image_size
+    phase_epochs: list[int] = field(default_factory=list)
+    phase_image_sizes: list[int] = field(default_factory=list)
+    phase_batch_sizes: list[int] = field(default_factory=list)
     # ME paper Sec. 2.2 binary/subset experiments: keep only these classes, relabelled 0..k-1 in
     # the order given (e.g. [3, 5] = cat vs dog); empty keeps all
     classes: list[int] = field(default_factory=list)
@@ -94,6 +106,10 @@ class TrainConfig:
     # epochs after which the rate is multiplied by lr_gamma: it changes from epoch m + 1 on (MultiStepLR)
     lr_milestones: list[int] = field(default_factory=lambda: [75, 90])
     lr_gamma: float = 0.1
+    # Wong et al. 2020's schedule (their ImageNet configs' lr_epochs, lr_values): the rate is set every step, piecewise
+    # linear in the fractional epoch through these points, in place of train.lr and the step schedule above
+    lr_epochs: list[float] = field(default_factory=list)
+    lr_values: list[float] = field(default_factory=list)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "auto"  # auto (bf16 on CUDA and on a CPU with native bf16) | bf16 | off
@@ -203,6 +219,7 @@ RESUMABLE: dict[str, str] = {
     "train.track": "where the numbers are also sent; the run's files stay the same",
     "data.data_dir": "the same data in another folder", "data.beton_dir": "the same data in another folder",
     "data.eval_batch_size": "memory only: the same per-class accuracies",
+    "data.workers": "how the same computation runs (the folder loader draws its crops from the seed, not the worker)",
     "eval.attacks": "the final evaluation, after training", "eval.split": "the final evaluation, after training",
 }
 
@@ -357,7 +374,7 @@ def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
     apply(cfg, METHODS.get(method).defaults, f"method {method}'s defaults", DEFAULTS)
     spec = DATASETS.get(dataset)
     apply(cfg, {"data.val_per_class": spec.val_per_class, "data.crop_padding": spec.crop_padding,
-                "data.flip": spec.flip}, f"data set {dataset}'s defaults", DEFAULTS)
+                "data.flip": spec.flip, "data.loader": spec.loader}, f"data set {dataset}'s defaults", DEFAULTS)
     for name in options:
         try:
             apply(cfg, OPTIONS.get(name).defaults, f"option {name}'s defaults", DEFAULTS)

@@ -253,9 +253,12 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
              "model.name=tiny-cnn", "model.width=0", "attack.steps=2", "train.compile=off", "train.kernels=torch",
              "train.progress=false", "train.device=cpu", "train.epochs=100",  # the demo's 15 < DAFA's warm-up
              "train.select_begin=0",  # CFA code presets select from epoch 100 of their 200
-             "eval.attacks=['clean']"]  # no step evaluates; a transfer attack would need the substitute's run
+             "eval.attacks=['clean']",  # no step evaluates; a transfer attack would need the substitute's run
+             # the ImageNet presets' resolution phases, which only the folder loader reads
+             "data.phase_epochs=[]", "data.phase_image_sizes=[]", "data.phase_batch_sizes=[]"]
     preset, _, method = kind.partition(":")
-    small += ["attack.steps=1"] if method == "fgsm-rs" else []  # one step is what FGSM-RS is
+    # one step is what FGSM-RS is (the demo run as fgsm-rs, or an fgsm-rs preset)
+    small += ["attack.steps=1"] if (method or config.resolve(preset).method.name) == "fgsm-rs" else []
     cfg = config.resolve(preset, {"method.name": method} if method else {}, small)
     if cfg.train.init_from or cfg.method.name.startswith("frl"):  # FRL fine-tunes a model: any of its shape will do
         start = Trainer(config.resolve("demo", {"method.name": "pgd-at"}, small), tmp_path / "start", quiet=True)

@@ -117,8 +117,9 @@ ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "t
                "trix-rebuttal-t1-trades-dafa", "trix-rebuttal-t1-trades-trix", "trix-rebuttal-t1-trades-wat",
                *(f"tian-iclr-t2-{r}" for r in ("madry", "trades", "mart", "standard", "rst")),
                *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry",
-               *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100")
-                 for r in ("standard", "madry")), "tian-kdd-fig5-madry-mnist-background"}
+               *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
+                 for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),
+               "tian-kdd-fig5-madry-mnist-background"}
 
 
 def test_every_shipped_preset_is_covered():

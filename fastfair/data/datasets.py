@@ -56,6 +56,9 @@ class DatasetSpec:
     crop_padding: int  # 0 = no random crop
     flip: bool
     download_hint: str
+    # the loader that can read it: "device" holds every image in memory; "folder" streams a data set too large
+    # for that (imagenet) from its files
+    loader: str = "device"
 
 
 DATASETS: Registry[DatasetSpec] = Registry("data set")

@@ -141,6 +141,9 @@ def convert_dataset(name: str, data_dir: str | Path | None, out_dir: str | Path,
                     num_workers: int | None = None) -> dict[str, Path]:
     """Load a registered data set, carve CFA's validation split and write all three splits."""
     spec = datasets.DATASETS.get(name)
+    if spec.loader == "folder":  # its bundle holds file indices, not images, and 1.28M raw images would not fit
+        raise UserError(f"{name} is streamed from its image files by the folder loader (its default); "
+                        "fastfair data convert writes data sets that fit in memory. Train without --loader ffcv")
     vpc = spec.val_per_class if val_per_class is None else val_per_class
     bundle = datasets.load(name, data_dir)
     mean, std = bundle.mean_std()

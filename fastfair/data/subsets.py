@@ -1,6 +1,8 @@
 """Training on a subset of classes (ME paper Sec. 2.2: binary classification AT, e.g. cat vs dog)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from fastfair.data.datasets import DataBundle
@@ -26,7 +28,9 @@ def select(bundle: DataBundle, classes: list[int]) -> DataBundle:
 
     x_train, y_train = keep(bundle.x_train, bundle.y_train)
     x_test, y_test = keep(bundle.x_test, bundle.y_test)
-    return DataBundle(bundle.name, x_train, y_train, x_test, y_test, [bundle.classes[k] for k in classes])
+    # replace keeps the bundle's class (a FolderBundle's file indices stay file indices)
+    return dataclasses.replace(bundle, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                               classes=[bundle.classes[k] for k in classes])
 
 
 def drop_from_training(bundle: DataBundle, splits: dict, drop: list[int]) -> dict:

@@ -1,4 +1,5 @@
-"""ResNet-18 for 32x32 inputs: 3x3 stem, no max-pool (He et al. 2016; CIFAR variant as in the ME paper)."""
+"""ResNet-18 for 32x32 inputs: 3x3 stem, no max-pool (He et al. 2016; CIFAR variant as in the ME paper); ResNet-50
+for ImageNet (torchvision's)."""
 from torch import nn
 import torch.nn.functional as F
 
@@ -39,3 +40,17 @@ def resnet18(in_channels, norm, width):
         *stages(BasicBlock, widths, [2, 2, 2, 2], norm, w), pooled(),
     )
     return body, widths[-1]
+
+
+@MODELS.register("resnet50", "ResNet-50, ImageNet variant (He et al. 2016); torchvision's, as Wong et al. 2020 train")
+def resnet50(in_channels, norm, width):
+    """torchvision's ResNet-50 (7x7 stem, max-pool, bottlenecks [3, 4, 6, 3]) without its fc layer; ``width`` is the
+    bottleneck's width_per_group (64: He et al.'s; 128: Wide ResNet-50-2)."""
+    from torchvision.models import resnet50 as tv_resnet50  # here: torchvision.models takes seconds to import
+
+    net = tv_resnet50(norm_layer=norm, width_per_group=width or 64)
+    if in_channels != 3:
+        net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+    dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, dim

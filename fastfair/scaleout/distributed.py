@@ -95,7 +95,6 @@ class RankSlice:
 
     def __init__(self, loader):
         self.loader = loader
-        self.per_rank = loader.batch_size // _ctx.world
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -104,9 +103,10 @@ class RankSlice:
         return len(self.loader)
 
     def __iter__(self):
-        lo = _ctx.rank * self.per_rank
+        per_rank = self.loader.batch_size // _ctx.world  # read each epoch: a resolution phase may change it
+        lo = _ctx.rank * per_rank
         for x, y in self.loader:
-            yield x[lo:lo + self.per_rank], y[lo:lo + self.per_rank]
+            yield x[lo:lo + per_rank], y[lo:lo + per_rank]
 
 
 def train_loader(loader):

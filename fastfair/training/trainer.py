@@ -94,6 +94,7 @@ class Trainer:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
                                    weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
         self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
+        self.lr_at = build.lr_at(cfg)  # Wong et al.'s piecewise-linear rate, set every step; None: the step schedule
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
@@ -204,11 +205,15 @@ class Trainer:
         self.method.begin_epoch(self.model, epoch)
         self.train_loader.set_epoch(epoch)
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
-        lr = self.opt.param_groups[0]["lr"]
+        steps, batch = len(self.train_loader), build.batch_size(self.cfg, epoch)  # after set_epoch: its phase's
+        lr = self.lr_at(epoch + 1 / steps) if self.lr_at else self.opt.param_groups[0]["lr"]  # the first step's
         t0 = time.perf_counter()
-        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", len(self.train_loader),
-                                images_per_step=self.cfg.data.batch_size) as advance:
-            for x, y in self.train_loader:
+        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps,
+                                images_per_step=batch) as advance:
+            for i, (x, y) in enumerate(self.train_loader):
+                if self.lr_at:  # a function of (epoch, step) alone, so a resumed run continues it exactly
+                    for group in self.opt.param_groups:
+                        group["lr"] = self.lr_at(epoch + (i + 1) / steps)
                 self.train_step(x, y)
                 advance()
         distributed.reduce_class_state(self.state)
@@ -230,7 +235,7 @@ class Trainer:
             "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
                     for k, v in val.items()},
             "vectors": stats["vectors"], "epoch_time_s": seconds,
-            "images_per_s": len(self.train_loader) * self.cfg.data.batch_size / seconds,
+            "images_per_s": steps * batch / seconds,
         }
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
