@@ -202,3 +202,11 @@ def test_the_table_5_presets_are_wongs_three_phases_and_schedule_with_the_papers
     assert (t.epochs, t.lr_epochs, t.lr_values) == (15, [0, 1, 6, 12, 15], [0, 0.4, 0.04, 0.004, 0.0004])
     assert (t.momentum, t.weight_decay, cfg.eval.eps, cfg.eval.alpha) == (0.9, 2e-4, 0.007, 0.003)
     assert "Table 5" in cfg.preset and (cfg.attack.eps == 0.007 or method == "standard")
+
+
+def test_a_phase_batch_larger_than_the_training_split_names_the_phases(folder):
+    cfg = config.resolve(None, {"data.dataset": "imagenet", "data.data_dir": str(folder)},
+                         ["data.val_per_class=2", "data.phase_epochs=[0, 1]", "data.phase_image_sizes=[24, 32]",
+                          "data.phase_batch_sizes=[5, 100]"])
+    with pytest.raises(UserError, match=r"data.phase_batch_sizes=\[5, 100\] \(a batch of 100\) is more than the 15"):
+        build.training_splits(cfg)
