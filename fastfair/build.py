@@ -93,11 +93,11 @@ def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.Dat
     raw = data.load(d.dataset, d.data_dir or None) if loaded is None else loaded
     bundle = subsets.select(raw, d.classes)
     # .beton files hold every class's training images; the device and folder loaders read what the split indexes
-    if cfg.data.drop_classes and cfg.data.loader not in ("device", "folder"):
-        raise UserError(f"data.drop_classes needs data.loader=device; the {cfg.data.loader} loader reads the training "
-                        "images from its own files, which still hold the dropped classes")
-    sp = data.split(bundle, cfg.data.val_per_class, cfg.data.train_per_class, cfg.data.test_per_class)
-    return bundle, subsets.drop_from_training(bundle, sp, cfg.data.drop_classes)
+    if d.drop_classes and d.loader not in ("device", "folder"):
+        raise UserError(f"data.drop_classes needs data.loader=device (or folder); the {d.loader} loader reads the "
+                        "training images from its own files, which still hold the dropped classes")
+    sp = data.split(bundle, d.val_per_class, d.train_per_class, d.test_per_class)
+    return bundle, subsets.drop_from_training(bundle, sp, d.drop_classes)
 
 
 def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:
@@ -109,10 +109,11 @@ def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple
                         f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "
                         "the worst); use train.select=pgd or last")
     n, d = len(sp["train"][1]), cfg.data
-    key, said = (("data.phase_batch_sizes", f"={d.phase_batch_sizes} has a batch of {max(d.phase_batch_sizes)}, which")
-                 if d.phase_batch_sizes else ("data.batch_size", f"={d.batch_size}"))
-    if n < max(d.phase_batch_sizes or [d.batch_size]):
-        raise UserError(f"{key}{said} is more than the {n} training images (after the validation split); lower {key}")
+    largest = max(d.phase_batch_sizes or [d.batch_size])  # with resolution phases, data.batch_size is not trained on
+    if n < largest:
+        key, said = (("data.phase_batch_sizes", f"{d.phase_batch_sizes} (a batch of {largest})") if d.phase_batch_sizes
+                     else ("data.batch_size", largest))
+        raise UserError(f"{key}={said} is more than the {n} training images (after the validation split); lower {key}")
     return bundle, sp
 
 

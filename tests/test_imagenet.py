@@ -134,6 +134,28 @@ def test_the_fgsm_rs_preset_trains_from_the_cli_on_its_phases_and_schedule_and_e
     assert sorted(r["images"] for r in written) == [6, 9]  # and the first two val images of each class
 
 
+def test_a_torchvision_resnet50_checkpoint_as_wong_et_al_save_it_evaluates_as_the_same_network(tmp_path):
+    from torchvision.models import resnet50
+
+    from fastfair.evaluation import foreign
+
+    torch.manual_seed(0)
+    theirs = resnet50(num_classes=3).eval()
+    # main_fast.py's save_checkpoint: the DataParallel model's state dict beside the epoch, arch and optimiser
+    weights = {f"module.{k}": v for k, v in theirs.state_dict().items()}
+    torch.save({"epoch": 15, "arch": "resnet50", "state_dict": weights, "best_prec1": 0.0},
+               tmp_path / "checkpoint_epoch15.pth.tar")
+    folder = image_folder(tmp_path / "imagenet", train=11, val=1)  # above imagenet's 10 validation images a class
+    *_, ours, _, _, source = foreign.load_foreign(
+        tmp_path / "checkpoint_epoch15.pth.tar", model="resnet50", dataset="imagenet", normalize="dataset",
+        num_classes=None, split="test", device="cpu", data_dir=str(folder), batch_size=None)
+    x = torch.rand(2, 3, 64, 64)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    with torch.no_grad():  # Wong et al. normalise outside the network with ImageNet's mean and std
+        assert torch.allclose(ours.eval()(x), theirs((x - mean) / std), atol=1e-5)
+    assert source["key_names"].startswith("authors'")
+
+
 @pytest.mark.parametrize("make, said", [
     (lambda root: None, "is not a folder"),
     (lambda root: (image_folder(root), shutil.rmtree(root / "val")), "val is not a folder"),
@@ -202,3 +224,11 @@ def test_the_table_5_presets_are_wongs_three_phases_and_schedule_with_the_papers
     assert (t.epochs, t.lr_epochs, t.lr_values) == (15, [0, 1, 6, 12, 15], [0, 0.4, 0.04, 0.004, 0.0004])
     assert (t.momentum, t.weight_decay, cfg.eval.eps, cfg.eval.alpha) == (0.9, 2e-4, 0.007, 0.003)
     assert "Table 5" in cfg.preset and (cfg.attack.eps == 0.007 or method == "standard")
+
+
+def test_a_phase_batch_larger_than_the_training_split_names_the_phases(folder):
+    cfg = config.resolve(None, {"data.dataset": "imagenet", "data.data_dir": str(folder)},
+                         ["data.val_per_class=2", "data.phase_epochs=[0, 1]", "data.phase_image_sizes=[24, 32]",
+                          "data.phase_batch_sizes=[5, 100]"])
+    with pytest.raises(UserError, match=r"data.phase_batch_sizes=\[5, 100\] \(a batch of 100\) is more than the 15"):
+        build.training_splits(cfg)

@@ -44,6 +44,10 @@ AUTHORS_KEYS.register("preact-resnet18", "conv1, layer1-4.B (shortcut.0), bn, li
     (r"layer(\d)\.(\d)\.", _block(1, 2)), (r"bn\.", "body.9."), (r"(linear|fc)\.", "head.")])
 
 
+AUTHORS_KEYS.register("resnet50", "conv1, bn1, layer1-4.B, fc (torchvision's ResNet-50, as Wong et al.'s ImageNet "
+                                  "checkpoints save it)")([(r"fc\.", "head."), (r"", "body.")])
+
+
 def _wide_resnet(depth: int) -> Rename:
     n = (depth - 4) // 6
     return [(r"conv1\.", "body.0."),
