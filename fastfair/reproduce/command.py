@@ -14,6 +14,7 @@ from pathlib import Path
 from fastfair import config
 from fastfair.attacks import autoattack
 from fastfair.errors import UserError
+from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
@@ -152,8 +153,6 @@ def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gp
                        run_lines: list, failed: list, echo) -> None:
     """A RobustBench row: its model evaluated per class under the row's attacks and eval settings, the result in
     the row's own run folder (fingerprinted: a second invocation reuses it)."""
-    from fastfair.evaluation.robustbench import evaluate_robustbench
-
     cfg = config.resolve(p.row.preset, sets=p.sets)
     dataset = config.resolve(p.row.preset).data.dataset  # the model's (the subset scale reads it from an .npz)
     run_dir = p.run_dir(root)

@@ -22,6 +22,7 @@ from fastfair import config, data
 from fastfair.attacks import autoattack, names
 from fastfair.checks import epoch_keys, last_acting
 from fastfair.errors import UserError
+from fastfair.evaluation import robustbench as rb
 from fastfair.registry import Registry
 from fastfair.reproduce.paper import PaperRow
 from fastfair.reproduce.tables import Table
@@ -181,8 +182,6 @@ def paper_attacks(row: PaperRow) -> tuple[str, ...]:
 
 def _robustbench_missing(name: str, model_dir: str | None) -> str:
     """Why RobustBench's model ``name`` cannot be evaluated here ('' when it can): the package or the weights."""
-    from fastfair.evaluation import robustbench as rb
-
     if not rb.installed():
         return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
     path = rb.model_file(name, model_dir=model_dir)
