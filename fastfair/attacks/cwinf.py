@@ -112,9 +112,7 @@ class CWInf:
             w = (w0[i] + p[i]).requires_grad_(True)
             xa = to_box(w)
             logits = model(xa).float()
-            true = logits.gather(1, y[i, None]).squeeze(1)
-            other = logits.scatter(1, y[i, None], float("-inf")).amax(1)
-            hinge = (true - other + self.kappa).clamp_min(0)
+            hinge = margin(logits, y[i], self.kappa) + self.kappa  # max(Z_y - max_j Z_j + kappa, 0)
             penalty = ((xa - x_ref[i]).abs() - tau[i].view(shape)).clamp_min(0).flatten(1).sum(1)
             loss = penalty + c[i].float() * hinge
             (g,) = torch.autograd.grad(loss.sum(), w)
