@@ -119,7 +119,7 @@ ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "t
                *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry",
                *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
                  for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),
-               "tian-kdd-fig5-madry-mnist-background"}
+               "tian-kdd-fig5-madry-mnist-background", *(n for n in preset_names() if n.startswith("benz-"))}
 
 
 def test_every_shipped_preset_is_covered():

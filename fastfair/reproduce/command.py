@@ -18,7 +18,7 @@ from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
-from fastfair.reproduce.write import write
+from fastfair.reproduce.write import write, write_protocol
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state
@@ -48,6 +48,8 @@ def _what_it_reports(row, table: tables.Table) -> str:
         return "/".join([s for s in (*STATS, *SPREAD) if getattr(n, s) is not None]
                         + (["per class"] if n.per_class else []))
 
+    if table.protocol:
+        return "no paper numbers: a protocol"
     if row.numbers:
         return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items())
     roles = {"transfer substitute" if r.substitute == row.preset else "fine-tuning base"
@@ -125,7 +127,12 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         records, run_lines, failed = _collect(planned, jobs)
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
-        if records:  # at least one run finished: the table with what there is
+        if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
+            notes = _notes(tab, scale, user_sets) + [f"Not run at this scale: {r}" for r in left_out]
+            path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
+                                  scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
+            echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
+        elif records:  # at least one run finished: the table with what there is
             comparable = scale_spec.comparable and not user_sets
             runs_for = {p.row.preset: p.runs_for for p in planned + evaluated}
             # each row's own classes: a table may span data sets (Tian et al. KDD Table 5)
@@ -203,7 +210,8 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
                          f". Preset: {preset.preset}")
             continue
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
-                     f"paper's checkpoint: {row.selection}; fastfair: train.select = {preset.train.select} on the "
+                     f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
+                     f"fastfair: train.select = {preset.train.select} on the "
                      f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
                      f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")

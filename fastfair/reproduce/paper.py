@@ -6,7 +6,7 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
 
     [paper]
     source = "cfa"
-    table = "1"                      # or figure = "3(a)"
+    table = "1"                      # or figure = "3(a)", or protocol = "s33-remedies" (a study without numbers)
     row = "AT + CFA"
     follows = "paper"                # paper | code | both (they agree)
     selection = "highest sum of average and worst-class robustness"
@@ -23,6 +23,7 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,12 +54,22 @@ PAPERS: dict[str, Paper] = {
     "faal": Paper("Zhang et al. 2024 (CVPR)", "Towards Fairness-Aware Adversarial Learning"),
     "trix": Paper("Medi, Jung & Keuper 2025 (arXiv 2507.07768)",
                   "TRIX- Trading Adversarial Fairness via Mixed Adversarial Training"),
+    # A pre-registered study: its sections are protocols fastfair runs (``protocol = "s31-architectures"``), no numbers
+    "benz": Paper("Benz et al. 2021 (NeurIPS 2020 pre-registration workshop, PMLR 148)",
+                  "Robustness May Be at Odds with Fairness: An Empirical Study on Class-wise Accuracy"),
     "trix-rebuttal": Paper("Medi, Jung & Keuper 2025, the authors' rebuttal (github.com/Fairness-a11y/TRIX, R/R.pdf)",
                            "TRIX- Trading Adversarial Fairness via Mixed Adversarial Training: rebuttal tables"),
 }
 FOLLOWS = ("paper", "code", "both")
 STATS = ("avg", "worst")  # the statistics a number may give; per class below
 SPREAD = ("cv", "mcd")  # the class-wise spread of the per-class accuracies (Tian et al. KDD 2021, Sec. 3)
+PROTOCOL = re.compile(r"s(\d)(\d)-([a-z0-9]+(?:-[a-z0-9]+)*)")  # s<section><subsection>-<what it varies>
+
+
+def protocol_title(slug: str) -> str:
+    """``s31-architectures`` -> ``Sec. 3.1, architectures``."""
+    m = PROTOCOL.fullmatch(slug)
+    return f"Sec. {m[1]}.{m[2]}, {m[3].replace('-', ' ')}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class PaperRow:
     substitute: str = ""
     pending: tuple[str, ...] = ()
     robustbench: str = ""  # the row is this released model (RobustBench's CIFAR-10 Linf name), evaluated only
+    protocol: str = ""  # a study's section the row belongs to (no numbers: the study reports what it measures)
 
     @property
     def depends_on(self) -> tuple[str, ...]:
@@ -98,6 +110,8 @@ class PaperRow:
 
     @property
     def where(self) -> str:
+        if self.protocol:
+            return protocol_title(self.protocol)
         return f"Table {self.table}" if self.table else f"Fig. {self.figure}"
 
 
@@ -132,7 +146,7 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending", "robustbench"}
+          "substitute", "pending", "robustbench", "protocol"}
 
 
 def load(preset: str) -> PaperRow | None:
@@ -145,8 +159,16 @@ def load(preset: str) -> PaperRow | None:
     if text.get("source") not in PAPERS:
         raise UserError(f"preset {preset}: [paper] source must be one of {', '.join(PAPERS)}; got "
                         f"{text.get('source')!r}")
-    if ("table" in text) == ("figure" in text):
-        raise UserError(f"preset {preset}: [paper] names either table = \"N\" or figure = \"N\"")
+    if sum(k in text for k in ("table", "figure", "protocol")) != 1:
+        raise UserError(f"preset {preset}: [paper] names one of table = \"N\", figure = \"N\" or protocol = "
+                        "\"sNN-what\" (a section of a study without numbers)")
+    protocol = str(text.get("protocol", ""))
+    if protocol and not PROTOCOL.fullmatch(protocol):
+        raise UserError(f"preset {preset}: [paper] protocol must name the study's section and what it varies, as "
+                        f"s31-architectures (Sec. 3.1); got {protocol!r}")
+    if protocol and numbers:
+        raise UserError(f"preset {preset}: [paper] protocol = {protocol!r} is a study without numbers, so it records "
+                        f"none; remove {', '.join(numbers)}")
     if text.get("follows") not in FOLLOWS:
         raise UserError(f"preset {preset}: [paper] follows must be one of {', '.join(FOLLOWS)}")
     for key in ("row", "selection"):
@@ -158,4 +180,5 @@ def load(preset: str) -> PaperRow | None:
                     numbers={a: _number(preset, a, s) for a, s in numbers.items()},
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
-                    pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""))
+                    pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""),
+                    protocol=protocol)

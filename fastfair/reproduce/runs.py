@@ -33,6 +33,10 @@ SUBSET_TRAIN_PER_CLASS = 100  # of which SUBSET_VAL_PER_CLASS form the validatio
 SUBSET_VAL_PER_CLASS = 5
 SUBSET_TEST_PER_CLASS = 50
 SUBSET_MODEL = {"model.name": "tiny-cnn", "model.width": 16}
+# model.width per architecture where a section compares architectures (Benz et al. Sec. 3.1) at subset scale: each
+# row keeps its layers and connections, with about a quarter of the paper's channels (a 2-core CPU trains the section
+# in minutes); 0 keeps the paper's width
+SUBSET_WIDTHS: dict[str, int] = {"resnet18": 16}
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 # Where fastfair's loaders (fastfair.data.datasets) find each data set the tables use, under the data folder,
 # what to put there, and from where.
@@ -62,6 +66,9 @@ class Scale:
     changes: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
     # a paper's attack name -> the attack this scale runs for it (the subset scale shortens the costly ones)
     attack: Callable[[str], str] = lambda name: name
+    # a row's model name -> the model keys this scale sets where the model is what a study's section varies
+    # (Benz et al. Sec. 3.1, architectures): the row keeps its architecture, made small enough for the scale
+    architecture: Callable[[str], dict[str, Any]] = lambda name: {}
 
 
 SCALES: Registry[Scale] = Registry("scale")
@@ -156,8 +163,10 @@ SCALES.register("subset", f"the first {SUBSET_TRAIN_PER_CLASS} train / {SUBSET_T
                           f"of --data-dir FILE.npz ({SUBSET_VAL_PER_CLASS} per class for validation), tiny-cnn width "
                           f"16, {SUBSET_EPOCHS} epochs with the schedule's epoch counts scaled, C&W L-inf and "
                           f"NATTACK at {SUBSET_SEARCH['cwinf']} and {SUBSET_SEARCH['nattack']} iterations on at most "
-                          f"{SUBSET_ATTACK_PER_CLASS} images a class: for CI and a quick look, not comparable to the "
-                          "paper")(Scale(False, _subset_data, _subset_changes, _subset_attack))
+                          f"{SUBSET_ATTACK_PER_CLASS} images a class (a section comparing architectures keeps each "
+                          "row's at a quarter of its width): for CI and a quick look, not comparable to the paper")(
+    Scale(False, _subset_data, _subset_changes, _subset_attack,
+          lambda name: {"model.name": name, "model.width": SUBSET_WIDTHS.get(name, 0)}))
 
 
 @dataclass(frozen=True)
@@ -175,9 +184,10 @@ class PlannedRun:
         return out / "runs" / self.name
 
 
-def paper_attacks(row: PaperRow) -> tuple[str, ...]:
-    """The attacks the paper's numbers need, clean first (cheap, and every report shows it)."""
-    return tuple(dict.fromkeys(["clean", *row.numbers]))
+def paper_attacks(row: PaperRow, preset_attacks: list[str]) -> tuple[str, ...]:
+    """The attacks the paper's numbers need, clean first (cheap, and every report shows it); a protocol row, which
+    has no numbers, runs its preset's ``eval.attacks``."""
+    return tuple(dict.fromkeys(["clean", *(preset_attacks if row.protocol else row.numbers)]))
 
 
 def _robustbench_missing(name: str, model_dir: str | None) -> str:
@@ -202,6 +212,8 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
     spec = SCALES.get(scale)
     flats = {row.preset: config.flatten(config.resolve(row.preset).to_dict()) for row in table.ordered()}
     datasets = sorted({flat["data.dataset"] for flat in flats.values()})
+    # a study's section whose rows differ in their model compares architectures: each row keeps its own
+    architectures = table.protocol and len({flat["model.name"] for flat in flats.values()}) > 1
     if len(datasets) > 1 and not spec.comparable and data_dir and Path(data_dir).expanduser().is_file():
         raise UserError(f"{table.key} trains on {', '.join(datasets)}: at --scale {scale} pass --data-dir FOLDER "
                         f"holding {', '.join(f'{d}-subset.npz' for d in datasets)} (a row whose file is not there is "
@@ -216,11 +228,13 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
         if row.robustbench and not missing and (missing := _robustbench_missing(row.robustbench, model_dir)):
             if spec.comparable:
                 raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
-        runs_for = {a: spec.attack(a) for a in paper_attacks(row)}
+        runs_for = {a: spec.attack(a) for a in paper_attacks(row, flat["eval.attacks"])}
         attacks = tuple(dict.fromkeys(runs_for.values()))
         for seed in range(seeds):
             name = f"{row.preset}-s{seed}"
             trains = {} if row.robustbench else spec.changes(flat, user_sets)
+            if architectures and trains:
+                trains = {**trains, **spec.architecture(flat["model.name"])}
             sets = {**data, **trains, "train.seed": seed, "eval.attacks": list(attacks)}
             if row.init_from:  # FRL fine-tunes the same seed's run of the row it names, its selected checkpoint
                 base = config.resolve(row.init_from)

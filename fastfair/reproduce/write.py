@@ -9,8 +9,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
-from fastfair.reproduce.paper import PAPERS, SPREAD  # noqa: E402
+from fastfair import config  # noqa: E402
+from fastfair.evaluation import measures  # noqa: E402
+from fastfair.reports import figures  # noqa: E402
+from fastfair.reports.report import write_report  # noqa: E402
+from fastfair.reproduce.paper import PAPERS, SPREAD, PaperRow, protocol_title  # noqa: E402
 from fastfair.reproduce.tables import Table  # noqa: E402
 from fastfair.reproduce.verdict import CV_TOLERANCE, DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison, rho_rows  # noqa: E402,E501
 from fastfair.rundir import write_text_atomic  # noqa: E402
@@ -225,6 +230,78 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
                "relative worst-class gain plus the relative change of the average. The paper's rho is computed from "
                "the numbers above (its printed rho may differ in the last digit); ours from our seed means.\n"]
     md += ["## Protocol and differences from the paper\n"]
+    md += [f"- {n}" for n in notes]
+    md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
+    md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
+    path = out / "reproduce.md"
+    write_text_atomic("\n".join(md) + "\n", path)
+    return path
+
+
+def _seed_mean(records: list[dict], attack: str) -> np.ndarray:
+    """The per-class accuracies under ``attack``, averaged over the seeds' records that have it."""
+    return np.mean([rec["results"][attack]["per_class"] for rec in records if attack in rec["results"]], axis=0)
+
+
+def protocol_table(rows: list[tuple[str, str, list[dict]]], attack: str, classes: list[str]) -> str:
+    """One line per row (label, preset, its seeds' records): average, worst class, CV and MCD of the seed-mean
+    per-class accuracies, and the classes themselves where they fit a page (up to 10)."""
+    per_class = len(classes) <= 10
+    head = "| row | preset | seeds | avg | worst (class) | CV (%²) | MCD |" + \
+        ("".join(f" {c} |" for c in classes) if per_class else "")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|" + ("---:|" * len(classes) if per_class else "")]
+    for label, preset, recs in rows:
+        acc = _seed_mean(recs, attack)
+        s = measures.summary(acc)
+        seeds = sum(attack in rec["results"] for rec in recs)
+        line = (f"| {label} | `{preset}` | {seeds} | {s['avg']:.2f} | {s['worst']:.2f} ({classes[s['worst_class']]}) | "
+                f"{s['cv']:.2f} | {s['mcd']:.2f} |")
+        lines.append(line + ("".join(f" {a:.1f} |" for a in acc) if per_class else ""))
+    return "\n".join(lines)
+
+
+def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], planned: list, *, scale: str,
+                   scale_doc: str, seeds: int, runs: list[tuple[str, str, str]], notes: list[str]) -> Path:
+    """``out/reproduce.md`` of a study's section (no paper numbers, so no verdicts): per attack and data set, every
+    row's per-class accuracies as a table and a heatmap (``reproduce-<attack>[-<data set>].png``); and the study's
+    figures, ``fastfair report`` of the section's trained runs (``out/study[-<data set>]/report.md``)."""
+    paper = PAPERS[table.source]
+    # rows grouped by their classes: a section may span data sets (Benz et al. Sec. 3.1 trains on five)
+    groups: dict[tuple[str, ...], list[PaperRow]] = {}
+    for row in table.ordered():
+        if records.get(row.preset):
+            groups.setdefault(tuple(records[row.preset][0]["classes"]), []).append(row)
+    md = [f"# Reproduce: {table.title}\n",
+          f"Study: {paper.cite}, *{paper.title}*, {protocol_title(table.number)}. Scale: **{scale}** ({scale_doc}). "
+          f"Seeds: {seeds} per row.\n",
+          "**No paper numbers: a protocol.** The paper is a pre-registered study: it states what to measure, not what "
+          "it found, so there is nothing to agree with. Below is what fastfair measured, per class.\n"]
+    done = {Path(folder).resolve() for folder, status, _ in runs if status == "done"}
+    for classes, rows in groups.items():
+        dataset = config.resolve(rows[0].preset).data.dataset
+        suffix = f"-{dataset}" if len(groups) > 1 else ""
+        if len(groups) > 1:
+            md.append(f"## {dataset}\n")
+        attacks = list(dict.fromkeys(a for row in rows for rec in records[row.preset] for a in rec["results"]))
+        for attack in attacks:
+            have = [r for r in rows if any(attack in rec["results"] for rec in records[r.preset])]
+            lines = [(r.row, r.preset, records[r.preset]) for r in have]
+            md += [f"### {attack}\n", protocol_table(lines, attack, list(classes)) + "\n"]
+            matrix = [_seed_mean(recs, attack) for _, _, recs in lines]
+            png = figures.models_by_class(matrix, [r.row for r in have], list(classes),
+                                          [float(np.mean(m)) for m in matrix],
+                                          f"{table.title}: per-class {attack} accuracy" +
+                                          ("" if scale == "full" else f" ({scale} scale)"),
+                                          out / f"reproduce-{attack.replace('/', '_').replace(':', '_')}{suffix}.png")
+            md.append(f"![per-class {attack} accuracy of every row]({png.name})\n")
+        trained = [(p.run_dir(out), p.row.row) for p in planned
+                   if not p.row.robustbench and p.row in rows and p.run_dir(out).resolve() in done]
+        if trained:
+            study = write_report([d for d, _ in trained], out=out / f"study{suffix}", labels=[lb for _, lb in trained])
+            md.append("The study's figures (per-class bars with and without the mean, curves over training, confusion, "
+                      f"similarity): [{study.relative_to(out)}]({study.relative_to(out)}).\n")
+    md += ["avg: mean of the per-class accuracies (seed means); CV: the variance of the per-class accuracies "
+           "(Tian et al.'s CV); MCD: best minus worst class.\n", "## Protocol\n"]
     md += [f"- {n}" for n in notes]
     md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
     md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]

@@ -1,0 +1,83 @@
+"""Benz et al.'s pre-registered study as protocols: ``[paper] protocol`` rows, listed and run by ``fastfair reproduce``
+without verdicts, each section's runs reported per class with the study's figures."""
+from __future__ import annotations
+
+import pytest
+
+from fastfair import config
+from fastfair.errors import UserError
+from fastfair.reproduce import paper, runs, tables
+from fastfair.reproduce.command import listing, reproduce
+from fastfair.rundir import RunDir
+
+from helpers import CIFAR_SUBSET, real_data
+
+PAPER = '[paper]\nsource = "benz"\nrow = "R"\nfollows = "paper"\nselection = "last"\n'
+
+
+def test_a_protocol_row_is_checked_like_a_table_row(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(PAPER + 'protocol = "s31-architectures"\n')
+    row = paper.load(str(path))
+    assert (row.protocol, row.table, row.where) == ("s31-architectures", "", "Sec. 3.1, architectures")
+    for text, message in [('protocol = "architectures"\n', "protocol must name the study's section"),
+                          ('protocol = "s31-x"\ntable = "1"\n', "names one of table"),
+                          ('protocol = "s31-x"\nclean = {avg = 50.0}\n', "study without numbers, so it records none")]:
+        path.write_text(PAPER + text)
+        with pytest.raises(UserError, match=message):
+            paper.load(str(path))
+
+
+def test_protocols_are_tables_without_verdicts_in_the_listing():
+    sections = {k: t for k, t in tables.tables().items() if t.protocol}
+    assert "benz-s31-datasets" in sections
+    assert all(k.startswith("benz-s") and t.source == "benz" for k, t in sections.items())
+    assert not any(t.protocol for k, t in tables.tables().items() if not k.startswith("benz-"))
+    lines = []
+    listing(1, lines.append)
+    benz = [line for line in lines if "benz-s31-datasets-" in line]
+    assert len(benz) == 10 and all("[no paper numbers: a protocol;" in line for line in benz)
+    assert any(line.startswith("  not run yet: ImageNet, pre-trained standard and robust ResNet-50") for line in lines)
+
+
+def test_a_protocol_row_runs_its_presets_attacks_and_keeps_its_architecture_where_the_section_varies_it(tmp_path):
+    real_data()
+    data = tables.get("benz-s31-datasets")
+    planned = runs.plan(data, 1, "subset", str(CIFAR_SUBSET.parent), tmp_path, {})
+    cifar = next(p for p in planned if p.row.preset == "benz-s31-datasets-cifar10-at")
+    assert cifar.attacks == ("clean", "pgd20") and cifar.sets["model.name"] == "tiny-cnn"
+    mnist = next(p for p in planned if p.row.preset == "benz-s31-datasets-mnist-at")
+    assert mnist.attacks == ("clean", "pgd40")
+    # a section whose rows differ in their model keeps each row's, narrowed (the architectures section)
+    two = tables.Table("benz-s31-x", "benz", "s31-x", (data.rows[0], paper.PaperRow(
+        "tian-kdd-t5-mnist-madry", "benz", "", "", "small", "paper", "last", {}, protocol="s31-x")), protocol=True)
+    kept = {p.row.preset: p.sets for p in runs.plan(two, 1, "subset", str(CIFAR_SUBSET.parent), tmp_path, {})}
+    assert kept["tian-kdd-t5-mnist-madry"]["model.name"] == "small-cnn"
+    assert kept[data.rows[0].preset]["model.name"] == config.resolve(data.rows[0].preset).model.name
+
+
+def test_a_section_end_to_end_at_subset_scale(tmp_path):
+    """The data-set section on the two subsets this machine has: per data set and attack a per-class table and
+    heatmap, no verdicts, the study's report per data set, and the rows without data named."""
+    real_data()
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("cifar10-subset.npz", "mnist-subset.npz"):
+        (folder / name).symlink_to(CIFAR_SUBSET.parent / name)
+    out, lines = tmp_path / "s31", []
+    assert reproduce("benz-s31-datasets", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
+                     sets=["train.epochs=1", "model.width=4", "data.train_per_class=20"], echo=lines.append) == 0
+    assert sum("not run at this scale" in line for line in lines) == 6
+    md = (out / "reproduce.md").read_text()
+    assert "**No paper numbers: a protocol.**" in md and "verdict" not in md
+    for dataset, robust in (("cifar10", "pgd20"), ("mnist", "pgd40")):
+        assert f"## {dataset}\n" in md
+        for attack in ("clean", robust):
+            assert (out / f"reproduce-{attack}-{dataset}.png").stat().st_size > 10_000
+        report = (out / f"study-{dataset}" / "report.md").read_text()
+        assert "standard training" in report and "adversarial training (PGD-AT)" in report
+    row = next(line for line in md.splitlines() if "| `benz-s31-datasets-cifar10-at` |" in line)
+    assert len(row.strip("| ").split(" | ")) == 7 + 10  # row, preset, seeds, avg, worst, CV, MCD and ten classes
+    assert "Not run at this scale: benz-s31-datasets-svhn-at" in md
+    cfg = config.load_saved_text(RunDir(out / "runs" / "benz-s31-datasets-mnist-standard-s0").read_config())
+    assert (cfg.method.name, cfg.eval.attacks, cfg.train.select) == ("standard", ["clean", "pgd40"], "last")
