@@ -63,6 +63,14 @@ class Option:
     def begin_epoch(self, model, epoch: int) -> None:
         """Called before the epoch's first step (outside the step: may read the model once)."""
 
+    def use_loader(self, loader, state: ClassState) -> None:
+        """Called once with the training loader after :meth:`setup`, before any epoch (resampling: the class draw)."""
+
+    def attack_targets(self, y: torch.Tensor, state: ClassState) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(target, toward) that make the training attack targeted on the rows where ``toward`` holds
+        (:func:`~fastfair.attacks.pgd.descend`), or None; inside the step, so no host sync."""
+        return None
+
     def after_step(self, model) -> None:
         """Called after each optimiser step, outside the step's graph (HE: renormalise the class weights)."""
 
