@@ -11,6 +11,7 @@ from fastfair.data.sampling import ClassIndex, draw
 from fastfair.errors import UserError
 from fastfair.methods.resampling import error_factor, power_law
 from fastfair.rundir import load_checkpoint
+from fastfair.scaleout import distributed
 from fastfair.training.trainer import Trainer
 
 from helpers import cifar_subset_npz, make_method, small_run_config
@@ -66,6 +67,21 @@ def test_device_loader_draws_by_class_per_epoch_reproducibly_and_keeps_the_epoch
     assert x.dtype == torch.float32 and x.shape == (8, 1, 2, 2)
     p.copy_(torch.tensor([0.0, 0.0, 0.0, 1.0]))  # held by reference: the next epoch draws with the new values
     assert torch.all(epoch_labels(ld, 5) == 3)
+
+
+def test_torchrun_ranks_take_their_slices_of_the_same_class_drawn_batches(monkeypatch):
+    y, p = torch.arange(4).repeat_interleave(16), torch.tensor([0.7, 0.1, 0.1, 0.1])
+
+    def batches(ld):
+        ld.draw_classes(p)  # through RankSlice under torchrun
+        ld.set_epoch(2)
+        return [yb for _, yb in ld]
+
+    whole = batches(loader(y))
+    for rank in (0, 1):
+        monkeypatch.setattr(distributed, "_ctx", distributed.Context(rank=rank, world=2))
+        mine = batches(distributed.train_loader(loader(y)))
+        assert len(mine) == len(whole) and all(torch.equal(m, w[4 * rank:4 * rank + 4]) for m, w in zip(mine, whole))
 
 
 def test_power_law_and_error_factor_golden_values():
@@ -227,7 +243,8 @@ def test_cli_runs_both_options_with_at_and_trades_on_real_cifar10(npz, tmp_path,
 
 def test_cli_refuses_resampling_that_changes_nothing_in_one_line(npz, tmp_path, capsys):
     out = tmp_path / "run"
-    assert cli_train(npz, out, "pgd-at", "--set", "data.train_per_class=10", "--set", "resampling.power=0") == 2
+    assert cli_train(npz, out, "pgd-at", "--set", "data.train_per_class=6",
+                     "--set", "data.batch_size=30", "--set", "resampling.power=0") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fastfair: error: resampling.power=0 draws every class") and \
         "resampling.auto=true" in err[0], err

@@ -62,6 +62,7 @@ class DeviceLoader:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.gen = torch.Generator(device=self.x.device)
         self.class_p: torch.Tensor | None = None  # resampling: class probabilities, read at each epoch's start
+        self.classes: ClassIndex | None = None
         self.set_epoch(0)
 
     def class_counts(self, num_classes: int) -> torch.Tensor:

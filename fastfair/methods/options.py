@@ -4,7 +4,8 @@ An option is not a method. It has its own config section (``[ccm]``, named as re
 the keys it declares, decides from that section whether the run switches it on, and
 contributes only through what it declares: factors on per-class vectors (``eps``,
 ``kl_weight``, ``loss_weight``; :meth:`ClassState.add_factor`), a hook on the logits of the CE
-terms (HE), and the per-class statistics it reads at the epoch end. It never reads another
+terms (HE), the training loader's class draw (resampling), the training attack's targets
+(targeted_attack), and the per-class statistics it reads at the epoch end. It never reads another
 option's or the method's section.
 """
 from __future__ import annotations
