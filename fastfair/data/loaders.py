@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from fastfair.data.sampling import ClassIndex, draw
 from fastfair.registry import Registry
 
 
@@ -45,7 +46,8 @@ class DeviceLoader:
     """A whole split as uint8 on ``device``; yields ``(x in [0,1] float32, y)`` batches.
 
     Training loaders shuffle and augment on the device with a generator reseeded from
-    ``(seed, epoch)`` by :meth:`set_epoch`, so a resumed run sees the same batches.
+    ``(seed, epoch)`` by :meth:`set_epoch`, so a resumed run sees the same batches. After
+    :meth:`draw_classes` an epoch is drawn by class instead of shuffled (:mod:`fastfair.data.sampling`).
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, device, train: bool,
@@ -59,7 +61,18 @@ class DeviceLoader:
         self.seed = seed
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.gen = torch.Generator(device=self.x.device)
+        self.class_p: torch.Tensor | None = None  # resampling: class probabilities, read at each epoch's start
+        self.classes: ClassIndex | None = None
         self.set_epoch(0)
+
+    def class_counts(self, num_classes: int) -> torch.Tensor:
+        """Training images per class, (C,) on the loader's device."""
+        return torch.bincount(self.y, minlength=num_classes)
+
+    def draw_classes(self, p: torch.Tensor) -> None:
+        """Draw each epoch's images by class with probabilities ``p`` (C,), with replacement, instead of a
+        permutation. ``p`` is held, not copied: its owner may change it in place between epochs."""
+        self.class_p, self.classes = p, ClassIndex(self.y, len(p))
 
     def set_epoch(self, epoch: int) -> None:
         self.gen.manual_seed(self.seed * 100_003 + epoch)
@@ -70,7 +83,10 @@ class DeviceLoader:
 
     def __iter__(self):
         n = len(self.y)
-        order = torch.randperm(n, device=self.x.device, generator=self.gen) if self.train else None
+        order = None
+        if self.train:
+            order = (torch.randperm(n, device=self.x.device, generator=self.gen) if self.class_p is None
+                     else draw(self.class_p, self.classes, n, self.gen))
         for i in range(len(self)):
             sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
             idx = order[sl] if order is not None else sl

@@ -103,8 +103,21 @@ class Method:
         for option in self.options:
             option.after_step(model)
 
+    def use_loader(self, loader, state: ClassState) -> None:
+        """Once, with the training loader, before any epoch: the options' hooks (resampling's class draw)."""
+        for option in self.options:
+            option.use_loader(loader, state)
+
     def perturb(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, state: ClassState) -> torch.Tensor:
-        return self.attack(model, x, y, state["eps"], state["alpha"])
+        return self.attack(model, x, y, state["eps"], state["alpha"], *self.attack_targets(y, state))
+
+    def attack_targets(self, y: torch.Tensor, state: ClassState) -> tuple[torch.Tensor, ...]:
+        """(target, toward) of an option that makes the training attack targeted (targeted_attack), else ()."""
+        for option in self.options:
+            targets = option.attack_targets(y, state)
+            if targets is not None:
+                return targets
+        return ()
 
     def loss(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
              state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,8 @@ An option is not a method. It has its own config section (``[ccm]``, named as re
 the keys it declares, decides from that section whether the run switches it on, and
 contributes only through what it declares: factors on per-class vectors (``eps``,
 ``kl_weight``, ``loss_weight``; :meth:`ClassState.add_factor`), a hook on the logits of the CE
-terms (HE), and the per-class statistics it reads at the epoch end. It never reads another
+terms (HE), the training loader's class draw (resampling), the training attack's targets
+(targeted_attack), and the per-class statistics it reads at the epoch end. It never reads another
 option's or the method's section.
 """
 from __future__ import annotations
@@ -62,6 +63,14 @@ class Option:
 
     def begin_epoch(self, model, epoch: int) -> None:
         """Called before the epoch's first step (outside the step: may read the model once)."""
+
+    def use_loader(self, loader, state: ClassState) -> None:
+        """Called once with the training loader after :meth:`setup`, before any epoch (resampling: the class draw)."""
+
+    def attack_targets(self, y: torch.Tensor, state: ClassState) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(target, toward) that make the training attack targeted on the rows where ``toward`` holds
+        (:func:`~fastfair.attacks.pgd.descend`), or None; inside the step, so no host sync."""
+        return None
 
     def after_step(self, model) -> None:
         """Called after each optimiser step, outside the step's graph (HE: renormalise the class weights)."""

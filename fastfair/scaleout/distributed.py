@@ -99,6 +99,12 @@ class RankSlice:
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
 
+    def class_counts(self, num_classes: int) -> torch.Tensor:
+        return self.loader.class_counts(num_classes)
+
+    def draw_classes(self, p: torch.Tensor) -> None:
+        self.loader.draw_classes(p)  # every rank draws the same global batches from the same (seed, epoch)
+
     def __len__(self) -> int:
         return len(self.loader)
 

@@ -90,6 +90,7 @@ class Trainer:
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
+        self.method.use_loader(self.train_loader, self.state)  # before a resume loads the state the loader reads
         t = cfg.train
         self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
                                    weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
