@@ -117,7 +117,9 @@ def _disk(radius: float, alias_blur: float) -> np.ndarray:
     grid = np.arange(-8, 9)
     xx, yy = np.meshgrid(grid, grid)
     disk = (xx ** 2 + yy ** 2 <= radius ** 2).astype(np.float64)
-    return ops.cv2_gaussian_blur(disk / disk.sum(), 3, alias_blur)
+    kernel = ops.cv2_gaussian_blur(disk / disk.sum(), 3, alias_blur).astype(np.float32)  # the reference's dtype
+    r = int(np.abs(np.argwhere(kernel) - 8).max())  # the zero border adds nothing: a 5 x 5 to 7 x 7 kernel is left
+    return kernel[8 - r:9 + r, 8 - r:9 + r]
 
 
 def defocus_blur(x, c: tuple, draws):
@@ -312,12 +314,14 @@ GROUPS = {"all": [n for n, c in CORRUPTIONS.items() if c.benchmark],
 
 
 def corrupt(x: torch.Tensor, name: str, severity: int, draws=None) -> torch.Tensor:
-    """``name`` at ``severity`` (1 to 5) on images ``x`` in [0, 1] (N, C, H, W): computed in float64 outside any
-    autocast, clipped and truncated to 8-bit levels as CIFAR-10-C is stored, returned in x's dtype."""
+    """``name`` at ``severity`` (1 to 5) on images ``x`` in [0, 1] (N, C, H, W), read as 8-bit levels (the reference
+    corrupts PIL images): computed in float64 outside any autocast, clipped and truncated to 8-bit levels as
+    CIFAR-10-C is stored, returned in x's dtype. ``draws``: the random numbers (default torch's generator)."""
     entry = CORRUPTIONS[name]
     check_channels(name, x.shape[1])
     with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-        out = entry.apply(x.double(), entry.parameters[severity - 1], draws or TorchDraws(x.device))
+        levels = torch.round(x.double() * 255) / 255  # the reference corrupts 8-bit images
+        out = entry.apply(levels, entry.parameters[severity - 1], draws or TorchDraws(x.device))
         return (torch.floor(out.clamp(0, 1) * 255) / 255).to(x.dtype)
 
 
