@@ -23,9 +23,10 @@ sys.path.insert(0, str(GOLDEN))
 import corruptions_reference as reference  # noqa: E402  (its seeds and names; it imports nothing of the reference)
 
 # Integer or elementwise-only arithmetic matches the reference to the level; the filters and colour maps sum in
-# another order than numpy/scipy/OpenCV (and OpenCV's defocus kernel is float32), so a value landing within
-# rounding of an 8-bit level may be truncated to the level below: at most 1 level, on at most 2 % of the values
-# (measured at most 1.5 %, zoom_blur; a wrong parameter or border rule moves most values by several levels).
+# another order than numpy/scipy/OpenCV/ImageMagick (OpenCV's defocus kernel is float32, ImageMagick works in 16-bit
+# quanta), so a value landing within rounding of an 8-bit level may be truncated to the level below: at most 1
+# level, on at most 3 % of the values (measured at most 1.8 %, motion_blur; a wrong parameter, border rule or
+# rounding moves most values: rounding motion_blur's output instead of truncating it changes 52 %).
 EXACT = {"gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "pixelate", "jpeg_compression"}
 
 
@@ -89,7 +90,7 @@ def test_each_corruption_matches_the_authors_script_on_its_random_numbers(golden
             if name in EXACT:
                 assert not diff.any(), f"{where}: {np.count_nonzero(diff)} values differ"
             else:
-                assert np.abs(diff).max() <= 1 and np.mean(diff != 0) <= 0.02, \
+                assert np.abs(diff).max() <= 1 and np.mean(diff != 0) <= 0.03, \
                     f"{where}: max {np.abs(diff).max()} levels, {np.mean(diff != 0):.1%} of values differ"
 
 
@@ -130,7 +131,7 @@ def test_names_parse_and_groups_expand():
     assert attack.search == corruptions.Corrupt("fog", 3) and attack.seed_name == "corrupt:fog@3"
     assert names.parse_attack("corrupt:fog@3/20").per_class == 20
     every = names.members("corrupt:all@5")
-    assert len(every) == 12 and every[0] == "corrupt:gaussian_noise@5" and "corrupt:saturate@5" not in every
+    assert len(every) == 14 and every[0] == "corrupt:gaussian_noise@5" and "corrupt:saturate@5" not in every
     assert names.members("corrupt:extra@2/50") == ["corrupt:speckle_noise@2/50", "corrupt:gaussian_blur@2/50",
                                                    "corrupt:saturate@2/50"]
     check_attack_names(["clean", "corrupt:all@1", "corrupt:extra@5", "corrupt:jpeg_compression@4/10"])
@@ -143,7 +144,6 @@ def test_names_parse_and_groups_expand():
     ("corrupt:fog@6", "give a severity 1 to 5 after @"),
     ("corrupt:all@0", "give a severity 1 to 5 after @"),
     ("corrupt:frost@1", "frost photographs"),
-    ("corrupt:motion_blur@2", "ImageMagick"),
     ("corrupt:spatter@4", "Canny"),
     ("transfer:corrupt:fog@3", "transfer: takes a white-box attack"),
     ("fog", "Did you mean corrupt:fog@S"),

@@ -4,8 +4,8 @@ optimisation attack ``cwinf`` (``cwinfK``), the query-based ``nattack`` (``natta
 (NAME run on a substitute model, evaluated on the target), ``NAME/N``: NAME on the first N test images
 of each class (Tian et al. run CW-inf and NATTACK on 200 images a class: ``cwinf/200``), and ``corrupt:NAME@S``: a
 natural corruption of CIFAR-10-C at severity S instead of an attack (:mod:`fastfair.attacks.corruptions`; Benz et
-al. 2021, Sec. 3.4), ``corrupt:all@S`` every implemented one of CIFAR-10-C's 15 and ``corrupt:extra@S`` of its 4 extra,
-each run, then their mean added as the group's entry.
+al. 2021, Sec. 3.4), ``corrupt:all@S`` every implemented one of CIFAR-10-C's 15 (all but frost) and
+``corrupt:extra@S`` of its 4 extra, each run, then their mean added as the group's entry.
 
 ``tpgdK@grid`` is Temperature-PGD-K over Tian et al.'s 1/T grid (KDD 2021, Sec. 5, 'Overall
 results': they search 1/T in {2, 5, 10, 50} and report the best attack, i.e. the temperature

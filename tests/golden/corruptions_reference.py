@@ -4,16 +4,17 @@ run on the first two images of ``inputs.npz``, every implemented corruption at s
 generator from the same seeds in the same order, so fastfair's formulas see the reference's random numbers.
 
 Not a ``gen_*.py`` of make.py: the reference needs scikit-image and OpenCV, which fastfair does not depend on, so it
-runs in an environment of its own (CPU, a minute):
+runs in an environment of its own (CPU, a minute; motion_blur and snow call ImageMagick through Wand):
 
-    python -m venv /tmp/ref && /tmp/ref/bin/pip install numpy scipy scikit-image opencv-python-headless pillow
+    apt-get install imagemagick     # ImageMagick 6 (6.9.11 made the stored values)
+    python -m venv /tmp/ref && /tmp/ref/bin/pip install numpy scipy scikit-image opencv-python-headless pillow wand
     git clone https://github.com/hendrycks/robustness /tmp/robustness
     /tmp/ref/bin/python tests/golden/corruptions_reference.py /tmp/robustness
 
 The reference's functions are imported from the checkout's text with the shims today's libraries need (none
 changes a formula): ``multichannel=True`` -> ``channel_axis=-1`` (scikit-image 0.19), ``np.float_`` ->
-``np.float64`` (numpy 2), ``scipy.ndimage.interpolation`` -> ``scipy.ndimage``; Wand (ImageMagick, used only by
-motion_blur and snow, which fastfair does not implement) and torch/torchvision (the data set loop's) left out;
+``np.float64`` and ``np.fromstring`` -> ``np.frombuffer`` (numpy 2), ``scipy.ndimage.interpolation`` ->
+``scipy.ndimage``; torch/torchvision (the data set loop's) left out;
 scikit-image's ``random_noise(mode='s&p')`` given its two Bernoulli draws from ``np.random`` (its own generator
 cannot be seeded from the script; the algorithm is scikit-image 0.26's ``_bernoulli``: uniform <= p); the script's
 module-level data loop cut off.
@@ -34,7 +35,7 @@ PINNED = "8190fe329f5f072a06e3a2aea02bb5dda69aed9f"
 FILE = "ImageNet-C/create_c/make_cifar_c.py"
 NAMES = ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "zoom_blur", "fog",
          "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression", "speckle_noise",
-         "gaussian_blur", "saturate"]
+         "gaussian_blur", "saturate", "motion_blur", "snow"]
 IMAGES = 2
 
 
@@ -49,13 +50,9 @@ def reference(checkout: Path) -> dict:
     text = text[:text.index("# /////////////// End Distortions ///////////////")]
     text = "\n".join(line for line in text.splitlines() if "torch" not in line)  # the data set loop's imports
     for old, new in (("multichannel=True", "channel_axis=-1"), ("np.float_", "np.float64"),
-                     ("scipy.ndimage.interpolation", "scipy.ndimage")):
+                     ("scipy.ndimage.interpolation", "scipy.ndimage"),
+                     ("np.fromstring", "np.frombuffer")):
         text = text.replace(old, new)
-    # Wand: ImageMagick's motion blur (motion_blur, snow), not implemented in fastfair
-    start = text.index("from wand.image import Image as WandImage")
-    text = text[:start] + text[text.index("import ctypes"):]
-    start = text.index("# Tell Python about the C method")
-    text = text[:start] + text[text.index("# modification of https://github.com/FLHerne"):]
     namespace: dict = {}
     exec(compile(text, FILE, "exec"), namespace)
 
@@ -94,10 +91,12 @@ def main(checkout: Path) -> None:
     import cv2
     import scipy
     import skimage
+    import wand.version
     meta = {"repository": REPO, "commit": commit, "file": FILE, "images": f"inputs.npz x_uint8[:{IMAGES}]",
             "seed": "1000 * NAMES.index(name) + 10 * severity + image", "names": NAMES,
             "versions": {"numpy": np.__version__, "scipy": scipy.__version__, "scikit-image": skimage.__version__,
-                         "opencv": cv2.__version__, "pillow": Image.__version__}}
+                         "opencv": cv2.__version__, "pillow": Image.__version__,
+                         "imagemagick": wand.version.MAGICK_VERSION}}
     (HERE / "corruptions.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote corruptions.npz ({len(out)} corruptions) at {REPO}@{commit[:7]}")
 
