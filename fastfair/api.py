@@ -86,7 +86,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     """Per-class accuracy of ``model`` (images in [0, 1] -> logits) under each attack, as ``fastfair eval``.
 
     ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
-    tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, aa), a list or one comma-separated string.
+    tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, corrupt:NAME@S, aa), a list or one comma-separated string.
     ``eps``/``alpha``: one radius/step or one per class.
     ``data``: (images, labels) tensors or an iterable of batches. ``out``: a JSON path; an earlier file of the
     same weights, data and settings keeps its other attacks, another is moved to ``previous/`` beside it.

@@ -200,8 +200,9 @@ def eval_(
     attacks: Annotated[str, typer.Option(help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, "
                                               "tpgdK@grid (1/T in 2,5,10,50), cwinf[K] (C&W's L-inf optimisation "
                                               "attack), nattack[K] (NATTACK, query-based), transfer:NAME (NAME made "
-                                              "on --substitute), NAME/N (on the first N images of each class), aa "
-                                              "(AutoAttack standard)")]
+                                              "on --substitute), NAME/N (on the first N images of each class), "
+                                              "corrupt:NAME@S (a CIFAR-10-C corruption at severity 1-5; "
+                                              "corrupt:all@S: each and their mean), aa (AutoAttack standard)")]
     = "clean,pgd20,cw20",
     substitute: Annotated[Text, typer.Option(
         metavar="RUN_DIR|CHECKPOINT", help="the model transfer:NAME attacks make their examples on (a fastfair run "

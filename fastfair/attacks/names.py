@@ -1,8 +1,11 @@
 """Attacks a user names on the command line: ``clean``, ``fgsm``, ``pgdK``, ``pgdKxR``, ``cwK``,
 ``tpgdK@tT``, the grid name ``tpgdK@grid``, ``fgsmrs`` (FGSM from a uniform random start), C&W's L-inf
 optimisation attack ``cwinf`` (``cwinfK``), the query-based ``nattack`` (``nattackK``), ``transfer:NAME``
-(NAME run on a substitute model, evaluated on the target), and ``NAME/N``: NAME on the first N test images
-of each class (Tian et al. run CW-inf and NATTACK on 200 images a class: ``cwinf/200``).
+(NAME run on a substitute model, evaluated on the target), ``NAME/N``: NAME on the first N test images
+of each class (Tian et al. run CW-inf and NATTACK on 200 images a class: ``cwinf/200``), and ``corrupt:NAME@S``: a
+natural corruption of CIFAR-10-C at severity S instead of an attack (:mod:`fastfair.attacks.corruptions`; Benz et
+al. 2021, Sec. 3.4), ``corrupt:all@S`` every implemented one of CIFAR-10-C's 15 (all but frost) and
+``corrupt:extra@S`` of its 4 extra, each run, then their mean added as the group's entry.
 
 ``tpgdK@grid`` is Temperature-PGD-K over Tian et al.'s 1/T grid (KDD 2021, Sec. 5, 'Overall
 results': they search 1/T in {2, 5, 10, 50} and report the best attack, i.e. the temperature
@@ -16,6 +19,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from fastfair.attacks import corruptions
+from fastfair.attacks.corruptions import Corrupt
 from fastfair.attacks.cwinf import CWInf
 from fastfair.attacks.nattack import NAttack
 from fastfair.attacks.pgd import PGD
@@ -36,10 +41,16 @@ ALIASES = {
     "transfer-based": "transfer:pgd20 (PGD-20 on the substitute model given by --substitute)",
     "mim": "pgd20 (no MI-FGSM; PGD-20 is the papers' white-box attack)",
     "tpgd": "tpgd20@grid (Temperature-PGD over Tian et al.'s 1/T grid) or tpgd20@tT for one T",
+    **dict.fromkeys(("corrupt", "corruption", "corruptions", "cifar-10-c", "cifar10c", "common-corruptions"),
+                    "corrupt:all@S (CIFAR-10-C's corruptions at severity S = 1..5) or corrupt:NAME@S for one"),
+    **{name: f"corrupt:{name}@S (a natural corruption at severity S = 1..5)" for name in corruptions.CORRUPTIONS},
 }
 _NAME = re.compile(r"^(?P<kind>pgd|cwinf|cw|fgsmrs|fgsm|tpgd|nattack)(?P<steps>\d*)(?:x(?P<restarts>\d+))?"
                    r"(?:@t(?P<t>[\d.]+))?$")
 TRANSFER = "transfer:"
+CORRUPT = "corrupt:"
+_CORRUPTION = re.compile(r"^corrupt:(?P<what>[^@/]*)(?:@(?P<severity>[^/]*))?$")
+_GROUP = re.compile(r"^corrupt:(?P<what>[^@/]*)@(?P<severity>\d+)(?P<cap>/\d+)?$")
 _CAP = re.compile(r"^(?P<name>.+)/(?P<n>\d+)$")
 
 
@@ -98,8 +109,9 @@ def unknown_attack(name: str, autoattack: bool) -> UserError:
     spelled = [normal(name)] if normal(name) != name and parses(normal(name)) else []  # PGD-20, pgd_20: pgd20
     return UnknownAttack(f"unknown attack {name!r}.{hint(name, spelled, ALIASES)} Use clean, fgsm, pgdK, pgdKxR "
                      f"(R restarts), cwK, tpgdK@tT, fgsmrs, cwinf[K], nattack[K], transfer:NAME, NAME/N (the first N "
-                     f"images of each class){', aa (AutoAttack)' if autoattack else ''} (for example pgd20, cw20, "
-                     "pgd50x5, tpgd20@t0.1, cwinf/200, transfer:pgd20)")
+                     f"images of each class), corrupt:NAME@S (a natural corruption at severity 1-5)"
+                     f"{', aa (AutoAttack)' if autoattack else ''} (for example pgd20, cw20, pgd50x5, tpgd20@t0.1, "
+                     "cwinf/200, transfer:pgd20, corrupt:fog@3)")
 
 
 def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> EvalAttack:
@@ -120,10 +132,12 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
     if is_transfer(name):
         inner = parse_attack(name[len(TRANSFER):], cw_kappa, clip_start)
         if inner.transfer or inner.per_class or (inner.pgd is None and inner.search is None) \
-                or isinstance(inner.search, NAttack):
+                or isinstance(inner.search, (NAttack, Corrupt)):
             raise UserError(f"{name}: transfer: takes a white-box attack (fgsm, fgsmrs, pgdK, cwK, tpgdK@tT, cwinf), "
                             "e.g. transfer:pgd20; /N goes last (transfer:pgd20/200)")
         return replace(inner, name=name, transfer=True)
+    if name.startswith(CORRUPT):
+        return _corruption(name)
     if name == "clean":
         return EvalAttack(name, None)
     m = _NAME.match(name)
@@ -155,12 +169,40 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
     return EvalAttack(name, base)
 
 
+def _corruption(name: str) -> EvalAttack:
+    """``corrupt:NAME@S``: the corruption NAME at severity S, or a UserError saying what to type."""
+    m = _CORRUPTION.match(name)
+    what, severity = (m["what"], m["severity"]) if m else (name[len(CORRUPT):], None)
+    known = [*corruptions.CORRUPTIONS, *corruptions.GROUPS]
+    if what in corruptions.REFUSED:
+        raise UserError(f"{name}: fastfair does not implement {what}: it {corruptions.REFUSED[what]}. Implemented: "
+                        f"{', '.join(corruptions.CORRUPTIONS)}")
+    if what not in known:
+        raise UserError(f"{name}: unknown corruption {what!r}.{hint(what, known, corruptions.ALIASES)} Use "
+                        f"corrupt:NAME@S with NAME one of {', '.join(known)} and S a severity 1 to 5")
+    if severity not in [str(s) for s in corruptions.SEVERITIES]:
+        raise UserError(f"{name}: give a severity 1 to 5 after @, as CIFAR-10-C has them, e.g. corrupt:{what}@3")
+    if what in corruptions.GROUPS:  # members() expands it where a command runs groups
+        raise UserError(f"{name} stands for {len(corruptions.GROUPS[what])} corruptions and their mean, which fastfair "
+                        "eval runs; name one here, e.g. corrupt:fog@3")
+    return EvalAttack(name, None, search=Corrupt(what, int(severity)))
+
+
+def is_corruption_group(name: str) -> bool:
+    """``corrupt:all@S`` or ``corrupt:extra@S`` (with an optional ``/N``), severity S in 1..5."""
+    m = _GROUP.match(name)
+    return bool(m) and m["what"] in corruptions.GROUPS and int(m["severity"]) in corruptions.SEVERITIES
+
+
 INVERSE_TEMPERATURES = (2, 5, 10, 50)  # Tian et al. KDD 2021, Sec. 5: grid search over 1/T
 _GRID = re.compile(r"^tpgd(?P<steps>\d*)@grid$")
 
 
 def members(name: str) -> list[str]:
-    """The attack names a (grid) name stands for; a plain name stands for itself."""
+    """The attack names a (grid or corruption group) name stands for; a plain name stands for itself."""
+    if is_corruption_group(name):
+        g = _GROUP.match(name)
+        return [f"{CORRUPT}{c}@{g['severity']}{g['cap'] or ''}" for c in corruptions.GROUPS[g["what"]]]
     m = _GRID.match(name)
     if not m:
         return [name]
@@ -176,7 +218,7 @@ def add_best(results: dict[str, dict], names: list[str]) -> None:
     """For each grid name, add the member entry with the lowest average accuracy, naming it in ``chosen``."""
     for name in names:
         group = members(name)
-        if group == [name]:
+        if group == [name] or is_corruption_group(name):  # a group of corruptions adds its mean (per_class)
             continue
         best = min(group, key=lambda n: results[n]["summary"]["avg"])
         results[name] = {**results[best], "chosen": best,

@@ -18,7 +18,7 @@ import torch
 
 from fastfair import build, display
 from fastfair.config import load_saved_text
-from fastfair.attacks import autoattack, names
+from fastfair.attacks import autoattack, corruptions, names
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
@@ -123,11 +123,13 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
     ``seed`` seeds every random start (recorded in each entry). ``transfer:`` attacks are made on
-    ``substitute``; a ``NAME/N`` entry records the ``images`` it saw.
+    ``substitute``; a ``NAME/N`` entry records the ``images`` it saw. ``corrupt:all@S`` runs each corruption and
+    adds their mean: the sum of their confusions (so its per-class accuracy is the mean of theirs), its ``members``.
     """
     dev = next(model.parameters()).device
     c = len(classes)
     eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
+    _check_corruptions(attack_names, loader)
     out = {}
     for name in names.expand(attack_names):
         extra = {}
@@ -146,7 +148,23 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
                      "seed": seed, **extra}
     names.add_best(out, attack_names)
+    for name in filter(names.is_corruption_group, attack_names):
+        group = names.members(name)
+        conf = sum(torch.tensor(out[m]["confusion"]) for m in group)
+        out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
+                     "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
+                     **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
     return out
+
+
+def _check_corruptions(attack_names: list[str], loader) -> None:
+    """A corruption the images cannot take (brightness and saturate on one channel) fails before any attack runs."""
+    wanted = [parse_attack(n).search for n in names.expand(attack_names) if n != autoattack.NAME]
+    wanted = [w.corruption for w in wanted if isinstance(w, corruptions.Corrupt)]
+    if wanted:
+        channels = next(iter(loader))[0].shape[1]
+        for name in wanted:
+            corruptions.check_channels(name, channels)
 
 
 # ---- fingerprints: which weights, data and settings a result belongs to ----------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastfair import display
-from fastfair.attacks import autoattack
+from fastfair.attacks import autoattack, names
 from fastfair.config import load_saved_text
 from fastfair.data.subsets import dropped_note
 from fastfair.rundir import RunDir
@@ -15,8 +15,9 @@ AA_QUICK = 20  # images per class suggested for a first AutoAttack look on a CPU
 
 
 def robust_attack(results: dict[str, dict]) -> str | None:
-    """The strongest evaluated attack: the lowest mean per-class accuracy among the non-clean ones."""
-    robust = [n for n in results if n != "clean"]
+    """The strongest evaluated attack: the lowest mean per-class accuracy among the non-clean ones (a natural
+    corruption, ``corrupt:``, is no attack)."""
+    robust = [n for n in results if n != "clean" and not n.startswith(names.CORRUPT)]
     return min(robust, key=lambda n: results[n]["summary"]["avg"]) if robust else None
 
 
