@@ -260,6 +260,22 @@ def protocol_table(rows: list[tuple[str, str, list[dict]]], attack: str, classes
     return "\n".join(lines)
 
 
+def members_table(rows: list[tuple[str, str, list[dict]]], members: list[str], classes: list[str]) -> str:
+    """A line per member of a group entry (a corruption of ``corrupt:all@S``), a column per row: its average and
+    worst class."""
+    lines = ["| member | " + " | ".join(label for label, _, _ in rows) + " |", "|---|" + "---:|" * len(rows)]
+    for member in members:
+        cells = []
+        for _, _, recs in rows:
+            if not any(member in rec["results"] for rec in recs):
+                cells.append("-")
+                continue
+            s = measures.summary(_seed_mean(recs, member))
+            cells.append(f"{s['avg']:.1f} (worst {classes[s['worst_class']]} {s['worst']:.1f})")
+        lines.append(f"| {member} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], planned: list, *, scale: str,
                    scale_doc: str, seeds: int, runs: list[tuple[str, str, str]], notes: list[str]) -> Path:
     """``out/reproduce.md`` of a study's section (no paper numbers, so no verdicts): per attack and data set, every
@@ -282,11 +298,17 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
         suffix = f"-{dataset}" if len(groups) > 1 else ""
         if len(groups) > 1:
             md.append(f"## {dataset}\n")
-        attacks = list(dict.fromkeys(a for row in rows for rec in records[row.preset] for a in rec["results"]))
-        for attack in attacks:
+        results = [rec["results"] for row in rows for rec in records[row.preset]]
+        attacks = list(dict.fromkeys(a for res in results for a in res))
+        # a group's members (corrupt:all@S: one entry per corruption) go into one compact table beside the group
+        grouped = {a: res[a]["members"] for res in results for a in res if res[a].get("members")}
+        for attack in [a for a in attacks if not any(a in m for m in grouped.values())]:
             have = [r for r in rows if any(attack in rec["results"] for rec in records[r.preset])]
             lines = [(r.row, r.preset, records[r.preset]) for r in have]
             md += [f"### {attack}\n", protocol_table(lines, attack, list(classes)) + "\n"]
+            if attack in grouped:
+                md += ["Its members, average and worst class (the mean of the seeds):\n",
+                       members_table(lines, grouped[attack], list(classes)) + "\n"]
             matrix = [_seed_mean(recs, attack) for _, _, recs in lines]
             png = figures.models_by_class(matrix, [r.row for r in have], list(classes),
                                           [float(np.mean(m)) for m in matrix],
@@ -297,7 +319,11 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
         trained = [(p.run_dir(out), p.row.row) for p in planned
                    if not p.row.robustbench and p.row in rows and p.run_dir(out).resolve() in done]
         if trained:
-            study = write_report([d for d, _ in trained], out=out / f"study{suffix}", labels=[lb for _, lb in trained])
+            # the rows name the row their gains are measured against (Sec. 3.3: the remedies against plain PGD-AT)
+            base = next((d for d, _ in trained for r in rows if r.baseline and d.name.startswith(f"{r.baseline}-s")),
+                        None)
+            study = write_report([d for d, _ in trained], out=out / f"study{suffix}", labels=[lb for _, lb in trained],
+                                 baseline=base)
             md.append("The study's figures (per-class bars with and without the mean, curves over training, confusion, "
                       f"similarity): [{study.relative_to(out)}]({study.relative_to(out)}).\n")
     md += ["avg: mean of the per-class accuracies (seed means); CV: the variance of the per-class accuracies "
