@@ -259,8 +259,10 @@ def _class_lines(ax, epochs: list[int], v: np.ndarray, classes: list[str], ylabe
     for k in (k for k in range(len(classes)) if many and k not in named):
         ax.plot(epochs, v[:, k], color="0.6", lw=0.5, alpha=0.5)
     marker = "o" if len(epochs) < 15 else None
-    for i, k in enumerate(named):
-        ax.plot(epochs, v[:, k], color=f"C{i % 10}", lw=1.3, marker=marker, ms=3, label=classes[k])
+    for i, k in enumerate(named):  # each line thinner than the one before: tied classes show as stripes, not one
+        thick = (len(named) - 1 - i) / max(1, len(named) - 1)
+        ax.plot(epochs, v[:, k], color=f"C{i % 10}", lw=1.0 + 2.4 * thick, marker=marker, ms=3.0 + 3.0 * thick,
+                label=classes[k])
     if many:
         ax.legend(fontsize=6.5, loc="best", title="lowest most often", title_fontsize=6.5, frameon=False)
     ax.set_xlabel("epoch")
@@ -370,7 +372,7 @@ def similarity_heatmaps(panels: dict[str, np.ndarray], classes: list[str], title
             for i in range(n):
                 for j in range(n):
                     if i != j:
-                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6.5,
+                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7,
                                 color="white" if abs(m[i, j]) > 0.6 else "black")
         _class_axis(ax, classes)
         ax.set_yticks(range(n))
@@ -392,8 +394,11 @@ def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str,
     ax.scatter(x, y, s=12 if len(classes) > MANY_CLASSES else None)
     ranked = np.argsort(np.asarray(y, dtype=float), kind="stable")
     named = range(len(classes)) if len(classes) <= MANY_CLASSES else [*ranked[:5], *ranked[-5:]]
+    at: dict[tuple[float, float], list[str]] = {}  # classes on one point are named together, not over each other
     for k in named:
-        ax.annotate(classes[k], (x[k], y[k]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        at.setdefault((float(x[k]), float(y[k])), []).append(classes[k])
+    for xy, names in at.items():
+        ax.annotate(", ".join(names), xy, fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     _title(ax, title, 4.6)
