@@ -546,15 +546,19 @@ def _discrepancy(groups: list[Group], recs: dict[int, list[dict]], attack: str, 
     spread max - min of clean and robust per-class accuracy with its worst class."""
     lacking = [g.label for i, g in enumerate(groups) if any("clean" not in r["results"] for r in recs[i])]
     if lacking or attack == "clean":
-        why = (f"{', '.join(lacking)} lack a clean evaluation; run: fastfair eval RUN_DIR --attacks clean" if lacking
+        why = (f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} a clean evaluation; run: fastfair eval "
+               "RUN_DIR --attacks clean" if lacking
                else "the robust column is clean; give --attack NAME")
         return [f"No inter-class discrepancy figure (Benz et al. Figs. 1-2): {why}.\n"]
     series = {g.label: (_per_class_mean(recs[i], "clean")[0], _per_class_mean(recs[i], attack)[0])
               for i, g in enumerate(groups)}
     notes = {_subset_note(g.runs[0]) for g in groups}
     shared = f" ({notes.pop()})" if len(notes) == 1 and "" not in notes else ""
-    p = figures.discrepancy_grid(classes, series, attack, f"inter-class discrepancy: per-class accuracy and "
-                                 f"{attack} robustness{shared}", fig_dir / "discrepancy.png")
+    order, _ = class_order(classes)  # CIFAR-100: a super-class's classes side by side
+    p = figures.discrepancy_grid([classes[k] for k in order],
+                                 {name: tuple(np.asarray(v)[order] for v in pair) for name, pair in series.items()},
+                                 attack, f"inter-class discrepancy: per-class accuracy and {attack} robustness{shared}",
+                                 fig_dir / "discrepancy.png")
     spread = "; ".join(
         f"{name}: clean {measures.mcd(clean):.1f} (worst {lowest_classes(clean, classes)}), {attack} "
         f"{measures.mcd(rob):.1f} (worst {lowest_classes(rob, classes)})" for name, (clean, rob) in series.items())
