@@ -92,6 +92,10 @@ def test_cifar100_confusion_is_drawn_by_super_class(tmp_path, monkeypatch):
                           blocks=blocks)
     assert len(named) == 20 and named[0] == "aquatic mammals" and named[-1] == "vehicles 2"
     assert Image.open(png).size[0] > 1000  # a page wide: 100 class names stay legible
+    # Figs. 1-2's four panels stand one under the other past 20 classes, each the page's width
+    acc = (np.full(100, 80.0), np.full(100, 30.0))
+    w, h = Image.open(figures.discrepancy_grid(FINE, {"at": acc}, "pgd20", "t", tmp_path / "d.png")).size
+    assert h > w > 1000
 
 
 def test_worst_class_over_epochs_in_spans_with_ties():

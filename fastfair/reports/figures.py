@@ -304,10 +304,14 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
     """Benz et al. 2021, Figs. 1-2: per-class accuracy (top) and robustness (bottom), as they are (left) and
     with the series' mean over classes subtracted (right); ``series``: name -> (clean, robust) per-class
     accuracies, the series' bars side by side (standard beside adversarial). The right column shares one
-    symmetric y scale, so the spread of the series compares at a glance."""
+    symmetric y scale, so the spread of the series compares at a glance. Past :data:`MANY_CLASSES` classes
+    points replace bars and the four panels stand one under the other, each the page's width, so the class
+    names stay legible."""
     many = len(classes) > MANY_CLASSES
     width_in = 12.0 if many else min(14.0, max(9.0, 2 * (0.16 * len(classes) * (len(series) + 1) + 1.2)))
-    fig, axes = plt.subplots(2, 2, figsize=(width_in, 6.6), sharex=True)
+    fig, grid = plt.subplots(4 if many else 2, 1 if many else 2, figsize=(width_in, 11.0 if many else 6.6),
+                             sharex=True)
+    axes = [grid[:2], grid[2:]] if many else grid  # axes[row][column] either way
     x = np.arange(len(classes))
     width = 0.8 / len(series)
     values = {name: [np.asarray(v, dtype=float) for v in pair] for name, pair in series.items()}
@@ -335,7 +339,7 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
             ax.set_title(f"{what}, {'mean subtracted' if centred else 'w/o mean subtracted'}", fontsize=10)
             ax.set_ylabel(ylabel if not centred else "difference from the mean (points)")
             ax.grid(axis="y", alpha=0.3)
-            if r == 1:
+            if ax is grid.flat[-1] or (r == 1 and not many):
                 _class_axis(ax, classes)
             else:
                 ax.tick_params(labelbottom=False)
