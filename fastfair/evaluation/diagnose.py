@@ -22,27 +22,27 @@ from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
 
 
 @torch.no_grad()
-def _forward(model, x) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(model, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     feats = model.forward_features(x)
-    return feats.float(), model.head(feats).float().softmax(1)
+    logits = model.head(feats).float()
+    return feats.float(), logits, logits.softmax(1)
 
 
 def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw_kappa: float = 50.0,
             seed: int = 0, clip_start: bool = True) -> dict:
-    """Labels, and penultimate features and softmax probabilities on clean and attacked inputs (CPU);
+    """Labels, and penultimate features, logits and softmax probabilities on clean and attacked inputs (CPU);
     batch ``i`` is attacked under ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` does."""
     model.eval()
     dev = next(model.parameters()).device
     eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
     attack = parse_attack(attack_name, cw_kappa, clip_start)
-    out = {k: [] for k in ("y", "feat_clean", "prob_clean", "feat_adv", "prob_adv")}
+    out = {f"{k}_{tag}": [] for k in ("feat", "logit", "prob") for tag in ("clean", "adv")} | {"y": []}
     for i, (x, y) in enumerate(loader):
         with seeds.seeded(seed, attack.name, i, device=dev):
             x_adv = attack(model, x, y, eps_c, alpha_c)
         for tag, inp in (("clean", x), ("adv", x_adv)):
-            f, p = _forward(model, inp)
-            out[f"feat_{tag}"].append(f.cpu())
-            out[f"prob_{tag}"].append(p.cpu())
+            for k, v in zip(("feat", "logit", "prob"), _forward(model, inp)):
+                out[f"{k}_{tag}"].append(v.cpu())
         out["y"].append(y.cpu())
     return {k: torch.cat(v).numpy() for k, v in out.items()}
 
@@ -51,7 +51,7 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
     """Every diagnostic from :func:`collect`'s arrays and the classifier's weight matrix."""
     y, c = data["y"], num_classes
     out: dict = {"accuracy": {}, "summary": {}, "cvc": {}, "entropy": {}, "inter_class_similarity": {},
-                 "nearest_class": {}, "intra_class_variance": {}}
+                 "nearest_class": {}, "intra_class_variance": {}, "logit_similarity": {}}
     conf = {}
     for tag in ("clean", "adv"):
         pred = data[f"prob_{tag}"].argmax(1)
@@ -68,6 +68,7 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
         out["inter_class_similarity"][tag] = sim.tolist()
         out["nearest_class"][tag] = nearest.tolist()
         out["intra_class_variance"][tag] = dg.intra_class_variance(feats, y, c).tolist()
+        out["logit_similarity"][tag] = logit_similarity(data[f"logit_{tag}"], y, c, acc)
     norms = dg.weight_norms(head_weight)
     out["confusion"] = conf["adv"].tolist()
     out["confusion_percent"] = dg.confusion_percent(conf["adv"]).tolist()
@@ -80,6 +81,17 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
         clean, adv = dg.tsne(data["feat_clean"][pick], data["feat_adv"][pick], seed)
         out["tsne"] = {"labels": y[pick].tolist(), "clean": clean.round(4).tolist(), "adv": adv.round(4).tolist()}
     return out
+
+
+def logit_similarity(logits, y, num_classes: int, accuracy) -> dict:
+    """Benz et al. 2021, Sec. 3.2: the cosine similarity of the classes' mean logit vectors (``matrix``, rows and
+    columns the true classes), each class's ``max`` (with its ``nearest`` class) and ``mean`` similarity to the
+    others, and Spearman's rank correlation of each with the class's ``accuracy`` (their hypothesis: a class
+    close to others is the vulnerable one, so a negative correlation)."""
+    cos = dg.class_mean_cosine(logits, y, num_classes)
+    others = dg.similarity_to_others(cos)
+    return {"matrix": cos.round(6).tolist(), **{k: v.tolist() for k, v in others.items()},
+            "rank_correlation": {k: dg.rank_correlation(others[k], accuracy) for k in ("max", "mean")}}
 
 
 def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", data_dir: str | None = None,
@@ -117,7 +129,9 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     if not quiet:
         s = record["summary"]
         print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "
-              f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); weight-norm rank correlation "
-              f"with {attack} accuracy {record['weight_norm_rank_correlation']['adv']:.2f}\nwritten: {out}"
+              f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); rank correlation with {attack} "
+              f"accuracy of the classifier weight norm {record['weight_norm_rank_correlation']['adv']:.2f}, of the "
+              f"highest mean-logit cosine to another class "
+              f"{record['logit_similarity']['adv']['rank_correlation']['max']:.2f}\nwritten: {out}"
               + (f"\nt-SNE figure: {record['tsne_png']}" if "tsne_png" in record else ""))
     return record

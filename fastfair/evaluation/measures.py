@@ -144,14 +144,32 @@ def class_means(features, y, num_classes: int) -> np.ndarray:
     return np.stack([f[y == k].mean(axis=0) if (y == k).any() else np.zeros(f.shape[1]) for k in range(num_classes)])
 
 
+def class_mean_cosine(values, y, num_classes: int) -> np.ndarray:
+    """(C, C) cos(mu_k, mu_j) of the class means mu_k of ``values`` (features, or logits as Benz et al. 2021,
+    Sec. 3.2: "the average logit vector for samples from each ground-truth label"); a class without images
+    has mu = 0 and cosine 0 with every class."""
+    mu = class_means(values, y, num_classes)
+    unit = mu / np.maximum(np.linalg.norm(mu, axis=1, keepdims=True), 1e-12)
+    return unit @ unit.T
+
+
 def inter_class_similarity(features, y, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """(similarity, nearest class): max_{j != k} cos(mu_k, mu_j) of class means, and the j attaining it
     (ME-AT paper, Sec. 1, Fig. 2a)."""
-    mu = class_means(features, y, num_classes)
-    unit = mu / np.maximum(np.linalg.norm(mu, axis=1, keepdims=True), 1e-12)
-    cos = unit @ unit.T
+    cos = class_mean_cosine(features, y, num_classes)
     np.fill_diagonal(cos, -np.inf)
     return cos.max(axis=1), cos.argmax(axis=1)
+
+
+def similarity_to_others(cos) -> dict[str, np.ndarray]:
+    """A class's similarity to the other classes, from a (C, C) cosine matrix: ``max`` = max_{j != k} cos_kj
+    with ``nearest`` the j attaining it, and ``mean`` = (1/(C-1)) sum_{j != k} cos_kj (Benz et al. 2021,
+    Sec. 3.2 speak of "high cross-class feature similarity with other labels" without saying max or mean)."""
+    c = _np(cos).astype(np.float64)
+    off = ~np.eye(len(c), dtype=bool)
+    masked = np.where(off, c, -np.inf)
+    return {"max": masked.max(axis=1), "nearest": masked.argmax(axis=1),
+            "mean": (c * off).sum(axis=1) / max(len(c) - 1, 1)}
 
 
 def intra_class_variance(features, y, num_classes: int) -> np.ndarray:

@@ -63,6 +63,18 @@ def _class_axis(ax, classes: list[str]) -> None:
                        rotation_mode="anchor" if slanted and not many else "default")
 
 
+def _zero_marks(ax, xs: np.ndarray, heights: np.ndarray, color, bar_pt: float) -> None:
+    """A short thick line at 0 in the bar's colour, with the value, where a bar has height 0: "0 %" told from
+    "not drawn", and not read as a 1 % bar."""
+    zero = heights < 0.05
+    if zero.any():
+        ax.plot(xs[zero], np.zeros(zero.sum()), ls="none", marker="_", ms=max(3.0, 0.9 * bar_pt),
+                mew=2.0, color=color, gid=ZERO_GID, zorder=3)
+        for xz in xs[zero]:
+            ax.annotate("0", (xz, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=6.5, color=color)
+
+
 def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,
                    path: Path, ylabel: str = "accuracy (%)") -> Path:
     """Grouped bars per class, one bar per series ``name -> (means, stds or None)``, dashed line at each
@@ -93,13 +105,7 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
             yerr = None if std is None else [np.minimum(std, mean), np.minimum(std, 100 - mean)]  # within 0..100
             handle = ax.bar(xs, mean, width, yerr=yerr, capsize=2, color=color, label=label,
                             error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
-            zero = mean < 0.05
-            if zero.any():
-                ax.plot(xs[zero], np.zeros(zero.sum()), ls="none", marker="_", ms=max(3.0, 0.9 * bar_pt),
-                        mew=2.0, color=color, gid=ZERO_GID, zorder=3)
-                for xz in xs[zero]:  # the value, so the marker does not read as a 1 % bar
-                    ax.annotate("0", (xz, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                                fontsize=6.5, color=color)
+            _zero_marks(ax, xs, mean, color, bar_pt)
         ax.axhline(float(mean.mean()), color=color, ls="--", lw=1)
         handles.append(handle)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
@@ -113,14 +119,32 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
     return _save(fig, path)
 
 
-def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0f}", cbar: str = "") -> Path:
-    """A class x class matrix (rows: true class, columns: prediction) with the values written in."""
+def _blocks(ax, blocks) -> None:
+    """Super-class boundaries across a class x class matrix and each super-class's name right of its rows
+    (``blocks``: :class:`fastfair.data.superclasses.Block`, along the matrix's ordered classes)."""
+    for blk in blocks[1:]:
+        for line in (ax.axhline, ax.axvline):
+            line(blk.start - 0.5, color="0.35", lw=0.6)
+    right = ax.secondary_yaxis("right")
+    right.set_yticks([b.start + (b.size - 1) / 2 for b in blocks])
+    right.set_yticklabels([b.name.replace("_", " ") for b in blocks], fontsize=7)
+    right.tick_params(length=0)
+
+
+def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0f}", cbar: str = "",
+            blocks=None) -> Path:
+    """A class x class matrix (rows: true class, columns: prediction) with the values written in (up to 20
+    classes); ``blocks`` (super-classes along the classes' order, CIFAR-100) draws their boundaries and names."""
     m = np.asarray(matrix, dtype=float)
     n = len(classes)
     side = min(0.55 * n + 2.5, 11.0)  # 100 classes: a readable page, not a poster
-    fig, ax = plt.subplots(figsize=(side, min(0.5 * n + 1.8, 10.0)))
+    fig, ax = plt.subplots(figsize=(side + (1.8 if blocks else 0), min(0.5 * n + 1.8, 10.0) + (0.8 if blocks else 0)))
     im = ax.imshow(m, cmap="Blues")
-    fig.colorbar(im, ax=ax, label=cbar, shrink=0.8)
+    if blocks:  # the super-classes' names take the right side: the colour bar goes below
+        _blocks(ax, blocks)
+        fig.colorbar(im, ax=ax, label=cbar, shrink=0.5, orientation="horizontal", pad=0.1, aspect=40)
+    else:
+        fig.colorbar(im, ax=ax, label=cbar, shrink=0.8)
     if n <= 20:
         top = m.max() if m.size else 0
         for i in range(n):
@@ -225,22 +249,146 @@ def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | 
     return _save(fig, path)
 
 
-def per_class_curves(epochs: list[int], values, classes: list[str], title: str, path: Path, ylabel: str) -> Path:
-    """One line per class over epochs (a per-class vector such as CFA's eps_k or beta_k)."""
-    v = np.asarray(values, dtype=float)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "viridis")
-    for k, name in enumerate(classes):
-        ax.plot(epochs, v[:, k], color=cmap(k / max(1, len(classes) - 1)) if len(classes) > 10
-                else cmap(k), label=name if len(classes) <= 10 else None)
+def _class_lines(ax, epochs: list[int], v: np.ndarray, classes: list[str], ylabel: str) -> None:
+    """One line per class over epochs: up to 10 classes in tab10 colours with a legend; more in faint grey, with
+    the classes lowest in the most epochs (at the most five) in colour and named in a legend inside the axes (a
+    hundred coloured lines would be a blot)."""
+    many = len(classes) > 10
+    lowest = np.bincount(v.argmin(axis=1), minlength=len(classes))
+    named = [int(k) for k in np.argsort(-lowest, kind="stable")[:5] if lowest[k]] if many else range(len(classes))
+    for k in (k for k in range(len(classes)) if many and k not in named):
+        ax.plot(epochs, v[:, k], color="0.6", lw=0.5, alpha=0.5)
+    marker = "o" if len(epochs) < 15 else None
+    for i, k in enumerate(named):  # each line thinner than the one before: tied classes show as stripes, not one
+        thick = (len(named) - 1 - i) / max(1, len(named) - 1)
+        ax.plot(epochs, v[:, k], color=f"C{i % 10}", lw=1.0 + 2.4 * thick, marker=marker, ms=3.0 + 3.0 * thick,
+                label=classes[k])
+    if many:
+        ax.legend(fontsize=6.5, loc="best", title="lowest most often", title_fontsize=6.5, frameon=False)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    _title(ax, title, 5.6)
     ax.grid(alpha=0.3)
+
+
+def per_class_curves(epochs: list[int], values, classes: list[str], title: str, path: Path, ylabel: str) -> Path:
+    """One line per class over epochs (a per-class vector such as CFA's eps_k or beta_k)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    _class_lines(ax, epochs, np.asarray(values, dtype=float), classes, ylabel)
+    _title(ax, title, 5.6)
     if len(classes) <= 10:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
+
+
+def per_class_accuracy_curves(epochs: list[int], panels: dict[str, np.ndarray], classes: list[str], title: str,
+                              path: Path, selected: int | None = None) -> Path:
+    """Per-class validation accuracy over epochs, a panel per evaluation (``name -> (epochs, C)``), side by side
+    on one y scale (Benz et al. 2021, Sec. 3.1: does the vulnerable class change during training?);
+    ``selected`` marks the evaluated checkpoint's epoch with a dotted line."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.4, 3.8), sharey=True, squeeze=False)
+    for ax, (name, v) in zip(axes[0], panels.items()):
+        _class_lines(ax, epochs, np.asarray(v, dtype=float), classes, "accuracy (%)" if ax is axes[0][0] else "")
+        if selected is not None:
+            ax.axvline(selected, color="0.2", ls=":", lw=1.2)
+        ax.set_title(name, fontsize=10)
+    axes[0][0].set_ylim(-2, 102)
+    if len(classes) <= 10:
+        _legend_beside(axes[0][-1])
+    fig.suptitle(title, fontsize=_title_size(title, 4.6 * len(panels)))
+    return _save(fig, path)
+
+
+def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], list[float]]], robust_name: str,
+                     title: str, path: Path) -> Path:
+    """Benz et al. 2021, Figs. 1-2: per-class accuracy (top) and robustness (bottom), as they are (left) and
+    with the series' mean over classes subtracted (right); ``series``: name -> (clean, robust) per-class
+    accuracies, the series' bars side by side (standard beside adversarial). The right column shares one
+    symmetric y scale, so the spread of the series compares at a glance. Past :data:`MANY_CLASSES` classes
+    points replace bars and the four panels stand one under the other, each the page's width, so the class
+    names stay legible."""
+    many = len(classes) > MANY_CLASSES
+    width_in = 12.0 if many else min(14.0, max(9.0, 2 * (0.16 * len(classes) * (len(series) + 1) + 1.2)))
+    fig, grid = plt.subplots(4 if many else 2, 1 if many else 2, figsize=(width_in, 11.0 if many else 6.6),
+                             sharex=True)
+    axes = [grid[:2], grid[2:]] if many else grid  # axes[row][column] either way
+    x = np.arange(len(classes))
+    width = 0.8 / len(series)
+    values = {name: [np.asarray(v, dtype=float) for v in pair] for name, pair in series.items()}
+    spread = max(float(np.abs(v - v.mean()).max()) for pair in values.values() for v in pair)
+    lim = 5.0 * np.ceil(max(spread, 1.0) * 1.08 / 5.0)  # a round symmetric limit above the largest deviation
+    rows = (("accuracy", "clean accuracy (%)"), (f"robustness ({robust_name})", f"{robust_name} accuracy (%)"))
+    bar_pt = width * (width_in / 2 - 1.0) * 72 / max(1, len(classes))  # a bar's width in points, for its 0 marker
+    for r, (what, ylabel) in enumerate(rows):
+        for c, centred in enumerate((False, True)):
+            ax = axes[r][c]
+            for i, (name, pair) in enumerate(values.items()):
+                v, color = pair[r] - (pair[r].mean() if centred else 0.0), f"C{i % 10}"
+                label = f"{name} (mean: clean {pair[0].mean():.1f}, {robust_name} {pair[1].mean():.1f})"
+                if many:
+                    ax.plot(x, v, color=color, marker="o", ms=2.5, lw=0.5, label=label)
+                else:
+                    xs = x + (i - (len(values) - 1) / 2) * width
+                    ax.bar(xs, v, width, color=color, label=label)
+                    if not centred:
+                        _zero_marks(ax, xs, v, color, bar_pt)
+                if not centred:
+                    ax.axhline(float(pair[r].mean()), color=color, ls="--", lw=1)
+            ax.axhline(0, color="0.2", lw=0.8)
+            ax.set_ylim((-lim, lim) if centred else (-2, 102))
+            ax.set_title(f"{what}, {'mean subtracted' if centred else 'w/o mean subtracted'}", fontsize=10)
+            ax.set_ylabel(ylabel if not centred else "difference from the mean (points)")
+            ax.grid(axis="y", alpha=0.3)
+            if ax is grid.flat[-1] or (r == 1 and not many):
+                _class_axis(ax, classes)
+            else:
+                ax.tick_params(labelbottom=False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1))
+    labels.append("mean over classes")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.96), ncol=len(labels), fontsize=8,
+               frameon=False)
+    fig.suptitle(title, fontsize=_title_size(title, width_in), y=0.995)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def similarity_heatmaps(panels: dict[str, np.ndarray], classes: list[str], title: str, path: Path,
+                        blocks=None) -> Path:
+    """Class x class cosine similarities (Benz et al. 2021, Sec. 3.2: of the mean logit vectors), a panel per
+    input (clean, adversarial), on one fixed scale -1..1 so figures of different runs compare; the diagonal
+    (1 by definition) is blank, the values are written in up to 10 classes."""
+    n = len(classes)
+    side = min(0.45 * n + 1.6, 9.0)
+    stacked = n > MANY_CLASSES  # CIFAR-100: one matrix under the other, each the page's width
+    rows, cols = (len(panels), 1) if stacked else (1, len(panels))
+    extra = 2.2 if blocks else 0.6  # the super-classes' names, or the row labels' room
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * (side + extra) + 1.2, rows * side + 0.6), squeeze=False,
+                             layout="constrained")
+    for ax, (name, m) in zip(axes.flat, panels.items()):
+        m = np.asarray(m, dtype=float).copy()
+        np.fill_diagonal(m, np.nan)
+        im = ax.imshow(np.ma.masked_invalid(m), cmap="RdBu_r", vmin=-1, vmax=1)
+        ax.set_facecolor("#d9d9d9")
+        if n <= 10:
+            for i in range(n):
+                for j in range(n):
+                    if i != j:
+                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                                color="white" if abs(m[i, j]) > 0.6 else "black")
+        _class_axis(ax, classes)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels(classes, fontsize=6 if n > MANY_CLASSES else None)
+        if blocks:
+            _blocks(ax, blocks)
+        ax.set_title(name, fontsize=10)
+    fig.colorbar(im, ax=list(axes.flat), label="cosine similarity", shrink=0.6 if stacked else 0.8)
+    fig.suptitle(title, fontsize=_title_size(title, cols * side))
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str, path: Path) -> Path:
@@ -250,8 +398,11 @@ def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str,
     ax.scatter(x, y, s=12 if len(classes) > MANY_CLASSES else None)
     ranked = np.argsort(np.asarray(y, dtype=float), kind="stable")
     named = range(len(classes)) if len(classes) <= MANY_CLASSES else [*ranked[:5], *ranked[-5:]]
+    at: dict[tuple[float, float], list[str]] = {}  # classes on one point are named together, not over each other
     for k in named:
-        ax.annotate(classes[k], (x[k], y[k]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        at.setdefault((float(x[k]), float(y[k])), []).append(classes[k])
+    for xy, names in at.items():
+        ax.annotate(", ".join(names), xy, fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     _title(ax, title, 4.6)

@@ -21,6 +21,7 @@ from fastfair.config import flatten, tomllib
 from fastfair.errors import UserError
 from fastfair import data, display
 from fastfair.data.subsets import dropped_note
+from fastfair.data.superclasses import superclass_order
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
@@ -409,6 +410,7 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
         md += ["What sets the groups apart (config keys):\n", differences_table(groups)]
         tex += ["% what sets the groups apart (config keys)", differences_table(groups, latex=True)]
+    md += _discrepancy(groups, recs, attack, classes, out, fig_dir)
     for i, g in enumerate(groups):
         md += _group_section(i, g, recs[i], attack, classes, out, fig_dir, tex)
     write_text_atomic("\n".join(md), out / "report.md")
@@ -438,9 +440,12 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
     p = figures.per_class_bars(classes, means, f"{label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
     md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(means)})"))
     conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
-    p = figures.heatmap(conf, classes, f"{label}: {attack} confusion (% of true class)",
-                        fig_dir / f"{tag}-confusion.png", cbar="% of the true class")
-    md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"))
+    order, blocks = class_order(classes)
+    p = figures.heatmap(_ordered(conf, order), [classes[k] for k in order],
+                        f"{label}: {attack} confusion (% of true class)", fig_dir / f"{tag}-confusion.png",
+                        cbar="% of the true class", blocks=blocks)
+    md.append(_figure_md(p, out, f"robust confusion matrix under {attack}"
+                                 + (", classes grouped by CIFAR-100 super-class" if blocks else "")))
     epochs, lines, val_attack = _curves(g.runs)
     if lines:
         selected = (one_based_epoch(recs[0]), Path(recs[0]["checkpoint"]).stem)
@@ -448,6 +453,7 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
                            fig_dir / f"{tag}-curves.png", selected=selected)
         md.append(_figure_md(p, out, "training curves: average and worst-class validation accuracy; the dotted "
                                      "line marks the evaluated checkpoint's epoch"))
+        md += _class_curves(tag, label, g.runs, val_attack, classes, selected[0], out, fig_dir)
         for name, v in _varying_vectors(g.runs[0]).items():
             p = figures.per_class_curves(epochs, v[: len(epochs)], classes, f"{label}: per-class {name}",
                                          fig_dir / f"{tag}-vector-{name}.png", name)
@@ -503,16 +509,149 @@ def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path
               f"{d['entropy']['adv']['mean']:.3f}. Spearman rank correlation of classifier weight norm with class "
               f"accuracy: clean {rc['clean']:.2f}, {atk} {rc['adv']:.2f}. Feature statistics are on adversarial "
               f"inputs.\n")
-    p = figures.heatmap(d["misclassified_counts"], classes, f"{label}: misclassified counts under {atk}",
-                        fig_dir / f"{tag}-misclassified.png", cbar="images")
+    order, blocks = class_order(classes)
+    p = figures.heatmap(_ordered(d["misclassified_counts"], order), [classes[k] for k in order],
+                        f"{label}: misclassified counts under {atk}", fig_dir / f"{tag}-misclassified.png",
+                        cbar="images", blocks=blocks)
     md.append(_figure_md(p, out, "misclassified-count matrix"))
     p = figures.scatter_rank(d["weight_norms"], d["accuracy"]["adv"], classes, "classifier weight norm ||w_k||",
                              f"{atk} accuracy (%)", f"{label}: weight norm vs robustness (rho_s {rc['adv']:.2f})",
                              fig_dir / f"{tag}-weight-norms.png")
     md.append(_figure_md(p, out, "classifier weight norm against class robustness"))
+    if "logit_similarity" in d:  # diagnostics written before it lack it
+        md += _logit_similarity(tag, label, d, out, fig_dir)
     if "tsne" in d:
         t = d["tsne"]
         p = figures.tsne(t["clean"], t["adv"], t["labels"], classes, f"{label}: t-SNE of penultimate features",
                          fig_dir / f"{tag}-tsne.png", attack=atk)
         md.append(_figure_md(p, out, "t-SNE of penultimate features, clean and adversarial"))
+    return md
+
+
+# ---- Benz et al. 2021: inter-class discrepancy, the vulnerable class over training, logit similarity ---------
+
+def class_order(classes: list[str]) -> tuple[list[int], list | None]:
+    """(order, super-class blocks) of a class axis: CIFAR-100's classes grouped by super-class (Benz et al. 2021,
+    Sec. 3.2), any other data set in its own order without blocks."""
+    return superclass_order(classes) or (list(range(len(classes))), None)
+
+
+def _ordered(matrix, order: list[int]) -> np.ndarray:
+    return np.asarray(matrix, dtype=float)[np.ix_(order, order)]
+
+
+def _discrepancy(groups: list[Group], recs: dict[int, list[dict]], attack: str, classes: list[str], out: Path,
+                 fig_dir: Path) -> list[str]:
+    """Benz et al. 2021, Figs. 1-2 for every group side by side (standard beside adversarial), and each group's
+    spread max - min of clean and robust per-class accuracy with its worst class."""
+    lacking = [g.label for i, g in enumerate(groups) if any("clean" not in r["results"] for r in recs[i])]
+    if lacking or attack == "clean":
+        why = (f"{', '.join(lacking)} lack{'s' if len(lacking) == 1 else ''} a clean evaluation; run: fastfair eval "
+               "RUN_DIR --attacks clean" if lacking
+               else "the robust column is clean; give --attack NAME")
+        return [f"No inter-class discrepancy figure (Benz et al. Figs. 1-2): {why}.\n"]
+    series = {g.label: (_per_class_mean(recs[i], "clean")[0], _per_class_mean(recs[i], attack)[0])
+              for i, g in enumerate(groups)}
+    notes = {_subset_note(g.runs[0]) for g in groups}
+    shared = f" ({notes.pop()})" if len(notes) == 1 and "" not in notes else ""
+    order, _ = class_order(classes)  # CIFAR-100: a super-class's classes side by side
+    p = figures.discrepancy_grid([classes[k] for k in order],
+                                 {name: tuple(np.asarray(v)[order] for v in pair) for name, pair in series.items()},
+                                 attack, f"inter-class discrepancy: per-class accuracy and {attack} robustness{shared}",
+                                 fig_dir / "discrepancy.png")
+    spread = "; ".join(
+        f"{name}: clean {measures.mcd(clean):.1f} (worst {lowest_classes(clean, classes)}), {attack} "
+        f"{measures.mcd(rob):.1f} (worst {lowest_classes(rob, classes)})" for name, (clean, rob) in series.items())
+    return ["## Inter-class discrepancy\n",
+            _figure_md(p, out, "per-class accuracy (top) and robustness (bottom), without (left) and with (right) "
+                               "the mean over classes subtracted (Benz et al. 2021, Figs. 1-2)"),
+            f"Spread over classes, max − min in points (mean over seeds): {spread}.\n"]
+
+
+def _class_curves(tag: str, label: str, runs: list[Run], val_attack: str | None, classes: list[str], selected: int,
+                  out: Path, fig_dir: Path) -> list[str]:
+    """Per-class validation accuracy over epochs, clean and under the validation attack (Benz et al. 2021,
+    Sec. 3.1), and which class is worst at each epoch."""
+    found = {name: _per_class_epochs(runs, name) for name in ("clean", val_attack) if name is not None}
+    panels = {name: v for name, (epochs, v) in found.items() if v is not None}
+    if not panels:
+        return []
+    epochs = next(epochs for epochs, v in found.values() if v is not None)
+    p = figures.per_class_accuracy_curves(epochs, panels, classes, f"{label}: per-class validation accuracy",
+                                          fig_dir / f"{tag}-class-curves.png", selected=selected)
+    said = "; ".join(f"{name}: {worst_class_text(epochs, v, classes)}" for name, v in panels.items())
+    seeds = f", mean over {len(runs)} seeds" if len(runs) > 1 else ""
+    return [_figure_md(p, out, "per-class validation accuracy over training, clean and under the validation attack "
+                               "(Benz et al. 2021, Sec. 3.1); the dotted line marks the evaluated checkpoint's epoch"),
+            f"Worst class on the validation split at each epoch{seeds}: {said}.\n"]
+
+
+def _per_class_epochs(runs: list[Run], name: str) -> tuple[list[int], np.ndarray | None]:
+    """(epochs, (epochs, C) per-class validation accuracy under ``name``, mean over the seeds that reached each
+    epoch); None where a run's lines lack it."""
+    runs = [r for r in runs if r.epochs]
+    n = min(len(r.epochs) for r in runs)
+    if not all("per_class" in e["val"].get(name, {}) for r in runs for e in r.epochs[:n]):
+        return [], None
+    v = np.asarray([[e["val"][name]["per_class"] for e in r.epochs[:n]] for r in runs], dtype=float)
+    return [e["epoch"] for e in runs[0].epochs[:n]], v.mean(0)
+
+
+def _epoch_ranges(epochs: list[int]) -> str:
+    """1, 2, 3, 7, 9, 10 -> "1-3, 7, 9-10"."""
+    parts, start = [], 0
+    for i in range(1, len(epochs) + 1):
+        if i == len(epochs) or epochs[i] != epochs[i - 1] + 1:
+            a, b = epochs[start], epochs[i - 1]
+            parts.append(str(a) if a == b else f"{a}-{b}")
+            start = i
+    return ", ".join(parts)
+
+
+def lowest_classes(accuracy, classes: list[str]) -> str:
+    """The class with the lowest accuracy by name; classes tied lowest together ("bird = cat"), more than three by
+    their count and value ("7 classes at 0.0 %")."""
+    a = np.asarray(accuracy, dtype=float)
+    tied = np.flatnonzero(np.isclose(a, a.min(), rtol=0, atol=1e-9))
+    return " = ".join(classes[k] for k in tied) if len(tied) <= 3 else f"{len(tied)} classes at {a.min():.1f} %"
+
+
+def worst_class_text(epochs: list[int], per_class, classes: list[str]) -> str:
+    """Which class has the lowest accuracy at each epoch (:func:`lowest_classes`), longest-held first: "cat in
+    epochs 3-10, bird in 1-2" (the vulnerable class changes), or "cat in every epoch (1-10)"."""
+    held: dict[str, list[int]] = {}
+    for ep, row in zip(epochs, np.asarray(per_class, dtype=float)):
+        held.setdefault(lowest_classes(row, classes), []).append(ep)
+    if len(held) == 1:
+        (name, eps), = held.items()
+        return f"{name} in every epoch ({_epoch_ranges(eps)})"
+    ranked = sorted(held.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    return ", ".join(f"{name} in epoch{'s' if len(eps) > 1 else ''} {_epoch_ranges(eps)}" for name, eps in ranked)
+
+
+def _logit_similarity(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
+    """Benz et al. 2021, Sec. 3.2: the cosine similarity of the classes' mean logit vectors (clean and attacked),
+    each class's highest and mean similarity to the others beside its accuracy, and their rank correlation."""
+    classes, atk, sim = d["classes"], d["attack"], d["logit_similarity"]
+    rows = [f"| class | clean acc. | clean max cos (nearest) | clean mean cos | {atk} acc. | {atk} max cos (nearest) "
+            f"| {atk} mean cos |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for k, cname in enumerate(classes):
+        cells = [f"{d['accuracy'][t][k]:.2f} | {sim[t]['max'][k]:.3f} ({classes[sim[t]['nearest'][k]]}) | "
+                 f"{sim[t]['mean'][k]:.3f}" for t in ("clean", "adv")]
+        rows.append(f"| {cname} | " + " | ".join(cells) + " |")
+    rc = {t: sim[t]["rank_correlation"] for t in ("clean", "adv")}
+    md = ["#### Cross-class similarity of mean logit vectors (Benz et al. 2021, Sec. 3.2)\n", "\n".join(rows) + "\n",
+          "Spearman rank correlation of a class's similarity to the other classes with its accuracy (negative: the "
+          f"classes the model sees close to others are the vulnerable ones): clean: max {rc['clean']['max']:.2f}, "
+          f"mean {rc['clean']['mean']:.2f}; {atk}: max {rc['adv']['max']:.2f}, mean {rc['adv']['mean']:.2f}.\n"]
+    order, blocks = class_order(classes)
+    p = figures.similarity_heatmaps({"clean": _ordered(sim["clean"]["matrix"], order),
+                                     f"adversarial ({atk})": _ordered(sim["adv"]["matrix"], order)},
+                                    [classes[k] for k in order], f"{label}: cosine similarity of mean logit vectors",
+                                    fig_dir / f"{tag}-logit-similarity.png", blocks=blocks)
+    md.append(_figure_md(p, out, "cosine similarity of the classes' mean logit vectors, clean and adversarial"))
+    p = figures.scatter_rank(sim["adv"]["max"], d["accuracy"]["adv"], classes, "highest cosine similarity to "
+                             "another class", f"{atk} accuracy (%)", f"{label}: logit similarity vs robustness "
+                             f"(rho_s {rc['adv']['max']:.2f})", fig_dir / f"{tag}-logit-similarity-vs-accuracy.png")
+    md.append(_figure_md(p, out, "each class's highest mean-logit similarity to another class against its robustness"))
     return md
