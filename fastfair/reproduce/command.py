@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastfair import config
-from fastfair.attacks import autoattack
+from fastfair.attacks import autoattack, names
+from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.errors import UserError
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
@@ -128,6 +129,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
+            _diagnose(planned, jobs, gpus, echo)
             notes = _notes(tab, scale, user_sets) + [f"Not run at this scale: {r}" for r in left_out]
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
                                   scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
@@ -178,6 +180,22 @@ def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gp
     records.setdefault(p.row.preset, []).append(record)
     run_lines.append((str(run_dir), "done", f"RobustBench {p.row.robustbench} (sha256 "
                                             f"{record['source']['sha256'][:12]})"))
+
+
+def _diagnose(planned: list[runs.PlannedRun], jobs: list, gpus: str, echo) -> None:
+    """``fastfair diagnose`` of every finished run of a study's section under its first robust attack, once (the
+    report's mean-logit similarity, Benz et al. Sec. 3.2, and the other per-class diagnostics come from it)."""
+    for p, j in zip(planned, jobs):
+        attack = next((a for a in p.attacks if a != "clean" and not a.startswith(names.CORRUPT)), None)
+        if attack is None or read_state(j.run_dir)["status"] != "done":
+            continue
+        run = RunDir(j.run_dir)
+        ckpt = run.selected_checkpoint(config.load_saved_text(run.read_config(), str(run.config)).train.select)
+        if run.diagnostics_file(ckpt, "test", attack).is_file():
+            continue
+        echo(f"diagnose {p.name} under {attack}")
+        diagnose_checkpoint(ckpt, attack=attack, device="cpu" if gpus == "cpu" else "auto", tsne_points=0,
+                            quiet=True)
 
 
 def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], list, list[str]]:
