@@ -48,3 +48,9 @@ def build(name: str, *, num_classes: int, in_channels: int, mean, std, norm: str
 
 def pooled() -> nn.Sequential:
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def scaled(channels: int, width: int, base: int) -> int:
+    """``channels`` of a paper's layer when the model's first convolution has ``width`` channels instead of
+    ``base`` (``width`` 0: the paper's); every layer keeps at least one channel."""
+    return max(1, channels * width // base) if width else channels
