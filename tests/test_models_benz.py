@@ -20,7 +20,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from conformance import golden, inputs
-from fastfair import cli, models
+from fastfair import cli, config, models
+from fastfair.checks import check_config
 from fastfair.evaluation.foreign import AUTHORS_KEYS, rename
 from fastfair.rundir import RunDir, load_checkpoint
 from helpers import cifar_subset_npz
@@ -50,7 +51,7 @@ def build(name, width=0, channels=3, norm="bn"):
                         width=width, norm=norm)
 
 
-@pytest.mark.parametrize("name", BENZ)
+@pytest.mark.parametrize("name", BENZ + ["resnet18"])  # resnet18: the one fastfair had, checked alike
 def test_logits_and_parameters_equal_the_reference_implementation(name):
     g = golden(f"models_{name}")
     net = build(name).eval()
@@ -150,3 +151,11 @@ def test_vgg16_trains_end_to_end_through_the_cli(tmp_path):
     result = json.loads((out / "eval" / "best_pgd-test.json").read_text())
     assert len(result["results"]["clean"]["per_class"]) == 10
     assert load_checkpoint(RunDir(out).checkpoint("best_pgd"))["spec"]["name"] == "vgg16"
+
+
+def test_a_norm_asked_of_a_model_without_one_is_a_warning():
+    warn = "model.norm=bin does nothing: lenet has no normalisation layer"
+    assert warn in check_config(config.resolve(None, {"model.name": "lenet"}, ["model.norm=bin"]))
+    assert not [w for w in check_config(config.resolve(None, {"model.name": "lenet"})) if "model.norm" in w]
+    assert not [w for w in check_config(config.resolve(None, {"model.name": "vgg16"}, ["model.norm=none"]))
+                if "model.norm" in w]

@@ -12,7 +12,8 @@ PINNED = "49b7aa97b0c12fe0d4054e670403a16b6b834ddd"
 IMAGES = 4
 # fastfair name -> (file, constructor, its arguments)
 MODELS = {"lenet": ("lenet", "LeNet", ()), "vgg16": ("vgg", "VGG", ("VGG16",)), "vgg19": ("vgg", "VGG", ("VGG19",)),
-          "resnet50-cifar": ("resnet", "ResNet50", ()), "densenet121": ("densenet", "DenseNet121", ()),
+          "resnet18": ("resnet", "ResNet18", ()), "resnet50-cifar": ("resnet", "ResNet50", ()),
+          "densenet121": ("densenet", "DenseNet121", ()),
           "densenet169": ("densenet", "DenseNet169", ()), "googlenet": ("googlenet", "GoogLeNet", ())}
 
 
