@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -29,7 +30,7 @@ from model_weights import filled_state
 
 ROOT = Path(__file__).resolve().parents[1]
 BENZ = ["lenet", "vgg16", "vgg19", "resnet50-cifar", "densenet121", "densenet169", "googlenet", "inception-v3"]
-# a width per model small enough for CPU tests: the first convolution's channels (the paper's in brackets)
+# a width per model small enough for CPU tests: the first convolution's channels (PAPER_WIDTH: the paper's)
 SMALL = {"lenet": 3, "vgg16": 8, "vgg19": 8, "resnet50-cifar": 8, "densenet121": 8, "densenet169": 8,
          "googlenet": 24, "inception-v3": 8}
 PAPER_WIDTH = {"lenet": 6, "vgg16": 64, "vgg19": 64, "resnet50-cifar": 64, "densenet121": 64, "densenet169": 64,
@@ -159,3 +160,24 @@ def test_a_norm_asked_of_a_model_without_one_is_a_warning():
     assert not [w for w in check_config(config.resolve(None, {"model.name": "lenet"})) if "model.norm" in w]
     assert not [w for w in check_config(config.resolve(None, {"model.name": "vgg16"}, ["model.norm=none"]))
                 if "model.norm" in w]
+
+
+def test_eval_reads_a_reference_checkpoint_by_its_key_names(tmp_path, capsys):
+    """``fastfair eval FILE --model lenet`` on a file saved as kuangliu's LeNet names its layers (the golden
+    weights, under DataParallel's ``module.`` prefix as its training script saves them)."""
+    g = golden("models_lenet")
+    state = filled_state(g.arrays["keys"], g.arrays["shapes"])
+    torch.save({"net": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "ckpt.pth")
+    npz = cifar_subset_npz(tmp_path, n_train=1200, n_test=40)  # 50 a class go to validation
+    assert cli.main(["eval", str(tmp_path / "ckpt.pth"), "--model", "lenet", "--dataset", "npz", "--data-dir",
+                     str(npz), "--normalize", "none", "--attacks", "clean", "--quiet"]) == 0
+    result = json.loads((tmp_path / "eval" / "ckpt-test.json").read_text())
+    assert result["source"]["key_names"].startswith("authors' (conv1-2, fc1-3") and result["source"]["width"] == 6
+    net = build("lenet").eval()
+    net.load_state_dict({**rename(state, "lenet", set())[0], "mean": net.mean, "std": net.std})
+    with np.load(npz) as f:
+        x, y = torch.from_numpy(f["x_test"]).float() / 255, torch.from_numpy(f["y_test"]).long()
+    with torch.no_grad():
+        pred = net(x).argmax(1)
+    confusion = torch.zeros(10, 10, dtype=torch.long).index_put_((y, pred), torch.tensor(1), accumulate=True)
+    assert result["results"]["clean"]["confusion"] == confusion.tolist()  # the same model as loaded here
