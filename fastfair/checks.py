@@ -24,7 +24,7 @@ from fastfair.data import DATASETS, LOADERS
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import check_attack_names, check_substitute
 from fastfair.methods import METHODS, OPTIONS
-from fastfair.models import HEADS, MODELS, NORMS
+from fastfair.models import HEADS, MODELS, NORMS, uses_norm
 from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
 from fastfair.reports.tracking import TRACKERS
@@ -128,7 +128,10 @@ def check_config(cfg) -> list[str]:
     except UserError as err:
         raise UserError(f"eval.attacks: {err}") from None
     check_substitute(cfg.eval.attacks, bool(cfg.eval.substitute), "eval.substitute")
-    return method.warnings(cfg) + check_epochs(cfg)
+    # the default norm is silent on a model without one; a norm asked for by name that no layer takes is said
+    unused = ([f"model.norm={cfg.model.norm} does nothing: {cfg.model.name} has no normalisation layer"]
+              if cfg.model.norm != "bn" and not uses_norm(cfg.model.name) else [])
+    return method.warnings(cfg) + check_epochs(cfg) + unused
 
 
 def _check_piecewise(t) -> None:

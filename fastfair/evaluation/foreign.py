@@ -29,19 +29,20 @@ Rename = list[tuple[str, object]]  # (regex at the start of a key, replacement s
 AUTHORS_KEYS: Registry[Rename] = Registry("architecture with authors' key names")
 
 
-def _block(first: int, per_stage: int):
-    """``stage S, block B`` (S from 1) -> ``body.<index>.``: the registry models keep blocks in one Sequential."""
-    return lambda m: f"body.{first + per_stage * (int(m[1]) - 1) + int(m[2])}."
+def _block(first: int, per_stage: list[int]):
+    """``stage S, block B`` (S from 1) -> ``body.<index>.``: the registry models keep blocks in one Sequential,
+    ``per_stage[s]`` blocks in stage s + 1 from index ``first``."""
+    return lambda m: f"body.{first + sum(per_stage[:int(m[1]) - 1]) + int(m[2])}."
 
 
 AUTHORS_KEYS.register("resnet18", "conv1, bn1, layer1-4.B, shortcut.0/1, linear (the CIFAR ResNet-18 of "
                                   "kuangliu/pytorch-cifar)")([
-    (r"conv1\.", "body.0."), (r"bn1\.", "body.1."), (r"layer(\d)\.(\d)\.", _block(3, 2)),
+    (r"conv1\.", "body.0."), (r"bn1\.", "body.1."), (r"layer(\d)\.(\d)\.", _block(3, [2] * 4)),
     (r"(linear|fc)\.", "head.")])
 AUTHORS_KEYS.register("preact-resnet18", "conv1, layer1-4.B (shortcut.0), bn, linear (the PreActResNet-18 of "
                                          "kuangliu/pytorch-cifar)")([
-    (r"conv1\.", "body.0."), (r"layer(\d)\.(\d)\.shortcut\.0\.", lambda m: _block(1, 2)(m) + "shortcut."),
-    (r"layer(\d)\.(\d)\.", _block(1, 2)), (r"bn\.", "body.9."), (r"(linear|fc)\.", "head.")])
+    (r"conv1\.", "body.0."), (r"layer(\d)\.(\d)\.shortcut\.0\.", lambda m: _block(1, [2] * 4)(m) + "shortcut."),
+    (r"layer(\d)\.(\d)\.", _block(1, [2] * 4)), (r"bn\.", "body.9."), (r"(linear|fc)\.", "head.")])
 
 
 AUTHORS_KEYS.register("resnet50", "conv1, bn1, layer1-4.B, fc (torchvision's ResNet-50, as Wong et al.'s ImageNet "
@@ -51,13 +52,43 @@ AUTHORS_KEYS.register("resnet50", "conv1, bn1, layer1-4.B, fc (torchvision's Res
 def _wide_resnet(depth: int) -> Rename:
     n = (depth - 4) // 6
     return [(r"conv1\.", "body.0."),
-            (r"block(\d)\.layer\.(\d+)\.convShortcut\.", lambda m: _block(1, n)(m) + "shortcut."),
-            (r"block(\d)\.layer\.(\d+)\.", _block(1, n)), (r"bn1\.", f"body.{3 * n + 1}."), (r"fc\.", "head.")]
+            (r"block(\d)\.layer\.(\d+)\.convShortcut\.", lambda m: _block(1, [n] * 3)(m) + "shortcut."),
+            (r"block(\d)\.layer\.(\d+)\.", _block(1, [n] * 3)), (r"bn1\.", f"body.{3 * n + 1}."), (r"fc\.", "head.")]
 
 
 AUTHORS_KEYS.register("wrn-34-10", "conv1, block1-3.layer.i (convShortcut), bn1, fc (the WideResNet of the "
                                    "TRADES code)")(_wide_resnet(34))
 AUTHORS_KEYS.register("wrn-28-10", "as wrn-34-10, 4 blocks per stage")(_wide_resnet(28))
+
+# Benz et al.'s CIFAR architectures, as the code they follow names their layers
+AUTHORS_KEYS.register("lenet", "conv1-2, fc1-3 (the LeNet of kuangliu/pytorch-cifar)")([
+    (r"conv1\.", "body.0."), (r"conv2\.", "body.3."), (r"fc1\.", "body.7."), (r"fc2\.", "body.9."),
+    (r"fc3\.", "head.")])
+for _vgg in ("vgg16", "vgg19"):
+    AUTHORS_KEYS.register(_vgg, "features.i, classifier (the VGG of kuangliu/pytorch-cifar)")([
+        (r"features\.", "body."), (r"classifier\.", "head.")])
+AUTHORS_KEYS.register("resnet50-cifar", "conv1, bn1, layer1-4.B, shortcut.0/1, linear (the CIFAR ResNet-50 of "
+                                        "kuangliu/pytorch-cifar)")([
+    (r"conv1\.", "body.0."), (r"bn1\.", "body.1."), (r"layer(\d)\.(\d)\.", _block(3, [3, 4, 6, 3])),
+    (r"(linear|fc)\.", "head.")])
+for _densenet in ("densenet121", "densenet169"):
+    AUTHORS_KEYS.register(_densenet, "conv1, dense1-4, trans1-3, bn, linear (the DenseNet of "
+                                     "kuangliu/pytorch-cifar)")([
+        (r"conv1\.", "body.0."), (r"dense(\d)\.", lambda m: f"body.{2 * int(m[1]) - 1}."),
+        (r"trans(\d)\.", lambda m: f"body.{2 * int(m[1])}."), (r"bn\.", "body.8."), (r"linear\.", "head.")])
+AUTHORS_KEYS.register("googlenet", "pre_layers, a3-b5, linear (the GoogLeNet of kuangliu/pytorch-cifar)")([
+    (r"pre_layers\.", "body."),
+    *((rf"{block}\.", f"body.{i}.") for block, i in (("a3", 3), ("b3", 4), ("a4", 6), ("b4", 7), ("c4", 8),
+                                                      ("d4", 9), ("e4", 10), ("a5", 12), ("b5", 13))),
+    (r"linear\.", "head.")])
+AUTHORS_KEYS.register("inception-v3", "Conv2d_1a_3x3-Conv2d_4a_3x3, Mixed_5b-7c, linear (the Inception-v3 of "
+                                      "weiaicunzai/pytorch-cifar100)")([
+    *((rf"{stem}\.{part}\.", f"body.{3 * i + j}.")
+      for i, stem in enumerate(("Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "Conv2d_3b_1x1", "Conv2d_4a_3x3"))
+      for j, part in enumerate(("conv", "bn"))),
+    *((rf"Mixed_{block}\.", f"body.{15 + i}.")
+      for i, block in enumerate(("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e", "7a", "7b", "7c"))),
+    (r"linear\.", "head.")])
 
 
 def load_weights_only(path: Path):

@@ -46,5 +46,25 @@ def build(name: str, *, num_classes: int, in_channels: int, mean, std, norm: str
     return Classifier(body, dim, num_classes, mean, std, head=head, head_scale=head_scale)
 
 
+def uses_norm(name: str) -> bool:
+    """Whether model ``name`` has a normalisation layer for ``model.norm`` to choose (LeNet and small-cnn have none);
+    built on the meta device, so nothing is allocated."""
+    calls = []
+
+    def norm(channels: int) -> nn.Module:
+        calls.append(channels)
+        return nn.Identity()
+
+    with torch.device("meta"):
+        MODELS.get(name)(in_channels=3, norm=norm, width=0)
+    return bool(calls)
+
+
 def pooled() -> nn.Sequential:
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def scaled(channels: int, width: int, base: int) -> int:
+    """``channels`` of a paper's layer when the model's first convolution has ``width`` channels instead of
+    ``base`` (``width`` 0: the paper's); every layer keeps at least one channel."""
+    return max(1, channels * width // base) if width else channels

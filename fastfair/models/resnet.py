@@ -1,5 +1,5 @@
-"""ResNet-18 for 32x32 inputs: 3x3 stem, no max-pool (He et al. 2016; CIFAR variant as in the ME paper); ResNet-50
-for ImageNet (torchvision's)."""
+"""ResNet-18 and ResNet-50 for 32x32 inputs: 3x3 stem, no max-pool (He et al. 2016; CIFAR variant as in the ME paper
+and kuangliu/pytorch-cifar); ResNet-50 for ImageNet (torchvision's)."""
 from torch import nn
 import torch.nn.functional as F
 
@@ -22,6 +22,28 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand to ``cout`` = 4 x the inner width (He et al. 2016, Fig. 5)."""
+
+    def __init__(self, cin, cout, stride, norm):
+        super().__init__()
+        planes = cout // 4
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = norm(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = norm(planes)
+        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
+        self.bn3 = norm(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + self.shortcut(x))
+
+
 def stages(block, widths, blocks, norm, cin):
     layers = []
     for i, (w, n) in enumerate(zip(widths, blocks)):
@@ -38,6 +60,20 @@ def resnet18(in_channels, norm, width):
     body = nn.Sequential(
         nn.Conv2d(in_channels, w, 3, 1, 1, bias=False), norm(w), nn.ReLU(),
         *stages(BasicBlock, widths, [2, 2, 2, 2], norm, w), pooled(),
+    )
+    return body, widths[-1]
+
+
+@MODELS.register("resnet50-cifar", "ResNet-50, CIFAR variant (He et al. 2016): 3x3 stem, no max-pool, as "
+                                   "kuangliu/pytorch-cifar; resnet50 is the ImageNet one")
+def resnet50_cifar(in_channels, norm, width):
+    """Bottleneck stages [3, 4, 6, 3] of inner width w, 2w, 4w, 8w and output 4x that (He et al. 2016, Table 1)
+    on resnet18's 3x3 stem of w = ``width`` (64) channels."""
+    w = width or 64
+    widths = [4 * w, 8 * w, 16 * w, 32 * w]
+    body = nn.Sequential(
+        nn.Conv2d(in_channels, w, 3, 1, 1, bias=False), norm(w), nn.ReLU(),
+        *stages(Bottleneck, widths, [3, 4, 6, 3], norm, w), pooled(),
     )
     return body, widths[-1]
 
