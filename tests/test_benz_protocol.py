@@ -81,3 +81,29 @@ def test_a_section_end_to_end_at_subset_scale(tmp_path):
     assert "Not run at this scale: benz-s31-datasets-svhn-at" in md
     cfg = config.load_saved_text(RunDir(out / "runs" / "benz-s31-datasets-mnist-standard-s0").read_config())
     assert (cfg.method.name, cfg.eval.attacks, cfg.train.select) == ("standard", ["clean", "pgd40"], "last")
+
+
+def test_the_architecture_section_covers_the_studys_nine_models_each_narrowed_at_subset_scale(tmp_path):
+    real_data()
+    table = tables.get("benz-s31-architectures")
+    models = {config.resolve(r.preset).model.name for r in table.rows}
+    assert models == {"lenet", "vgg16", "vgg19", "resnet18", "resnet50-cifar", "densenet121", "densenet169",
+                      "googlenet", "inception-v3"} and len(table.rows) == 18
+    assert set(runs.SUBSET_WIDTHS) == models
+    planned = runs.plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path, {})
+    for p in planned:
+        name = config.resolve(p.row.preset).model.name
+        assert (p.sets["model.name"], p.sets["model.width"]) == (name, runs.SUBSET_WIDTHS[name])
+
+
+def test_remedy_rows_name_the_pgd_at_row_as_their_baseline():
+    table = tables.get("benz-s33-remedies")
+    base = "benz-s33-remedies-at"
+    assert {r.preset for r in table.rows} >= {base, "benz-s33-remedies-targeted-cat"}
+    assert all(r.baseline == base for r in table.rows if r.preset != base)
+    flat = {r.preset: config.flatten(config.resolve(r.preset).to_dict()) for r in table.rows}
+    # each remedy row is the baseline with its remedy's keys: nothing else differs
+    for preset, keys in flat.items():
+        differ = {k for k in keys if keys[k] != flat[base].get(k)} - {"preset"}
+        assert preset == base or differ and all(k.split(".")[0] not in ("data", "model", "attack", "train", "eval")
+                                                for k in differ), (preset, differ)

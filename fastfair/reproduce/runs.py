@@ -36,7 +36,8 @@ SUBSET_MODEL = {"model.name": "tiny-cnn", "model.width": 16}
 # model.width per architecture where a section compares architectures (Benz et al. Sec. 3.1) at subset scale: each
 # row keeps its layers and connections, with about a quarter of the paper's channels (a 2-core CPU trains the section
 # in minutes); 0 keeps the paper's width
-SUBSET_WIDTHS: dict[str, int] = {"resnet18": 16}
+SUBSET_WIDTHS: dict[str, int] = {"lenet": 0, "vgg16": 16, "vgg19": 16, "resnet18": 16, "resnet50-cifar": 16,
+                                  "densenet121": 16, "densenet169": 16, "googlenet": 48, "inception-v3": 8}
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 # Where fastfair's loaders (fastfair.data.datasets) find each data set the tables use, under the data folder,
 # what to put there, and from where.
