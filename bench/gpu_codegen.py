@@ -383,7 +383,7 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     """One configuration's step (fastfair settings ``overrides`` on top of the CUDA defaults): its graphs
     recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``) and counted per graph; the ATen
     ops it runs outside them."""
-    from fastfair import build
+    from fastfair.training import optim
 
     compiled = {} if compiled is None else compiled
     rec = Recorder()
@@ -405,7 +405,7 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     with tempfile.TemporaryDirectory() as tmp, triton_target(), mock.patch.object(torch, "compile", rec.compile), \
             mock.patch.object(fused_loss, "can_launch", traced(fused_loss.can_launch)), \
             mock.patch.object(pgd, "can_launch", traced(pgd.can_launch)), \
-            mock.patch.object(build, "sgd_impl", lambda dev: {"fused": True}):
+            mock.patch.object(optim, "implementation", lambda dev: {"fused": True}):
         trainer = common.make_trainer(method, model, dataset, {**settings, **cuda_defaults}, Path(tmp) / "run")
         x, y = next(iter(trainer.train_loader))
         trainer.model.train()

@@ -5,7 +5,6 @@ import contextlib
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fastfair import data, models
@@ -177,21 +176,6 @@ def batch_size(cfg: Config, epoch: int) -> int:
     d = cfg.data
     return next((b for first, b in reversed(list(zip(d.phase_epochs, d.phase_batch_sizes))) if first <= epoch),
                 d.batch_size)
-
-
-def lr_at(cfg: Config):
-    """The rate at a fractional epoch t (epoch + steps done / steps), piecewise linear through
-    (train.lr_epochs, train.lr_values) as Wong et al. 2020's ImageNet code (main_fast.py: np.interp);
-    ``None`` for the step schedule."""
-    t = cfg.train
-    if not t.lr_epochs:
-        return None
-    return lambda epoch: float(np.interp(epoch, t.lr_epochs, t.lr_values))
-
-
-def sgd_impl(dev: torch.device) -> dict:
-    """SGD's implementation: one fused kernel on CUDA, multi-tensor (foreach) elsewhere."""
-    return {"fused": True} if dev.type == "cuda" else {"foreach": True}
 
 
 def compiler(cfg: Config, dev: torch.device):

@@ -15,6 +15,7 @@ look); what acts only in part (a milestone past the end) is a warning.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from fastfair import config
@@ -30,6 +31,7 @@ from fastfair.ops.steps import INITS
 from fastfair.reports.tracking import TRACKERS
 from fastfair.schema import Epochs, never_at_0
 from fastfair.suggest import hint
+from fastfair.training import optim
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
@@ -54,6 +56,10 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.epochs": _at_least(1), "train.lr": _POSITIVE, "train.momentum": _within(0, 1),
     "train.weight_decay": _at_least(0), "train.lr_gamma": _POSITIVE,
     "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
+    "train.adam_betas": ((lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)),
+                         "two values in [0, 1), beta1 and beta2 (Adam's [0.9, 0.999])"),
+    "train.adam_eps": _POSITIVE, "train.lr_min": _at_least(0), "train.lr_cycle_epochs": _at_least(0),
+    "train.lr_peak_epoch": _at_least(0),
     "train.progress_every_s": _POSITIVE, "data.train_per_class": _at_least(0), "data.test_per_class": _at_least(0),
     "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
     "train.select_begin": _at_least(0),
@@ -75,12 +81,20 @@ NAMES: dict[str, Any] = {
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
     "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
     "data.order": ("random", "quasi_random", "sequential"), "data.crop_mode": ("zeros", "reflect"),
+    "train.optimizer": optim.OPTIMIZERS, "train.lr_schedule": optim.LR_SCHEDULES,
 }
 
 
 # the core keys that name an epoch (a method's or option's declare it on their Key)
 EPOCHS: dict[str, Epochs] = {
-    "train.lr_milestones": Epochs("the learning-rate decay", first=never_at_0),
+    "train.lr_milestones": Epochs("the learning-rate decay", switch="train.lr_schedule", first=never_at_0,
+                                  active=lambda cfg: cfg.train.lr_schedule == "step"),
+    # 0 (their default) draws them over train.epochs: never past the end
+    "train.lr_peak_epoch": Epochs("onecycle's rise to train.lr", switch="train.lr_schedule", first=math.ceil,
+                                  active=lambda cfg: cfg.train.lr_schedule == "onecycle", cut_short=True),
+    "train.lr_cycle_epochs": Epochs("cyclic's first rise to train.lr", switch="train.lr_schedule",
+                                    first=lambda n: math.ceil(n / 2),
+                                    active=lambda cfg: cfg.train.lr_schedule == "cyclic", cut_short=True),
     "train.avg_begin": Epochs("EMA/FAWA weight averaging", switch="train.averaging",
                               active=lambda cfg: cfg.train.averaging != "none"),
     "train.select_begin": Epochs("the best_* checkpoints train.select evaluates", switch="train.select",
@@ -118,7 +132,7 @@ def check_config(cfg) -> list[str]:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader == "ffcv":
         raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
                         "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
-    _check_piecewise(cfg.train)
+    unread = _check_schedule(cfg)
     _check_phases(cfg.data)
     method.check(cfg)
     if not cfg.eval.attacks:
@@ -131,23 +145,50 @@ def check_config(cfg) -> list[str]:
     # the default norm is silent on a model without one; a norm asked for by name that no layer takes is said
     unused = ([f"model.norm={cfg.model.norm} does nothing: {cfg.model.name} has no normalisation layer"]
               if cfg.model.norm != "bn" and not uses_norm(cfg.model.name) else [])
-    return method.warnings(cfg) + check_epochs(cfg) + unused
+    return unread + method.warnings(cfg) + check_epochs(cfg) + unused
 
 
-def _check_piecewise(t) -> None:
-    """train.lr_epochs / train.lr_values: two or more points, epochs in order, rates at least 0."""
-    if not (t.lr_epochs or t.lr_values):
-        return
+def _check_schedule(cfg) -> list[str]:
+    """The optimiser's and the schedule's keys (:func:`_check_unread`); a peak above the low point; the piecewise
+    schedule's points: two or more, epochs in order, rates at least 0."""
+    warnings, t = _check_unread(cfg), cfg.train
+    if t.lr_schedule in ("cosine", "cyclic", "onecycle") and t.lr <= t.lr_min:
+        raise UserError(f"train.lr_schedule={t.lr_schedule} runs between train.lr_min = {t.lr_min:g} and its peak "
+                        f"train.lr = {t.lr:g}, so it would have no peak; set train.lr above train.lr_min")
+    if t.lr_schedule != "piecewise":
+        return warnings
     if len(t.lr_epochs) != len(t.lr_values) or len(t.lr_epochs) < 2:
-        raise UserError(f"train.lr_epochs and train.lr_values are the points of a piecewise-linear schedule: two or "
+        raise UserError(f"train.lr_epochs and train.lr_values are the points of the piecewise schedule: two or "
                         f"more epochs and as many rates (Wong et al.: [0, 1, 6] and [0, 0.4, 0.04]); got "
                         f"{t.lr_epochs} and {t.lr_values}")
     if any(b < a for a, b in zip(t.lr_epochs, t.lr_epochs[1:])) or min(t.lr_epochs) < 0 or min(t.lr_values) < 0:
         raise UserError(f"train.lr_epochs must be epochs from 0 in increasing order and train.lr_values rates at "
                         f"least 0; got {t.lr_epochs} and {t.lr_values}")
-    if t.lr_milestones:
-        raise UserError(f"train.lr_epochs / train.lr_values replace the step schedule, so train.lr_milestones = "
-                        f"{t.lr_milestones} would never act; set train.lr_milestones=[]")
+    return warnings
+
+
+def _check_unread(cfg) -> list[str]:
+    """A train key set beside an optimiser or schedule that does not read it (:data:`optim.READ_BY`) would do
+    nothing. An error where it was chosen as late as the choice (``--set train.optimizer=adam --set
+    train.momentum=0.8``, points without ``train.lr_schedule=piecewise``); a warning where a later layer chose
+    around it (a preset's milestones under ``--set train.lr_schedule=cosine``), a method's default set it, or one
+    preset set both: a saved run resumes with all its keys as a preset's, and a run warned when it started must
+    resume."""
+    refused, warned = [], {}
+    for key, choice in optim.unread(cfg.train):
+        said, chosen = f"train.{key} = {getattr(cfg.train, key)}", f"train.{choice}={getattr(cfg.train, choice)}"
+        by = cfg.layers.get(f"train.{key}", config.DEFAULTS)
+        choice_by = cfg.layers.get(f"train.{choice}", config.DEFAULTS)
+        if by > config.DEFAULTS and by >= choice_by and not by == choice_by == config.PRESET:
+            readers = optim.READ_BY[key][1]
+            refused.append(f"{said} is read by train.{choice}={' or '.join(readers)} only, so it would do nothing "
+                           f"with {chosen}; drop it, or set train.{choice}={readers[0]}")
+        else:
+            warned.setdefault(chosen, []).append(f"{said} ({_LAYERS[by]}'s)")
+    if refused:
+        raise UserError("; ".join(refused))
+    return [f"{chosen} does not read {_and(said)}: {'it does' if len(said) == 1 else 'they do'} nothing in this run"
+            for chosen, said in warned.items()]
 
 
 def _check_phases(d) -> None:

@@ -99,15 +99,27 @@ class AttackConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 100
+    # the rate: the step schedule's start, the peak of cosine / cyclic / onecycle (piecewise reads lr_values instead)
     lr: float = 0.1
-    momentum: float = 0.9
+    # sgd | adam | adamw (fastfair/training/optim.py, docs/training.md): weight_decay is an L2 term in the gradient
+    # for sgd and adam, decoupled (w -= lr_t * weight_decay * w each step, torch's AdamW) for adamw
+    optimizer: str = "sgd"
+    momentum: float = 0.9  # sgd's
     weight_decay: float = 5e-4
-    nesterov: bool = False
-    # epochs after which the rate is multiplied by lr_gamma: it changes from epoch m + 1 on (MultiStepLR)
+    nesterov: bool = False  # sgd's
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam's and adamw's (beta1, beta2)
+    adam_eps: float = 1e-8  # adam's and adamw's epsilon in the denominator (not an attack budget)
+    # step (lr_milestones, lr_gamma; per epoch) | cosine | cyclic | onecycle (lr_min, ...; per step) | piecewise
+    # (lr_epochs, lr_values; per step): one way to pick the rate, fastfair/training/optim.py
+    lr_schedule: str = "step"
+    # step: epochs after which the rate is multiplied by lr_gamma: it changes from epoch m + 1 on (MultiStepLR)
     lr_milestones: list[int] = field(default_factory=lambda: [75, 90])
     lr_gamma: float = 0.1
-    # Wong et al. 2020's schedule (their ImageNet configs' lr_epochs, lr_values): the rate is set every step, piecewise
-    # linear in the fractional epoch through these points, in place of train.lr and the step schedule above
+    lr_min: float = 0.0  # cosine's end, cyclic's low point, onecycle's start and end
+    lr_cycle_epochs: float = 0.0  # cyclic: one cycle's length in epochs (up half, down half); 0: train.epochs
+    lr_peak_epoch: float = 0.0  # onecycle: the epoch of the peak; 0: train.epochs * 2 // 5 (Wong et al. 2020)
+    # piecewise: Wong et al. 2020's schedule (their ImageNet configs' lr_epochs, lr_values): linear in the fractional
+    # epoch through these points
     lr_epochs: list[float] = field(default_factory=list)
     lr_values: list[float] = field(default_factory=list)
     seed: int = 0
@@ -175,7 +187,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "method.frl_halve_every": ("method.halve_every",),
 }
 
-_EPS = "attack.eps (the training attack) or eval.eps (evaluation)"
+_EPS = "attack.eps (the training attack) or eval.eps (evaluation); Adam's epsilon is train.adam_eps"
 _ALPHA = "attack.alpha (the training attack's step) or eval.alpha (evaluation's)"
 # What other code bases call a key (the TRADES/CFA/FAT scripts' argparse names, PyTorch optimizer arguments, timm's
 # flags), looked up by the part after the last dot: learning_rate, train.learning_rate and optim.learning_rate all
@@ -184,7 +196,13 @@ SYNONYMS: dict[str, str] = {
     "learning_rate": "train.lr", "lr_max": "train.lr", "base_lr": "train.lr", "wd": "train.weight_decay",
     "decay": "train.weight_decay", "lr_decay": "train.lr_gamma", "gamma": "train.lr_gamma",
     "milestones": "train.lr_milestones", "lr_steps": "train.lr_milestones", "decay_epochs": "train.lr_milestones",
-    "lr_schedule": "train.lr_milestones and train.lr_gamma (a step schedule)",
+    "scheduler": "train.lr_schedule", "lr_policy": "train.lr_schedule", "sched": "train.lr_schedule",
+    "optim": "train.optimizer", "opt": "train.optimizer", "solver": "train.optimizer",
+    "train.eps": "train.adam_eps (Adam's epsilon; attack.eps and eval.eps are attack budgets)",
+    "betas": "train.adam_betas", "beta1": "train.adam_betas", "beta2": "train.adam_betas",
+    "eta_min": "train.lr_min", "min_lr": "train.lr_min",
+    "step_size_up": "train.lr_cycle_epochs (a whole cycle, in epochs)",
+    "warmup_epochs": "train.lr_peak_epoch (train.lr_schedule=onecycle)",
     "num_epochs": "train.epochs", "n_epochs": "train.epochs", "max_epochs": "train.epochs", "epoch": "train.epochs",
     "bs": "data.batch_size", "batch": "data.batch_size", "train_batch_size": "data.batch_size",
     "test_batch_size": "data.eval_batch_size", "eval_bs": "data.eval_batch_size",
@@ -211,6 +229,9 @@ RESUMABLE: dict[str, str] = {
     "train.lr": "the schedule from the resumed epoch on: a lower rate is the fix for a diverged run",
     "train.lr_milestones": "the schedule of the epochs still to train, e.g. for more epochs",
     "train.lr_gamma": "the schedule of the epochs still to train",
+    "train.lr_min": "the schedule of the epochs still to train",
+    "train.lr_cycle_epochs": "the schedule of the epochs still to train",
+    "train.lr_peak_epoch": "the schedule of the epochs still to train",
     "train.device": "where the same computation runs",
     "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
@@ -306,18 +327,23 @@ def _hint(cfg: Config, key: str) -> str:
                     f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); "
                     f"methods with it: {', '.join(owners)}.")
     elsewhere = [k for k in _all_keys(cfg) if normal(k.rpartition(".")[2]) == normal(name or section)]
-    if elsewhere:  # the right name in another section or spelling: train.batch_size, batch-size -> data.batch_size
+    # the right name in another section or spelling (train.batch_size, batch-size -> data.batch_size), unless a
+    # dotted synonym says what the name means in this section (train.eps: Adam's epsilon, not an attack budget)
+    if elsewhere and normal(key) not in map(normal, SYNONYMS):
         return f" Did you mean {' or '.join(elsewhere)}?"
     every_method_key = {f"method.{k}" for m in METHODS for k in METHODS.get(m).keys_all()}
     return hint(key, set(_all_keys(cfg)) | every_method_key, SYNONYMS)
 
 
 def renamed(flat: dict[str, Any]) -> dict[str, Any]:
-    """A saved config's keys under their current names (:data:`RENAMED`)."""
+    """A saved config's keys under their current names (:data:`RENAMED`); a run saved before train.lr_schedule
+    existed, with train.lr_epochs, trained on the piecewise schedule those points now belong to."""
     out = {}
     for key, value in flat.items():
         for new in RENAMED.get(key, (key,)):
             out[new] = value
+    if out.get("train.lr_epochs") and "train.lr_schedule" not in out:
+        out["train.lr_schedule"] = "piecewise"
     return out
 
 

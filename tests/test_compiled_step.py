@@ -15,7 +15,7 @@ from fastfair.methods import METHODS
 from fastfair.rundir import save_atomic
 from fastfair.training.trainer import Trainer
 from fastfair.preset_files import preset_names
-from fastfair.training import trainer as trainer_module
+from fastfair.training import optim, trainer as trainer_module
 
 
 
@@ -156,7 +156,7 @@ def test_compiled_steps_track_eager_steps(tmp_path, method):
 @pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
 def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch, method, amp, tolerance):
     """The CUDA defaults' other paths on a CPU, together: channels_last, fused SGD (CUDA's choice in
-    build.sgd_impl; torch runs it on CPU too), the compiled step with the compiled attack, and bf16
+    optim.implementation; torch runs it on CPU too), the compiled step with the compiled attack, and bf16
     autocast or not; three steps from the same weights and seeds against the fp32 eager step (foreach SGD).
 
     Measure: per parameter tensor, |w_fast - w_eager| / |w_eager - w_start| (L2 norms), the error
@@ -170,7 +170,7 @@ def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch,
     sets = ["attack.init=uniform"]
     eager = trainer(tmp_path, method, "off", *sets, "train.amp=off", "model.channels_last=off")
     assert eager.opt.defaults["foreach"]
-    monkeypatch.setattr(build, "sgd_impl", lambda dev: {"fused": True})
+    monkeypatch.setattr(optim, "implementation", lambda dev: {"fused": True})
     fast = trainer(tmp_path, method, "on", *sets, f"train.amp={amp}", "model.channels_last=on", name=f"-{amp}")
     assert fast.amp == (torch.bfloat16 if amp == "bf16" else None) and fast.cl and fast.opt.defaults["fused"]
     assert fast.attack_net is fast.model  # the compiled descent (one graph on every supported torch)

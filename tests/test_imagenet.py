@@ -196,9 +196,9 @@ def test_imagenet_needs_the_folder_loader_and_other_data_sets_cannot_take_it(fol
 
 
 @pytest.mark.parametrize("sets, said", [
-    (["train.lr_epochs=[0, 1]", "train.lr_milestones=[]"], "as many rates"),
-    (["train.lr_epochs=[0, 2, 1]", "train.lr_values=[0, 1, 0]", "train.lr_milestones=[]"], "increasing order"),
-    (["train.lr_epochs=[0, 1]", "train.lr_values=[0, 0.4]"], "set train.lr_milestones=\\[\\]"),
+    (["train.lr_schedule=piecewise", "train.lr_epochs=[0, 1]"], "as many rates"),
+    (["train.lr_schedule=piecewise", "train.lr_epochs=[0, 2, 1]", "train.lr_values=[0, 1, 0]"], "increasing order"),
+    (["train.lr_epochs=[0, 1]", "train.lr_values=[0, 0.4]"], "set train.lr_schedule=piecewise"),
     (["data.phase_epochs=[0, 6]", "data.phase_image_sizes=[128, 224]", "data.phase_batch_sizes=[512, 224]"],
      "need the folder loader"),
     (["data.dataset=imagenet", "data.phase_epochs=[0, 6]", "data.phase_image_sizes=[128]",

@@ -8,8 +8,6 @@ because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds
 """
 from __future__ import annotations
 
-import bisect
-import collections
 import contextlib
 import time
 from datetime import datetime, timezone
@@ -19,7 +17,7 @@ import torch
 
 from fastfair import build, config, data, ops
 from fastfair.checks import check_config
-from fastfair.training import averaging
+from fastfair.training import averaging, optim
 from fastfair.scaleout import distributed
 from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend, descent_capture
 from fastfair.training.class_state import ClassState
@@ -91,11 +89,8 @@ class Trainer:
         self.state = ClassState(self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         self.method.use_loader(self.train_loader, self.state)  # before a resume loads the state the loader reads
-        t = cfg.train
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
-                                   weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
-        self.sched = torch.optim.lr_scheduler.MultiStepLR(self.opt, t.lr_milestones, t.lr_gamma)
-        self.lr_at = build.lr_at(cfg)  # Wong et al.'s piecewise-linear rate, set every step; None: the step schedule
+        self.opt = optim.optimizer(cfg.train, self.model.parameters(), self.dev)
+        self.rate = optim.schedule(cfg.train)  # (epoch, part done) -> lr: set before every step, nothing to save
         self.start_epoch = 0
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
@@ -103,6 +98,8 @@ class Trainer:
         self._prepare_dir(resume)
         if self.main:  # the run folder keeps the console's lines and the periodic progress lines
             self.progress.attach(self.run.train_log)
+        if (cfg.train.optimizer, cfg.train.lr_schedule) != ("sgd", "step"):  # said beside the defaults' usual pair
+            self.log(optim.describe(cfg.train))
         if self.amp and self.dev.type == "cpu" and cfg.train.amp == "auto":  # a choice this machine made: said
             self.log("train.amp=auto: bf16 autocast on this CPU (native bf16); evaluation stays fp32; "
                      "--set train.amp=off trains in fp32")
@@ -123,10 +120,11 @@ class Trainer:
         (changed only in :data:`config.RESUMABLE` keys, recorded in ``history.jsonl``)."""
         run, changed = self.run, {}
         if resume:
-            changed = config.resume_changes(config.load_saved_text(run.read_config(), str(run.config)), self.cfg)
+            saved = config.load_saved_text(run.read_config(), str(run.config))
+            changed = config.resume_changes(saved, self.cfg)
             if run.last.is_file():
                 self._load(load_checkpoint(run.last))
-                self._reschedule(changed)
+                self._reschedule(saved, changed)
                 self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
                 newer = [p for p in scored_policies() if p not in self.best]
                 if newer:  # the checkpoint predates these policies: their best is over the epochs from now on
@@ -149,31 +147,31 @@ class Trainer:
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 "changed": changed})
 
-    def _reschedule(self, changed: dict) -> None:
-        """After --resume changed the learning-rate schedule: the new one from the resumed epoch on."""
+    def _reschedule(self, saved: Config, changed: dict) -> None:
+        """After --resume changed train.epochs under a schedule drawn over the run (cosine, onecycle, one cyclic
+        cycle): say that the epochs still to train follow the redrawn curve. Every other change (train.lr,
+        milestones, ...) needs no word: the rate is a function of the config and the epoch, set every step."""
         t = self.cfg.train
-        if not {"train.lr", "train.lr_milestones", "train.lr_gamma"} & set(changed):
-            return  # the loaded scheduler continues bit for bit
-        self.sched.base_lrs = [t.lr] * len(self.opt.param_groups)
-        self.sched.milestones, self.sched.gamma = collections.Counter(t.lr_milestones), t.lr_gamma
-        decays = bisect.bisect_right(sorted(t.lr_milestones), self.sched.last_epoch)
-        for group in self.opt.param_groups:
-            group["initial_lr"], group["lr"] = t.lr, t.lr * t.lr_gamma ** decays
+        if "train.epochs" not in changed or not optim.spans_run(t):
+            return
+        before = optim.schedule(saved.train)
+        self.log(f"train.epochs {changed['train.epochs'][0]} -> {t.epochs}: train.lr_schedule={t.lr_schedule} is "
+                 f"drawn over the run, so epoch {self.start_epoch + 1} on follows the {t.epochs}-epoch curve (its "
+                 f"rate there {self.rate(self.start_epoch, 0.0):.4g}, {before(self.start_epoch, 0.0):.4g} before)")
 
     # Inside the loop ``epoch`` is 0-based (it seeds the RNGs and the loader, so resumed runs stay
     # bit-exact); everything written or printed says ``epoch + 1``, the epoch's number from 1.
     def _state(self, epoch: int) -> dict:
         return {
             "epoch": epoch + 1, **EPOCH_NUMBERING, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-            "scheduler": self.sched.state_dict(), "class_state": self.state.state_dict(),
+            "class_state": self.state.state_dict(),
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
             "average": self.averager.state_dict() if self.averager else None,
         }
 
     def _load(self, ck: dict) -> None:
         self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["optimizer"])
-        self.sched.load_state_dict(ck["scheduler"])
+        self.opt.load_state_dict(ck["optimizer"])  # an earlier run's "scheduler" is not read: the rate is a function
         self.state.load_state_dict(ck["class_state"])
         self.best = dict(ck["best"])
         if self.averager:
@@ -207,21 +205,20 @@ class Trainer:
         self.train_loader.set_epoch(epoch)
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         steps, batch = len(self.train_loader), build.batch_size(self.cfg, epoch)  # after set_epoch: its phase's
-        lr = self.lr_at(epoch + 1 / steps) if self.lr_at else self.opt.param_groups[0]["lr"]  # the first step's
+        lr = self.rate(epoch, 1 / steps)  # the first step's, recorded
         t0 = time.perf_counter()
         with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps,
                                 images_per_step=batch) as advance:
             for i, (x, y) in enumerate(self.train_loader):
-                if self.lr_at:  # a function of (epoch, step) alone, so a resumed run continues it exactly
-                    for group in self.opt.param_groups:
-                        group["lr"] = self.lr_at(epoch + (i + 1) / steps)
+                # a function of (epoch, step) alone, so a resumed run continues it exactly
+                for group in self.opt.param_groups:
+                    group["lr"] = self.rate(epoch, (i + 1) / steps)
                 self.train_step(x, y)
                 advance()
         distributed.reduce_class_state(self.state)
         stats = self.state.read()  # the epoch's one host sync
         self._stop_if_diverged(epoch, nonfinite_stats(stats))
         seconds = time.perf_counter() - t0
-        self.sched.step()
         distributed.sync_buffers(self.model)  # torchrun: every rank validates the same BN statistics
         val = self.validate()
         va = val[self.cfg.train.val_attack]["summary"]
