@@ -76,9 +76,9 @@ def representation_distance(model, x: torch.Tensor, target_rep: torch.Tensor) ->
 
 def invert(model, x: torch.Tensor, start: torch.Tensor, *, steps: int, step_size: float) -> torch.Tensor:
     """x_r = argmin ||g(x_r) - g(x)||_2 from ``start`` by L2 normalised-gradient descent in [0, 1] (Ilyas et al. 2019,
-    Sec. 3.1, D_R / D_NR)."""
+    Sec. 3.1, D_R / D_NR); ``model`` in eval mode."""
     with torch.no_grad():
-        rep = model.eval().forward_features(x)
+        rep = model.forward_features(x)
     return l2_descend(model, lambda z: representation_distance(model, z, rep), start, start, eps=math.inf,
                       step_size=step_size, steps=steps)[0]
 
@@ -146,6 +146,7 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
     path = build.checkpoint_path(target, checkpoint)
     ck, cfg, dev, model, bundle, _ = build.from_checkpoint(path, split="test", device_name=device, data_dir=data_dir,
                                                            batch_size=batch_size, channels_last_ok=False)
+    model.eval()  # BN's running statistics: the model as evaluated, and no forward here updates them
     method = load_saved_text(ck["config"]).method.name
     prog = Progress(enabled=not quiet)
     if k.robust_source and method == "standard":
