@@ -609,7 +609,7 @@ def features(
                                 seed=seed, per_class=per_class, device=device, data_dir=data_dir,
                                 batch_size=batch_size, force=force, quiet=quiet)
     measured = ", ".join(f"{key} {value:.3f}" for key, value in params.items()
-                         if key.startswith(("target_rate", "distance_ratio", "perturbation")))
+                         if key.startswith(("target_rate", "distance_ratio", "perturbation", "pixels")))
     print(f"written: {out} ({params['images']} images of {params['dataset']} from {params['source']}; {measured})")
     print(f"train with: fastfair train --dataset npz --data-dir {out}")
 

@@ -81,14 +81,28 @@ def test_l2_descend_keeps_each_images_lowest_iterate():
     assert torch.allclose(best, torch.tensor([0.05, 0.6]))
 
 
-def test_quantise_rounds_to_nearest_unless_that_leaves_the_ball():
+def test_quantise_rounds_to_nearest_and_back_into_the_ball_by_the_fewest_pixels():
     source = torch.zeros(2, 1, 1, 2)
-    x = torch.tensor([[[[0.6, 0.6]]], [[[0.6, 0.0]]]]) / 255  # both 0.6/255 a pixel from the source
-    eps = 1.0 / 255  # nearest gives (1, 1)/255, sqrt(2)/255 away: outside; (1, 0)/255 is on the ball
+    x = torch.tensor([[[[1.6, 0.6]]], [[[0.6, 0.0]]]]) / 255
+    eps = 2.0 / 255  # nearest gives (2, 1)/255, sqrt(5)/255 away: outside; (1, 0)/255 is inside
     q = quantise(x, source, eps)
-    assert q[0].flatten().tolist() == [0, 0]  # rounded towards the source instead
+    assert q[0].flatten().tolist() == [1, 1]  # 1.6 rounded down saves 2^2 - 1^2 = 3 > the excess 5 - 4: one pixel
     assert q[1].flatten().tolist() == [1, 0]
-    assert quantise(x).flatten().tolist() == [1, 1, 1, 0]  # without a ball: nearest
+    assert quantise(x).flatten().tolist() == [2, 1, 1, 0]  # without a ball: nearest
+
+
+def test_quantised_attacks_stay_in_the_ball_and_change_few_pixels():
+    """Perturbations on the eps sphere, as L2 PGD leaves them: nearest rounding leaves the ball for most."""
+    gen = torch.Generator().manual_seed(0)
+    source = torch.randint(64, 192, (64, 3, 8, 8), generator=gen).float() / 255  # far from 0 and 1: no clipping
+    delta = torch.randn(source.shape, generator=gen)
+    delta = 0.5 * delta / delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    x = l2_project(source + delta, source, 0.5)
+    q = quantise(x, source, 0.5)
+    assert ((q.float() / 255 - source).flatten(1).norm(dim=1) <= 0.5 + 1e-6).all()
+    nearest = quantise(x)
+    assert ((nearest.float() / 255 - source).flatten(1).norm(dim=1) > 0.5).float().mean() > 0.3
+    assert (q != nearest).float().mean() < 0.05
 
 
 # ---- the data sets, built from runs on the real CIFAR-10 subset ------------------------------------------------

@@ -13,10 +13,11 @@ Settings are those of Ilyas et al., App. C (through MadryLab's ``robustness`` li
 D_R/D_NR (no ball around x0; only [0, 1]); eps 0.5, step 0.1 and 100 steps for D_det/D_rand. The test split is the
 data set's original test set, on which Ilyas et al. evaluate.
 
-Storage (fastfair's choice; Ilyas et al. keep float tensors): fastfair's data sets are uint8, so each image is
-rounded to the nearest 1/255. For D_det/D_rand, an image whose rounded perturbation would leave the eps ball is
-rounded towards its source instead, so every stored image lies within eps; the fraction of images the source model
-assigns to their new label, before and after rounding, is measured and recorded (``features_params``).
+Storage (fastfair's choice; Ilyas et al. keep float tensors): fastfair's data sets are uint8, so each pixel is
+rounded to the nearest 1/255. For D_det/D_rand the attack ends on the eps sphere, and rounding pushes most images just
+outside it; there the fewest pixels needed are rounded towards the source instead (:func:`quantise`), so every stored
+image lies within eps. The fraction of images the source model assigns to their new label, before and after
+rounding, is measured and recorded (``features_params``).
 """
 from __future__ import annotations
 
@@ -90,15 +91,22 @@ def targeted(model, x: torch.Tensor, t: torch.Tensor, *, eps: float, steps: int,
 
 
 def quantise(x: torch.Tensor, source: torch.Tensor | None = None, eps: float = math.inf) -> torch.Tensor:
-    """Images in [0, 1] as uint8, rounded to the nearest 1/255; with ``source`` (uint8-valued, in [0, 1]), a row whose
-    rounded perturbation leaves the ``eps`` L2 ball is rounded towards ``source`` instead (fastfair's storage rule)."""
+    """Images in [0, 1] as uint8, each pixel rounded to the nearest 1/255 (fastfair's storage rule). With ``source``
+    (uint8-valued, in [0, 1]), where that rounding leaves the ``eps`` L2 ball around it, the fewest pixels that bring
+    the image back inside are rounded towards ``source`` instead: those whose rounding away added the most."""
     nearest = torch.round(x * 255)
     if source is None or math.isinf(eps):
         return nearest.to(torch.uint8)
     s = torch.round(source * 255)
-    toward = s + torch.trunc((x * 255) - s)  # |each pixel's change| only shrinks: stays in the ball
-    outside = ((nearest - s) * QUANT).flatten(1).norm(dim=1) > eps
-    return torch.where(outside.view(-1, 1, 1, 1), toward, nearest).to(torch.uint8)
+    away = (nearest - s).flatten(1).to(torch.int64)  # the perturbation in steps of 1/255: integers, summed exactly
+    toward = torch.trunc(x * 255 - s).flatten(1).to(torch.int64)  # never longer than the float perturbation
+    excess = away.square().sum(1, keepdim=True) - (eps * 255) ** 2  # > 0: outside the ball
+    saving, order = (away.square() - toward.square()).sort(dim=1, descending=True)
+    # switch pixels in that order while the ones before them have not yet covered the excess; switching all of them
+    # gives ``toward``, inside the ball, so the switched prefix always ends inside it
+    switch = torch.zeros_like(away, dtype=torch.bool).scatter_(1, order, (saving.cumsum(1) - saving) < excess)
+    stored = s.flatten(1) + torch.where(switch, toward, away)
+    return stored.view_as(x).to(torch.uint8)
 
 
 def first_per_class(y: np.ndarray, num_classes: int, n: int | None) -> np.ndarray:
@@ -170,7 +178,7 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
         label = rng.integers(0, c, n)
     x_src = bundle.x_train[torch.from_numpy(index)]
     bs = cfg.data.eval_batch_size
-    stored, float_ok, stored_ok, moved = [], [], [], []
+    stored, float_ok, stored_ok, moved, toward = [], [], [], [], []
     with prog.task(f"{kind} ({k.symbol}) from {path.name}", math.ceil(n / bs)) as advance:
         for lo in range(0, n, bs):
             rows = slice(lo, lo + bs)
@@ -187,6 +195,7 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
                     float_ok.append((model(x_new).argmax(1) == t).cpu())
                     stored_ok.append((model(q.float() / 255).argmax(1) == t).cpu())
                     moved.append((q.float() / 255 - x).flatten(1).norm(dim=1).cpu())
+                    toward.append((q != quantise(x_new)).flatten(1).float().mean(1).cpu())
                 else:  # how far the representation moved towards x's, relative to where it started
                     rep = model.forward_features(x)
                     d0 = representation_distance(model, x0, rep)
@@ -197,7 +206,8 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
     x_train = torch.cat(stored).numpy()
     measured = ({"target_rate_float": float(torch.cat(float_ok).float().mean()),
                  "target_rate_stored": float(torch.cat(stored_ok).float().mean()),
-                 "perturbation_l2_max": float(torch.cat(moved).max())} if k.target else
+                 "perturbation_l2_max": float(torch.cat(moved).max()),
+                 "pixels_rounded_toward_source": float(torch.cat(toward).mean())} if k.target else
                 {"distance_ratio_float": float(torch.cat(float_ok).mean()),
                  "distance_ratio_stored": float(torch.cat(stored_ok).mean())})
     params = {"paper": PAPER, "kind": kind, "dataset": k.symbol, "source": str(path), "epoch": ck["epoch"],
@@ -206,8 +216,8 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
               "train_sha256": _sha256(x_src.numpy(), y), "per_class": per_class, "images": n, "steps": steps,
               "step_size": step_size, "eps": None if math.isinf(eps) else eps, "target": k.target or "y",
               "seed": seed, "keep": "each image's iterate of lowest loss",
-              "storage": "uint8, nearest 1/255" + (", towards the source where nearest leaves the eps ball"
-                                                   if k.target else ""),
+              "storage": "uint8, nearest 1/255" + (", the fewest pixels towards the source where nearest leaves "
+                                                   "the eps ball" if k.target else ""),
               "test": "the original test set", **measured}
     buf = io.BytesIO()
     np.savez_compressed(buf, x_train=x_train, y_train=label.astype(np.int64), x_test=bundle.x_test.numpy(),
