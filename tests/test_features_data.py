@@ -195,6 +195,7 @@ def test_a_non_standard_source_for_a_non_robust_set_is_a_warning(runs, tmp_path,
     (["det", "{standard}", "--out", "{tmp}/r.npz", "--steps", "0"], "--steps"),
     (["det", "{standard}", "--out", "{tmp}/r.npz", "--eps", "-1"], "--eps takes a positive"),
     (["det", "{standard}", "--out", "{tmp}/r.npz", "--per-class", "0"], "--per-class"),
+    (["det", "{standard}", "--out", "{tmp}/r.npz", "--per-class", "100"], "keeps every image"),
     (["robustt", "{at}", "--out", "{tmp}/r.npz"], "unknown feature data set 'robustt'"),
     (["det", "{tmp}/no-run", "--out", "{tmp}/r.npz"], "no checkpoint"),
 ])

@@ -164,6 +164,10 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
         prog.warn(f"{path} was trained by method {method}, not standard; Ilyas et al. build {k.symbol} from a "
                   "standard model")
     y_all = bundle.y_train.numpy()
+    largest = int(np.bincount(y_all, minlength=bundle.num_classes).max())
+    if per_class is not None and per_class >= largest:  # a cap that keeps everything would still be recorded as one
+        raise UserError(f"--per-class {per_class} keeps every image: {bundle.name} has at most {largest} training "
+                        f"images per class; pass fewer, or leave --per-class out for the whole training set")
     index = first_per_class(y_all, bundle.num_classes, per_class)
     n, c = len(index), bundle.num_classes
     if n < 2:
