@@ -576,6 +576,45 @@ def masks(
     print(f"written: {out} ({len(found)} masks of {named(bundle.classes[c])}, {100 * found.mean():.0f} % foreground)")
 
 
+@data_app.command("features", help="the robust / non-robust data sets of Ilyas et al. 2019 (Sec. 3) built from a run, "
+                                   "as an .npz with the original test set (train on it with --dataset npz): robust "
+                                   "(D_R) and non-robust (D_NR) invert the run's representation from another image, "
+                                   "det (D_det) and rand (D_rand) move each image by a targeted L2 PGD and relabel "
+                                   "it; the settings are recorded in it (features_params)")
+def features(
+    kind: Annotated[str, typer.Argument(metavar="robust|non-robust|det|rand")],
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    out: Annotated[str, typer.Option(metavar="FILE.npz", help="the .npz to write")],
+    checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
+    steps: Annotated[Optional[int], typer.Option(help="descent steps (default Ilyas et al.'s: 1000 for robust and "
+                                                      "non-robust, 100 for det and rand)")] = None,
+    step_size: Annotated[Optional[float], typer.Option(help="L2 length of each normalised-gradient step "
+                                                            "(default 0.1)")] = None,
+    eps: Annotated[Optional[float], typer.Option(help="L2 radius of det and rand's targeted attack (default "
+                                                      "0.5)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the starting images (robust, non-robust) and of rand's "
+                                           "targets")] = 0,
+    per_class: Annotated[Optional[int], typer.Option(
+        metavar="N", help="build from the first N training images of each class only (default: every one)")] = None,
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the run's data set")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    batch_size: Annotated[Optional[int], typer.Option(help="images per descent batch (default the run's "
+                                                           "data.eval_batch_size)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace --out if it exists")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
+) -> None:
+    from fastfair.data.features import write_features
+
+    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+        params = write_features(target, kind, out, checkpoint=checkpoint, steps=steps, step_size=step_size, eps=eps,
+                                seed=seed, per_class=per_class, device=device, data_dir=data_dir,
+                                batch_size=batch_size, force=force, quiet=quiet)
+    measured = ", ".join(f"{key} {value:.3f}" for key, value in params.items()
+                         if key.startswith(("target_rate", "distance_ratio", "perturbation", "pixels")))
+    print(f"written: {out} ({params['images']} images of {params['dataset']} from {params['source']}; {measured})")
+    print(f"train with: fastfair train --dataset npz --data-dir {out}")
+
+
 # ---- entry point --------------------------------------------------------------------------------
 
 def _error(message: str, code: int) -> int:
