@@ -88,8 +88,10 @@ class Trainer:
         backend = ops.backend(build.kernels(cfg, self.dev, compiled_descent))
         self.method = METHODS.get(cfg.method.name)(cfg, backend, descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
-        self.state = ClassState(self.bundle.num_classes, self.dev)
+        self.state = ClassState(self.bundle.num_classes, self.dev,
+                                train_counts=torch.bincount(y, minlength=self.bundle.num_classes))
         self.method.setup(self.state)
+        warnings = warnings + self.method.setup_warnings()  # what the options know once they saw the class counts
         t = cfg.train
         self.opt = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
                                    weight_decay=t.weight_decay, nesterov=t.nesterov, **build.sgd_impl(self.dev))
