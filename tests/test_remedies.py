@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fastfair
+
 from fastfair import cli, config, models
 from fastfair.errors import UserError
 from fastfair.evaluation.measures import critical_class_change
@@ -159,6 +161,9 @@ def test_a_critical_class_outside_the_run_and_a_state_without_counts_are_refused
         make_method("pgd-at", "cost_sensitive.critical=3")  # 3 classes: 0..2
     with pytest.raises(UserError, match="train_counts"):
         make_method("pgd-at", "class_balanced.beta=0.99")
+    _, state = fastfair.method("pgd-at", num_classes=4, dataset="digits", sets={"class_balanced.beta": 0.99},
+                               train_counts=IMBALANCED)
+    assert torch.allclose(state["loss_weight"], class_balanced_weights(IMBALANCED, 0.99))
 
 
 def test_balanced_split_and_raw_logits_warn():

@@ -98,7 +98,7 @@ def train_counts(state: ClassState, who: str) -> torch.Tensor:
     """The training split's images per class (CPU, long); a UserError where the state was made without them."""
     if state.train_counts is None:
         raise UserError(f"{who} reads the training split's class counts, which `fastfair train` passes on; in a loop "
-                        "of your own, make the state with ClassState(num_classes, device, train_counts=...)")
+                        "of your own, pass them: fastfair.method(..., train_counts=[n_0, n_1, ...])")
     return state.train_counts
 
 
