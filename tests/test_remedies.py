@@ -143,6 +143,7 @@ def test_cosine_regulariser_pushes_the_class_means_apart():
     (["class_balanced.beta=1"], "in \\(0, 1\\)"),
     (["class_balanced.beta=-0.5"], "in \\(0, 1\\)"),
     (["ldam.enabled=true", "ldam.max_m=0"], "above 0"),
+    (["ldam.max_m=0.3"], "ldam.enabled=true"),
     (["ldam.enabled=true", "method.name=mart"], "does not route its CE terms"),
     (["ldam.enabled=true", "method.name=standard"], "does not route its CE terms"),
     (["ldam.enabled=true", "model.head=cosine", "he.margin=0.2"], "keep one"),

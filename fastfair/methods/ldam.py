@@ -36,8 +36,15 @@ class LDAM(Option):
                                "normalised head: model.head=cosine, model.head_scale=1)")}
 
     @classmethod
+    def enabled(cls, cfg) -> bool:
+        # max_m or scale set without ldam.enabled is on, so that check can say they do nothing
+        return cfg.ldam.enabled or any(getattr(cfg.ldam, k) != key.default for k, key in cls.keys.items())
+
+    @classmethod
     def check(cls, cfg) -> None:
         m = cfg.ldam
+        if not m.enabled:
+            raise UserError("ldam.max_m / ldam.scale act only with LDAM on: add --set ldam.enabled=true")
         if not m.max_m > 0 or not m.scale > 0:
             raise UserError(f"ldam.max_m={m.max_m}, ldam.scale={m.scale}: both must be above 0 (Cao et al.'s code: "
                             "0.5 and 30)")
