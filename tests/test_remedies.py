@@ -146,7 +146,6 @@ def test_cosine_regulariser_pushes_the_class_means_apart():
     (["ldam.max_m=0.3"], "ldam.enabled=true"),
     (["ldam.enabled=true", "method.name=mart"], "does not route its CE terms"),
     (["ldam.enabled=true", "method.name=standard"], "does not route its CE terms"),
-    (["ldam.enabled=true", "model.head=cosine", "he.margin=0.2"], "keep one"),
     (["cosine_reg.weight=-1"], "above 0"),
     (["cost_sensitive.critical_weight=4"], "cost_sensitive.critical=K"),
     (["cost_sensitive.critical=3", "cost_sensitive.critical_weight=1"], "other than 1"),

@@ -51,9 +51,6 @@ class LDAM(Option):
         if not METHODS.get(cfg.method.name).uses_ce_logits:
             raise UserError(f"method {cfg.method.name}'s loss does not route its CE terms through the logits LDAM "
                             "margins; use it with pgd-at, trades or a method built on them, or drop ldam.enabled")
-        if cfg.he.margin != 0.0:
-            raise UserError("ldam and he.margin both put a margin on the true class's logit; keep one (he.margin=0 "
-                            "or ldam.enabled=false)")
 
     def setup(self, state):
         self.counts = train_counts(state, "ldam")
