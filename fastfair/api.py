@@ -156,16 +156,17 @@ def load_result(path: str | Path) -> Result:
 # ---- a method in your own training loop ----------------------------------------------------------
 
 def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str | torch.device = "cpu",
-           config: str | None = None, sets: dict[str, Any] | None = None):
+           config: str | None = None, sets: dict[str, Any] | None = None, train_counts=None):
     """(a training method resolved as ``fastfair train`` would, its per-class state) for a loop of your own.
 
     Per step: ``x_adv = m.perturb(model, x, y, state)``, then ``loss, logits = m.objective(model, x, x_adv, y,
-    state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md)."""
+    state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md).
+    ``train_counts``: images per class of your training set, which class_balanced and ldam read."""
 
     cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset}, sets or {})
     check_config(cfg)  # the values train would refuse (its epoch warnings do not apply to your loop)
     m = METHODS.get(cfg.method.name)(cfg)
-    state = ClassState(num_classes, torch.device(device))
+    state = ClassState(num_classes, torch.device(device), train_counts=train_counts)
     m.setup(state)
     return m, state
 

@@ -214,6 +214,18 @@ def rho(avg: float, worst: float, base_avg: float, base_worst: float) -> float:
     return (worst - base_worst) / base_worst + (avg - base_avg) / base_avg
 
 
+def critical_class_change(acc, base_acc, critical: int) -> dict[str, float]:
+    """What class ``critical`` gained and the other classes lost against a baseline, in points (Benz et al. 2021,
+    Sec. 3.3, second scenario): gain = a_k - b_k; loss_j = b_j - a_j over j != k, their mean and their largest
+    (``worst_other``: the class losing most)."""
+    a, b = np.asarray(acc, dtype=np.float64), np.asarray(base_acc, dtype=np.float64)
+    others = np.arange(len(a)) != critical
+    loss = (b - a)[others]
+    worst = int(np.arange(len(a))[others][loss.argmax()])
+    return {"gain": float(a[critical] - b[critical]), "others_mean_loss": float(loss.mean()),
+            "others_worst_loss": float(loss.max()), "worst_other": worst}
+
+
 def tsne(clean_features, adv_features, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """2-D t-SNE (van der Maaten & Hinton 2008) of clean and adversarial features embedded together,
     so both sets share one map: ((N, 2) clean, (N, 2) adversarial)."""

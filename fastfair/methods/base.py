@@ -94,6 +94,10 @@ class Method:
                 state.add_statistic(name)
             option.setup(state)
 
+    def setup_warnings(self) -> list[str]:
+        """The options' warnings known after :meth:`setup` (the trainer prints them with the config's)."""
+        return [line for option in self.options for line in option.setup_warnings()]
+
     def begin_epoch(self, model: nn.Module, epoch: int) -> None:
         for option in self.options:
             option.begin_epoch(model, epoch)
@@ -126,12 +130,17 @@ class Method:
 
     def objective(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
                   state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean_i w_{y_i} loss_i, logits): per-class loss weights, ones unless an option sets them.
+        """(mean_i w_{y_i} loss_i + the options' batch-level terms, logits): per-class loss weights, ones unless an
+        option sets them.
 
         Benz et al. 2021.
         """
         rows, logits = self.loss(model, x, x_adv, y, state)
-        return (rows * state["loss_weight"][y]).mean(), logits
+        out = (rows * state["loss_weight"][y]).mean()
+        for option in self.options:  # batch-level terms (the inter-class cosine regulariser)
+            term = option.objective_term(logits, y)
+            out = out if term is None else out + term
+        return out, logits
 
     def ce_logits(self, model: nn.Module, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Logits the CE terms see, after every option's hook (HE: s (cos_y - m), Pang et al. 2020, Eq. 6)."""

@@ -6,7 +6,9 @@ contributes only through what it declares: factors on per-class vectors (``eps``
 ``kl_weight``, ``loss_weight``; :meth:`ClassState.add_factor`), a hook on the logits of the CE
 terms (HE), the training loader's class draw (resampling), the training attack's targets
 (targeted_attack), and the per-class statistics it reads at the epoch end. It never reads another
-option's or the method's section.
+option's or the method's section. Two hooks reach past the per-sample rows: a batch-level term
+added to the objective (the inter-class cosine regulariser) and the warnings an option can give
+only once it has seen the training split's class counts (class-balanced weights, LDAM).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from fastfair import schema
+from fastfair.errors import UserError
 from fastfair.registry import Registry
 from fastfair.schema import Key
 from fastfair.training.class_state import ClassState
@@ -79,6 +82,14 @@ class Option:
         """The logits the method's CE terms see (identity unless the option changes them)."""
         return z
 
+    def objective_term(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """A batch-level scalar added to the method's objective, from the logits the step counts (None: none)."""
+        return None
+
+    def setup_warnings(self) -> list[str]:
+        """What the run should say once about this option, known after :meth:`setup` (the class counts)."""
+        return []
+
     def end_epoch(self, state: ClassState, epoch: int, stats: dict) -> None:
         """Update factors for epoch ``epoch + 1`` from the epoch's counters, statistics and validation."""
 
@@ -90,6 +101,14 @@ def register(name: str, doc: str):
         return OPTIONS.register(name, doc)(cls)
 
     return deco
+
+
+def train_counts(state: ClassState, who: str) -> torch.Tensor:
+    """The training split's images per class (CPU, long); a UserError where the state was made without them."""
+    if state.train_counts is None:
+        raise UserError(f"{who} reads the training split's class counts, which `fastfair train` passes on; in a loop "
+                        "of your own, pass them: fastfair.method(..., train_counts=[n_0, n_1, ...])")
+    return state.train_counts
 
 
 def train_robust_fraction(stats: dict, state: ClassState) -> torch.Tensor:

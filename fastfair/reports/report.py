@@ -269,6 +269,25 @@ def rho_note(attack: str, rows: list[dict], baseline: int | None) -> str:
     return ""
 
 
+def critical_lines(groups: list[Group], recs: dict, base: int | None, attack: str, classes: list[str]) -> list[str]:
+    """Per group trained with a critical class (cost_sensitive.critical, Benz et al. 2021, Sec. 3.3): that class's
+    gain and the other classes' mean and largest loss against the baseline, clean and under ``attack``."""
+    out = []
+    for i, g in enumerate(groups):
+        k = g.config.get("cost_sensitive.critical", -1)
+        if base is None or i == base or k < 0:
+            continue
+        parts = []
+        for name in ("clean", attack):
+            if all(name in r["results"] for r in recs[i] + recs[base]):
+                c = measures.critical_class_change(_per_class_mean(recs[i], name)[0],
+                                                   _per_class_mean(recs[base], name)[0], k)
+                parts.append(f"{name} {c['gain']:+.2f} points, the other classes {-c['others_mean_loss']:+.2f} on "
+                             f"average and {-c['others_worst_loss']:+.2f} at worst ({classes[c['worst_other']]})")
+        out.append(f"{g.label}: critical class {classes[k]} against {groups[base].label}: {'; '.join(parts)}.")
+    return out
+
+
 def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False,
             labels: list[str] | None = None) -> str:
     """The comparison table (clean and robust average and worst class, CV, MCD, rho against ``baseline``)
@@ -279,6 +298,7 @@ def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "te
     classes = _records(groups, split)[0][0]["classes"]
     # a grid of re-trainings without a class each (tian-kdd-fig4-homing): their worst class is most likely that one
     dropped = [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
+    dropped += critical_lines(groups, _records(groups, split), base, attack, classes)
     notes = [f"% {line}" if latex else line for line in dropped]
     return "\n".join([_table(attack, rows, base, latex), *([""] + notes if notes else [])])
 
@@ -395,7 +415,7 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           f"worst-class gain + relative average change against the baseline (WAT/DAFA).{rho_note(attack, rows, base)}"
-          "\n"]
+          "\n", *(line + "\n" for line in critical_lines(groups, recs, base, attack, classes))]
     tex = ["% fastfair report tables (booktabs)",
            *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups, classes)),
            f"% comparison, split {split}, robust attack {attack}",

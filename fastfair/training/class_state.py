@@ -54,9 +54,12 @@ class SoftmaxByClass(Statistic):
 class ClassState:
     """Per-class ``(C,)`` vectors and factors, the epoch's counters and statistics, all on the device."""
 
-    def __init__(self, num_classes: int, device):
+    def __init__(self, num_classes: int, device, train_counts=None):
+        """``train_counts``: images per class of the training split (the trainer's; None where unknown), which
+        the long-tail options read (class-balanced weights, LDAM margins)."""
         self.num_classes = num_classes
         self.device = torch.device(device)
+        self.train_counts = None if train_counts is None else torch.as_tensor(train_counts, dtype=torch.long).cpu()
         self.vectors: dict[str, torch.Tensor] = {}  # what methods read: base x factors
         self.bases: dict[str, torch.Tensor] = {}
         self.factors: dict[str, dict[str, torch.Tensor]] = {}  # vector -> {factor name: factor}

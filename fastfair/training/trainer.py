@@ -86,8 +86,10 @@ class Trainer:
         backend = ops.backend(build.kernels(cfg, self.dev, compiled_descent))
         self.method = METHODS.get(cfg.method.name)(cfg, backend, descent)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
-        self.state = ClassState(self.bundle.num_classes, self.dev)
+        self.state = ClassState(self.bundle.num_classes, self.dev,
+                                train_counts=torch.bincount(y, minlength=self.bundle.num_classes))
         self.method.setup(self.state)
+        warnings = warnings + self.method.setup_warnings()  # what the options know once they saw the class counts
         self.method.use_loader(self.train_loader, self.state)  # before a resume loads the state the loader reads
         self.opt = optim.optimizer(cfg.train, self.model.parameters(), self.dev)
         self.rate = optim.schedule(cfg.train)  # (epoch, part done) -> lr: set before every step, nothing to save
