@@ -9,6 +9,7 @@ from fastfair.errors import UserError
 from fastfair.reproduce import paper, runs, tables
 from fastfair.reproduce.command import listing, reproduce
 from fastfair.rundir import RunDir
+from fastfair.scaleout.grid import prepare
 
 from helpers import CIFAR_SUBSET, real_data
 
@@ -107,3 +108,19 @@ def test_remedy_rows_name_the_pgd_at_row_as_their_baseline():
         differ = {k for k in keys if keys[k] != flat[base].get(k)} - {"preset"}
         assert preset == base or differ and all(k.split(".")[0] not in ("data", "model", "attack", "train", "eval")
                                                 for k in differ), (preset, differ)
+
+
+def test_every_section_plans_at_subset_scale_and_each_run_passes_the_config_checks(tmp_path):
+    real_data()
+    sections = [t for t in tables.tables().values() if t.protocol]
+    assert {t.key for t in sections} >= {"benz-s31-datasets", "benz-s31-architectures", "benz-s31-optimisers",
+                                         "benz-s31-weight-decay", "benz-s32-explanations", "benz-s33-remedies",
+                                         "benz-s34-corruptions"}
+    for table in sections:
+        for p in runs.plan(table, 1, "subset", str(CIFAR_SUBSET.parent), tmp_path, {}):
+            if p.missing:
+                continue
+            _, cfg, _ = prepare(p.name, p.row.preset, p.sets, p.run_dir(tmp_path))
+            assert cfg.train.epochs == runs.SUBSET_EPOCHS and cfg.train.select == "last"
+    adam = config.resolve("benz-s31-optimisers-adam-cyclic-at").train
+    assert (adam.optimizer, adam.lr_schedule, adam.lr) == ("adam", "cyclic", 0.001)

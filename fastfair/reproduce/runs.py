@@ -27,6 +27,7 @@ from fastfair.registry import Registry
 from fastfair.reproduce.paper import PaperRow
 from fastfair.reproduce.tables import Table
 from fastfair.rundir import RunDir
+from fastfair.training.optim import READ_BY
 
 SUBSET_EPOCHS = 5
 SUBSET_TRAIN_PER_CLASS = 100  # of which SUBSET_VAL_PER_CLASS form the validation split
@@ -134,7 +135,9 @@ def _subset_changes(flat: dict[str, Any], user: dict[str, Any]) -> dict[str, Any
     # every key naming an epoch shrinks with train.epochs, so a schedule keeps its shape, and stays where it acts
     # (DAFA/TRIX: at least one epoch with the weights after the warm-up); else check_epochs refuses the run
     for key, use in epoch_keys().items():
-        if key not in flat:
+        section, _, name = key.partition(".")
+        choice, readers = READ_BY.get(name, ("", ())) if section == "train" else ("", ())
+        if key not in flat or (choice and flat[f"train.{choice}"] not in readers):  # absent, or unread by this run
             continue
         v, last = flat[key], last_acting(use, epochs)
         if isinstance(v, list):  # a milestone the shorter run never reaches is left out: it would not act
