@@ -632,7 +632,8 @@ def load_rows(paths: list[Path]) -> list[dict]:
         theirs = record["header"]
         if theirs["dirty"] or theirs["torch"] != head["torch"]:
             raise SystemExit(f"{path}: made with uncommitted changes or another torch ({theirs['torch']})")
-        rows += [{**r, "commit": theirs["commit"]} for r in record["rows"]]
+        # a merged report's rows keep the commit each was made at
+        rows += [{**r, "commit": r.get("commit", theirs["commit"])} for r in record["rows"]]
     return rows
 
 

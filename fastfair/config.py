@@ -284,6 +284,9 @@ def _qualify(cfg: Config, key: str) -> str:
     if "." in key:
         return key
     owners = [s for s, sec in cfg.sections.items() if key in schema.field_types(sec)]
+    other = next((v for k, v in SYNONYMS.items() if normal(k) == normal(key)), None)
+    if len(owners) == 1 and other and other != f"{owners[0]}.{key}":  # other code's `key` is another key here (beta)
+        raise UserError(f"{key!r} is ambiguous: write {owners[0]}.{key} for that key. Did you mean {other}?")
     if len(owners) == 1:
         return f"{owners[0]}.{key}"
     if len(owners) > 1:

@@ -221,7 +221,7 @@ CASES: dict[str, Case] = {
                               r"pgd20\?", None, "run"),
     # no aa: never a validation attack
     "val-attack-spelling": bad_set("train.val_attack=PGD_10", r"train.val_attack: unknown attack 'PGD_10'\. Did you "
-                                   r"mean pgd10\? Use clean, .*tpgdK@tT, .*NAME/N [^,]*\) \("),
+                                   r"mean pgd10\? Use clean, .*tpgdK@tT, .*NAME/N [^,]*\), corrupt:NAME@S [^,]*\) \("),
     "eval-checkpoint-typo": Case(["eval", "{run}", "--checkpoint", "best_fiar", "--quiet"],
                                  r"run has no checkpoint 'best_fiar'\. Did you mean best_fair.*Its checkpoints: "
                                  r"best_fair, best_pgd, best_worst, last$", None, "run"),
