@@ -208,7 +208,13 @@ class RunDir:
                                 f"({_holder(fd) or 'unknown'}); wait for it to end, or pass another --out") from None
             previous = _holder(fd)
             if previous:
-                (log or notice)(f"{self.path}: taking over the lock of {previous}, which is no longer running")
+                # a holder killed mid-write leaves its atomic write's temporary file; the checkpoints have no other
+                # writer than the lock's holder, so its leftovers go (the files they were for are whole or absent)
+                torn = sorted((self.path / CHECKPOINTS).glob(".*.tmp"))
+                for tmp in torn:
+                    tmp.unlink(missing_ok=True)
+                (log or notice)(f"{self.path}: taking over the lock of {previous}, which is no longer running"
+                                + (f"; removed its unfinished {', '.join(t.name for t in torn)}" if torn else ""))
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
             os.fsync(fd)

@@ -97,3 +97,25 @@ def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_fi
         assert (tmp_path / "note.txt").read_text() == "after"
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_taking_over_a_dead_holders_lock_removes_its_unfinished_checkpoint_writes(tmp_path):
+    """A run killed mid-save leaves its atomic write's temporary file; the next holder of the lock removes it (the
+    checkpoint it was for is whole or absent) and says so; a clean start touches nothing."""
+    run = RunDir(tmp_path / "r")
+    (run.path / "checkpoints").mkdir(parents=True)
+    run.lock_file.write_text("pid 4242 on elsewhere")  # the killed holder's name; its flock died with it
+    torn = run.path / "checkpoints" / ".last.pt.abc123.tmp"
+    torn.write_bytes(b"half a checkpoint")
+    kept = run.path / "checkpoints" / "last.pt"
+    kept.write_bytes(b"whole")
+    said = []
+    with run.lock(said.append):
+        pass
+    assert not torn.exists() and kept.read_bytes() == b"whole"
+    assert said == [f"{run.path}: taking over the lock of pid 4242 on elsewhere, which is no longer running; removed "
+                    "its unfinished .last.pt.abc123.tmp"]
+    said.clear()
+    with run.lock(said.append):
+        pass
+    assert said == []

@@ -230,6 +230,11 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
                "relative worst-class gain plus the relative change of the average. The paper's rho is computed from "
                "the numbers above (its printed rho may differ in the last digit); ours from our seed means.\n"]
     md += ["## Protocol and differences from the paper\n"]
+    return _finish(md, notes, runs, out)
+
+
+def _finish(md: list[str], notes: list[str], runs: list[tuple[str, str, str]], out: Path) -> Path:
+    """The notes and the runs table after ``md``, written as ``out/reproduce.md``."""
     md += [f"- {n}" for n in notes]
     md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
     md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
@@ -328,9 +333,4 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
                       f"similarity): [{study.relative_to(out)}]({study.relative_to(out)}).\n")
     md += ["avg: mean of the per-class accuracies (seed means); CV: the variance of the per-class accuracies "
            "(Tian et al.'s CV); MCD: best minus worst class.\n", "## Protocol\n"]
-    md += [f"- {n}" for n in notes]
-    md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
-    md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
-    path = out / "reproduce.md"
-    write_text_atomic("\n".join(md) + "\n", path)
-    return path
+    return _finish(md, notes, runs, out)
