@@ -36,15 +36,16 @@ def digits_run():
     return out, cfg
 
 
-def cifar_npz(folder: Path) -> Path:
-    """A few hundred real CIFAR-10 images (30 train, 8 test per class) in an npz; skips without the data."""
+def cifar_npz(folder: Path, train: int = 30, test: int = 8) -> Path:
+    """A few hundred real CIFAR-10 images (the first ``train`` train and ``test`` test images of each class) in an
+    npz; skips without the data."""
     with np.load(real_data()) as f:
         def take(x, y, n):
             idx = np.concatenate([np.flatnonzero(y == c)[:n] for c in range(10)])
             return x[idx], y[idx]
 
-        xt, yt = take(f["x_train"], f["y_train"], 30)
-        xs, ys = take(f["x_test"], f["y_test"], 8)
+        xt, yt = take(f["x_train"], f["y_train"], train)
+        xs, ys = take(f["x_test"], f["y_test"], test)
     path = folder / "cifar10-small.npz"
     np.savez(path, x_train=xt, y_train=yt, x_test=xs, y_test=ys, class_names=np.array(CIFAR10))
     return path

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import CIFAR10, real_data
+from evalreport_helpers import cifar_npz
+from helpers import CIFAR10
 from fastfair.cli import main
 from fastfair.data.superclasses import CIFAR100_SUPERCLASSES, superclass_order
 from fastfair.evaluation import diagnose, measures
@@ -112,14 +113,7 @@ def two_runs(tmp_path_factory):
     """A standard and a PGD-AT run of a width-8 tiny CNN on 20 real CIFAR-10 images a class, 2 epochs, trained,
     evaluated and diagnosed through the CLI as a user types it."""
     tmp = tmp_path_factory.mktemp("benz")
-    with np.load(real_data()) as f:
-        def take(x, y, n):
-            idx = np.concatenate([np.flatnonzero(y == c)[:n] for c in range(10)])
-            return x[idx], y[idx]
-        xt, yt = take(f["x_train"], f["y_train"], 20)
-        xs, ys = take(f["x_test"], f["y_test"], 6)
-    npz = tmp / "cifar10-small.npz"
-    np.savez(npz, x_train=xt, y_train=yt, x_test=xs, y_test=ys, class_names=np.array(CIFAR10))
+    npz = cifar_npz(tmp, train=20, test=6)
     sets = ["model.width=8", "data.val_per_class=5", "data.batch_size=50", "attack.steps=2", "train.val_attack=pgd2",
             "train.lr_milestones=[]", 'eval.attacks=["clean", "pgd2"]']
     runs = {}

@@ -15,7 +15,7 @@ from fastfair.attacks import corruptions, names
 from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.evaluation.per_class import check_attack_names, evaluate
-from helpers import CIFAR10, real_data
+from evalreport_helpers import cifar_npz
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
@@ -169,15 +169,7 @@ def test_colour_corruptions_refuse_one_channel_before_anything_runs():
 
 
 def _tiny_run(tmp_path: Path) -> Path:
-    with np.load(real_data()) as f:  # 20 training and 3 test images of each class
-        def take(x, y, n):
-            idx = np.concatenate([np.flatnonzero(y == c)[:n] for c in range(10)])
-            return x[idx], y[idx]
-
-        xt, yt = take(f["x_train"], f["y_train"], 20)
-        xs, ys = take(f["x_test"], f["y_test"], 3)
-    data = tmp_path / "cifar10-tiny.npz"
-    np.savez(data, x_train=xt, y_train=yt, x_test=xs, y_test=ys, class_names=np.array(CIFAR10))
+    data = cifar_npz(tmp_path, train=20, test=3)
     run = tmp_path / "run"
     assert cli.main(["train", "--method", "standard", "--dataset", "npz", "--data-dir", str(data), "--out", str(run),
                      "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "data.batch_size=20",

@@ -9,8 +9,9 @@ features", Sec. 3), built from a fastfair run, as the ``.npz`` fastfair trains o
   model, x' = argmin_{||x' - x||_2 <= eps} CE(f(x'), t), and labelled t: t = (y + 1) mod C for D_det, t drawn
   uniformly from the C classes (y included, so t carries no information about y) for D_rand.
 
-Settings are those of Ilyas et al., App. C (through MadryLab's ``robustness`` library): step 0.1 and 1000 steps for
-D_R/D_NR (no ball around x0; only [0, 1]); eps 0.5, step 0.1 and 100 steps for D_det/D_rand. The test split is the
+Default settings, as recalled from Ilyas et al., App. C (its text could not be read here, so they are not checked
+against it; each is a flag): step 0.1 and 1000 steps for D_R/D_NR (no ball around x0; only [0, 1]); eps 0.5, step 0.1
+and 100 steps for D_det/D_rand. The test split is the
 data set's original test set, on which Ilyas et al. evaluate.
 
 Storage (fastfair's choice; Ilyas et al. keep float tensors): fastfair's data sets are uint8, so each pixel is
@@ -46,7 +47,8 @@ PAPER = "Ilyas et al., NeurIPS 2019, Sec. 3"
 
 @dataclass(frozen=True)
 class Kind:
-    """One of Ilyas et al.'s data sets: its name there, how it is built, and App. C's settings."""
+    """One of Ilyas et al.'s data sets: its name there, how it is built, and its default settings (as recalled from
+    App. C)."""
 
     symbol: str  # D_R, D_NR, D_det, D_rand
     robust_source: bool  # built from an adversarially trained model (D_R) or a standard one

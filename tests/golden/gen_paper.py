@@ -65,7 +65,7 @@ SOURCES = {
                  "gradients are of sum_i keep_i rows_i / N)",
     "tpgd.pool_tie": "samples with a max-pool window whose top two inputs are within 2e-6 of the layer's largest "
                      "activation at the fixed point (float32 may route the gradient to the other one)",
-    "cs.objective": "Benz et al. 2021, Sec. 4 (cost-sensitive: class weight w_y on each sample's loss; no equation)",
+    "cs.objective": "Benz et al. 2021, Sec. 3.3 (cost-sensitive: class weight w_y on each sample's loss; no equation)",
     "cs.acc": "made-up per-class train robust accuracies (%), one row per epoch",
     "cs.auto_weights": "fastfair's rule w_k = (1 - A_k) / mean_j (1 - A_j) (docs/methods.md; Benz et al. give none)",
     "measures.acc": "made-up per-class accuracies (%)",
