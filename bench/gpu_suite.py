@@ -130,7 +130,9 @@ PARTS = (
                     smoke=("--methods", "pgd-at", "--sweep", "--rungs", "reference", "fastfair default"),
                     tag="rn18-at")),
     Part("gpu-tests", "pytest -m gpu: the compiled + Triton step against eager on CUDA", 240,
-         args=lambda a: ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(common.ROOT / "tests")]
+         # a test file that imports what the image lacks (the 42 MB AutoAttack wheel) holds no GPU test
+         args=lambda a: ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+                         str(common.ROOT / "tests")]
          + (["-k", "kernels"] if a.smoke else [])),
     Part("mfu", "model FLOP utilisation of fastfair's default step (counted FLOPs / time / peak)", 180,
          args=bench("bench_mfu.py", "--methods", "pgd-at", "trades", *RN18, "--steps", "10",
