@@ -36,7 +36,8 @@ def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
     assert "gpu-suite/rn18-at-smoke.json" in names and "training-rn18-at-smoke-cpu.md" in names
     assert not any("/work/" in n or n.startswith("gpu-suite/work") for n in names)  # no run folders
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "== " not in again.stdout  # nothing left to run
+    ran = [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("== ")]
+    assert again.returncode == 0 and set(ran) == {"== env"}  # nothing left but the machine's own record
 
 
 def test_parts_that_do_not_fit_wait_failures_are_recorded_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
@@ -56,6 +57,7 @@ def test_parts_that_do_not_fit_wait_failures_are_recorded_and_a_rerun_resumes(tm
         gpu_suite.Part("broken", "fails", 10, run=work("broken", fail=True)),
     ))
     monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_suite, "device_name", lambda: "NVIDIA H100 80GB HBM3")
     args = ["--out", str(tmp_path), "--max-s", "100"]
     assert gpu_suite.main(args) == 1  # broken failed
     assert ran == ["small", "broken"]
@@ -66,6 +68,10 @@ def test_parts_that_do_not_fit_wait_failures_are_recorded_and_a_rerun_resumes(tm
     ran.clear()
     gpu_suite.main(["--out", str(tmp_path), "--max-s", "2000"])
     assert ran == ["huge", "broken"]  # small is done; the failed part is tried again
+    ran.clear()
+    monkeypatch.setattr(gpu_suite, "device_name", lambda: "NVIDIA H200")
+    gpu_suite.main(["--out", str(tmp_path), "--max-s", "2000"])
+    assert ran == ["small", "huge", "broken"]  # done on an H100 is still to do on an H200
     with pytest.raises(SystemExit):
         gpu_suite.main(["--out", str(tmp_path), "--only", "nosuchpart"])
 
