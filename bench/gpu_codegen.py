@@ -322,12 +322,19 @@ def step_flops(method: str, model: str, batch: int, attack_steps: int, width: in
 
 # ---- the prediction -----------------------------------------------------------------------------
 
-# Datasheet figures (NVIDIA H100 SXM5 and A100 SXM4 80GB): dense bf16 tensor-core peak, HBM bandwidth.
+# Datasheet figures (NVIDIA H100 SXM5, H200 SXM, A100 SXM4 80GB): dense bf16 tensor-core peak, HBM bandwidth.
 DEVICES = {"H100 SXM": {"peak_tflops": 989.4, "bandwidth_tb_s": 3.35},
+           "H200 SXM": {"peak_tflops": 989.4, "bandwidth_tb_s": 4.8},
            "A100 SXM 80GB": {"peak_tflops": 312.0, "bandwidth_tb_s": 2.039}}
-# Stated assumptions, not measurements: the host's cost to launch one kernel from Python (Inductor's wrapper,
-# the Triton launcher or an ATen op), and the device's gap between two dependent kernels (inside a CUDA graph too).
-HOST_LAUNCH_US = 5.0
+# The host's cost to issue one launch from Python (Inductor's wrapper, the Triton launcher, an ATen op), MEASURED
+# once: fastfair's default ResNet-18 PGD-10 AT step at batch 128, compiled without CUDA graphs, took 46.8 ms on an
+# H200 (torch 2.11; bench/results/training-rn18-at-nvidia-h200.md) for the 2014 launches counted here for it
+# (torch 2.13), 23.2 us each; its GPU term is 10 ms, so the host set the pace. The MFU bench's run of the same
+# step in the same lease took 59.7 ms (29.6 us). 5 us was assumed before: the predictions without graphs were
+# four times too fast. The device's gap between two dependent kernels (inside a CUDA graph too) is assumed.
+HOST_LAUNCH_US = 23.2
+HOST_LAUNCH_BASIS = ("measured on an NVIDIA H200, torch 2.11: the default ResNet-18 PGD-10 AT step at batch 128 "
+                     "without CUDA graphs, 46.8 ms for its 2014 counted launches")
 GPU_GAP_US = 1.0
 
 
@@ -340,6 +347,21 @@ def predict(flops: float, nbytes: float, in_graphs: int, outside: int, device: d
         launches * GPU_GAP_US * 1e-6
     return {"no_graphs": max(t_gpu, launches * HOST_LAUNCH_US * 1e-6),
             "cuda_graphs": max(t_gpu, outside * HOST_LAUNCH_US * 1e-6)}
+
+
+def predictions(row: dict) -> dict:
+    """A counted row's PREDICTED seconds per step and per 50k epoch on each device, with and without CUDA graphs
+    (a graph Inductor refuses to record runs its launches from the host)."""
+    graphs, out = row["graph_detail"], {}
+    not_graphed = sum(g["triton"] + g["extern"] + g["aten"] for g in graphs if g["cudagraph_refused"])
+    for name, dev in DEVICES.items():
+        t = predict(row["step_gflop"] * 1e9, row["inductor_gb"] * 1e9, row["launches_in_graphs"] - not_graphed,
+                    row["launches_outside"] + not_graphed, dev)
+        key = common.slug(name.split()[0])
+        for mode in ("no_graphs", "cuda_graphs"):
+            out[f"{key}_s_{mode}"] = t[mode]
+            out[f"{key}_s_epoch_{mode}"] = t[mode] * common.CIFAR10_EPOCH / row["batch"]
+    return out
 
 
 # ---- one configuration --------------------------------------------------------------------------
@@ -485,13 +507,7 @@ def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, fl
            "eager_ops": eager, "inductor_gb": nbytes / 1e9, "step_gflop": flops / 1e9,
            "cudagraph_refused": sorted({r for g in graphs for r in g["cudagraph_refused"]}),
            "graph_detail": graphs}
-    for name, dev in DEVICES.items():
-        refused = [g for g in graphs if g["cudagraph_refused"]]
-        not_graphed = sum(g["triton"] + g["extern"] + g["aten"] for g in refused)
-        t = predict(flops, nbytes, in_graphs - not_graphed, outside + not_graphed, dev)
-        key = common.slug(name.split()[0])
-        row[f"{key}_s_no_graphs"], row[f"{key}_s_cuda_graphs"] = t["no_graphs"], t["cuda_graphs"]
-        row[f"{key}_s_epoch_cuda_graphs"] = t["cuda_graphs"] * common.CIFAR10_EPOCH / batch
+    row.update(predictions(row))
     return row
 
 
@@ -529,8 +545,8 @@ COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kerne
            ("graphs", "graphs"), ("triton_launches", "Triton"), ("user_triton_launches", "of which fastfair's"),
            ("extern_launches", "cuBLAS/cuDNN"), ("aten_launches", "ATen fallback"), ("launches_outside", "eager"),
            ("launches", "launches/step"), ("inductor_gb", "Inductor GB/step"), ("step_gflop", "GFLOP/step"),
-           ("h100_s_no_graphs", "H100 s/step, no graphs"), ("h100_s_cuda_graphs", "H100 s/step, CUDA graphs"),
-           ("a100_s_cuda_graphs", "A100 s/step, CUDA graphs"), ("h100_s_epoch_cuda_graphs", "H100 s/epoch, graphs"),
+           ("h100_s_epoch_no_graphs", "H100 s/epoch, no graphs"), ("h100_s_epoch_cuda_graphs", "H100 s/epoch, graphs"),
+           ("h200_s_epoch_no_graphs", "H200 s/epoch, no graphs"), ("h200_s_epoch_cuda_graphs", "H200 s/epoch, graphs"),
            ("a100_s_epoch_cuda_graphs", "A100 s/epoch, graphs"), ("refused", "CUDA graphs refused")]
 
 
@@ -574,6 +590,7 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path, overrides: dict 
     stem = f"gpu-codegen-predicted{'-smoke' if smoke else ''}-torch{torch.__version__.split('+')[0]}" + "".join(
         f"-{k}-{v}" for k, v in (overrides or {}).items())
     settings = {"grid": grid, "done": len(done), "devices": DEVICES, "host_launch_us": HOST_LAUNCH_US,
+                "host_launch_basis": HOST_LAUNCH_BASIS,
                 "gpu_gap_us": GPU_GAP_US, "overrides": overrides or {},
                 "cuda_defaults": "compile + compiled attack, bf16 autocast, channels_last, fused SGD"}
     out.mkdir(parents=True, exist_ok=True)
@@ -607,10 +624,11 @@ def write(rows: list[dict], grid: list, smoke: bool, out: Path, overrides: dict 
               f"{c['config']}: {c['bytes_extrapolated_minus_generated'] / 1e6:+.2f} MB" for c in checks) + ")" +
           "".join(f"; {c['config']} differs: {c['differences']}" for c in checks if c["differences"]),
           f"- roofline: t_gpu = FLOPs / peak + Inductor's bytes / bandwidth + launches x {GPU_GAP_US} us; "
-          f"no graphs: max(t_gpu, launches x {HOST_LAUNCH_US} us host cost); CUDA graphs: max(t_gpu, launches "
-          "outside graphs x host cost). Peaks and bandwidths: " + ", ".join(
+          f"no graphs: max(t_gpu, launches x {HOST_LAUNCH_US} us host cost, {HOST_LAUNCH_BASIS}); CUDA graphs: "
+          "max(t_gpu, launches outside graphs x host cost). Peaks and bandwidths: " + ", ".join(
               f"{n} {d['peak_tflops']} TFLOP/s bf16, {d['bandwidth_tb_s']} TB/s" for n, d in DEVICES.items()),
-          "- launch costs are stated assumptions; cuBLAS/cuDNN calls count one launch each (a lower bound); "
+          f"- the gap between kernels ({GPU_GAP_US} us) is assumed; cuBLAS/cuDNN calls count one launch each "
+          "(a lower bound); "
           "their bytes are not in Inductor's estimate (their time is in the FLOP term), nor are fastfair's own "
           "kernels' (a few MB per step)",
           "- CUDA graphs refused: Inductor's compile-time verdict per graph (mutated inputs, non-CUDA ops or "
@@ -632,8 +650,9 @@ def load_rows(paths: list[Path]) -> list[dict]:
         theirs = record["header"]
         if theirs["dirty"] or theirs["torch"] != head["torch"]:
             raise SystemExit(f"{path}: made with uncommitted changes or another torch ({theirs['torch']})")
-        # a merged report's rows keep the commit each was made at
-        rows += [{**r, "commit": r.get("commit", theirs["commit"])} for r in record["rows"]]
+        # a merged report's rows keep the commit each was made at; predictions follow today's roofline
+        rows += [{**r, "commit": r.get("commit", theirs["commit"]), **({} if "error" in r else predictions(r))}
+                 for r in record["rows"]]
     return rows
 
 

@@ -40,7 +40,9 @@ def test_the_step_is_compiled_for_cuda_and_counted(smoke):
         assert r["launches"] == r["launches_in_graphs"] + r["launches_outside"]
         assert r["inductor_gb"] > 0 and r["step_gflop"] > 0
         assert 0 < r["h100_s_cuda_graphs"] <= r["h100_s_no_graphs"]
-        assert r["h100_s_cuda_graphs"] < r["a100_s_cuda_graphs"]  # same work, a slower device
+        assert r["h100_s_cuda_graphs"] <= r["a100_s_cuda_graphs"]  # same work, a slower device (or the host's pace)
+        host = smoke[0]["settings"]["host_launch_us"] * 1e-6
+        assert r["h100_s_no_graphs"] == pytest.approx(r["launches"] * host)  # a tiny CNN: the host sets the pace
     # fastfair's kernels inside the graphs: TRADES-PGD-2 has two loss rows and two steps, the update one loss row
     assert rows["triton"]["user_triton_launches"] == 5 and rows["torch"]["user_triton_launches"] == 0
     assert rows["triton"]["eager_ops"].get("fastfair::random_start (eager, one kernel)") == 1
