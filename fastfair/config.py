@@ -130,7 +130,7 @@ class TrainConfig:
     # with compile: the attack's K steps as one graph, input gradients included (torch >= 2.11);
     # false: only the model is compiled and the steps run in an eager loop around it
     compile_attack: bool = True
-    cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); not yet measured, so off
+    cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); off until a GPU measures it
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
     # epochs before the first whose model may become a best_* checkpoint: candidates from epoch select_begin + 1
