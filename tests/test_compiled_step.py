@@ -274,6 +274,31 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
         t.train_step(x, y)
 
 
+COMPILED_REGIONS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+
+
+def outside_graphs(event) -> bool:
+    up = event.cpu_parent
+    while up is not None:
+        if up.name.startswith(COMPILED_REGIONS):
+            return False
+        up = up.cpu_parent
+    return True
+
+
+def test_trix_targeting_forward_is_compiled_with_the_attack(tmp_path):
+    """TRIX's clean forward that picks the strong rows runs in a compiled graph beside the compiled attack:
+    no convolution of a step runs outside one (each layer ran op by op before: about 90 launches a step)."""
+    t = trainer(tmp_path, "trix", "on", "method.warmup=1")
+    x, y = next(iter(t.train_loader))
+    t.model.train()
+    t.train_step(x, y)  # compiles
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t.train_step(x, y)
+    ran = [e for e in prof.events() if e.name in ("aten::conv2d", "aten::convolution")]
+    assert ran and not [e.name for e in ran if outside_graphs(e)]
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -42,10 +42,14 @@ class Method:
     uses_ce_logits: ClassVar[bool] = False  # its CE terms go through ce_logits (where HE subtracts its margin)
     adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
 
-    def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend):
+    def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend,
+                 compile_: Callable[[Callable], Callable] | None = None):
         """``backend``: the ops the loss and attack run on; ``descent``: the attack's K steps, eager
-        (:func:`~fastfair.attacks.pgd.descend`) or compiled into one graph by the trainer."""
+        (:func:`~fastfair.attacks.pgd.descend`) or compiled into one graph by the trainer; ``compile_``: the
+        trainer's compiler where it compiles the attack, for a method's own forwards outside the attack and
+        the loss (the model it is handed is then the bare module, which would run them op by op)."""
         self.cfg, self.ops = cfg, backend
+        self.compile = compile_ or (lambda fn: fn)
         a = cfg.attack
         self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode, ops=backend,
                           descend=descent)

@@ -84,7 +84,7 @@ class Trainer:
                 self.log(f"train.compile_attack: torch {torch.__version__} does not capture the attack as one "
                          f"graph ({descent_capture()}); the attack runs as an eager loop around the compiled model")
         backend = ops.backend(build.kernels(cfg, self.dev, compiled_descent))
-        self.method = METHODS.get(cfg.method.name)(cfg, backend, descent)
+        self.method = METHODS.get(cfg.method.name)(cfg, backend, descent, compile_ if compiled_descent else None)
         self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
         self.state = ClassState(self.bundle.num_classes, self.dev,
                                 train_counts=torch.bincount(y, minlength=self.bundle.num_classes))
