@@ -203,6 +203,23 @@ def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any
 
 # ---- results ----------------------------------------------------------------------------------
 
+# Profiler events that wrap a compiled graph's run (Dynamo's region, AOTAutograd's function, Inductor's call)
+GRAPH_EVENTS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "TorchDynamo Cache Lookup")
+
+
+def ancestors(event) -> Iterator:
+    """A profiler event's enclosing events, innermost first."""
+    up = event.cpu_parent
+    while up is not None:
+        yield up
+        up = up.cpu_parent
+
+
+def in_compiled_graph(event) -> bool:
+    """Whether a profiled op ran inside a compiled graph (else it ran eagerly, launched by the host)."""
+    return any(up.name.startswith(GRAPH_EVENTS) for up in ancestors(event))
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 

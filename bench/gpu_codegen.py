@@ -285,7 +285,6 @@ def count_code(module: str) -> dict:
 _NO_LAUNCH = ("aten::empty", "aten::detach", "aten::alias", "aten::view", "aten::as_strided", "aten::t",
               "aten::expand", "aten::unsqueeze", "aten::squeeze", "aten::reshape", "aten::select", "aten::slice",
               "aten::permute", "aten::transpose", "aten::lift_fresh", "aten::set_", "aten::resolve", "aten::is_")
-_GRAPH_EVENTS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "TorchDynamo Cache Lookup")
 FUSED_START = "fastfair::random_start (eager, one kernel)"
 
 
@@ -294,13 +293,12 @@ def eager_launches(events) -> dict[str, int]:
     views and allocations launch nothing; the fused random start counts once."""
     ops: dict[str, int] = {}
     for e in events:
-        name, up, inside = e.name, e.cpu_parent, False
-        while up is not None:
-            inside |= up.name.startswith("aten::") or up.name.startswith(_GRAPH_EVENTS) or up.name == FUSED_START
-            up = up.cpu_parent
-        if inside or not (name.startswith("aten::") or name == FUSED_START) or name.startswith(_NO_LAUNCH):
+        name = e.name
+        if not (name.startswith("aten::") or name == FUSED_START) or name.startswith(_NO_LAUNCH):
             continue
-        ops[name] = ops.get(name, 0) + 1
+        nested = any(up.name.startswith("aten::") or up.name == FUSED_START for up in common.ancestors(e))
+        if not (nested or common.in_compiled_graph(e)):
+            ops[name] = ops.get(name, 0) + 1
     return ops
 
 

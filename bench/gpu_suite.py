@@ -175,7 +175,7 @@ def record_path(a: argparse.Namespace, part: Part) -> Path:
 
 
 def device_name() -> str:
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return common.device_name(common.pick_device("auto"))
 
 
 def done(a: argparse.Namespace, part: Part, device: str | None = None) -> bool:

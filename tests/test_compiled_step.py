@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench import common
 from fastfair import build, config
 from fastfair.attacks import pgd
 from fastfair.methods import METHODS
@@ -274,18 +275,6 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
         t.train_step(x, y)
 
 
-COMPILED_REGIONS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
-
-
-def outside_graphs(event) -> bool:
-    up = event.cpu_parent
-    while up is not None:
-        if up.name.startswith(COMPILED_REGIONS):
-            return False
-        up = up.cpu_parent
-    return True
-
-
 def test_trix_targeting_forward_is_compiled_with_the_attack(tmp_path):
     """TRIX's clean forward that picks the strong rows runs in a compiled graph beside the compiled attack:
     no convolution of a step runs outside one (each layer ran op by op before: about 90 launches a step)."""
@@ -296,7 +285,7 @@ def test_trix_targeting_forward_is_compiled_with_the_attack(tmp_path):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         t.train_step(x, y)
     ran = [e for e in prof.events() if e.name in ("aten::conv2d", "aten::convolution")]
-    assert ran and not [e.name for e in ran if outside_graphs(e)]
+    assert ran and not [e.name for e in ran if not common.in_compiled_graph(e)]
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -6,6 +6,13 @@ import torch.nn.functional as F
 from fastfair.models.base import MODELS, pooled
 
 
+def shortcut(cin: int, cout: int, stride: int, norm) -> nn.Sequential:
+    """The identity, or a strided 1x1 projection + norm where the shape changes (He et al. 2016, option B)."""
+    if stride == 1 and cin == cout:
+        return nn.Sequential()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin, cout, stride, norm):
         super().__init__()
@@ -13,9 +20,7 @@ class BasicBlock(nn.Module):
         self.bn1 = norm(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = norm(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
+        self.shortcut = shortcut(cin, cout, stride, norm)
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
@@ -34,9 +39,7 @@ class Bottleneck(nn.Module):
         self.bn2 = norm(planes)
         self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
         self.bn3 = norm(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
+        self.shortcut = shortcut(cin, cout, stride, norm)
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
