@@ -129,10 +129,27 @@ def as_h100():
         for name in ("current_device", "device_count", "get_device_properties", "set_device", "synchronize"):
             stack.enter_context(mock.patch.object(device_interface.CudaInterface, name, staticmethod(answers[name])))
         stack.enter_context(mock.patch.dict(device_interface.caching_worker_device_properties, {"cuda": [H100]}))
+        stack.enter_context(mock.patch.object(torch._C, "_select_conv_backend",
+                                              with_cudnn(torch._C._select_conv_backend)))
         stack.enter_context(triton_target())
         stack.callback(_clear_device_caches)
         _clear_device_caches()  # answers cached before (no GPU) or inside (an H100) must not leak across
         yield
+
+
+_NO_CUDNN = {torch._C._ConvBackend.Slow2d: torch._C._ConvBackend.Cudnn,
+             torch._C._ConvBackend.SlowDilated2d: torch._C._ConvBackend.Cudnn,
+             torch._C._ConvBackend.SlowTranspose2d: torch._C._ConvBackend.CudnnTranspose}
+
+
+def with_cudnn(select):
+    """The convolution backend a GPU with cuDNN picks for a CUDA tensor. Without a GPU, torch picks the slow
+    NCHW kernels, so a fake CUDA convolution's output (and input gradient) would be contiguous even with
+    channels_last inputs, and Inductor would write every activation twice, once per layout."""
+    def pick(input, weight, *args, **kwargs):
+        backend = select(input, weight, *args, **kwargs)
+        return _NO_CUDNN.get(backend, backend) if input.device.type == "cuda" else backend
+    return pick
 
 
 def _clear_device_caches():
@@ -266,6 +283,9 @@ _ATEN = re.compile(r"\btorch\.ops\.(\w+)\.(\w+)\.\w+\(")
 _META = re.compile(r"inductor_meta=\{[^\n]*?'kernel_name': '(\w+)'[^\n]*?\n")
 _NUM_GB = re.compile(r"'kernel_num_gb': ([0-9.e+-]+)")
 _OUTPUT_PATH = re.compile(r"Output code written to: (\S+)")
+# a convolution's (or its input gradient's) output as Inductor checks it: shape, strides
+_CONV_OUT = re.compile(r"assert_size_stride\(\w+, \((\d+), (\d+), \d+, \d+\), \((\d+), (\d+), \d+, \d+\), "
+                       r"'torch\.ops\.aten\.convolution(?:_backward)?\.default'\)")
 
 
 def count_code(module: str) -> dict:
@@ -276,8 +296,11 @@ def count_code(module: str) -> dict:
     nbytes = {m.group(1): round(1e9 * float(g.group(1))) for m in _META.finditer(module)
               if (g := _NUM_GB.search(m.group(0)))}
     user = [k for k in triton_runs if k not in nbytes]  # fastfair's own kernels: Inductor estimates no bytes for them
+    # NCHW convolution outputs (channel stride = H * W, several channels): with channels_last inputs cuDNN writes
+    # NHWC, so one here means the code is not what a GPU would generate (see with_cudnn)
+    nchw = sum(int(c) > 1 and int(sc) != 1 for n, c, sn, sc in _CONV_OUT.findall(wrapper))
     return {"triton": len(triton_runs), "user_triton": len(user), "extern": len(_EXTERN.findall(wrapper)),
-            "aten": len(_ATEN.findall(wrapper)), "bytes": sum(nbytes.get(k, 0) for k in triton_runs),
+            "aten": len(_ATEN.findall(wrapper)), "bytes": sum(nbytes.get(k, 0) for k in triton_runs), "conv_nchw": nchw,
             "extern_ops": sorted(set(_EXTERN.findall(wrapper))), "aten_ops": sorted({".".join(m) for m in
                                                                                      _ATEN.findall(wrapper)})}
 
@@ -451,7 +474,7 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
             "seconds": {"trace": round(t_trace, 1), "compile": round(time.perf_counter() - t0 - t_trace, 1)}}
 
 
-COUNTS = ("triton", "user_triton", "extern", "aten", "bytes")  # per graph; affine in the attack steps
+COUNTS = ("triton", "user_triton", "extern", "aten", "bytes", "conv_nchw")  # per graph; affine in the attack steps
 
 
 def extrapolate(lo: dict, hi: dict, attack_steps: int) -> dict:
@@ -501,6 +524,7 @@ def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, fl
            "attack_steps": counts["attack_steps"], "source": source,
            "graphs": len(graphs), "graph_kinds": [g["kind"] for g in graphs],
            **{f"{k}_launches": sum(g[k] for g in graphs) for k in ("triton", "user_triton", "extern", "aten")},
+           "conv_nchw_outputs": sum(g["conv_nchw"] for g in graphs),
            "launches_in_graphs": in_graphs, "launches_outside": outside, "launches": in_graphs + outside,
            "eager_ops": eager, "inductor_gb": nbytes / 1e9, "step_gflop": flops / 1e9,
            "cudagraph_refused": sorted({r for g in graphs for r in g["cudagraph_refused"]}),

@@ -39,6 +39,9 @@ def test_the_step_is_compiled_for_cuda_and_counted(smoke):
         assert r["triton_launches"] > 0 and r["extern_launches"] > 0  # fused Triton kernels and cuDNN convolutions
         assert r["launches"] == r["launches_in_graphs"] + r["launches_outside"]
         assert r["inductor_gb"] > 0 and r["step_gflop"] > 0
+        # channels_last on: cuDNN's convolutions and input gradients write NHWC, as on a GPU (not torch's
+        # no-GPU NCHW fallback, which made Inductor write each activation in both layouts)
+        assert r["conv_nchw_outputs"] == 0
         assert 0 < r["h100_s_cuda_graphs"] <= r["h100_s_no_graphs"]
         assert r["h100_s_cuda_graphs"] <= r["a100_s_cuda_graphs"]  # same work, a slower device (or the host's pace)
         host = smoke[0]["settings"]["host_launch_us"] * 1e-6
