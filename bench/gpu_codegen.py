@@ -68,6 +68,7 @@ from torch._dynamo import device_interface  # noqa: E402
 from torch._inductor import async_compile, compile_fx as cfx, config as inductor_config  # noqa: E402
 from torch._inductor import graph as inductor_graph, output_code  # noqa: E402
 from torch._inductor.utils import BoxedBool  # noqa: E402
+from torch._subclasses import fake_tensor  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils._pytree import tree_map  # noqa: E402
@@ -131,6 +132,8 @@ def as_h100():
         stack.enter_context(mock.patch.dict(device_interface.caching_worker_device_properties, {"cuda": [H100]}))
         stack.enter_context(mock.patch.object(torch._C, "_select_conv_backend",
                                               with_cudnn(torch._C._select_conv_backend)))
+        # torch 2.11 makes a real CUDA context before its first fake CUDA tensor when CUDA says it is available
+        stack.enter_context(mock.patch.object(fake_tensor, "init_gpu_context", lambda device: None))
         stack.enter_context(triton_target())
         stack.callback(_clear_device_caches)
         _clear_device_caches()  # answers cached before (no GPU) or inside (an H100) must not leak across
@@ -349,13 +352,14 @@ DEVICES = {"H100 SXM": {"peak_tflops": 989.4, "bandwidth_tb_s": 3.35},
            "A100 SXM 80GB": {"peak_tflops": 312.0, "bandwidth_tb_s": 2.039}}
 # The host's cost to issue one launch from Python (Inductor's wrapper, the Triton launcher, an ATen op), MEASURED
 # once: fastfair's default ResNet-18 PGD-10 AT step at batch 128, compiled without CUDA graphs, took 46.8 ms on an
-# H200 (torch 2.11; bench/results/training-rn18-at-nvidia-h200.md) for the 2014 launches counted here for it
-# (torch 2.13), 23.2 us each; its GPU term is 10 ms, so the host set the pace. The MFU bench's run of the same
-# step in the same lease took 59.7 ms (29.6 us). 5 us was assumed before: the predictions without graphs were
-# four times too fast. The device's gap between two dependent kernels (inside a CUDA graph too) is assumed.
-HOST_LAUNCH_US = 23.2
+# H200 (torch 2.11; bench/results/training-rn18-at-nvidia-h200.md) for the 2436 launches counted here for it
+# (torch 2.13, cuDNN's NHWC layouts), 19.2 us each; its GPU term is 10 ms, so the host set the pace. The MFU
+# bench's run of the same step in the same lease took 59.7 ms (24.5 us). 5 us was assumed before that lease; the
+# first count with the measurement (2014 launches: convolutions in NCHW, see with_cudnn) gave 23.2 us. The device's
+# gap between two dependent kernels (inside a CUDA graph too) is assumed.
+HOST_LAUNCH_US = 19.2
 HOST_LAUNCH_BASIS = ("measured on an NVIDIA H200, torch 2.11: the default ResNet-18 PGD-10 AT step at batch 128 "
-                     "without CUDA graphs, 46.8 ms for its 2014 counted launches")
+                     "without CUDA graphs, 46.8 ms for its 2436 counted launches")
 GPU_GAP_US = 1.0
 
 
