@@ -157,10 +157,11 @@ def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> s
     """The ops backend; ``auto`` picks where each wins (bench/results/gpu-codegen-predicted-*.md, issue 26).
 
     On CUDA with the attack compiled as one graph, Inductor already fuses the reference loss rows and
-    PGD step into its own kernels, and a fused kernel is opaque to that fusion: it added launches (PGD-AT
-    ResNet-18: 2,014 against 2,013; TRADES 1,639 against 1,613) and saved no bytes. Only the random
-    start, drawn eagerly outside the graphs, gains (2 launches instead of 7). So ``auto`` is
-    ``inductor`` there, ``triton`` where the attack loop runs eagerly on CUDA, ``torch`` elsewhere.
+    PGD step into its own kernels, and a fused kernel is opaque to that fusion: it added launches (ResNet-18,
+    batch 128: PGD-AT 2,437 against 2,436; TRADES 1,525 against 1,499) and saved under 0.1 GB of 15-21 GB
+    per step. Only the random start, drawn eagerly outside the graphs, gains (2 launches instead of 7).
+    So ``auto`` is ``inductor`` there, ``triton`` where the attack loop runs eagerly on CUDA, ``torch``
+    elsewhere.
     """
     choice = cfg.train.kernels
     if choice == "auto":
