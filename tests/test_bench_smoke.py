@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 
+from bench.bench_host import category, merged_us
 from helpers import real_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,28 @@ def test_training_smoke(tmp_path):
         for rung in ("+ torch.compile", "+ compiled attack", "+ CUDA graphs", "+ fused kernels"):
             assert rows[(method, 16, rung)]["note"].startswith("skipped: ")
     assert "## Headline" in md and "fastfair / reference" in md
+
+
+def test_host_smoke(tmp_path):
+    smoke("bench_host.py", tmp_path, "--device", "cpu")
+    record, md = results(tmp_path, "host")
+    (r,) = record["rows"]
+    assert r["compiled"] and r["launch_api_calls_per_step"] is None  # no CUDA API on a CPU
+    split = r["split_ms_per_step"]
+    # a compiled step passes through every layer, and the split accounts for the whole profiled step
+    for part in ("Dynamo (frame, guards)", "AOTAutograd wrappers", "Inductor's wrapper", "ATen ops", "optimizer",
+                 "outside any profiled region (fastfair's Python)"):
+        assert split[part] > 0, part
+    assert sum(split.values()) == pytest.approx(r["profiled_ms_per_step"], rel=0.1)
+    assert "Host milliseconds per step" in md
+
+
+def test_host_split_counts_overlapping_time_once():
+    assert merged_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert [category(n) for n in ("cudaLaunchKernel", "cuLaunchKernelEx", "aten::add", "cudnn_convolution",
+                                  "## Call CompiledFxGraph fx", "triton_poi_fused_0", "Torch-Compiled Region: 0/0")] \
+        == ["CUDA API", "CUDA API", "ATen ops", "other profiled regions", "Inductor's wrapper", "Triton launcher",
+            "Dynamo (frame, guards)"]
 
 
 def test_mfu_smoke(tmp_path):
