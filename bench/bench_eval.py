@@ -110,9 +110,7 @@ def main(argv=None) -> None:
     # smoke AA: one batch of 8, so the ceiling row's 5000 Square queries run once
     smoke = dict(models=["tiny-cnn"], attacks=["clean", "pgd20", "cw20"], images=64, batch=32, width=8, aa_images=8)
     args.aa = args.aa or args.smoke
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, full, smoke)
     args.aa_images = args.aa_images or args.images
     dev = common.pick_device(args.device)
     shape = (3, 16, 16) if args.smoke else (3, 32, 32)

@@ -131,21 +131,13 @@ def body(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    p = common.base_parser(__doc__)
-    p.add_argument("--methods", nargs="+")
-    p.add_argument("--models", nargs="+")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--steps", type=int, help="profiled (and, apart, timed) steps")
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--attack-steps", type=int)
+    p = common.step_parser(__doc__)  # --steps: profiled, and apart timed
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="fastfair settings changed from the device's defaults (train.compile=on on a CPU)")
     args = p.parse_args(argv)
     full = dict(methods=["pgd-at", "trades"], models=["resnet18"], batch=128, steps=10, warmup=3, attack_steps=10)
     smoke = dict(methods=["pgd-at"], models=["tiny-cnn"], batch=8, steps=2, warmup=1, attack_steps=2)
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, full, smoke)
     dev = common.pick_device(args.device)
     shape = (3, 16, 16) if args.smoke else (3, 32, 32)
     dataset = common.register_synthetic((args.warmup + 2 * args.steps + 1) * args.batch, 0, shape)

@@ -120,13 +120,7 @@ COLUMNS = [("model", "model"), ("method", "method"), ("batch", "batch"), ("amp",
 
 
 def main(argv=None) -> None:
-    p = common.base_parser(__doc__)
-    p.add_argument("--methods", nargs="+")
-    p.add_argument("--models", nargs="+")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--steps", type=int, help="timed steps")
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--attack-steps", type=int, help="PGD steps per training step (default 10)")
+    p = common.step_parser(__doc__)
     p.add_argument("--width", type=int, help="model width (0: the paper's)")
     p.add_argument("--count-only", action="store_true", help="count FLOPs, time nothing (any device; "
                    "FLOPs do not depend on it)")
@@ -135,9 +129,7 @@ def main(argv=None) -> None:
     full = dict(methods=["pgd-at", "trades"], models=["resnet18", "preact-resnet18", "wrn-34-10"], batch=128,
                 steps=20, warmup=5, attack_steps=10, width=0)
     smoke = dict(methods=["pgd-at", "trades"], models=["tiny-cnn"], batch=8, steps=2, warmup=1, attack_steps=2, width=8)
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, full, smoke)
     dev = common.pick_device(args.device)
     head = common.header(dev)
     peak = args.peak_tflops or (peak_tflops(head["device"]) if dev.type == "cuda" else None)

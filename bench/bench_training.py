@@ -182,14 +182,8 @@ COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("rung"
 
 
 def main(argv=None) -> None:
-    p = common.base_parser(__doc__)
-    p.add_argument("--methods", nargs="+")
-    p.add_argument("--models", nargs="+")
-    p.add_argument("--batch", type=int, help="the papers' batch size (default 128)")
+    p = common.step_parser(__doc__)
     p.add_argument("--sweep", type=int, nargs="*", help="batch sizes tried for the fastest fastfair rung")
-    p.add_argument("--steps", type=int, help="timed steps per configuration")
-    p.add_argument("--warmup", type=int, help="untimed steps first (compilation, cuDNN autotuning, workers)")
-    p.add_argument("--attack-steps", type=int, help="PGD steps per training step (default 10)")
     p.add_argument("--workers", type=int, help="DataLoader worker processes of the reference loop")
     p.add_argument("--width", type=int, help="model width (0: the paper's)")
     p.add_argument("--rungs", nargs="+", metavar="NAME", help="measure only these rungs (settings of the ones above "
@@ -199,9 +193,7 @@ def main(argv=None) -> None:
                 batch=128, sweep=[256, 512, 1024], steps=20, warmup=5, attack_steps=10, workers=4, width=0)
     smoke = dict(methods=["pgd-at", "trades"], models=["tiny-cnn"], batch=16, sweep=[32], steps=2,
                  warmup=1, attack_steps=2, workers=1, width=8)
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, full, smoke)
     dev = common.pick_device(args.device)
     shape = (3, 16, 16) if args.smoke else (3, 32, 32)
     n_train = (args.warmup + common.REPEATS * args.steps) * max([args.batch, *args.sweep])

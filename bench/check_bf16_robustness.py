@@ -79,9 +79,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     full = dict(model="resnet18", epochs=30, seeds=[0, 1], batch=128, attack_steps=10, width=0)
     smoke = dict(model="tiny-cnn", epochs=1, seeds=[0], batch=32, attack_steps=2, width=8)
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    common.fill_defaults(args, full, smoke)
     if not args.data.is_file():
         raise SystemExit(f"no data at {args.data}: pass --data FILE.npz (the CIFAR-10 subset of ../shared/data)")
     dev = common.pick_device(args.device)

@@ -273,3 +273,23 @@ def base_parser(doc: str):
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown results")
     p.add_argument("--tag", default="", help="added to the result file names (the GPU suite names its parts)")
     return p
+
+
+def step_parser(doc: str):
+    """``base_parser`` with the options of every bench that runs training steps; unset, they take the bench's
+    defaults (``fill_defaults``)."""
+    p = base_parser(doc)
+    p.add_argument("--methods", nargs="+")
+    p.add_argument("--models", nargs="+")
+    p.add_argument("--batch", type=int, help="batch size (default: the papers' 128)")
+    p.add_argument("--steps", type=int, help="timed steps per configuration")
+    p.add_argument("--warmup", type=int, help="untimed steps first (compilation, cuDNN autotuning, workers)")
+    p.add_argument("--attack-steps", type=int, help="PGD steps per training step (default 10)")
+    return p
+
+
+def fill_defaults(args, full: dict, smoke: dict) -> None:
+    """Every option left unset takes the bench's full-size default, or its smoke one under ``--smoke``."""
+    for key, value in (smoke if args.smoke else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
