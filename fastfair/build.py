@@ -73,12 +73,31 @@ def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
             "classes": list(bundle.classes), "head": cfg.model.head, "head_scale": cfg.model.head_scale}
 
 
+def _build_model(spec: dict) -> models.Classifier:
+    return models.build(spec["name"], num_classes=spec["num_classes"], in_channels=spec["in_channels"],
+                        mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"],
+                        head=spec.get("head", "linear"), head_scale=spec.get("head_scale", 15.0))
+
+
 def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifier:
-    m = models.build(spec["name"], num_classes=spec["num_classes"], in_channels=spec["in_channels"],
-                     mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"],
-                     head=spec.get("head", "linear"), head_scale=spec.get("head_scale", 15.0))
-    m = m.to(dev)
+    m = _build_model(spec).to(dev)
     return m.to(memory_format=torch.channels_last) if cl else m
+
+
+def check_input_size(spec: dict, cfg: Config, bundle: data.DataBundle) -> None:
+    """Refuses, before any data moves, a model that cannot take the run's images (VGG's five 2x2 max-pools on
+    8x8 digits or 28x28 MNIST): one forward per image size the run uses on the meta device, which computes
+    shapes only."""
+    d = cfg.data
+    first = (d.image_size,) * 2 if d.loader == "folder" else tuple(bundle.shape[1:])  # a folder's crop is asked for
+    with torch.device("meta"):
+        model = _build_model(spec).eval()  # eval: BatchNorm of a 1x1 map takes any batch
+    for h, w in sorted({first, *((side, side) for side in d.phase_image_sizes)}):
+        try:
+            model(torch.empty(2, spec["in_channels"], h, w, device="meta"))
+        except (RuntimeError, ValueError) as e:
+            raise UserError(f"model {spec['name']} cannot take {h}x{w} images ({str(e).splitlines()[0]}); "
+                            "pick a model for this size (fastfair models says which sizes each takes)") from None
 
 
 def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.DataBundle, dict]:

@@ -193,6 +193,8 @@ CASES: dict[str, Case] = {
     "epochs-float": bad_set("train.epochs=1.5", r"train.epochs takes an integer; got 1.5"),
     "unknown-key": bad_set("train.lrr=0.1", r"unknown config key 'train.lrr'.*train.lr"),
     "set-without-value": bad_set("train.lr", r"--set takes key=value"),
+    "model-too-deep-for-the-images": Case([*TRAIN, "--model", "vgg16", "--out", "{out}"],
+                                          r"model vgg16 cannot take 8x8 images \(.*too small\); pick a model"),
     "unknown-dataset": Case([*TRAIN, "--dataset", "cifar11", "--out", "{out}"], r"unknown data set 'cifar11'"),
     "unknown-method": Case([*TRAIN, "--method", "trade", "--out", "{out}"], r"unknown method 'trade'.*trades"),
     # 7. suggestions that know the domain: what the papers and other code bases call things
