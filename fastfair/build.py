@@ -67,7 +67,10 @@ def channels_last(cfg: Config, dev: torch.device) -> bool:
 
 def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
     """Everything needed to rebuild the model from a checkpoint alone."""
-    mean, std = bundle.mean_std()
+    return _spec(cfg, bundle, *bundle.mean_std())
+
+
+def _spec(cfg: Config, bundle: data.DataBundle, mean: list[float], std: list[float]) -> dict:
     return {"name": cfg.model.name, "norm": cfg.model.norm, "width": cfg.model.width,
             "num_classes": bundle.num_classes, "in_channels": bundle.shape[0], "mean": mean, "std": std,
             "classes": list(bundle.classes), "head": cfg.model.head, "head_scale": cfg.model.head_scale}
@@ -84,12 +87,13 @@ def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifie
     return m.to(memory_format=torch.channels_last) if cl else m
 
 
-def check_input_size(spec: dict, cfg: Config, bundle: data.DataBundle) -> None:
+def check_input_size(cfg: Config, bundle: data.DataBundle) -> None:
     """Refuses, before any data moves, a model that cannot take the run's images (VGG's five 2x2 max-pools on
     8x8 digits or 28x28 MNIST): one forward per image size the run uses on the meta device, which computes
-    shapes only."""
-    d = cfg.data
+    shapes only (the normalisation's statistics do not matter there)."""
+    d, channels = cfg.data, bundle.shape[0]
     first = (d.image_size,) * 2 if d.loader == "folder" else tuple(bundle.shape[1:])  # a folder's crop is asked for
+    spec = _spec(cfg, bundle, [0.0] * channels, [1.0] * channels)
     with torch.device("meta"):
         model = _build_model(spec).eval()  # eval: BatchNorm of a 1x1 map takes any batch
     for h, w in sorted({first, *((side, side) for side in d.phase_image_sizes)}):
@@ -122,6 +126,7 @@ def training_splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple
     """:func:`splits`, and the checks of them a training run needs: the trainer's, and a grid's for every run
     before the first launches."""
     bundle, sp = splits(cfg, loaded)
+    check_input_size(cfg, bundle)
     if cfg.data.drop_classes and cfg.train.select in ("fair", "worst"):
         raise UserError(f"train.select={cfg.train.select} scores the worst class on the validation split, and a class "
                         f"of data.drop_classes={cfg.data.drop_classes} has no validation images (accuracy 0, always "

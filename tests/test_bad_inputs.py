@@ -319,6 +319,9 @@ CASES: dict[str, Case] = {
     "grid-no-shared-attack": Case(GRID, r"share no robust attack in eval.attacks",
                                   grid_file('[[axes]]\nkey = "eval.attacks"\nvalues = [["clean", "pgd5"], '
                                             '["clean", "cw5"]]\nlabels = ["p", "c"]\n')),
+    "grid-model-too-deep": Case(GRID, r"grid grid, run vgg16: model vgg16 cannot take 8x8 images",
+                                grid_file('[[axes]]\nkey = "model.name"\nvalues = ["tiny-cnn", "vgg16"]\n'
+                                          'labels = ["tiny-cnn", "vgg16"]\n')),
     "grid-bad-value-type": Case(GRID, r"run lr=fast: train.lr takes a float",
                                 grid_file('[[axes]]\nkey = "train.lr"\nvalues = [0.1, "fast"]\n')),
     "grid-out-is-a-file": Case([*GRID[:2], "--out", "{tmp}/f", "--gpus", "cpu"], r"f is a file, not a folder",

@@ -50,7 +50,6 @@ class Trainer:
         self.cl = build.channels_last(cfg, self.dev)
         self.bundle, sp = build.training_splits(cfg)
         self.spec = build.model_spec(cfg, self.bundle)
-        build.check_input_size(self.spec, cfg, self.bundle)
         x, y = sp["train"]
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
