@@ -110,12 +110,11 @@ def measure(method: str, model: str, dataset: str, args, dev: torch.device, over
         parts = split(events)
     launches = sum(1 for e in events if LAUNCH.match(e.name))
     n = args.steps
-    row = {"model": model, "method": method, "batch": args.batch, "attack_steps": args.attack_steps,
-           "compiled": trainer.net is not trainer.model, "ms_per_step": 1e3 * unprofiled / n,
-           "profiled_ms_per_step": wall_us / 1e3 / n,
-           "launch_api_calls_per_step": launches / n if dev.type == "cuda" else None,
-           "split_ms_per_step": {k: v / 1e3 / n for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
-    return row
+    return {"model": model, "method": method, "batch": args.batch, "attack_steps": args.attack_steps,
+            "compiled": trainer.net is not trainer.model, "ms_per_step": 1e3 * unprofiled / n,
+            "profiled_ms_per_step": wall_us / 1e3 / n,
+            "launch_api_calls_per_step": launches / n if dev.type == "cuda" else None,
+            "split_ms_per_step": {k: v / 1e3 / n for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
 
 
 def body(rows: list[dict]) -> str:

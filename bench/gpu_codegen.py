@@ -353,13 +353,14 @@ DEVICES = {"H100 SXM": {"peak_tflops": 989.4, "bandwidth_tb_s": 3.35},
 # The host's cost to issue one launch from Python (Inductor's wrapper, the Triton launcher, an ATen op), MEASURED
 # once: fastfair's default ResNet-18 PGD-10 AT step at batch 128, compiled without CUDA graphs, took 46.8 ms on an
 # H200 (torch 2.11; bench/results/training-rn18-at-nvidia-h200.md) for the 2436 launches counted here for it
-# (torch 2.13, cuDNN's NHWC layouts), 19.2 us each; its GPU term is 10 ms, so the host set the pace. The MFU
+# (torch 2.11 and 2.13 alike, cuDNN's NHWC layouts); its GPU term is 10 ms, so the host set the pace. The MFU
 # bench's run of the same step in the same lease took 59.7 ms (24.5 us). 5 us was assumed before that lease; the
 # first count with the measurement (2014 launches: convolutions in NCHW, see with_cudnn) gave 23.2 us. The device's
 # gap between two dependent kernels (inside a CUDA graph too) is assumed.
-HOST_LAUNCH_US = 19.2
-HOST_LAUNCH_BASIS = ("measured on an NVIDIA H200, torch 2.11: the default ResNet-18 PGD-10 AT step at batch 128 "
-                     "without CUDA graphs, 46.8 ms for its 2436 counted launches")
+H200_STEP_MS, H200_STEP_LAUNCHES = 46.8, 2436
+HOST_LAUNCH_US = round(1e3 * H200_STEP_MS / H200_STEP_LAUNCHES, 1)  # 19.2
+HOST_LAUNCH_BASIS = (f"measured on an NVIDIA H200, torch 2.11: the default ResNet-18 PGD-10 AT step at batch 128 "
+                     f"without CUDA graphs, {H200_STEP_MS} ms for its {H200_STEP_LAUNCHES} counted launches")
 GPU_GAP_US = 1.0
 
 

@@ -182,10 +182,14 @@ def device_name() -> str:
     return common.device_name(common.pick_device("auto"))
 
 
+def record(a: argparse.Namespace, part: Part) -> dict:
+    path = record_path(a, part)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def done(a: argparse.Namespace, part: Part, device: str | None = None) -> bool:
     """Finished on ``device`` (any device when None): a part measured on an H200 is still to do on an H100."""
-    path = record_path(a, part)
-    rec = json.loads(path.read_text()) if path.is_file() else {}
+    rec = record(a, part)
     return rec.get("status") == "ok" and device in (None, rec.get("device"))
 
 
@@ -246,9 +250,8 @@ def main(argv=None) -> int:
         p.error(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(names)}")
     if a.list:
         for part in PARTS:
-            rec = json.loads(record_path(a, part).read_text()) if done(a, part) else {}
-            status = f"done on {rec.get('device', '?')}" if rec else "to do"
-            print(f"{part.name:11s} {status:22s} ~{part.estimate_s:4d} s  {part.what}")
+            status = f"done on {record(a, part).get('device', '?')}" if done(a, part) else "to do"
+            print(f"{part.name:12s} {status:22s} ~{part.estimate_s:4d} s  {part.what}")
         return 0
     if not a.smoke and not torch.cuda.is_available():
         p.error("no CUDA device: the suite measures a GPU; use --smoke to check it on this machine")
