@@ -14,7 +14,7 @@ import torch
 
 from fastfair import build, config as configs
 from fastfair.checks import check_config
-from fastfair.errors import Interrupted, UserError
+from fastfair.errors import Interrupted, UserError, WriteError
 from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
@@ -240,6 +240,8 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
         # the results is the likeliest cause of the rare rank-1 abort at exit ("terminate called without an active
         # exception", tests/test_distributed.py)
         distributed.barrier()
+    except WriteError as err:  # the run is as it was before the write: whole files, resumable
+        raise err.continue_with(f"fastfair train --out {out} --resume") from None
     except KeyboardInterrupt:
         if not training:
             said = (f"interrupted during the final evaluation; training is complete; evaluate with: "

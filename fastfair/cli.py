@@ -12,7 +12,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from fastfair.errors import Interrupted, UserError
+from fastfair.errors import Interrupted, UserError, WriteError
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -623,11 +623,14 @@ def _error(message: str, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2."""
+    """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2; a file that
+    cannot be written (disk full, I/O error) is one such line and exit code 74."""
     command = typer.main.get_command(app)
     try:
         result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
                               standalone_mode=False)
+    except WriteError as err:  # a disk full or failing: not the user's mistake, and worth a retry once fixed
+        return _error(str(err), 74)
     except UserError as err:
         return _error(str(err), 2)
     except Interrupted as err:

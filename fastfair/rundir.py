@@ -22,10 +22,14 @@ last line (a kill mid-write), which a resume removes. Checkpoints load with
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import io
 import json
 import os
 import pickle
+import re
+import shutil
 import signal
 import socket
 import sys
@@ -36,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair.errors import UserError
+from fastfair.errors import UserError, WriteError
 from fastfair.suggest import hint
 
 CHECKPOINTS = "checkpoints"
@@ -49,6 +53,8 @@ CHECKPOINT_KEYS = ("epoch", "model", "spec", "config")
 # checkpoints say which epoch they finished). Files written before this numbering counted from 0
 # and lack this marker; readers shift them on load (:func:`one_based_epoch`).
 EPOCH_NUMBERING = {"epoch_numbering": "1-based"}
+# who holds a lock and whose temporary files are whose: "pid N on HOST", ".<name>.<HOST>.<pid>.*.tmp"
+_HOST = socket.gethostname()
 
 
 def one_based_epoch(record: dict) -> int:
@@ -206,17 +212,13 @@ class RunDir:
             except BlockingIOError:
                 raise UserError(f"{self.path} is being written by another fastfair process "
                                 f"({_holder(fd) or 'unknown'}); wait for it to end, or pass another --out") from None
+            except OSError as err:
+                raise _no_locks(self.lock_file, err) from None
             previous = _holder(fd)
             if previous:
-                # a holder killed mid-write leaves its atomic write's temporary file; the checkpoints have no other
-                # writer than the lock's holder, so its leftovers go (the files they were for are whole or absent)
-                torn = sorted((self.path / CHECKPOINTS).glob(".*.tmp"))
-                for tmp in torn:
-                    tmp.unlink(missing_ok=True)
-                (log or notice)(f"{self.path}: taking over the lock of {previous}, which is no longer running"
-                                + (f"; removed its unfinished {', '.join(t.name for t in torn)}" if torn else ""))
+                self._take_over(previous, log or notice)
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {_HOST}".encode(), 0)
             os.fsync(fd)
             try:
                 yield
@@ -227,6 +229,24 @@ class RunDir:
                     self.path.rmdir()
         finally:
             os.close(fd)
+
+    def _take_over(self, previous: str, log) -> None:
+        """Take over the lock of ``previous`` ("pid N on HOST"), whose flock is gone, and remove its unfinished
+        atomic writes (``.<name>.<host>.<pid>.*.tmp`` anywhere in the run: the files they were for are whole or
+        absent). A holder on another host is refused on a shared filesystem, where this host may not see its lock."""
+        pid, host = _parse_holder(previous)
+        shared = _shared_filesystem(self.path)
+        if host and host != _HOST and shared:
+            raise UserError(f"{self.path} was being written by {previous}, another host, and is on a shared filesystem "
+                            f"({shared}) whose locks this host may not see, so fastfair cannot tell whether that "
+                            f"process still runs; if it has ended (ask the scheduler, or `ps -p {pid}` on {host}), "
+                            f"delete {self.lock_file} and run the command again")
+        unfinished = sorted(self.path.rglob(f".*.{host}.{pid}.*.tmp")) if pid else []
+        for tmp in unfinished:
+            tmp.unlink(missing_ok=True)
+        log(f"{self.path}: taking over the lock of {previous}, which is no longer running" + (
+            f"; removed its unfinished {', '.join(str(t.relative_to(self.path)) for t in unfinished)}"
+            if unfinished else ""))
 
     def make(self) -> None:
         """Create the folder, or say in one line why it cannot be one (a file, no permission)."""
@@ -263,6 +283,42 @@ def _holder(fd: int) -> str:
     return os.pread(fd, 200, 0).decode(errors="replace").strip()
 
 
+def _parse_holder(holder: str) -> tuple[str, str]:
+    """(pid, host) of a lock's "pid N on HOST"; ("", "") for a name it does not hold."""
+    pid, _, host = holder.removeprefix("pid ").partition(" on ")
+    return (pid, host) if pid.isdigit() and host else ("", "")
+
+
+def _no_locks(lock_file: Path, err: OSError) -> UserError:
+    return UserError(f"cannot lock {lock_file} ({err.strerror}): its filesystem does not support file locks, which "
+                     "keep a second fastfair process out of a run; write runs to a filesystem that does (Lustre: "
+                     "mount with -o flock)")
+
+
+# filesystems shared between hosts, whose locks a host may not see (NFS mounted with nolock or local_lock, Lustre's
+# localflock, BeeGFS without global locks): a lock naming another host cannot be checked from here
+SHARED_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                      "9p", "afs", "ocfs2", "gfs2", "orangefs", "pvfs2", "panfs", "wekafs", "virtiofs"}
+
+
+def _shared_filesystem(path: Path) -> str:
+    """The type of the shared filesystem ``path`` is on ("" for a local one), from /proc/mounts; where that
+    cannot be read, "unknown": fastfair then assumes a shared one."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    real, best, kind = os.path.realpath(path), "", ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])  # a space is written \040
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind if kind in SHARED_FILESYSTEMS or kind.startswith("fuse.") else ""
+
+
 # ---- file formats: atomic writes, safe loads ------------------------------------------------
 @contextlib.contextmanager
 def _ctrl_c_after():
@@ -283,24 +339,51 @@ def _ctrl_c_after():
 
 
 def _replace_atomic(write, path: str | Path) -> None:
-    """Write through ``write(binary file)`` to a uniquely named temporary file in ``path``'s folder,
-    fsync, rename it over ``path``, fsync the folder: a crash leaves the old file or the new one,
-    and two writers never share a temporary file. Ctrl-C lands after the rename: between creating the
-    temporary file and the ``try`` that removes it, an interrupt would leave it behind."""
+    """Write through ``write(binary file)`` to a new temporary file beside ``path`` and rename it over ``path``
+    (:func:`replacing`). Ctrl-C lands after the rename: between creating the temporary file and the ``try``
+    that removes it, an interrupt would leave it behind."""
+    with _ctrl_c_after(), replacing(path) as tmp, io.BufferedWriter(_open(tmp, "wb")) as f:
+        write(f)
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path):
+    """Yields a new temporary path beside ``path``; what the block writes there replaces ``path`` when it ends
+    (fsync, rename, fsync of the folder): a crash leaves the old file or the new one, two writers never share a
+    temporary file, and a failed write (:func:`writing`) leaves the old file and no temporary one. The
+    temporary name carries this host and process (:func:`_temporary_prefix`), so an unfinished one is known."""
     path = Path(path)
-    with _ctrl_c_after():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = None
         try:
-            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
+            with _ctrl_c_after():  # the name is known before Ctrl-C can land
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
+                os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
+                os.close(fd)
+            yield Path(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+
+def _open(path: str | Path, mode: str) -> io.FileIO:
+    """The lowest layer of every write fastfair makes to a run (tests put a full disk here): the file
+    unbuffered, so a failed append knows where it started."""
+    return io.FileIO(path, mode)
+
+
+def _temporary_prefix(path: Path) -> str:
+    """``.<name>.<host>.<pid>.``: whose temporary file it is, so one left by a process that has ended can go."""
+    return f".{path.name}.{_HOST}.{os.getpid()}."
 
 
 def _umask() -> int:
@@ -345,12 +428,82 @@ def read_json(path: str | Path) -> dict:
         raise UserError(f"{path} is damaged (not JSON); delete it and run the command again") from None
 
 
+def append_text(text: str, path: str | Path) -> None:
+    """Append ``text`` and fsync it: once this returns, it survives a crash. A failed append (:func:`writing`)
+    is cut off again, so the file keeps only what was whole before."""
+    data = text.encode()
+    with writing(path), _open(path, "ab") as f:
+        start = os.fstat(f.fileno()).st_size
+        try:
+            done = 0
+            while done < len(data):  # an unbuffered write may take part of the data
+                done += f.write(data[done:])
+            os.fsync(f.fileno())
+        except BaseException:
+            os.ftruncate(f.fileno(), start)
+            raise
+
+
 def append_jsonl(record: dict, path: str | Path) -> None:
-    """Append one JSON line and fsync it: once this returns, the line survives a crash."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one JSON line (:func:`append_text`)."""
+    append_text(json.dumps(record) + "\n", path)
+
+
+# ---- failed writes: one line naming the file, why, and the free space there ----------------------
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Any OSError while writing ``path`` (disk full, quota, I/O error, read-only, no permission) becomes one
+    :class:`WriteError` naming the file, why, the free space on its filesystem and that the old file is kept.
+    The writers above do so; other writers of a run's files (a library that writes its own file) run in it."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield
+    except OSError as err:
+        raise write_error(path, err, existed) from None
+    except RuntimeError as err:  # torch.save reports its file's failed write as a RuntimeError raised over it
+        cause = err.__cause__ or err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise write_error(path, cause, existed) from None
+
+
+# what went wrong, and what the user does about it, by errno
+_WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
+        errno.EDQUOT: ("the disk quota is used up", "free some space or raise the quota"),
+        errno.EIO: ("input/output error (a failing disk, or a network filesystem that went away)", "fix the disk"),
+        errno.EROFS: ("the filesystem is read-only", "make it writable or write elsewhere"),
+        errno.EACCES: ("permission denied", "make it writable or write elsewhere"),
+        errno.EPERM: ("permission denied", "make it writable or write elsewhere")}
+
+
+def write_error(path: Path, err: OSError, existed: bool) -> WriteError:
+    why, fix = _WHY.get(err.errno, ((err.strerror or str(err)).lower(), "fix the disk"))
+    kept = f"the previous {path.name} is kept as it was" if existed else f"no {path.name} was written"
+    return WriteError(f"cannot write {path}: {why} ({free_space(path)}); {kept}; {fix}")
+
+
+def free_space(path: Path) -> str:
+    """``12.3 GB free on /data``: the free space of the filesystem ``path`` is (or would be) on."""
+    folder = Path(os.path.abspath(path)).parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    mount = folder
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return f"free space on {mount} unknown"
+    return f"{_size(free)} free on {mount}"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
