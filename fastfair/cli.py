@@ -560,9 +560,8 @@ def masks(
     threshold: Annotated[float, typer.Option(help="largest channel difference from the border colour, on [0, 1], "
                                                   "still counted as background")] = 0.1,
 ) -> None:
-    import numpy as np
-
     from fastfair.data.background import border_masks, class_index, named
+    from fastfair.rundir import write_npz_atomic
 
     if not 0 < threshold < 1:
         raise UserError(f"--threshold is a colour difference on [0, 1], above 0 and below 1; got {threshold}")
@@ -572,7 +571,8 @@ def masks(
     c = class_index(class_, bundle.classes, "--class")
     x = bundle.x_test[bundle.y_test == c].numpy()
     found = border_masks(x, threshold)
-    np.savez_compressed(out, masks=found, class_index=c, rule="border-colour", threshold=threshold)
+    write_npz_atomic({"masks": found, "class_index": c, "rule": "border-colour", "threshold": threshold}, out,
+                     compressed=True)
     print(f"written: {out} ({len(found)} masks of {named(bundle.classes[c])}, {100 * found.mean():.0f} % foreground)")
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -38,6 +39,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fastfair.errors import UserError, WriteError
@@ -248,6 +250,30 @@ class RunDir:
             f"; removed its unfinished {', '.join(str(t.relative_to(self.path)) for t in unfinished)}"
             if unfinished else ""))
 
+    def load_last(self) -> dict:
+        """``last.pt`` for --resume. A truncated one (copied part-way: fastfair's own writes are atomic) stops the
+        resume with how to go on: no earlier full state is kept (it would double the run's largest file), and
+        training the run again from its first epoch is the user's call, not done silently over their checkpoints."""
+        if self.last.is_file() and truncated(self.last):
+            raise UserError(f"cannot resume {self.path}: {self.last} {TRUNCATED}; copy it again from where it came "
+                            f"from, or move it aside and --resume trains the run again from its first epoch")
+        return load_checkpoint(self.last)
+
+    def stale_eval(self, path: Path, record: dict) -> str:
+        """Why the result ``path`` (``record``) is not of the weights its checkpoint holds now, in one line ("" when
+        it is, or is not of a checkpoint of this run): a checkpoint rewritten after it was evaluated (a resumed
+        training's new best, ``last.pt`` after more epochs). Only a checkpoint newer than the result is loaded."""
+        ckpt = self.checkpoints / Path(record.get("checkpoint", "")).name
+        if (not ckpt.is_file() or "fingerprint" not in record
+                or ckpt.stat().st_mtime_ns <= Path(path).stat().st_mtime_ns):
+            return ""
+        ck = load_checkpoint(ckpt, needs=("model",))
+        if state_sha256(ck["model"]) == record["fingerprint"]["weights"]:
+            return ""
+        return (f"{path} is of other weights than {ckpt.name} holds now (epoch {one_based_epoch(record)} was "
+                f"evaluated; the checkpoint, rewritten since, holds epoch {ck.get('epoch', '?')}); evaluate it again: "
+                f"fastfair eval {self.path} --checkpoint {ckpt.stem}")
+
     def make(self) -> None:
         """Create the folder, or say in one line why it cannot be one (a file, no permission)."""
         if self.path.exists() and not self.path.is_dir():
@@ -420,6 +446,20 @@ def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
     write_text_atomic(json.dumps(obj, indent=indent), path)
 
 
+def write_npz_atomic(arrays: dict, path: str | Path, compressed: bool = False) -> None:
+    """``np.savez`` (``np.savez_compressed``) of ``arrays`` to ``path`` atomically; no .npz is added to the name."""
+    _replace_atomic(lambda f: (np.savez_compressed if compressed else np.savez)(f, **arrays), path)
+
+
+def state_sha256(state: dict) -> str:
+    """SHA-256 of every tensor of a state dict, by name: the ``weights`` of a result's fingerprint."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def read_json(path: str | Path) -> dict:
     """A JSON file fastfair wrote; a damaged one (written in place by an older version) is a UserError."""
     try:
@@ -485,17 +525,29 @@ def write_error(path: Path, err: OSError, existed: bool) -> WriteError:
 
 def free_space(path: Path) -> str:
     """``12.3 GB free on /data``: the free space of the filesystem ``path`` is (or would be) on."""
-    folder = Path(os.path.abspath(path)).parent
-    while not folder.is_dir() and folder != folder.parent:
-        folder = folder.parent
+    folder = _on_disk(path)
     mount = folder
     while not os.path.ismount(mount):
         mount = mount.parent
     try:
-        free = shutil.disk_usage(folder).free
+        return f"{_size(shutil.disk_usage(folder).free)} free on {mount}"
     except OSError:
         return f"free space on {mount} unknown"
-    return f"{_size(free)} free on {mount}"
+
+
+def check_space(path: Path, needed: int, what: str) -> None:
+    """Refuse, before writing, ``what`` of about ``needed`` bytes at ``path`` where its filesystem has less free."""
+    if shutil.disk_usage(_on_disk(path)).free < needed:
+        raise WriteError(f"cannot write {path}: {what} need about {_size(needed)} ({free_space(path)}); nothing was "
+                         "written; free some space")
+
+
+def _on_disk(path: Path) -> Path:
+    """The nearest existing folder at or above ``path``: whose filesystem ``path`` is (or would be) on."""
+    folder = Path(os.path.abspath(path))
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def _size(n: float) -> str:
@@ -531,15 +583,26 @@ def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
 FOREIGN_HINT = "; to evaluate a model file fastfair did not write, add --model ARCH (fastfair models)"
 
 
+TRUNCATED = "is truncated (a zip, as torch.save writes, whose end is missing: a copy or a write that stopped part-way)"
+
+
+def truncated(path: Path) -> bool:
+    """Whether ``path`` begins as a zip (every checkpoint torch.save writes) but lacks the zip's end."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(path)
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
     """Load a fastfair checkpoint without unpickling arbitrary objects; a file that is not one
     (empty, truncated, another program's, or holding objects other than tensors) is a UserError."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+    if truncated(path):
+        raise UserError(f"{path} {TRUNCATED}; pass another .pt file, or copy this one again")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; torch.load on other files fails obscurely
-        raise UserError(f"{path} is not a checkpoint written by fastfair train (empty, truncated or another "
-                        f"format); pass a run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
+        raise UserError(f"{path} is not a checkpoint written by fastfair train (empty or another format); pass a "
+                        f"run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:

@@ -26,7 +26,7 @@ from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, state_sha256, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -101,8 +101,7 @@ def check_substitute(attack_names: list[str], substitute_given: bool, given_as: 
 
 def weights_sha256(model) -> str:
     """SHA-256 of every tensor of the model's state dict, by name."""
-    state = sorted(model.state_dict().items())
-    return _sha256(b for k, t in state for b in (k.encode(), t.detach().cpu().contiguous().numpy().tobytes()))
+    return state_sha256(model.state_dict())
 
 
 def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_backend") -> str:

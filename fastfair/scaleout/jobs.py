@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastfair.rundir import RunDir, read_json, write_json_atomic
+from fastfair.rundir import RunDir, append_text, read_json, write_json_atomic
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -89,9 +89,8 @@ def run_job(job: Job, env: dict[str, str] | None = None) -> str:
     state = {"status": "running", "attempt": previous.get("attempt", 0) + 1, "command": cmd,
              "started": time.time(), "host": os.uname().nodename}
     _write_state(run.path, state)
-    with open(run.train_log, "a") as log:
-        log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
-        log.flush()
+    append_text(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n", run.train_log)
+    with open(run.train_log, "a") as log:  # the child's output: its writes fail in the child, which says so
         start = log.tell()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 start_new_session=True, preexec_fn=functools.partial(_child_setup, os.getpid()))

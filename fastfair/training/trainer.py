@@ -28,7 +28,7 @@ from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.reports import figures, summary, tracking
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, notice, save_atomic
 from fastfair.training.selection import policy_scores, scored_policies
 
 
@@ -125,7 +125,7 @@ class Trainer:
             saved = config.load_saved_text(run.read_config(), str(run.config))
             changed = config.resume_changes(saved, self.cfg)
             if run.last.is_file():
-                self._load(load_checkpoint(run.last))
+                self._load(run.load_last())
                 self._reschedule(saved, changed)
                 self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
                 newer = [p for p in scored_policies() if p not in self.best]
