@@ -630,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
                               standalone_mode=False)
     except WriteError as err:  # a disk full or failing: not the user's mistake, and worth a retry once fixed
-        return _error(str(err), 74)
+        return _error(str(err), err.exit_code)
     except UserError as err:
         return _error(str(err), 2)
     except Interrupted as err:

@@ -10,6 +10,8 @@ class WriteError(UserError):
     the file, why, the free space there and how to go on; the CLI exits with 74 (sysexits' EX_IOERR), so a
     script tells it from a mistake (2). ``what`` says what failed and what was kept, ``then`` how to go on."""
 
+    exit_code = 74
+
     def __init__(self, what: str, then: str = "run the same command again"):
         super().__init__(f"{what}, then {then}")
         self.what, self.then = what, then

@@ -331,11 +331,17 @@ def _shared_filesystem(path: Path) -> str:
     """The type of the shared filesystem ``path`` is on ("" for a local one), from /proc/mounts; where that
     cannot be read, "unknown": fastfair then assumes a shared one."""
     try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
+        mounts = Path("/proc/mounts").read_text()
     except OSError:
         return "unknown"
-    real, best, kind = os.path.realpath(path), "", ""
-    for line in mounts:
+    return shared_in(os.path.realpath(path), mounts)
+
+
+def shared_in(real: str, mounts: str) -> str:
+    """The type of the shared filesystem the absolute path ``real`` is on by ``mounts`` (as /proc/mounts lists
+    them: device, mount point, type, ...; the longest mount point holding ``real`` wins), "" for a local one."""
+    best, kind = "", ""
+    for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 3:
             continue
@@ -511,7 +517,7 @@ def writing(path: str | Path):
 # what went wrong, and what the user does about it, by errno
 _WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
         errno.EDQUOT: ("the disk quota is used up", "free some space or raise the quota"),
-        errno.EIO: ("input/output error (a failing disk, or a network filesystem that went away)", "fix the disk"),
+        errno.EIO: ("input/output error, from a failing disk or a network filesystem gone away", "fix the disk"),
         errno.EROFS: ("the filesystem is read-only", "make it writable or write elsewhere"),
         errno.EACCES: ("permission denied", "make it writable or write elsewhere"),
         errno.EPERM: ("permission denied", "make it writable or write elsewhere")}

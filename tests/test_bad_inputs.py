@@ -28,12 +28,10 @@ from fastfair import cli, config
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
+from helpers import DEMO_FAST
 
 ROOT = Path(__file__).resolve().parents[1]
-# the demo preset, cut to seconds: a 4-channel CNN, one attack step, FGSM validation, clean + FGSM evaluation
-FAST = ["--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
-        "--set", "eval.attacks=['clean', 'fgsm']", "--set", "data.batch_size=256"]
-TRAIN = ["train", "--config", "demo", "--epochs", "1", *FAST]
+TRAIN = ["train", "--config", "demo", "--epochs", "1", *DEMO_FAST]
 
 
 def _train(out, *extra) -> list[str]:
@@ -160,8 +158,9 @@ CASES: dict[str, Case] = {
     "steps-zero": bad_set("attack.steps=0", r"attack.steps=0 is out of range: it must be at least 1"),
     "eval-eps": bad_set("eval.eps=1.5", r"eval.eps=1.5 is out of range"),
     "eval-alpha": bad_set("eval.alpha=-0.5", r"eval.alpha=-0.5 is out of range"),
-    "epochs-zero": Case([*TRAIN[:3], "--epochs", "0", *FAST, "--out", "{out}"], r"train.epochs=0 .*at least 1"),
-    "epochs-negative": Case([*TRAIN[:3], "--epochs", "-3", *FAST, "--out", "{out}"], r"train.epochs=-3 .*at least 1"),
+    "epochs-zero": Case([*TRAIN[:3], "--epochs", "0", *DEMO_FAST, "--out", "{out}"], r"train.epochs=0 .*at least 1"),
+    "epochs-negative": Case([*TRAIN[:3], "--epochs", "-3", *DEMO_FAST, "--out", "{out}"],
+                            r"train.epochs=-3 .*at least 1"),
     "lr-negative": bad_set("train.lr=-0.1", r"train.lr=-0.1 is out of range: it must be above 0"),
     "lr-zero": bad_set("train.lr=0", r"train.lr=0.0 is out of range"),
     "batch-zero": bad_set("data.batch_size=0", r"data.batch_size=0 is out of range: it must be at least 1"),

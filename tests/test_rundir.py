@@ -109,8 +109,8 @@ def test_taking_over_a_dead_holders_lock_removes_its_unfinished_writes(tmp_path,
     (run.path / "checkpoints").mkdir(parents=True)
     (run.path / "eval").mkdir()
     run.lock_file.write_text("pid 4242 on node7")  # the killed holder's name; its flock died with it
-    torn = [run.path / "checkpoints" / ".last.pt.node7.4242.abc123.tmp", run.path / "eval" / ".best-test.json.node7.4242.x1.tmp"]
-    others = [run.path / "eval" / ".best-test.json.node7.4243.x2.tmp", run.path / "eval" / ".best-test.json.node8.4242.x3.tmp"]
+    torn = [run.path / "checkpoints" / ".last.pt.node7.4242.ab1.tmp", run.path / "eval" / ".b.json.node7.4242.x1.tmp"]
+    others = [run.path / "eval" / ".b.json.node7.4243.x2.tmp", run.path / "eval" / ".b.json.node8.4242.x3.tmp"]
     for tmp in torn + others:
         tmp.write_bytes(b"half a file")
     kept = run.path / "checkpoints" / "last.pt"
@@ -120,7 +120,7 @@ def test_taking_over_a_dead_holders_lock_removes_its_unfinished_writes(tmp_path,
         pass
     assert not any(t.exists() for t in torn) and all(t.exists() for t in others) and kept.read_bytes() == b"whole"
     assert said == [f"{run.path}: taking over the lock of pid 4242 on node7, which is no longer running; removed "
-                    "its unfinished checkpoints/.last.pt.node7.4242.abc123.tmp, eval/.best-test.json.node7.4242.x1.tmp"]
+                    "its unfinished checkpoints/.last.pt.node7.4242.ab1.tmp, eval/.b.json.node7.4242.x1.tmp"]
     said.clear()
     with run.lock(said.append):
         pass

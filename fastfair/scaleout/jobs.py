@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastfair.errors import WriteError
 from fastfair.rundir import RunDir, append_text, read_json, write_json_atomic
 
 _PR_SET_PDEATHSIG = 1
@@ -122,6 +123,8 @@ def _why(log: Path, start: int, code: int) -> str:
         return errors[-1]
     if "Traceback (most recent call last):" in lines:
         return lines[-1]
+    if code == WriteError.exit_code:  # its error line went to a log on the disk it could not write
+        return f"exit code {code}: a file could not be written (a full or failing disk)"
     return f"exit code {code}"
 
 
