@@ -329,6 +329,7 @@ CASES: dict[str, Case] = {
 }
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_bad_input_is_one_error_line_and_writes_nothing(name, trained, tmp_path, capsys):
     case = CASES[name]
@@ -352,6 +353,7 @@ def test_the_table_covers_every_class_of_the_issue():
 
 
 # ---- faults that end well: divergence, lock takeover, torn lines --------------------------------
+@pytest.mark.fault
 @pytest.mark.slow
 def test_divergence_stops_keeps_the_last_good_epoch_and_resumes_with_a_lower_lr(trained, tmp_path, capsys):
     run = tmp_path / "run"
@@ -376,6 +378,7 @@ def test_divergence_stops_keeps_the_last_good_epoch_and_resumes_with_a_lower_lr(
     assert not RunDir(run).locked_by()
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_torn_metrics_line_and_a_stale_lock_are_repaired_on_resume(trained, tmp_path, capsys):
     run = tmp_path / "run"
@@ -392,6 +395,7 @@ def test_a_torn_metrics_line_and_a_stale_lock_are_repaired_on_resume(trained, tm
     assert (run / ".lock").read_text() == ""
 
 
+@pytest.mark.fault
 def test_a_live_writer_keeps_its_run(trained, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -404,6 +408,7 @@ def test_a_live_writer_keeps_its_run(trained, tmp_path, capsys):
     assert snapshot(run) == before
 
 
+@pytest.mark.fault
 def test_a_grid_refuses_a_run_another_process_still_trains(tmp_path, monkeypatch, capsys):
     grid_file('[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n')(tmp_path, None)
     run = RunDir(tmp_path / "out" / "a")
@@ -416,6 +421,7 @@ def test_a_grid_refuses_a_run_another_process_still_trains(tmp_path, monkeypatch
     assert json.loads(run.grid_state.read_text())["attempt"] == 1  # not launched
 
 
+@pytest.mark.fault
 def test_two_grids_never_write_one_folder(tmp_path, capsys):
     grid_file('[[axes]]\nkey = "train.seed"\nvalues = [0]\n')(tmp_path, None)
     with RunDir(tmp_path / "out").lock():
@@ -424,6 +430,7 @@ def test_two_grids_never_write_one_folder(tmp_path, capsys):
     assert not (tmp_path / "out" / "train.seed=0").exists()
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path):
     out = tmp_path / "run"

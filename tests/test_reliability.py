@@ -346,6 +346,7 @@ def test_a_filesystem_without_locks_is_one_line(tmp_path, monkeypatch):
             pass
 
 
+@pytest.mark.fault
 def test_shared_filesystems_are_told_from_local_ones_by_the_longest_mount_point():
     mounts = ("/dev/vda / ext4 rw 0 0\nserver:/export /data nfs4 rw 0 0\n/dev/sdb /data/local\\040disk xfs rw 0 0\n"
               "lustre@tcp:/fs /scratch lustre rw,flock 0 0\nme@host: /home/me/remote fuse.sshfs rw 0 0\n")

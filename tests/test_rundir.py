@@ -74,6 +74,7 @@ def test_checkpoints_round_trip_and_other_paths_are_user_errors(tmp_path):
         load_checkpoint(tmp_path / "notes.txt")
 
 
+@pytest.mark.fault
 def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_file(tmp_path):
     import os
     import signal
@@ -99,6 +100,7 @@ def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_fi
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.fault
 def test_taking_over_a_dead_holders_lock_removes_its_unfinished_writes(tmp_path, monkeypatch):
     """A run killed mid-save leaves its atomic writes' temporary files, named for its host and pid, wherever it was
     writing (a checkpoint, the final evaluation's JSON); the next holder of the lock removes them (the files they
