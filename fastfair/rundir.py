@@ -16,8 +16,11 @@ this module is the one place that names its files::
 
 Every file is replaced atomically (a unique temporary name, fsync, rename, fsync of the folder), so a
 crash leaves the old file or the new one, never a torn one; the two append-only logs tolerate a torn
-last line (a kill mid-write), which a resume removes. Checkpoints load with
-``torch.load(weights_only=True)``: loading never unpickles arbitrary objects.
+last line (a kill mid-write), which a resume removes. Every file a run writes goes through here
+(:func:`replacing`, :func:`append_text` and the writers on them), so a write that fails (disk full,
+I/O error) is one :class:`~fastfair.errors.WriteError` line naming the file and the free space, with the
+old file kept (docs/reliability.md). Checkpoints load with ``torch.load(weights_only=True)``: loading
+never unpickles arbitrary objects.
 """
 from __future__ import annotations
 
