@@ -28,21 +28,16 @@ from fastfair import cli, config
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
-from helpers import DEMO_FAST
+from helpers import DEMO_FAST, DEMO_TRAIN, demo_train, trained_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["train", "--config", "demo", "--epochs", "1", *DEMO_FAST]
-
-
-def _train(out, *extra) -> list[str]:
-    return [*TRAIN, "--out", str(out), *extra]
+TRAIN = DEMO_TRAIN
+_train = demo_train
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert cli.main(_train(out)) == 0
-    return out
+    return trained_demo(tmp_path_factory)
 
 
 def snapshot(folder: Path) -> dict[str, str]:

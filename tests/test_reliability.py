@@ -30,23 +30,16 @@ from fastfair.reports.report import load_run
 from fastfair.rundir import (RunDir, append_jsonl, append_text, load_checkpoint, save_atomic, write_json_atomic,
                              write_npz_atomic)
 from fastfair.scaleout import jobs
-from helpers import DEMO_FAST
+from helpers import demo_train, trained_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["train", "--config", "demo", "--epochs", "1", *DEMO_FAST, "--set", "train.lr_milestones=[]"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def _train(out, *extra) -> list[str]:
-    return [*TRAIN, "--out", str(out), *extra]
+_train = demo_train
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A finished one-epoch demo run (checkpoints, metrics, the final evaluation's JSON); tests copy it."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert cli.main(_train(out)) == 0
-    return out
+    return trained_demo(tmp_path_factory)
 
 
 def _copy(trained: Path, to: Path) -> Path:
