@@ -240,7 +240,9 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
         # the results is the likeliest cause of the rare rank-1 abort at exit ("terminate called without an active
         # exception", tests/test_distributed.py)
         distributed.barrier()
-    except WriteError as err:  # the run is as it was before the write: whole files, resumable
+    except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
+        if not RunDir(out).config.is_file():
+            raise
         raise err.continue_with(f"fastfair train --out {out} --resume") from None
     except KeyboardInterrupt:
         if not training:

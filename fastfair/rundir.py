@@ -222,9 +222,10 @@ class RunDir:
             previous = _holder(fd)
             if previous:
                 self._take_over(previous, log or notice)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {_HOST}".encode(), 0)
-            os.fsync(fd)
+            with writing(self.lock_file):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {_HOST}".encode(), 0)
+                os.fsync(fd)
             try:
                 yield
             finally:
@@ -298,6 +299,8 @@ class RunDir:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _holder(fd) or "a process"
+        except OSError as err:
+            raise _no_locks(self.lock_file, err) from None
         finally:
             os.close(fd)  # closing drops the probe's own lock
         return ""

@@ -141,6 +141,15 @@ def test_a_full_disk_at_a_checkpoint_stops_training_in_one_line_and_resume_ends_
 
 
 @pytest.mark.fault
+def test_a_new_run_whose_config_cannot_be_written_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    fail_writes(monkeypatch, which=lambda path: path.name.startswith(".config.toml."))
+    assert cli.main(_train(tmp_path / "run")) == 74
+    assert _one_error(capsys.readouterr().err).endswith(
+        "no config.toml was written; free some space, then run the same command again")
+    assert not (tmp_path / "run").exists()  # so the same command starts it afresh
+
+
+@pytest.mark.fault
 def test_eval_on_a_failing_disk_is_one_line_and_keeps_the_previous_result(trained, tmp_path, monkeypatch, capsys):
     run = _copy(trained, tmp_path / "run")
     result = run / "eval" / "best_pgd-test.json"

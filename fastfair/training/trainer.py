@@ -142,8 +142,8 @@ class Trainer:
                             "continue it, or another --out for a new run")
         distributed.barrier()  # every rank has looked at the folder before rank 0 writes into it
         if self.main:
+            run.write_config(self.cfg.to_toml())  # first: a run whose config could not be written holds nothing
             run.checkpoints.mkdir(parents=True, exist_ok=True)
-            run.write_config(self.cfg.to_toml())
             # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
             run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
