@@ -512,12 +512,12 @@ def writing(path: str | Path):
     try:
         yield
     except OSError as err:
-        raise write_error(path, err, existed) from None
+        raise _write_error(path, err, existed) from None
     except RuntimeError as err:  # torch.save reports its file's failed write as a RuntimeError raised over it
         cause = err.__cause__ or err.__context__
         if not isinstance(cause, OSError):
             raise
-        raise write_error(path, cause, existed) from None
+        raise _write_error(path, cause, existed) from None
 
 
 # what went wrong, and what the user does about it, by errno
@@ -529,7 +529,7 @@ _WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
         errno.EPERM: ("permission denied", "make it writable or write elsewhere")}
 
 
-def write_error(path: Path, err: OSError, existed: bool) -> WriteError:
+def _write_error(path: Path, err: OSError, existed: bool) -> WriteError:
     why, fix = _WHY.get(err.errno, ((err.strerror or str(err)).lower(), "fix the disk"))
     kept = f"the previous {path.name} is kept as it was" if existed else f"no {path.name} was written"
     return WriteError(f"cannot write {path}: {why} ({free_space(path)}); {kept}; {fix}")

@@ -47,15 +47,20 @@ def _copy(trained: Path, to: Path) -> Path:
     return to
 
 
-def fail_writes(monkeypatch, code: int = errno.ENOSPC, room: int = 0, which=lambda path: True) -> None:
+def fail_writes(monkeypatch, code: int = errno.ENOSPC, room: int = 0, which=lambda path: True,
+                times: int = -1) -> None:
     """Writes through rundir's lowest layer to the files ``which`` picks fail with ``code`` once ``room`` more
-    bytes are written: the write that crosses it is cut short, as a filling disk cuts it, the next one fails."""
-    left = [room]
+    bytes are written: the write that crosses it is cut short, as a filling disk cuts it, the next one fails
+    (``times`` failures, then the disk has room again; -1: it never has)."""
+    left, failures = [room], [times]
 
     class Failing(io.FileIO):
         def write(self, data) -> int:
-            if left[0] <= 0:
+            if left[0] <= 0 and failures[0]:
+                failures[0] -= 1
                 raise OSError(code, os.strerror(code))
+            if failures[0] == 0:
+                return super().write(data)
             part = bytes(memoryview(data).cast("B")[: left[0]])
             left[0] -= len(part)
             return super().write(part)
@@ -78,7 +83,7 @@ def _temporary_files(folder: Path) -> list[Path]:
 WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
        errno.EIO: ("input/output error, from a failing disk or a network filesystem gone away", "fix the disk")}
 WRITERS = {  # every kind of file a run writes, by the helper that writes it
-    "checkpoint": ("last.pt", lambda path: save_atomic({"epoch": 2, "model": {"w": torch.ones(1000)}}, path)),
+    "checkpoint": ("last.pt", lambda path: save_atomic({"epoch": 2, "model": {"w": torch.ones(100_000)}}, path)),
     "json": ("best_pgd-test.json", lambda path: write_json_atomic({"results": list(range(1000))}, path)),
     "npz": ("best_pgd-test.aa.npz", lambda path: write_npz_atomic({"pred": np.arange(1000)}, path)),
     "figure": ("per-class.png", lambda path: figures.save_figure(figures.plt.figure(), path)),
@@ -102,6 +107,18 @@ def test_a_failed_write_is_one_line_and_keeps_the_previous_file(writer, code, tm
     why, fix = WHY[code]
     assert re.fullmatch(rf"cannot write {re.escape(str(path))}: {why} \([\d.]+ [kMGT]?B free on /\S*\); the previous "
                         rf"{re.escape(name)} is kept as it was; {fix}, then run the same command again", str(err.value))
+
+
+@pytest.mark.fault
+def test_a_checkpoint_write_that_fails_once_is_one_line_though_the_disk_had_room_again(tmp_path, monkeypatch):
+    """torch.save turns its file's failed write into a RuntimeError; where the file's buffer then closes cleanly
+    (space freed meanwhile), that error is the one seen, and still a failed write of the file."""
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"the previous, complete file\n")
+    fail_writes(monkeypatch, times=1)
+    with pytest.raises(WriteError, match=rf"cannot write {re.escape(str(path))}: no space left on the device"):
+        save_atomic({"w": torch.ones(100_000)}, path)  # its data bypasses the 8 kB buffer: torch sees the failure
+    assert path.read_bytes() == b"the previous, complete file\n" and [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
 @pytest.mark.fault
@@ -154,12 +171,15 @@ def test_eval_on_a_failing_disk_is_one_line_and_keeps_the_previous_result(traine
     run = _copy(trained, tmp_path / "run")
     result = run / "eval" / "best_pgd-test.json"
     before = result.read_bytes()
+    best = run / "checkpoints" / "best_pgd.pt"
+    ck = load_checkpoint(best)  # other weights than the result's: the earlier result is kept in eval/previous/ first
+    save_atomic({**ck, "model": {k: v * 0.5 if v.is_floating_point() else v for k, v in ck["model"].items()}}, best)
     fail_writes(monkeypatch, errno.EIO, which=lambda path: path.name.startswith(".best_pgd-test.json."))
     assert cli.main(["eval", str(run), "--attacks", "clean", "--quiet"]) == 74
     line = _one_error(capsys.readouterr().err)
     assert line.startswith(f"cannot write {result}: input/output error") and line.endswith(
         "the previous best_pgd-test.json is kept as it was; fix the disk, then run the same command again")
-    assert result.read_bytes() == before and not _temporary_files(run)
+    assert result.read_bytes() == before and not _temporary_files(run)  # in place, not only in eval/previous/
 
 
 @pytest.mark.fault
