@@ -250,7 +250,8 @@ def graphs_under_cpp_wrapper() -> bool:
     saved = dict(counters).get("inductor")  # a copy, or None where Inductor has counted nothing yet
     saved = None if saved is None else collections.Counter(saved)
     quiet = logging.getLogger("torch._inductor.cudagraph_utils")
-    level, quiet.level = quiet.level, logging.ERROR
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         # cudagraph_or_error off: the answer, not the error its compilation would raise
         with inductor_config.patch({**compile_options(cpp_wrapper=True, graphs=True),
