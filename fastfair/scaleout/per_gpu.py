@@ -37,9 +37,10 @@ CIFAR_SHAPED = ("cifar10", "cifar100", "svhn")  # 32x32 RGB: the images the figu
 class Choice:
     k: int
     why: str
+    where: str = "per GPU"
 
     def line(self) -> str:
-        return f"--per-gpu auto: {self.k} run{'s' if self.k > 1 else ''} per GPU: {self.why}"
+        return f"--per-gpu auto: {self.k} run{'s' if self.k > 1 else ''} {self.where}: {self.why}"
 
 
 def parse(value) -> int | str:
@@ -125,7 +126,7 @@ def _memory_gib(fig: Figures, step: tuple) -> tuple[float, str] | None:
 def choose(configs: list[Config], gpus: list[Gpu], *, cores: int | None = None, fig: Figures | None = None) -> Choice:
     """``--per-gpu auto`` for runs ``configs`` on ``gpus`` (none: the CPU)."""
     if not gpus or all(c.train.device == "cpu" for c in configs):
-        return Choice(1, "no GPU, so one run at a time: each run's PyTorch threads already use every core")
+        return Choice(1, "no GPU, and each run's PyTorch threads already use every core", "at a time")
     fig = fig or gpu_figures.shipped()
     cores = cores or host_cores()
     smallest = min(gpus, key=lambda g: g.memory_gib)
@@ -151,3 +152,16 @@ def choose(configs: list[Config], gpus: list[Gpu], *, cores: int | None = None, 
         parts.append(f"{cores} host cores allow {by_cores}")
         choices.append(Choice(min(k, by_cores), "; ".join(parts)))
     return min(choices, key=lambda c: c.k)
+
+
+def resolve(per_gpu: int | str, configs: list[Config], gpus: list[str] | None, echo=print) -> int:
+    """The runs per GPU for ``configs`` on GPU ids ``gpus`` (``parse_gpus``; empty: the CPU; None: GPUs elsewhere,
+    a cluster's): ``per_gpu`` itself when a number, else ``auto``'s choice, printed in one line with why."""
+    if per_gpu != "auto":
+        return per_gpu
+    if gpus is None:
+        choice = Choice(1, "the GPUs the runs will get are not visible from here; give --per-gpu K to run more")
+    else:
+        choice = choose(configs, visible(gpus))
+    echo(choice.line())
+    return choice.k
