@@ -72,6 +72,10 @@ def _git() -> dict[str, Any]:
         return {"commit": "", "dirty": None}
 
 
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def header(dev: torch.device) -> dict[str, Any]:
     """Device and software versions that a number depends on (stored with every result)."""
     try:
@@ -89,7 +93,7 @@ def header(dev: torch.device) -> dict[str, Any]:
         # TF32 changes what "fp32" means on a GPU: the reference loop gets whatever PyTorch defaults to.
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time_utc": utc_now(),
         **_git(),
     }
     if dev.type == "cuda":
@@ -122,6 +126,20 @@ def timed(fn: Callable[[], Any], dev: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def wait_for_pid(pid: int, timeout_s: float) -> bool:
+    """Wait, at most ``timeout_s``, until process ``pid`` has ended (a zombie its parent has not reaped yet has);
+    whether it has."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def median_seconds(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int) -> float:
     for _ in range(warmup):
         fn()
@@ -135,6 +153,17 @@ def endless(loader: Iterable) -> Iterator:
 
 
 REPEATS = 3  # timed windows per measurement; the median is reported
+
+
+def run_steps(step: Callable, loader: Iterable, n: int, dev: torch.device) -> None:
+    """``n`` untimed calls of ``step(x, y)`` on consecutive batches (compilation, autotuning, warm-up), synchronised."""
+    batches = endless(loader)
+    try:
+        for _ in range(n):
+            step(*next(batches))
+    finally:
+        batches.close()
+    sync(dev)
 
 
 def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: torch.device,
@@ -185,6 +214,12 @@ def has_key(key: str) -> bool:
     section, _, name = key.partition(".")
     sec = getattr(config.Config(), section, None)
     return dataclasses.is_dataclass(sec) and name in {f.name for f in dataclasses.fields(sec)}
+
+
+def switch(key: str, on: bool) -> bool | str:
+    """The value that turns ``key`` on or off: a bool for a bool key, "on" / "off" for an auto | on | off key."""
+    section, _, name = key.partition(".")
+    return on if isinstance(getattr(getattr(config.Config(), section), name), bool) else ("on" if on else "off")
 
 
 def make_config(method: str, model: str, dataset: str, overrides: dict[str, Any]) -> config.Config:
