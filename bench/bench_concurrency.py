@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     p.add_argument("--compile-deadline", type=float, help="seconds the runs have to compile, all at once")
     args = p.parse_args(argv)
     full = dict(ks=[1, 2, 4, 8], method="pgd-at", model="resnet18", batch=128, steps=10, warmup=4, attack_steps=10,
-                compile_deadline=60.0)
+                compile_deadline=300.0)
     smoke = dict(ks=[1, 2], method="pgd-at", model="tiny-cnn", batch=16, steps=2, warmup=1, attack_steps=2,
                  compile_deadline=300.0)
     common.fill_defaults(args, full, smoke)

@@ -16,9 +16,14 @@ same process, its compilation's seconds (every configuration compiling at once, 
 memory: the process's (nvidia-smi) and the caching allocator's peak. A configuration the device or the core cannot
 run is a row saying why (skipped, refused by fastfair, not compiled by the deadline, failed); the rest go on.
 A batch of 512 times a quarter of the steps of 128: the same images per window.
+
+Run again on the same GPU, it keeps every configuration already settled (timed, refused or failed) in its result
+file and compiles and times only the rest: a configuration the compile deadline stopped, or a killed run's. It
+exits with 3 while one is left.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -97,14 +102,35 @@ def rows_of(c: Config, note: str, timed: dict | None, warm_s: float | None) -> l
     per_s = lambda seconds: s.steps * s.batch / seconds  # noqa: E731
     ff = bench_training.row(s.method, s.model, s.batch, c.label, per_s(timed["fastfair"]) if timed else None,
                             None if timed else note)
-    ff.update(loop="fastfair", graphs=c.graphs, cpp_wrapper=c.wrapper, warm_s=warm_s)
+    ff.update(config=s.name, loop="fastfair", graphs=c.graphs, cpp_wrapper=c.wrapper, warm_s=warm_s)
     if not timed:
         return [ff]
     ref = bench_training.row(s.method, s.model, s.batch, "reference", per_s(timed["reference"]))
-    ref.update(loop="reference", x_reference=1.0)
+    ref.update(config=s.name, loop="reference", x_reference=1.0)
     ff.update(x_reference=ff["images_per_s"] / ref["images_per_s"], memory_gib=timed.get("process_gib"),
               allocator_gib=timed.get("allocator_gib"))
     return [ref, ff]
+
+
+# a configuration whose row says one of these is settled: running it again on this GPU would say the same (a skip
+# is decided afresh each run: it depends on the code, not on the GPU)
+SETTLED = ("refused", "failed", "out of GPU memory")
+
+
+def settled_before(path: Path, device: str) -> dict[str, list[dict]]:
+    """The rows of every configuration an earlier run on this device settled (timed, or a note in ``SETTLED``), by
+    configuration: a rerun times only the rest (one the compile deadline stopped, or a killed run's)."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if data["header"]["device"] != device:
+        return {}
+    rows: dict[str, list[dict]] = {}
+    for r in data["rows"]:
+        rows.setdefault(r.get("config", ""), []).append(r)
+    return {name: rs for name, rs in rows.items()
+            if any(r["loop"] == "fastfair" and (r["images_per_s"] or (r["note"] or "").startswith(SETTLED))
+                   for r in rs)}
 
 
 COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("rung", "configuration"),
@@ -113,7 +139,7 @@ COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("rung"
            ("memory_gib", "GPU GiB (process)"), ("allocator_gib", "GPU GiB (allocator peak)"), ("note", "note")]
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = common.base_parser(__doc__)
     p.add_argument("--steps", type=int, help="timed steps per window at batch 128 (fewer at larger batches)")
     p.add_argument("--warmup", type=int, help="untimed steps first: compilation, CUDA graphs' warm-up and recording")
@@ -122,7 +148,7 @@ def main(argv=None) -> None:
     p.add_argument("--after-pid", type=int, help="time nothing before this process has ended (a part running "
                                                  "alongside: the GPU tests), waiting for it at most 120 s")
     args = p.parse_args(argv)
-    full = dict(steps=10, warmup=4, attack_steps=10, compile_deadline=220.0)
+    full = dict(steps=10, warmup=4, attack_steps=10, compile_deadline=240.0)
     smoke = dict(steps=2, warmup=1, attack_steps=2, compile_deadline=300.0)
     common.fill_defaults(args, full, smoke)
     # ResNet-18 for the matrix and TRADES, WRN-34-10 (a step about 10x longer: 4 steps a window)
@@ -135,6 +161,8 @@ def main(argv=None) -> None:
     dev = common.pick_device(args.device)
     head = common.header(dev)
     plan = configs(args, dev)
+    done = settled_before(common.result_path("training", head, args.out, args.smoke, args.tag or "plan"),
+                          head["device"])
     skips = {c.spec.name: why for c in plan if (why := skip_reason(c, dev))}
     record = {k: getattr(args, k) for k in ("steps", "warmup", "attack_steps", "compile_deadline", "batches", "models",
                                             "width", "workers", "image_shape", "train_images")}
@@ -145,7 +173,7 @@ def main(argv=None) -> None:
                            tag=args.tag or "plan", body=common.markdown_table(rows, COLUMNS))
 
     t0 = time.perf_counter()
-    pool = Pool([c.spec for c in plan if c.spec.name not in skips], args, dev)
+    pool = Pool([c.spec for c in plan if c.spec.name not in skips and c.spec.name not in done], args, dev)
     try:
         status = pool.warm(args.compile_deadline)
         print(f"compiled in {time.perf_counter() - t0:.0f} s: {status}", flush=True)
@@ -153,6 +181,9 @@ def main(argv=None) -> None:
             common.wait_for_pid(args.after_pid, 120)
         for c in plan:  # in order, each written as soon as it is timed: a killed part keeps what it measured
             name = c.spec.name
+            if name in done:
+                rows.extend(done[name])
+                continue
             if name in skips:
                 rows.extend(rows_of(c, f"skipped: {skips[name]}", None, None))
                 continue
@@ -170,7 +201,12 @@ def main(argv=None) -> None:
     paths = save()
     print(paths[1].read_text())
     print("written:", *paths)
+    settled = settled_before(paths[0], head["device"])
+    left = [c.spec.name for c in plan if c.spec.name not in settled and c.spec.name not in skips]
+    if left:
+        print(f"not timed yet (run again to time only these): {'; '.join(left)}")
+    return 3 if left else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -274,6 +274,12 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def result_path(name: str, head: dict, out_dir: Path, smoke: bool, tag: str = "") -> Path:
+    """``out_dir/<name>[-<tag>][-smoke]-<device>.json``: where :func:`save` writes a bench's record."""
+    dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
+    return Path(out_dir) / f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}.json"
+
+
 def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, out_dir: Path,
          smoke: bool, tag: str = "") -> tuple[Path, Path]:
     """Write ``<name>[-<tag>][-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
@@ -283,10 +289,10 @@ def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
-    stem = f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}"
+    json_path = result_path(name, head, out_dir, smoke, tag)
+    md_path = json_path.with_name(json_path.name.removesuffix(".json") + ".md")
     record = {"bench": name, "smoke": smoke, "header": head, "settings": settings, "rows": rows}
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    json_path.write_text(json.dumps(record, indent=1) + "\n")
     kind = "CPU smoke run: tiny sizes, not a performance number" if smoke else "full-size run"
     md = [f"# {name} ({kind})", "",
           f"- device: {head['device']}",
@@ -295,8 +301,8 @@ def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, 
           f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
           f"{head['time_utc']}",
           f"- settings: `{json.dumps(settings)}`", "", body, ""]
-    (out_dir / f"{stem}.md").write_text("\n".join(md))
-    return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    md_path.write_text("\n".join(md))
+    return json_path, md_path
 
 
 def base_parser(doc: str):

@@ -121,6 +121,7 @@ def gpu_records(results: Path, bench: str):
             yield path, data
 
 
+FAILED = ("failed", "out of GPU memory")  # the notes of a configuration that ran on the GPU and did not finish
 # the ladder's rungs that run fastfair's whole compiled stack (the defaults' comparisons are between those)
 COMPILED_RUNGS = ("+ compiled attack", "+ CUDA graphs", "fastfair default")
 
@@ -140,7 +141,8 @@ def training(results: Path) -> list[dict]:
         for r in data["rows"]:
             loop = "reference" if r["rung"] == "reference" else "fastfair" if (
                 r["rung"].removesuffix(" (sweep)") in COMPILED_RUNGS or "graphs" in r) else None
-            if loop is None:
+            # a row not run (skipped, refused by fastfair, not compiled in time) measured nothing; a failure did
+            if loop is None or not (r["images_per_s"] or (r.get("note") or "").startswith(FAILED)):
                 continue
             graphs, wrapper = _switches(r) if loop == "fastfair" else (None, None)
             out.append({"device": head["device"], "time_utc": head["time_utc"], "torch": head["torch"],

@@ -82,6 +82,15 @@ def test_graphs_follow_the_measurement(tmp_path, with_graphs, without, on):
     assert "on an NVIDIA H100 80GB HBM3 (2027-01-01)" in graphs.why
 
 
+@pytest.mark.parametrize("note", ["refused: train.cudagraphs=on and train.cpp_wrapper=on: ...",
+                                  "not compiled within 240 s (stopped)", "skipped: CUDA graphs need CUDA"])
+def test_a_configuration_that_did_not_run_measured_nothing(tmp_path, note):
+    write_training(tmp_path, H100, DAY1, [fastfair_row(True, False, None, note=note),
+                                          fastfair_row(False, False, 3000.0)])
+    graphs, _ = defaults(tmp_path)
+    assert (graphs.on, graphs.measured) == (True, False)
+
+
 def test_the_latest_measurement_of_a_configuration_counts(tmp_path):
     write_training(tmp_path, H100, DAY1, [fastfair_row(True, False, 2000.0), fastfair_row(False, False, 3000.0)])
     assert not defaults(tmp_path)[0].on

@@ -6,7 +6,8 @@ step of the runs, and takes the smallest:
 
 1. from a measured concurrency curve for the same step on the same GPU model: the smallest K whose aggregate
    images/s is within ``FULL`` of the best K measured;
-2. else from the step's predicted times: K = ceil(host seconds / GPU seconds per step), where the host issues every
+2. else from the step's predicted times: K runs issue K / host steps a second and the GPU runs 1 / GPU seconds, so
+   K = ceil(FULL x host seconds / GPU seconds per step) comes within ``FULL`` of filling it; the host issues every
    launch without CUDA graphs, only those outside the recorded graphs with them (so K = 1 for a graphed step);
 3. bounded by memory: K runs of ``memory_gib`` each (measured on a GPU, else predicted) within ``MEMORY_SHARE`` of
    the smallest GPU's memory;
@@ -104,7 +105,7 @@ def _predicted_k(fig: Figures, gpu: Gpu, step: tuple) -> tuple[int, str] | None:
     fam = family(gpu.name)
     host = (row["launches_outside"] if graphs else row["launches"]) * fig.host_launch_us * 1e-6
     gpu_s = row["s_gpu"][fam]
-    k = max(1, math.ceil(host / gpu_s))
+    k = max(1, math.ceil(FULL * host / gpu_s))  # K runs issue K / host steps a second, the GPU runs 1 / gpu_s
     as_ = "" if fam in gpu.name.lower() else f", predicted as an {fam.upper()}"
     return k, (f"{method} {model} batch {batch} {'with' if graphs else 'without'} CUDA graphs issues "
                f"{1e3 * host:.1f} ms of launches per step for {1e3 * gpu_s:.1f} ms of GPU work (PREDICTED"
