@@ -173,7 +173,7 @@ PARTS = (
          + (["--smoke"] if a.smoke else ["--epochs", "10", "--seeds", "0"])
          + (["--data", str(real_data(a))] if real_data(a) else [])),
 )
-PLAN = ("env", "plan-training", "concurrency", "aa-10k")  # the one command of the next lease (with gpu-tests)
+PLAN = ("env", "plan-training", "concurrency", "aa-10k")  # the next lease's one command (gpu-tests alongside)
 
 
 # ---- running -------------------------------------------------------------------------------------
@@ -284,7 +284,9 @@ def main(argv=None) -> int:
     if a.list:
         for part in PARTS:
             status = f"done on {record(a, part).get('device', '?')}" if done(a, part) else "to do"
-            print(f"{part.name:12s} {status:22s} ~{part.estimate_s:4d} s  {part.what}")
+            where = "plan" if part.name in PLAN else "alongside" if any(q.alongside == part.name for q in PARTS) else ""
+            print(f"{part.name:13s} {where:9s} {status:22s} ~{part.estimate_s:4d} s  {part.what}")
+        print(f"the plan: {sum(q.estimate_s for q in PARTS if q.name in PLAN)} s of this command's {a.max_s:.0f}")
         return 0
     if not a.smoke and not torch.cuda.is_available():
         p.error("no CUDA device: the suite measures a GPU; use --smoke to check it on this machine")

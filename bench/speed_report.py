@@ -254,20 +254,26 @@ def autoattack_lines(rows: list[dict]) -> list[str]:
          f"({r['s_per_10k']:.0f} s per 10k)" for r in rows]
 
 
+GPUS = (("NVIDIA H100 80GB HBM3", 79.2), ("NVIDIA H200", 139.8))  # the lent kinds, as torch names them
+
+
 def defaults_lines(fig: gpu_figures.Figures) -> list[str]:
     graphs = gpu_defaults.cudagraphs(fig)
     wrapper = gpu_defaults.cpp_wrapper(fig, graphs.on)
     on = lambda d: "on" if d.on else "off"  # noqa: E731
     lines = ["CUDA defaults and what they rest on (`fastfair/gpu_defaults.py`, `fastfair/scaleout/per_gpu.py`):", "",
              f"- CUDA graphs: **{on(graphs)}**: {graphs.why}.",
-             f"- C++ wrapper: **{on(wrapper)}**: {wrapper.why}."]
+             f"- C++ wrapper: **{on(wrapper)}**: {wrapper.why}.", "",
+             "| `--per-gpu auto`, PGD-AT ResNet-18 batch 128, 16 host cores | "
+             + " | ".join(name for name, _ in GPUS) + " |", "|---|" + "---|" * len(GPUS)]
     cfg = config.resolve(flags={"method.name": "pgd-at", "model.name": "resnet18", "data.dataset": "cifar10"})
     for graphed in (True, False):
         config.apply(cfg, {"train.cudagraphs": graphed}, "the speed report")
-        for name, gib in (("NVIDIA H100 80GB HBM3", 79.2), ("NVIDIA H200", 139.8)):
+        cells = []
+        for name, gib in GPUS:
             choice = per_gpu.choose([cfg], [per_gpu.Gpu(name, gib)], cores=16, fig=fig)
-            lines.append(f"- `--per-gpu auto`, PGD-AT ResNet-18 batch 128 {'with' if graphed else 'without'} CUDA "
-                         f"graphs on an {name} with 16 host cores: **{choice.k}**: {choice.why}.")
+            cells.append(f"{choice.k} ({'PREDICTED' if 'PREDICTED' in choice.why else 'measured'})")
+        lines.append(f"| {'with' if graphed else 'without'} CUDA graphs | " + " | ".join(cells) + " |")
     return lines
 
 
