@@ -16,11 +16,14 @@ recorded, so one slow compilation never costs the others their timings.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from bench import bench_training, common
 from fastfair.errors import UserError
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
 REFERENCE_WARMUP = 2  # the reference compiles nothing: its DataLoader's workers and cuDNN's choices warm up
 
 
@@ -103,7 +107,18 @@ def why(err: BaseException) -> str:
     return f"failed: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
 
 
-def _run_child(spec: Spec, args, device: str, conn, go) -> None:
+def _own_group_dying_with(parent: int) -> None:
+    """A child leads its own process group, so stopping it stops its compile workers too, and (Linux) dies with the
+    pool's process, so a killed bench leaves nothing compiling behind."""
+    os.setpgrp()
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the pool's process died before the line above
+            os._exit(1)
+
+
+def _run_child(spec: Spec, args, device: str, conn, go, parent: int) -> None:
+    _own_group_dying_with(parent)
     dev = torch.device(device)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -140,7 +155,7 @@ class Pool:
             for spec in specs:
                 parent, child = ctx.Pipe()
                 # not a daemon: the reference loop's DataLoader starts worker processes of its own
-                proc = ctx.Process(target=_run_child, args=(spec, args, str(dev), child, self.go))
+                proc = ctx.Process(target=_run_child, args=(spec, args, str(dev), child, self.go, os.getpid()))
                 proc.start()
                 self.procs[spec.name], self.conns[spec.name] = proc, parent
         finally:
@@ -163,7 +178,7 @@ class Pool:
                     self.status[name] = str(err)
         for name in self.specs:
             if name not in self.status:
-                self.procs[name].terminate()
+                self._stop(name)
                 self.status[name] = f"not compiled within {deadline_s:.0f} s (stopped)"
         return dict(self.status)
 
@@ -205,6 +220,16 @@ class Pool:
         return {"k": len(names), "images_per_s": sum(images) / wall,
                 "per_run_images_per_s": statistics.mean(i / (e - s) for i, (s, e) in zip(images, spans))}
 
+    def _stop(self, name: str) -> None:
+        """Kill a child's process group (it and its compile workers), and the child itself in case it has not made
+        its group yet; wait for it."""
+        try:
+            os.killpg(self.procs[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.procs[name].kill()
+        self.procs[name].join(10)
+
     def close(self) -> None:
         for name, proc in self.procs.items():
             if proc.is_alive():
@@ -214,4 +239,4 @@ class Pool:
                     pass
                 proc.join(10)
             if proc.is_alive():
-                proc.terminate()
+                self._stop(name)

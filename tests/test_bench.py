@@ -147,3 +147,17 @@ def test_the_plan_times_each_configuration_beside_its_reference_and_a_rerun_time
     assert FakePool.made[-1] == [left]  # only the one left
     rows = json.loads((tmp_path / "training-plan-smoke-cpu.json").read_text())["rows"]
     assert len([r for r in rows if r["loop"] == "fastfair" and r["images_per_s"]]) == 4
+
+
+def test_a_pool_stops_what_has_not_compiled_by_its_deadline(tmp_path):
+    from argparse import Namespace
+
+    from bench.pool import Pool, Spec
+
+    args = Namespace(train_images=64, image_shape=[3, 8, 8], attack_steps=1, width=4, workers=0, warmup=1)
+    pool = Pool([Spec("slow", "pgd-at", "tiny-cnn", 8, 1)], args, torch.device("cpu"))
+    try:
+        assert pool.warm(0.01) == {"slow": "not compiled within 0 s (stopped)"}
+        assert not pool.procs["slow"].is_alive()
+    finally:
+        pool.close()
