@@ -268,7 +268,7 @@ def defaults_lines(fig: gpu_figures.Figures) -> list[str]:
              + " | ".join(name for name, _ in GPUS) + " |", "|---|" + "---|" * len(GPUS)]
     cfg = config.resolve(flags={"method.name": "pgd-at", "model.name": "resnet18", "data.dataset": "cifar10"})
     for graphed in (True, False):
-        config.apply(cfg, {"train.cudagraphs": graphed}, "the speed report")
+        config.apply(cfg, {"train.cudagraphs": common.switch("train.cudagraphs", graphed)}, "the speed report")
         cells = []
         for name, gib in GPUS:
             choice = per_gpu.choose([cfg], [per_gpu.Gpu(name, gib)], cores=16, fig=fig)

@@ -2,6 +2,7 @@
 and bad values."""
 import pytest
 
+from bench.common import switch
 from fastfair import cli, config, gpu_figures
 from fastfair.errors import UserError
 from fastfair.reproduce.command import reproduce
@@ -25,7 +26,8 @@ def figures(predicted=(), training=(), concurrency=()) -> gpu_figures.Figures:
 
 def run(method="pgd-at", model="resnet18", batch=128, graphs=False, dataset="cifar10"):
     cfg = config.resolve(flags={"method.name": method, "model.name": model, "data.dataset": dataset})
-    return config.apply(cfg, {"data.batch_size": batch, "train.cudagraphs": graphs}, "the test")
+    return config.apply(cfg, {"data.batch_size": batch, "train.cudagraphs": switch("train.cudagraphs", graphs)},
+                        "the test")
 
 
 def test_a_host_bound_step_fills_the_gpu_with_ceil_host_over_gpu_runs():
