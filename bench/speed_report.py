@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import torch
 
@@ -165,12 +165,9 @@ def graphs_test_outcome(record: dict, junit: Path) -> str:
     kept only pytest's summary, which names failures alone; the graphs test did not exist yet)."""
     if not junit.is_file():
         return "failed" if GRAPHS_TEST in record.get("output_tail", "") else "not run"
-    cases = [m for m in re.finditer(r'<testcase [^>]*name="([^"]+)"[^>]*?(/>|>(.*?)</testcase>)', junit.read_text(),
-                                    re.S) if m.group(1).startswith(GRAPHS_TEST)]
-    if not cases:
-        return "not run"
-    outcomes = ["failed" if m.group(3) and re.search(r"<(failure|error)", m.group(3)) else
-                "not run" if m.group(3) and "<skipped" in m.group(3) else "passed" for m in cases]
+    outcomes = ["failed" if case.find("failure") is not None or case.find("error") is not None else
+                "not run" if case.find("skipped") is not None else "passed"
+                for case in ElementTree.parse(junit).iter("testcase") if case.get("name", "").startswith(GRAPHS_TEST)]
     return "failed" if "failed" in outcomes else "passed" if "passed" in outcomes else "not run"
 
 
