@@ -2,28 +2,29 @@
 
 A GPU comes rarely, for 15 minutes of device time all told (its start included), in commands of
 at most 10: about one full command. So the suite runs its parts one after another in the order
-below, the headline first, stops before a part that would not fit in this command's time
-(``--max-s``), gives no part more than twice its estimate, and a rerun skips every part that
-already finished (each part writes its own record, ``<part>.json``, beside the benches' own
-result files). On a lease, in one ``run`` call after another::
+below, the headline first, each in its own process group, stops before a part that would not fit
+in this command's time (``--max-s``), gives no part more than twice its estimate (its budget), and
+a rerun skips every part that already finished (each part writes its own record, ``<part>.json``,
+beside the benches' own result files). A part may run alongside the one before it (the GPU tests
+beside the plan's compilation). On a lease::
 
     bash bench/gpu_lease.sh            # installs what the GPU image lacks, runs the suite, packs $OUT
 
-and locally, once before the lease: ``bash bench/gpu_prepare.sh`` (wheels and the real CIFAR-10
-subset into git-ignored folders that the ``run`` call carries). Unpack each returned
-``gpu-suite.tar.gz`` into ``bench/results/`` and carry ``bench/results/gpu-suite`` in the next
-call so it resumes.
+and locally, once before the lease: ``bash bench/gpu_prepare.sh`` (wheels into a git-ignored
+folder that the ``run`` call carries). Unpack the returned ``gpu-suite.tar.gz`` into
+``bench/results/`` (a later call takes the records along as untracked files, and resumes), then
+``python bench/speed_report.py --write`` (docs/performance.md).
 
-    python bench/gpu_suite.py --list   # the parts, their estimates and status
+    python bench/gpu_suite.py --list   # the parts, their budgets and status; the plan's total
     python bench/gpu_suite.py --smoke  # every part at tiny sizes on any device (CI)
 
-Parts (what issue 12 asks to be measured): ResNet-18 PGD-10 AT seconds per epoch, the
-reference-style loop beside fastfair's default; the GPU tests; CUDA graphs; the host's time split;
-MFU; every rung of the ladder and the default at batch 512; TRADES and ME-TRADES; WRN-34-10 on a
-partial epoch; a real epoch's wall time with validation, checkpoint and the first epoch's
-compilation; AutoAttack images/s; kernels against Inductor; bf16-trained vs fp32-trained robust
-accuracy. ``env`` records the device, driver, versions, commit and whether a full CIFAR-10 exists
-anywhere on the machine.
+The first parts are the GPU plan of issue 42, budgeted to fit one command (see PARTS): the
+training configurations the CUDA defaults depend on, each beside the reference loop in its own
+process (the headline first), with the GPU tests alongside; the concurrency curve; AutoAttack on
+10k images. After them, for later commands: the host's time split, MFU, every rung of the ladder,
+a real epoch's wall time with validation, checkpoint and compilation, kernels against Inductor,
+bf16-trained vs fp32-trained robust accuracy. ``env`` records the device, driver, versions, commit
+and whether a full CIFAR-10 exists anywhere on the machine.
 """
 from __future__ import annotations
 
