@@ -11,7 +11,7 @@ bench/reference_loop.py. fastfair rungs run the real Trainer.train_step on its D
 configured only through config keys. Optimisations that fastfair does not have yet
 (a config key or a kernel backend missing) are listed as skipped with the reason, never
 imitated here. Keys: model.channels_last, train.amp, train.compile, train.cudagraphs,
-train.kernels. Seconds per epoch are 50,000 / (images/s) from the timed steps (synthetic
+train.cpp_wrapper, train.kernels. Seconds per epoch are 50,000 / (images/s) from the timed steps (synthetic
 CIFAR-shaped data: throughput does not depend on the pixels).
 """
 from __future__ import annotations
@@ -54,18 +54,20 @@ RUNGS = (
     Rung("+ compiled attack", "train.compile_attack = true: the K attack steps, input gradients included, "
          "as one compiled graph", "fastfair", {"train.compile_attack": True},
          gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
-    Rung("+ CUDA graphs", "train.cudagraphs = true (compile mode reduce-overhead)", "fastfair",
-         {"train.cudagraphs": True}, gpu_only="needs CUDA"),
+    Rung("+ CUDA graphs", "train.cudagraphs = on (the compiled regions recorded as CUDA graphs, the first steps "
+         "checked against the step without)", "fastfair", {"train.cudagraphs": "on"}, gpu_only="needs CUDA"),
     Rung("+ fused kernels", "train.kernels = triton (fused loss and PGD-step kernels)", "fastfair",
          {"train.kernels": "triton"}, gpu_only="GPU only (on a CPU Triton runs in its interpreter)"),
     # Not one more step: every key back at its default, so the sweep below times the default too.
     Rung("fastfair default", "every key at its default: what `fastfair train` runs with no flags on this device",
          "fastfair", {"train.amp": "auto", "model.channels_last": "auto", "train.compile": "auto",
-                      "train.compile_attack": True, "train.cudagraphs": False, "train.kernels": "auto"}),
+                      "train.compile_attack": True, "train.cudagraphs": "auto", "train.cpp_wrapper": "auto",
+                      "train.kernels": "auto"}),
 )
 # Where every ladder starts: everything off that fastfair turns on by itself on a GPU
 # (keys the core does not have yet are left out).
 START = {k: v for k, v in {"train.amp": "off", "model.channels_last": "off", "train.compile": "off",
+                           "train.cudagraphs": "off", "train.cpp_wrapper": "off",
                            "train.kernels": "torch"}.items() if common.has_key(k)}
 
 

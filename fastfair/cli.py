@@ -139,8 +139,11 @@ def train(
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
                                                     help="torch.compile the model and loss (default: on for CUDA)")]
     = None,
-    cudagraphs: Annotated[bool, typer.Option("--cudagraphs",
-                                             help="CUDA graphs via torch.compile reduce-overhead")] = False,
+    cudagraphs: Annotated[Text, typer.Option(help="auto | on | off: record the compiled step as CUDA graphs, its "
+                                                  "first steps checked against the step without (default: on for "
+                                                  "CUDA runs that compile)")] = None,
+    cpp_wrapper: Annotated[Text, typer.Option(help="auto | on | off: the compiled code calls its kernels from C++ "
+                                                   "instead of Python (default: off until a GPU measures it)")] = None,
     loader: Annotated[Text, typer.Option(help="training/validation batches: device (default) | ffcv (needs "
                                               "--beton-dir) | folder (imagenet's default)")] = None,
     beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
@@ -178,8 +181,8 @@ def train(
     from fastfair.api import flag_keys, run_training
 
     flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
-                         seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs or None, loader=loader,
-                         beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
+                         seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs, cpp_wrapper=cpp_wrapper,
+                         loader=loader, beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
                          progress_every=progress_every),
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
     run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
