@@ -109,6 +109,8 @@ def rows_of(c: Config, note: str, timed: dict | None, warm_s: float | None) -> l
     ref.update(config=s.name, loop="reference", x_reference=1.0)
     ff.update(x_reference=ff["images_per_s"] / ref["images_per_s"], memory_gib=timed.get("process_gib"),
               allocator_gib=timed.get("allocator_gib"))
+    if "graphs_fell_back" in timed:  # timed, but the step without CUDA graphs: for the defaults, graphs failed here
+        ff.update(graphs_fell_back=True, note=f"failed with CUDA graphs, fell back: {timed['graphs_fell_back']}")
     return [ref, ff]
 
 

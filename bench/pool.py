@@ -85,6 +85,10 @@ class _Child:
         out["fastfair"] = common.time_steps(self.step, self.loader, self.spec.steps, 1, self.dev)
         if self.dev.type == "cuda":
             out["allocator_gib"] = round(torch.cuda.max_memory_reserved(self.dev) / 2**30, 2)
+        trainer = self.ff[2]
+        if trainer.ways is not None and not trainer.ways.fast_on:  # CUDA graphs failed their check: the plain step ran
+            said = [line for line in trainer.run.train_log.read_text().splitlines() if "train.cudagraphs:" in line]
+            out["graphs_fell_back"] = said[-1].split("train.cudagraphs: ", 1)[-1] if said else "(no reason logged)"
         return out
 
     def window(self, conn, go, steps: int) -> tuple[float, float]:

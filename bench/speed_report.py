@@ -149,7 +149,7 @@ def training(results: Path) -> list[dict]:
                         "method": r["method"], "model": r["model"], "batch": r["batch"], "loop": loop,
                         "graphs": graphs, "cpp_wrapper": wrapper, "images_per_s": r["images_per_s"],
                         "x_reference": r.get("x_reference"), "memory_gib": r.get("memory_gib"),
-                        "note": r.get("note"), "source": _rel(path)})
+                        "fell_back": bool(r.get("graphs_fell_back")), "note": r.get("note"), "source": _rel(path)})
     return out
 
 

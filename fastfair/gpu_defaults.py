@@ -3,8 +3,11 @@ whether Inductor issues its launches from a C++ wrapper, decided from the shippe
 (:mod:`fastfair.gpu_figures`; the runs per GPU of ``--per-gpu auto``: :mod:`fastfair.scaleout.per_gpu`).
 
 - CUDA graphs: on, unless a GPU measured a configuration slower with them than without (beyond ``NOISE``), or failed
-  to run one with them, or failed the GPU test that compares a graphed step with the same step launched kernel by
-  kernel. Before any GPU measured them the default rests on the prediction (the step is host-bound without them).
+  to run one with them (an error, or the run's check of its first graphed steps fell back to the step without), or
+  failed the GPU test that compares a graphed step with the same step launched kernel by kernel. Before any GPU
+  measured them the default rests on the prediction (the step is host-bound without them).
+- Wired into ``train.cudagraphs=auto`` and ``train.cpp_wrapper=auto`` (``build.auto_cudagraphs``,
+  ``build.auto_cpp_wrapper``).
 - C++ wrapper: off until a GPU measured it faster (beyond ``NOISE``) than the Python wrapper in every configuration
   measured both ways, with CUDA graphs as decided above.
 
@@ -45,7 +48,8 @@ def _pairs(fig: Figures, switch: str, fixed: dict) -> list[tuple[dict, dict]]:
 
 
 def _speeds(on: dict, off: dict) -> str:
-    fmt = lambda r: "failed" if r["images_per_s"] is None else f"{r['images_per_s']:,.0f} img/s"  # noqa: E731
+    fmt = lambda r: ("failed" if r["images_per_s"] is None else f"{r['images_per_s']:,.0f} img/s"  # noqa: E731
+                     + (" after falling back" if r["fell_back"] else ""))
     return f"{fmt(on)} with, {fmt(off)} without"
 
 
@@ -57,8 +61,8 @@ def cudagraphs(fig: Figures) -> Decision:
         return Decision(False, True, f"the GPU test of CUDA graphs failed on an {failed[0]['device']} "
                                      f"({failed[0]['time_utc'][:10]})")
     pairs = _pairs(fig, "graphs", {"cpp_wrapper": False}) or _pairs(fig, "graphs", {"cpp_wrapper": True})
-    worse = [(on, off) for on, off in pairs if off["images_per_s"] and
-             (on["images_per_s"] is None or on["images_per_s"] < (1 - NOISE) * off["images_per_s"])]
+    worse = [(on, off) for on, off in pairs if off["images_per_s"] and (
+        on["images_per_s"] is None or on["fell_back"] or on["images_per_s"] < (1 - NOISE) * off["images_per_s"])]
     if worse:
         on, off = worse[0]
         return Decision(False, True, f"measured slower or failing with them: {_where(on)}: {_speeds(on, off)}")

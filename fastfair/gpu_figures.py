@@ -14,7 +14,8 @@ Its format (every list may be empty):
   ``h100`` / ``h200`` / ``a100``) and ``memory_gib`` (a run's GPU memory, see ``memory_basis``);
 - ``training``: measured rows (``device``, ``time_utc``, method, model, batch, ``loop`` reference | fastfair,
   ``graphs`` and ``cpp_wrapper`` (true / false; null for the reference), ``images_per_s`` (null when the
-  configuration failed: ``note`` says why), ``memory_gib`` (null where not measured));
+  configuration failed: ``note`` says why), ``fell_back`` (true: its CUDA graphs failed the check of the first
+  steps, so the step without them was timed), ``memory_gib`` (null where not measured));
 - ``concurrency``: measured aggregate images/s of ``k`` concurrent runs of one configuration on one GPU;
 - ``gpu_tests``: per GPU lease, ``graphs_test``: passed | failed | not run (the test that compares a step recorded
   as CUDA graphs with the same step launched kernel by kernel).

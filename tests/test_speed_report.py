@@ -82,6 +82,14 @@ def test_graphs_follow_the_measurement(tmp_path, with_graphs, without, on):
     assert "on an NVIDIA H100 80GB HBM3 (2027-01-01)" in graphs.why
 
 
+def test_graphs_that_fell_back_in_the_runs_own_check_count_as_failing(tmp_path):
+    write_training(tmp_path, H100, DAY1, [fastfair_row(True, False, 3000.0, graphs_fell_back=True,
+                                                       note="failed with CUDA graphs, fell back: ..."),
+                                          fastfair_row(False, False, 3000.0)])
+    graphs, _ = defaults(tmp_path)
+    assert (graphs.on, graphs.measured) == (False, True) and "3,000 img/s after falling back with" in graphs.why
+
+
 @pytest.mark.parametrize("note", ["refused: train.cudagraphs=on and train.cpp_wrapper=on: ...",
                                   "not compiled within 240 s (stopped)", "skipped: CUDA graphs need CUDA"])
 def test_a_configuration_that_did_not_run_measured_nothing(tmp_path, note):
@@ -122,3 +130,19 @@ def test_a_wrapper_measured_only_without_graphs_says_nothing_about_the_default_w
     assert graphs.on and not graphs.measured
     assert (wrapper.on, wrapper.measured) == (False, False) and "with CUDA graphs" in wrapper.why
     assert gpu_defaults.cpp_wrapper(gpu_figures.from_dict(speed_report.figures(tmp_path)), False).on
+
+
+def test_train_auto_switches_follow_the_figures_the_package_ships(tmp_path, monkeypatch):
+    import torch
+
+    from fastfair import build, config
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    cfg = config.resolve(flags={"method.name": "pgd-at", "model.name": "resnet18"})
+    assert build.auto_cudagraphs(cuda) and not build.auto_cpp_wrapper(cuda)  # today's figures: the prediction
+    write_training(tmp_path, H100, DAY1, [fastfair_row(True, False, 2000.0), fastfair_row(False, False, 3000.0),
+                                          fastfair_row(False, True, 4000.0)])
+    monkeypatch.setattr(gpu_figures, "shipped", lambda: gpu_figures.from_dict(speed_report.figures(tmp_path)))
+    assert not build.auto_cudagraphs(cuda) and build.cudagraphs(cfg, cuda) == (False, "")  # measured slower: off
+    assert build.auto_cpp_wrapper(cuda) and build.cpp_wrapper(cfg, cuda)  # faster without graphs, as they now are
+    assert not build.auto_cudagraphs(cpu) and not build.auto_cpp_wrapper(cpu)

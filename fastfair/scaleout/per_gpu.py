@@ -23,7 +23,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from fastfair import gpu_defaults, gpu_figures
+import torch
+
+from fastfair import build, gpu_figures
 from fastfair.config import Config
 from fastfair.errors import UserError
 from fastfair.gpu_figures import Figures, family, latest, predicted_memory_gib, predicted_step
@@ -32,6 +34,7 @@ FULL = 0.95  # a K whose aggregate throughput is within 5% of the best measured 
 MEMORY_SHARE = 0.8  # of a GPU's memory, for K runs: predicted memory is not measured, and fragmentation adds
 CORES_PER_RUN = 2
 CIFAR_SHAPED = ("cifar10", "cifar100", "svhn")  # 32x32 RGB: the images the figures were counted for
+CUDA = torch.device("cuda")  # where a run's CUDA graphs are decided for: the GPU it will get
 
 
 @dataclass(frozen=True)
@@ -70,25 +73,15 @@ class Gpu:
 
 def visible(gpus: list[str]) -> list[Gpu]:
     """Name and memory of each GPU id of ``--gpus`` (after ``parse_gpus``)."""
-    import torch
-
     props = [torch.cuda.get_device_properties(int(g)) for g in gpus]
     return [Gpu(p.name, p.total_memory / 2**30) for p in props]
 
 
-def _graphs_on_gpu(cfg: Config, fig: Figures) -> bool:
-    """Whether the run records CUDA graphs on a GPU: train.cudagraphs on, or auto where the figures' default is on
-    (fastfair.gpu_defaults), and the step compiled. (The key was a bool before it became auto | on | off: True is
-    on.)"""
-    choice = cfg.train.cudagraphs
-    wanted = choice in (True, "on") or (choice == "auto" and gpu_defaults.cudagraphs(fig).on)
-    return wanted and cfg.train.compile != "off"
-
-
-def _step(cfg: Config, fig: Figures) -> tuple:
-    """What a run's figures depend on: method, model, batch, CUDA graphs, the attack's BN mode and objective."""
-    return (cfg.method.name, cfg.model.name, cfg.data.batch_size, _graphs_on_gpu(cfg, fig), cfg.attack.bn_mode,
-            cfg.attack.objective)
+def _step(cfg: Config) -> tuple:
+    """What a run's figures depend on: method, model, batch, CUDA graphs on a GPU, the attack's BN mode and
+    objective."""
+    graphs, _ = build.cudagraphs(cfg, CUDA)
+    return (cfg.method.name, cfg.model.name, cfg.data.batch_size, graphs, cfg.attack.bn_mode, cfg.attack.objective)
 
 
 def _measured_k(fig: Figures, gpu: Gpu, step: tuple) -> tuple[int, str] | None:
@@ -142,7 +135,7 @@ def choose(configs: list[Config], gpus: list[Gpu], *, cores: int | None = None, 
     smallest = min(gpus, key=lambda g: g.memory_gib)
     by_cores = max(1, cores // (CORES_PER_RUN * len(gpus)))
     choices = []
-    for step, dataset in dict.fromkeys((_step(c, fig), c.data.dataset) for c in configs):
+    for step, dataset in dict.fromkeys((_step(c), c.data.dataset) for c in configs):
         if dataset not in CIFAR_SHAPED:
             choices.append(Choice(1, f"no figures for {dataset} images (counted for 32x32: {', '.join(CIFAR_SHAPED)})"))
             continue
