@@ -78,28 +78,34 @@ def skip_reason(rung: Rung, dev: torch.device) -> str | None:
     return "; ".join(reasons) or None
 
 
-def measure(rung: Rung, settings: dict, *, method, model, batch, dataset, args, dev) -> float:
-    """Images per second of ``rung`` with the accumulated ``settings``."""
+def stepper(loop: str, settings: dict, *, method, model, batch, dataset, args, dev, out: Path, cpu_loader=False):
+    """(step, loader, trainer) of ``loop`` (reference | fastfair) with the accumulated config ``settings``: the
+    reference step on the trainer's model, or fastfair's own ``Trainer.train_step``; compiled code of earlier
+    trainers in this process is dropped first (``common.make_trainer``)."""
     overrides = {**START, **settings, "data.batch_size": batch, "train.device": str(dev),
                  "attack.steps": args.attack_steps, "model.width": args.width}
+    trainer = common.make_trainer(method, model, dataset, overrides, out)
+    if loop == "fastfair":
+        return trainer.train_step, trainer.train_loader, trainer
+    ref = reference_loop.step_for(method)
+    step = lambda x, y: ref(trainer.model, trainer.opt, x.to(dev), y.to(dev), trainer.cfg)  # noqa: E731
+    loader = trainer.train_loader
+    if cpu_loader:
+        d = trainer.cfg.data
+        loader = reference_loop.loader(*trainer.test_split["train"], batch, padding=d.crop_padding, flip=d.flip,
+                                       workers=args.workers, pin_memory=dev.type == "cuda")
+    return step, loader, trainer
+
+
+def measure(rung: Rung, settings: dict, *, method, model, batch, dataset, args, dev) -> float:
+    """Images per second of ``rung`` with the accumulated ``settings``."""
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = common.make_trainer(method, model, dataset, overrides, Path(tmp))
+        step, loader, trainer = stepper(rung.loop, settings, method=method, model=model, batch=batch, dataset=dataset,
+                                        args=args, dev=dev, out=Path(tmp), cpu_loader=rung.cpu_loader)
         try:
-            if rung.loop == "fastfair":
-                loader, step = trainer.train_loader, trainer.train_step
-            else:
-                ref = reference_loop.step_for(method)
-                step = lambda x, y: ref(trainer.model, trainer.opt, x.to(dev), y.to(dev), trainer.cfg)  # noqa: E731
-                loader = trainer.train_loader
-                if rung.cpu_loader:
-                    d = trainer.cfg.data
-                    loader = reference_loop.loader(*trainer.test_split["train"], batch, padding=d.crop_padding,
-                                                   flip=d.flip, workers=args.workers, pin_memory=dev.type == "cuda")
             seconds = common.time_steps(step, loader, args.steps, args.warmup, dev)
         finally:
-            # rebind instead of `del`: drops the trainer (and the step lambda's closure cell) all the same,
-            # while the name stays bound for the lambda above (ruff F821 on a deleted closure variable)
-            trainer = None
+            del step, loader, trainer  # before the next rung builds its own: one model on the GPU at a time
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     return args.steps * batch / seconds

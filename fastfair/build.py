@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import data, models
+from fastfair import data, gpu_defaults, gpu_figures, models
 from fastfair.data import subsets
 from fastfair.config import Config
 from fastfair.errors import UserError
@@ -216,17 +216,22 @@ def compiles(cfg: Config, dev: torch.device) -> bool:
 
 
 def auto_cpp_wrapper(dev: torch.device) -> bool:
-    """What train.cpp_wrapper=auto means: off, on every device. It rests on no measurement: no GPU has run the C++
-    wrapper yet, and the GPU plan compares the step with and without it (docs/performance.md)."""
-    return False
+    """What train.cpp_wrapper=auto means: on CUDA, what the GPU measurements the package ships say
+    (:func:`fastfair.gpu_defaults.cpp_wrapper`: off until a GPU measured it faster, with CUDA graphs as they
+    default); off on other devices. The README's Performance section says what it rests on."""
+    if dev.type != "cuda":
+        return False
+    fig = gpu_figures.shipped()
+    return gpu_defaults.cpp_wrapper(fig, gpu_defaults.cudagraphs(fig).on).on
 
 
 def auto_cudagraphs(dev: torch.device) -> bool:
-    """What train.cudagraphs=auto means for a run that compiles: on for CUDA. It rests on a PREDICTION, not a
-    measurement: the default step measured host-bound on an H200 (46.8 ms issuing 2,436 launches for about 10 ms of
-    GPU work), which is what CUDA graphs remove (predicted 3.93 s per epoch there instead of 18.3 s;
-    docs/performance.md). The next GPU measurement confirms or reverts it."""
-    return dev.type == "cuda"
+    """What train.cudagraphs=auto means for a run that compiles: on CUDA, what the GPU measurements the package ships
+    say (:func:`fastfair.gpu_defaults.cudagraphs`: on unless a GPU measured them slower or failing). Until one has,
+    it rests on a PREDICTION: the default step measured host-bound on an H200 (46.8 ms issuing 2,436 launches for
+    about 10 ms of GPU work), which is what CUDA graphs remove (predicted 3.93 s per epoch there instead of 18.3 s;
+    docs/performance.md)."""
+    return dev.type == "cuda" and gpu_defaults.cudagraphs(gpu_figures.shipped()).on
 
 
 def cpp_wrapper(cfg: Config, dev: torch.device) -> bool:

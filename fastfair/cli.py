@@ -393,6 +393,9 @@ def background(
 
 # ---- grid, data ---------------------------------------------------------------------------------
 
+PER_GPU_HELP = ("concurrent runs per GPU, or auto: from the step's measured or predicted host and GPU times, bounded "
+                "by GPU memory and host cores (it prints the K and why; 1 without a GPU; docs/grid.md)")
+
 @app.command(help="run a grid of trainings (axes over config keys), then one comparison table; every run's "
                   "config and data are checked before the first starts. The data: --data-dir, else the grid's "
                   "data.data_dir, else $FASTFAIR_DATA (default ~/.cache/fastfair/data)")
@@ -408,8 +411,7 @@ def grid(
                                            "inside")] = None,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else "
                                            "cpu)")] = "auto",
-    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU (see "
-                                                           "bench/bench_concurrency.py)")] = 1,
+    per_gpu: Annotated[str, typer.Option(metavar="K|auto", help=PER_GPU_HELP)] = "auto",
     launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays; pip install "
                                                "fastfair\\[submitit])")] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the runs the grid expands to and their state; run "
@@ -432,7 +434,7 @@ def reproduce(
     data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
                                                "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "
                                                "for a table over several data sets")] = "",
-    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU")] = 1,
+    per_gpu: Annotated[str, typer.Option(metavar="K|auto", help=PER_GPU_HELP)] = "auto",
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto")] = "auto",
     scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
                                             "| subset (a few images per class of FILE.npz, a tiny model, 5 epochs: "
