@@ -241,9 +241,7 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
             Trainer(cfg, out, resume=resume, quiet=quiet).fit()
             training = False
             final_evaluation(out, cfg, quiet=quiet)
-        # torchrun: every rank leaves the process group together; a rank that tore it down while rank 0 still wrote
-        # the results is the likeliest cause of the rare rank-1 abort at exit ("terminate called without an active
-        # exception", tests/test_distributed.py)
+        # torchrun: no rank leaves the process group (finally: shutdown) while rank 0 still writes the results
         distributed.barrier()
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():
