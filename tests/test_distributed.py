@@ -29,6 +29,7 @@ def _metrics(run):
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, "-m", "fastfair", *ARGS, "--out", str(one)], check=True, env=_env(), cwd=ROOT)
