@@ -453,6 +453,12 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
     return cfg
 
 
+def value_of(cfg: Config, key: str) -> Any:
+    """The value of ``section.key`` in ``cfg``."""
+    section, _, name = key.partition(".")
+    return getattr(cfg.sections[section], name)
+
+
 def resume_changes(saved: Config, new: Config) -> dict[str, list]:
     """``{key: [saved value, new value]}`` for the keys ``--resume`` changes; a key outside
     :data:`RESUMABLE` is a UserError listing what may change."""

@@ -55,6 +55,21 @@ def test_a_quick_run_says_so_on_the_terminal_and_in_its_log(tmp_path):
     assert note in done.stdout and note in RunDir(tmp_path / "q").train_log.read_text()
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--config", "demo", "--set", "train.lr", "0.1"], "--set takes KEY=VALUE as one word (no space around "
+                                                                 "=); type: --set train.lr=0.1"),
+    (["train", "--set", "train.lr", "=", "0.1", "--epochs", "2"], "type: --set train.lr=0.1"),
+    (["eval", "runs/x", "--attacks", "clean,", "pgd20"], "--attacks takes one comma-separated word (no space after a "
+                                                         "comma); type: --attacks clean,pgd20"),
+    (["eval", "runs/x", "--attacks", "clean", ",pgd20,", "cw20", "--quiet"], "type: --attacks clean,pgd20,cw20"),
+    (["eval", "runs/x", "runs/y"], "Got unexpected extra argument(s) (runs/y) (see: fastfair eval --help)"),
+])
+def test_a_value_split_by_a_space_is_one_line_saying_what_to_type(argv, said, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("fastfair: error: ") and err[0].endswith(said), err
+
+
 def test_unknown_method_lists_the_known_ones(tmp_path):
     r = fastfair("train", "--method", "me-trade", "--out", str(tmp_path / "x"))
     assert r.returncode == 2
@@ -114,8 +129,9 @@ def test_help_and_presets_answer_without_importing_torch():
 
 
 def test_usage_mistakes_are_one_error_line():
-    for args, match in ((["train", "--epochs", "two"], "'--epochs'"), (["train", "--bogus"], "--bogus"),
-                        (["eval"], "Missing argument"), (["trian"], "No such command 'trian'")):
+    for args, match in ((["train", "--epochs", "two"], "train.epochs takes an integer; got 'two'"),
+                        (["train", "--bogus"], "--bogus"), (["eval"], "Missing argument"),
+                        (["trian"], "No such command 'trian'")):
         r = fastfair(*args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fastfair: error: "), (args, r.stderr)
