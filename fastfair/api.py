@@ -188,6 +188,13 @@ TRAIN_FLAGS = {
 }
 
 
+def said_as(keys, cli: bool) -> dict[str, str]:
+    """How the user gave each config key that ``fastfair train``'s flags set: ``--method`` on the command line,
+    ``method=`` from Python (what the preset-overrides line names, config.overrides_line)."""
+    flag = {key: name for name, key in TRAIN_FLAGS.items()}
+    return {key: f"--{flag[key].replace('_', '-')}" if cli else f"{flag[key]}=" for key in keys if key in flag}
+
+
 def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, progress: bool = True,
           sets: dict[str, Any] | None = None, **flags: Any) -> Path:
     """``fastfair train`` from Python; returns the run directory.
@@ -196,7 +203,9 @@ def train(config: str | None = None, *, out: str | Path | None = None, resume: b
     names (``method="me-trades", epochs=2, quick=20``); ``sets``: any config key, ``{"train.lr": 0.05}``.
     ``progress``: what ``fastfair train`` shows (progress, epoch lines, the per-class table); False is its
     ``--quiet``."""
-    return run_training(config, flag_keys(**flags), sets or {}, out, resume=resume, quiet=not progress)
+    keys = flag_keys(**flags)
+    return run_training(config, keys, sets or {}, out, resume=resume, quiet=not progress,
+                        flag_names=said_as(keys, cli=False))
 
 
 def flag_keys(**flags: Any) -> dict[str, Any]:
@@ -212,18 +221,19 @@ def flag_keys(**flags: Any) -> dict[str, Any]:
 
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],
-                 out: str | Path | None, *,
-                 resume: bool, quiet: bool) -> Path:
-    """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python."""
+                 out: str | Path | None, *, resume: bool, quiet: bool,
+                 flag_names: dict[str, str] | None = None) -> Path:
+    """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python.
+    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`)."""
 
     saved = RunDir(out).config if out else None
     if resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
         # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
-        cfg = configs.resolve(preset, flags, sets, base=configs.load_saved(saved))
+        cfg = configs.resolve(preset, flags, sets, base=configs.load_saved(saved), flag_names=flag_names)
     else:
-        cfg = configs.resolve(preset, flags, sets)
+        cfg = configs.resolve(preset, flags, sets, flag_names=flag_names)
     check_config(cfg)  # before the run folder is made
     run = Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
     fit(cfg, run, resume, quiet)

@@ -175,14 +175,17 @@ def train(
     adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
                                               "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
 ) -> None:
-    from fastfair.api import flag_keys, run_training
+    from fastfair.api import flag_keys, run_training, said_as
 
     flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
                          seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs or None, loader=loader,
                          beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
                          progress_every=progress_every),
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
-    run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
+    names = said_as([key for key, value in flags.items() if value is not None], cli=True)
+    if ema or fawa:  # the flags that set train.averaging
+        names["train.averaging"] = "--ema" if ema else "--fawa"
+    run_training(config, flags, sets or [], out, resume=resume, quiet=quiet, flag_names=names)
 
 
 # ---- eval, diagnose, report ---------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import fastfair
-from fastfair import cli, progress
+from fastfair import api, cli, progress
+from fastfair.rundir import RunDir
 
 ATTACKS = ["clean", "pgd3"]
 
@@ -117,6 +118,19 @@ def test_to_pandas_without_pandas_names_the_install(data, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas fails
     with pytest.raises(fastfair.UserError, match=r"^Result.to_pandas needs pandas: pip install 'fastfair\[pandas\]'"):
         result.to_pandas()
+
+
+def test_train_says_which_preset_keys_it_changed_and_shows_what_the_cli_shows(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(api.Trainer, "fit", lambda self: None)  # the line is said as the trainer starts
+    monkeypatch.setattr(api, "final_evaluation", lambda *args, **kwargs: None)
+    fastfair.train("demo", out=tmp_path / "run", method="pgd-at", epochs=1)
+    said = "preset demo: method.name me-trades -> pgd-at (from method=), train.epochs 15 -> 1 (from epochs=)"
+    assert capsys.readouterr().out.splitlines()[0] == said
+    assert RunDir(tmp_path / "run").train_log.read_text().splitlines()[0] == said
+    fastfair.train("demo", out=tmp_path / "quiet", sets={"train.epochs": 1}, progress=False)  # --quiet
+    assert capsys.readouterr().out == ""
+    assert RunDir(tmp_path / "quiet").train_log.read_text().splitlines()[0] == \
+        "preset demo: train.epochs 15 -> 1 (from --set)"
 
 
 def test_load_result_refuses_other_files(tmp_path):

@@ -47,12 +47,17 @@ def test_methods_markdown_prints_the_keys_document():
 
 
 def test_a_quick_run_says_so_on_the_terminal_and_in_its_log(tmp_path):
-    done = fastfair("train", "--config", "demo", "--quick", "5", "--epochs", "1", "--out", str(tmp_path / "q"),
+    done = fastfair("train", "--config", "demo", "--method", "pgd-at", "--quick", "5", "--epochs", "1", "--out",
+                    str(tmp_path / "q"),
                     "--set", "data.batch_size=25", "--set", "model.width=4", "--set", "attack.steps=1",
                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']")
     assert done.returncode == 0, done.stderr
     note = "quick run: trained on the first 5/class"
     assert note in done.stdout and note in RunDir(tmp_path / "q").train_log.read_text()
+    # flags beat the preset, and the run's first line says which of its keys they changed
+    said = ("preset demo: method.name me-trades -> pgd-at (from --method), data.batch_size 64 -> 25 (from --set), "
+            "train.epochs 15 -> 1 (from --epochs), eval.attacks ['clean', 'pgd20', 'cw20'] -> ['clean'] (from --set)")
+    assert done.stdout.splitlines()[0] == said == RunDir(tmp_path / "q").train_log.read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("argv, said", [
