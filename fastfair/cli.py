@@ -649,8 +649,9 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
     from fastfair.checks import check_value
     from fastfair.config import parse_set
 
-    keys = TRAIN_FLAGS if ctx.command.name == "train" else {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}
-    key, flag = keys.get(param.name), f"--{param.name.replace('_', '-')}"
+    # the commands fastfair.train and fastfair.evaluate are: their flags that set a config key
+    keys = {"fastfair train": TRAIN_FLAGS, "fastfair eval": {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}}
+    key, flag = keys.get(ctx.command_path, {}).get(param.name), f"--{param.name.replace('_', '-')}"
     given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
         [b for a, b in zip(words, words[1:]) if a == flag]
     if key is None or not given:
@@ -678,7 +679,7 @@ def _one_word(words: list[str]) -> str | None:
         else:  # a, b  or  a ,b
             while j < len(words) and not words[j].startswith("--") and (text.endswith(",") or
                                                                           words[j].startswith(",")):
-                text += words[j] if text.endswith(",") or words[j].startswith(",") else f",{words[j]}"
+                text += words[j]
                 j += 1
             what = "one comma-separated word (no space after a comma)"
         if j > i + 2:
