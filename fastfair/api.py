@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import torch
 
 from fastfair import build, config as configs
-from fastfair.checks import check_config
+from fastfair.checks import check_config, check_value
+from fastfair.data.datasets import check_labels
 from fastfair.errors import Interrupted, UserError, WriteError
 from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
@@ -43,7 +44,8 @@ class _Batches:
 
 
 def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images, labels) on the CPU from a pair of tensors or from an iterable of (x, y) batches (a DataLoader)."""
+    """(images, labels) on the CPU from a pair of tensors or from an iterable of (x, y) batches (a DataLoader);
+    the labels as given, checked once the model's classes are known."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
         x, y = data
     else:
@@ -57,16 +59,13 @@ def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
     if not x.is_floating_point() or x.dim() != 4:
         raise UserError(f"images must be a float tensor (N, C, H, W) in [0, 1]; got {x.dtype} of shape "
                         f"{tuple(x.shape)}")
-    if y.dim() != 1 or y.is_floating_point() or len(y) != len(x):
-        raise UserError(f"labels must be one integer per image; got {y.dtype} of shape {tuple(y.shape)} for "
-                        f"{len(x)} images")
-    if len(y) == 0:
+    if len(x) == 0:
         raise UserError("no images to evaluate")
     lo, hi = float(x.min()), float(x.max())
     if lo < 0 or hi > 1:
         raise UserError(f"images must be in [0, 1] (eps is measured there); these span [{lo:.3g}, {hi:.3g}]. Put "
                         "the normalisation inside the model, as RobustBench's and fastfair's models do")
-    return x.float(), y.long()
+    return x.float(), y
 
 
 def _outputs(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> int:
@@ -77,30 +76,37 @@ def _outputs(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> i
     return logits.shape[1]
 
 
+# keyword -> the config key of fastfair eval it is (fastfair eval reads them from the run's config or its flags):
+# each value is checked by that key's rule, with the CLI's message (fastfair.checks.check_value)
+EVALUATE_KEYS = {"eps": "eval.eps", "alpha": "eval.alpha", "cw_kappa": "eval.cw_kappa", "seed": "eval.seed",
+                 "clip_start": "eval.clip_start", "batch_size": "data.eval_batch_size"}
+
+
 def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
              eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
-             out: str | Path | None = None, source: dict | None = None, progress: bool = False,
+             out: str | Path | None = None, source: dict | None = None, progress: bool = True,
              substitute: torch.nn.Module | str | Path | None = None) -> Result:
     """Per-class accuracy of ``model`` (images in [0, 1] -> logits) under each attack, as ``fastfair eval``.
 
     ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
     tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, corrupt:NAME@S, aa), a list or one comma-separated string.
-    ``eps``/``alpha``: one radius/step or one per class.
-    ``data``: (images, labels) tensors or an iterable of batches. ``out``: a JSON path; an earlier file of the
-    same weights, data and settings keeps its other attacks, another is moved to ``previous/`` beside it.
-    ``source``: what to record about where the model came from. The model's train/eval mode is restored.
+    ``eps``/``alpha``: one radius/step or one per class, in [0, 1] as images are (8/255, not 8): the config's
+    eval.eps and eval.alpha, refused as ``fastfair train --set eval.eps=8`` is (:data:`EVALUATE_KEYS`).
+    ``data``: (x, y) tensors, x float (N, C, H, W) in [0, 1] and y integer labels, or an iterable of batches.
+    ``out``: a JSON path; an earlier file of the same weights, data and settings keeps its other attacks, another
+    is moved to ``previous/`` beside it. ``source``: what to record about where the model came from.
+    ``progress``: what ``fastfair eval`` shows (a bar on a terminal, a line every 30 s elsewhere, AutoAttack's
+    sub-attacks as they end); False for none. The model's train/eval mode is restored.
     ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on."""
 
-    wanted = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
-    if not wanted:
-        raise UserError("name at least one attack, e.g. attacks=['clean', 'pgd20']")
-    per_class.check_attack_names(wanted)
-    per_class.check_substitute(wanted, substitute is not None, "substitute=")
+    wanted = per_class.attack_names(attacks)
+    per_class.check_substitute(wanted, substitute is not None)
     aa_backend = per_class.aa_backend_for(wanted, aa_backend)
-    if batch_size < 1:
-        raise UserError(f"batch_size must be 1 or more; got {batch_size}")
+    given = {"eps": eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed, "clip_start": clip_start,
+             "batch_size": batch_size}
+    eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
     x, y = _tensors(data)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     training = model.training
@@ -110,9 +116,8 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
         classes = [str(i) for i in range(c)] if classes is None else [str(n) for n in classes]
         if len(classes) != c:
             raise UserError(f"{len(classes)} class names for a model with {c} outputs")
-        if int(y.max()) >= c or int(y.min()) < 0:
-            raise UserError(f"labels must be in 0..{c - 1} (the model has {c} outputs); got {int(y.min())}.."
-                            f"{int(y.max())}")
+        check_labels("y", y.numpy(), len(x), c)
+        y = y.long()
         if substitute is not None and not isinstance(substitute, torch.nn.Module):
             substitute = build.substitute_model(substitute, device, model, x[:1].to(device))[0]
         elif substitute is not None:
@@ -120,10 +125,8 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
             if sub_c != c:
                 raise UserError(f"the substitute has {sub_c} outputs and the model {c}; give one trained on the same "
                                 "classes")
-        settings = per_class.settings_of(eps=eps if isinstance(eps, (int, float)) else list(eps),
-                                         alpha=alpha if isinstance(alpha, (int, float)) else list(alpha),
-                                         cw_kappa=cw_kappa, amp=bf16, seed=seed, clip_start=clip_start,
-                                         substitute=substitute)
+        settings = per_class.settings_of(eps=eps, alpha=alpha, cw_kappa=cw_kappa, amp=bf16, seed=seed,
+                                         clip_start=clip_start, substitute=substitute)
         fp = per_class.fingerprint(model, (x, y), settings)
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
@@ -133,8 +136,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
                                          state_prefix=out.with_suffix("") if out else None, aa_backend=aa_backend,
-                                         seed=seed, log=prog.print if progress else None, clip_start=clip_start,
-                                         substitute=substitute)
+                                         seed=seed, log=prog.print, clip_start=clip_start, substitute=substitute)
     finally:
         model.train(training)
     record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,
@@ -165,8 +167,9 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
 
     cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset}, sets or {})
     check_config(cfg)  # the values train would refuse (its epoch warnings do not apply to your loop)
+    dev = device if isinstance(device, torch.device) else build.device_named(device)  # as --device is read
     m = METHODS.get(cfg.method.name)(cfg)
-    state = ClassState(num_classes, torch.device(device), train_counts=train_counts)
+    state = ClassState(num_classes, dev, train_counts=train_counts)
     m.setup(state)
     return m, state
 
@@ -190,13 +193,24 @@ TRAIN_FLAGS = {
 SWITCHES = ("compile", "cudagraphs", "cpp_wrapper")
 
 
-def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, quiet: bool = True,
+def said_as(keys, cli: bool) -> dict[str, str]:
+    """How the user gave each config key that ``fastfair train``'s flags set: ``--method`` on the command line,
+    ``method=`` from Python (what the preset-overrides line names, config.overrides_line)."""
+    flag = {key: name for name, key in TRAIN_FLAGS.items()}
+    return {key: f"--{flag[key].replace('_', '-')}" if cli else f"{flag[key]}=" for key in keys if key in flag}
+
+
+def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, progress: bool = True,
           sets: dict[str, Any] | None = None, **flags: Any) -> Path:
     """``fastfair train`` from Python; returns the run directory.
 
     ``config``: a preset name or TOML file; ``flags``: the long flags of ``fastfair train`` by their Python
-    names (``method="me-trades", epochs=2, quick=20``); ``sets``: any config key, ``{"train.lr": 0.05}``."""
-    return run_training(config, flag_keys(**flags), sets or {}, out, resume=resume, quiet=quiet)
+    names (``method="me-trades", epochs=2, quick=20``); ``sets``: any config key, ``{"train.lr": 0.05}``.
+    ``progress``: what ``fastfair train`` shows (progress, epoch lines, the per-class table); False is its
+    ``--quiet``."""
+    keys = flag_keys(**flags)
+    return run_training(config, keys, sets or {}, out, resume=resume, quiet=not progress,
+                        flag_names=said_as(keys, cli=False))
 
 
 def flag_keys(**flags: Any) -> dict[str, Any]:
@@ -212,18 +226,19 @@ def flag_keys(**flags: Any) -> dict[str, Any]:
 
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],
-                 out: str | Path | None, *,
-                 resume: bool, quiet: bool) -> Path:
-    """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python."""
+                 out: str | Path | None, *, resume: bool, quiet: bool,
+                 flag_names: dict[str, str] | None = None) -> Path:
+    """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python.
+    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`)."""
 
     saved = RunDir(out).config if out else None
     if resume:
         if not saved or not saved.is_file():
             raise UserError("--resume needs --out RUN_DIR of an earlier run (it holds config.toml and checkpoints/)")
         # flags and --set go over the saved config; the Trainer refuses changes outside config.RESUMABLE
-        cfg = configs.resolve(preset, flags, sets, base=configs.load_saved(saved))
+        cfg = configs.resolve(preset, flags, sets, base=configs.load_saved(saved), flag_names=flag_names)
     else:
-        cfg = configs.resolve(preset, flags, sets)
+        cfg = configs.resolve(preset, flags, sets, flag_names=flag_names)
     check_config(cfg)  # before the run folder is made
     run = Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
     fit(cfg, run, resume, quiet)

@@ -20,12 +20,29 @@ from fastfair.config import apply, load_saved_text
 
 
 def device(cfg: Config) -> torch.device:
-    name = cfg.train.device
+    return device_named(cfg.train.device)
+
+
+def check_device_name(name: str) -> torch.device | None:
+    """The device ``name`` (``--device``, ``train.device``) names, None for auto; a name torch does not know is a
+    UserError. Whether this machine has it is :func:`device_named`'s to say (a grid checks on another host)."""
     if name == "auto":
+        return None
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UserError(f"train.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+
+
+def device_named(name: str) -> torch.device:
+    """The device ``--device``, ``train.device`` or ``fastfair.method(device=...)`` names: auto (CUDA where there
+    is one), cpu, cuda or cuda:N; an unknown name, or CUDA where there is none, is a UserError."""
+    dev = check_device_name(name)
+    if dev is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but CUDA is not available; use --device cpu")
-    return torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"train.device={name!r}, but CUDA is not available here; use cpu or auto")
+    return dev
 
 
 @contextlib.contextmanager

@@ -16,11 +16,12 @@ look); what acts only in part (a milestone past the end) is a warning.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
-from fastfair import config
+from fastfair import build, config, rules, schema
 from fastfair.attacks.names import parse_attack
-from fastfair.attacks.pgd import BN_MODES, OBJECTIVES
+from fastfair.config import value_of
+from fastfair.attacks.pgd import BN_MODES, OBJECTIVES, STEPS
 from fastfair.data import DATASETS, LOADERS
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import check_attack_names, check_substitute
@@ -29,48 +30,34 @@ from fastfair.models import HEADS, MODELS, NORMS, uses_norm
 from fastfair.ops import BACKENDS
 from fastfair.ops.steps import INITS
 from fastfair.reports.tracking import TRACKERS
+from fastfair.rules import ABOVE_0, IMAGE_RANGE, Range, at_least, within
 from fastfair.schema import Epochs, never_at_0
-from fastfair.suggest import hint
 from fastfair.training import optim
 from fastfair.training.averaging import AVERAGING
 from fastfair.training.selection import SELECTION
 
 AUTO_ON_OFF = ("auto", "on", "off")
+_DISTINCT = Range(lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v), "distinct class indices, each at least 0")
 
-
-def _within(lo: float, hi: float) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: lo <= v <= hi), f"within [{lo:g}, {hi:g}]"
-
-
-def _at_least(lo: float) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v >= lo), f"at least {lo:g}"
-
-
-_POSITIVE = ((lambda v: v > 0), "above 0")
-_IMAGE_RANGE = ((lambda v: 0 <= v <= 1), "within [0, 1] (images are in [0, 1]: 8/255 is 0.0314)")
-
-# key -> (test, what a good value is); a key whose method does not attack skips attack.*
-RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "attack.eps": _IMAGE_RANGE, "attack.alpha": _IMAGE_RANGE, "attack.steps": _at_least(1),
-    "eval.eps": _IMAGE_RANGE, "eval.alpha": _IMAGE_RANGE, "eval.cw_kappa": _at_least(0),
-    "train.epochs": _at_least(1), "train.lr": _POSITIVE, "train.momentum": _within(0, 1),
-    "train.weight_decay": _at_least(0), "train.lr_gamma": _POSITIVE,
-    "train.lr_milestones": ((lambda v: all(m >= 1 for m in v)), "a list of epochs, each at least 1"),
-    "train.adam_betas": ((lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)),
-                         "two values in [0, 1), beta1 and beta2 (Adam's [0.9, 0.999])"),
-    "train.adam_eps": _POSITIVE, "train.lr_min": _at_least(0), "train.lr_cycle_epochs": _at_least(0),
-    "train.lr_peak_epoch": _at_least(0),
-    "train.progress_every_s": _POSITIVE, "data.train_per_class": _at_least(0), "data.test_per_class": _at_least(0),
-    "train.avg_decay": _within(0, 1), "train.avg_threshold": _within(0, 1), "train.avg_begin": _at_least(0),
-    "train.select_begin": _at_least(0),
-    "data.batch_size": _at_least(1), "data.eval_batch_size": _at_least(1), "data.val_per_class": _at_least(1),
-    "data.crop_padding": _at_least(0), "data.image_size": _at_least(16), "data.workers": _at_least(0),
-    "model.width": _at_least(0), "model.head_scale": _POSITIVE,
-    "he.pmax_epoch": _at_least(1),
-    "data.classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
-                     "distinct class indices, each at least 0"),
-    "data.drop_classes": ((lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v)),
-                          "distinct class indices, each at least 0"),
+# key -> its rule (fastfair.rules); a key whose method does not attack skips attack.*
+RANGES: dict[str, Range] = {
+    "attack.eps": IMAGE_RANGE, "attack.alpha": IMAGE_RANGE, "attack.steps": STEPS,
+    "eval.eps": IMAGE_RANGE, "eval.alpha": IMAGE_RANGE, "eval.cw_kappa": at_least(0),
+    "train.epochs": at_least(1), "train.lr": ABOVE_0, "train.momentum": within(0, 1),
+    "train.weight_decay": at_least(0), "train.lr_gamma": ABOVE_0,
+    "train.lr_milestones": Range(lambda v: all(m >= 1 for m in v), "a list of epochs, each at least 1"),
+    "train.adam_betas": Range(lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
+                              "two values in [0, 1), beta1 and beta2 (Adam's [0.9, 0.999])"),
+    "train.adam_eps": ABOVE_0, "train.lr_min": at_least(0), "train.lr_cycle_epochs": at_least(0),
+    "train.lr_peak_epoch": at_least(0),
+    "train.progress_every_s": ABOVE_0, "data.train_per_class": at_least(0), "data.test_per_class": at_least(0),
+    "train.avg_decay": within(0, 1), "train.avg_threshold": within(0, 1), "train.avg_begin": at_least(0),
+    "train.select_begin": at_least(0),
+    "data.batch_size": at_least(1), "data.eval_batch_size": at_least(1), "data.val_per_class": at_least(1),
+    "data.crop_padding": at_least(0), "data.image_size": at_least(16), "data.workers": at_least(0),
+    "model.width": at_least(0), "model.head_scale": ABOVE_0,
+    "he.pmax_epoch": at_least(1),
+    "data.classes": _DISTINCT, "data.drop_classes": _DISTINCT,
 }
 
 # key -> the names it may take (a registry, or a tuple of words)
@@ -103,9 +90,13 @@ EPOCHS: dict[str, Epochs] = {
 }
 
 
-def _value(cfg, key: str) -> Any:
+def check_value(key: str, value: Any) -> Any:
+    """A core config key's value given from Python (``fastfair.evaluate(eps=...)``) checked as a config's is: read
+    as the key's type, then its row of :data:`RANGES` or :data:`NAMES`, with the same message; eps and alpha
+    also take one value per class. Returns the value as the config would hold it."""
     section, _, name = key.partition(".")
-    return getattr(cfg.sections[section], name)
+    rule = RANGES.get(key) or NAMES.get(key)
+    return rules.check(key, value, schema.field_types(config.CORE[section])[name], rule, per_class=rule is IMAGE_RANGE)
 
 
 def check_config(cfg) -> list[str]:
@@ -113,16 +104,13 @@ def check_config(cfg) -> list[str]:
     return the warnings the run should print (:func:`check_epochs`)."""
     method = METHODS.get(cfg.method.name)
     attacks = method.adversarial
-    for key, (ok, good) in RANGES.items():
+    for key, rule in RANGES.items():
         if key.startswith("attack.") and not attacks:
             continue  # standard training runs no attack: its attack.* keys are unused
-        value = _value(cfg, key)
-        if not ok(value):
-            raise UserError(f"{key}={value!r} is out of range: it must be {good}; fix it with --set {key}=...")
+        rules.check_range(key, value_of(cfg, key), rule)
     for key, names in NAMES.items():
-        value = _value(cfg, key)
-        if value not in names:
-            raise UserError(f"{key}={value!r} is not one of {', '.join(sorted(names))}.{hint(str(value), names)}")
+        rules.check_name(key, value_of(cfg, key), names)
+    build.check_device_name(cfg.train.device)
     try:
         val = parse_attack(cfg.train.val_attack)
     except UserError as err:
@@ -136,8 +124,6 @@ def check_config(cfg) -> list[str]:
     unread = _check_schedule(cfg)
     _check_phases(cfg.data)
     method.check(cfg)
-    if not cfg.eval.attacks:
-        raise UserError("eval.attacks is empty; name at least one, for example eval.attacks=['clean', 'pgd20']")
     try:
         check_attack_names(cfg.eval.attacks)
     except UserError as err:
@@ -230,7 +216,7 @@ def check_epochs(cfg) -> list[str]:
     and what acts only in part (a milestone past the end, a schedule cut short)."""
     epochs, warnings, never = cfg.train.epochs, [], []
     for key, use in epoch_keys(cfg).items():
-        value = _value(cfg, key)
+        value = value_of(cfg, key)
         values = value if isinstance(value, list) else [value]
         past = [n for n in values if use.first(n) > epochs]
         if not use.active(cfg) or not past:

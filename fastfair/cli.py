@@ -178,14 +178,17 @@ def train(
     adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
                                               "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
 ) -> None:
-    from fastfair.api import flag_keys, run_training
+    from fastfair.api import flag_keys, run_training, said_as
 
     flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
                          seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs, cpp_wrapper=cpp_wrapper,
                          loader=loader, beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
                          progress_every=progress_every),
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
-    run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
+    names = said_as([key for key, value in flags.items() if value is not None], cli=True)
+    if ema or fawa:  # the flags that set train.averaging
+        names["train.averaging"] = "--ema" if ema else "--fawa"
+    run_training(config, flags, sets or [], out, resume=resume, quiet=quiet, flag_names=names)
 
 
 # ---- eval, diagnose, report ---------------------------------------------------------------------
@@ -194,6 +197,12 @@ def _split(split: str) -> str:
     if split not in ("test", "val"):
         raise UserError(f"--split must be test or val; got {split!r}")
     return split
+
+
+def _batch_size(batch_size: int | None) -> int | None:
+    """``--batch-size``, checked as the key it sets (data.eval_batch_size) before anything loads."""
+    from fastfair.checks import check_value
+    return None if batch_size is None else check_value("data.eval_batch_size", batch_size)
 
 
 @app.command("eval", help="per-class evaluation of a run, a checkpoint, a model file fastfair did not write "
@@ -246,15 +255,17 @@ def eval_(
     = None,
 ) -> None:
     from fastfair import build
-    from fastfair.evaluation.per_class import aa_backend_for, check_per_class, check_substitute, evaluate_checkpoint
+    from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_per_class, check_substitute,
+                                               evaluate_checkpoint)
     from fastfair.reports.summary import lines
 
-    names = [a.strip() for a in attacks.split(",") if a.strip()]
-    aa_backend_for(names, aa_backend, "--aa-backend")  # an unknown backend, before the model or data load
+    # what fastfair.evaluate checks the same way, before the model or data load
+    names = attack_names(attacks)
+    aa_backend_for(names, aa_backend)
     check_per_class(per_class, _split(split))
     if substitute is not None:
         check_substitute(names, True)
-    common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=batch_size,
+    common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=_batch_size(batch_size),
                   amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
     robustbench = {"--threat": threat, "--model-dir": model_dir}
@@ -307,7 +318,8 @@ def diagnose(
 
     with _ctrl_c_says("interrupted; no diagnostics were written; run the same command again"):
         diagnose_checkpoint(build.checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
-                            data_dir=data_dir, device=device, batch_size=batch_size, tsne_points=tsne, quiet=quiet,
+                            data_dir=data_dir, device=device, batch_size=_batch_size(batch_size), tsne_points=tsne,
+                            quiet=quiet,
                             seed=seed)
 
 
@@ -349,8 +361,8 @@ def homing(
     from fastfair.evaluation.homing import homing as run_homing
 
     with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
-        path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device, batch_size=batch_size,
-                          data_dir=data_dir, seed=seed, quiet=quiet)
+        path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device,
+                          batch_size=_batch_size(batch_size), data_dir=data_dir, seed=seed, quiet=quiet)
     print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
 
 
@@ -383,12 +395,13 @@ def background(
 ) -> None:
     from fastfair import build
     from fastfair.evaluation.background import background_counts
+    from fastfair.evaluation.per_class import attack_names
 
     with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
         background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
-                          attacks=[a.strip() for a in attacks.split(",") if a.strip()], examples=examples,
+                          attacks=attack_names(attacks), examples=examples,
                           adjusted=build.checkpoint_path(adjusted) if adjusted else None, device=device,
-                          data_dir=data_dir, batch_size=batch_size, seed=seed, quiet=quiet)
+                          data_dir=data_dir, batch_size=_batch_size(batch_size), seed=seed, quiet=quiet)
 
 
 # ---- grid, data ---------------------------------------------------------------------------------
@@ -476,7 +489,7 @@ def zoo(
     per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent evaluations per GPU")] = 1,
     launcher: Annotated[str, typer.Option(help="local | submitit")] = "local",
 ) -> int:
-    from fastfair.evaluation.per_class import check_attack_names, check_per_class
+    from fastfair.evaluation.per_class import attack_names, check_per_class
     from fastfair.reports import zoo as zoo_
 
     if not run:
@@ -486,7 +499,7 @@ def zoo(
             raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models")
         zoo_.listing(dataset, threat, model_dir)
         return 0
-    check_attack_names([a.strip() for a in attacks.split(",") if a.strip()])
+    attack_names(attacks)
     check_per_class(per_class, "test")
     with _ctrl_c_says(RUNS_RESUME.format(what="zoo")):
         return zoo_.run(models=models, top=top, dataset=dataset, threat=threat, model_dir=model_dir, attacks=attacks,
@@ -613,7 +626,7 @@ def features(
     with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
         params = write_features(target, kind, out, checkpoint=checkpoint, steps=steps, step_size=step_size, eps=eps,
                                 seed=seed, per_class=per_class, device=device, data_dir=data_dir,
-                                batch_size=batch_size, force=force, quiet=quiet)
+                                batch_size=_batch_size(batch_size), force=force, quiet=quiet)
     measured = ", ".join(f"{key} {value:.3f}" for key, value in params.items()
                          if key.startswith(("target_rate", "distance_ratio", "perturbation", "pixels")))
     print(f"written: {out} ({params['images']} images of {params['dataset']} from {params['source']}; {measured})")
@@ -625,6 +638,58 @@ def features(
 def _error(message: str, code: int) -> int:
     print(f"fastfair: error: {message}", file=sys.stderr)
     return code
+
+
+def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
+    """The line for a click usage error that fastfair can say better, or None: a value split by a space
+    (:func:`_one_word`), or a flag that sets a config key given a value not of its type, said as the key would be
+    (what ``fastfair.train(epochs=1.5)`` and ``fastfair.evaluate(batch_size="x")`` say)."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if "extra argument" in err.format_message():
+        return _one_word(words)
+    param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
+    if param is None or ctx is None:
+        return None
+    from fastfair.api import TRAIN_FLAGS
+    from fastfair.checks import check_value
+    from fastfair.config import parse_set
+
+    # the commands fastfair.train and fastfair.evaluate are: their flags that set a config key
+    keys = {"fastfair train": TRAIN_FLAGS, "fastfair eval": {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}}
+    key, flag = keys.get(ctx.command_path, {}).get(param.name), f"--{param.name.replace('_', '-')}"
+    given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
+        [b for a, b in zip(words, words[1:]) if a == flag]
+    if key is None or not given:
+        return None
+    try:
+        check_value(key, parse_set([f"{key}={given[-1]}"])[key])
+    except UserError as said:
+        return str(said)
+    return None
+
+
+def _one_word(words: list[str]) -> str | None:
+    """What to type where a space split one value and click saw an extra argument: ``--set train.lr 0.1`` (a space
+    for ``=``) and ``--attacks clean, pgd20`` (a space after a comma, in any comma-separated option)."""
+    for i, (flag, value) in enumerate(zip(words, words[1:])):
+        if not flag.startswith("--") or value.startswith("-"):
+            continue
+        text, j = value, i + 2
+        if flag == "--set":  # KEY VALUE, KEY= VALUE, KEY =VALUE, KEY = VALUE
+            while j < len(words) and not words[j].startswith("--") and (
+                    "=" not in text or text.endswith("=") or words[j].startswith("=")):
+                text += words[j] if text.endswith("=") or words[j].startswith("=") else f"={words[j]}"
+                j += 1
+            what = "KEY=VALUE as one word (no space around =)"
+        else:  # a, b  or  a ,b
+            while j < len(words) and not words[j].startswith("--") and (text.endswith(",") or
+                                                                          words[j].startswith(",")):
+                text += words[j]
+                j += 1
+            what = "one comma-separated word (no space after a comma)"
+        if j > i + 2:
+            return f"{flag} takes {what}; type: {flag} {text}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -648,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(getattr(err, "ctx", None), "command_path", "fastfair")
         if not err.format_message():  # a command group run without a command: its help is already shown
             return err.exit_code
-        return _error(f"{err.format_message()} (see: {where} --help)", err.exit_code)
+        return _error(_usage_fix(argv, err) or f"{err.format_message()} (see: {where} --help)", err.exit_code)
     return result if isinstance(result, int) else 0  # grid returns 1 when a run failed
 
 

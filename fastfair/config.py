@@ -261,6 +261,9 @@ class Config:
     def __init__(self, method: str = "pgd-at", preset: str = ""):
         self.preset = preset
         self.layers: dict[str, int] = {}  # key -> the layer (DEFAULTS, PRESET, USER) that set it; unset: DEFAULTS
+        self.origins: dict[str, str] = {}  # key -> who set it, as messages say it ("the preset", "--set", "--method")
+        # (preset name, [(key, the preset's value, the value a flag or --set gave it)]) of a new run (:func:`resolve`)
+        self.overridden: tuple[str, list[tuple[str, Any, Any]]] = ("", [])
         self.sections = {name: cls() for name, cls in CORE.items()}
         self.sections["method"] = METHODS.get(method).section()(name=method)
         self.sections.update({name: OPTIONS.get(name).section()() for name in OPTIONS})
@@ -328,6 +331,7 @@ def apply(cfg: Config, updates: dict[str, Any], origin: str, layer: int = USER) 
             value = "on" if value else "off"
         setattr(cfg.sections[section], name, schema.coerce(key, value, types_[name]))
         cfg.layers[key] = layer
+        cfg.origins[key] = origin
     return cfg
 
 
@@ -425,21 +429,26 @@ def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:
 
 
 def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
-            sets: list[str] | dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Config:
+            sets: list[str] | dict[str, Any] | None = None, base: dict[str, Any] | None = None,
+            flag_names: dict[str, str] | None = None) -> Config:
     """Build the run's config by the layering in the module docstring.
 
     ``sets``: ``--set`` strings, or their values already parsed (``fastfair.train(sets=...)``);
-    ``base`` (a saved run's config) replaces the defaults, used by ``--resume``.
+    ``base`` (a saved run's config) replaces the defaults, used by ``--resume``; ``flag_names``: how the user gave
+    each key of ``flags`` (``{"method.name": "--method"}``), which :func:`overrides_line` names.
     """
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    from_preset = read_preset(preset) if preset else {}
     layers = [
-        ("the preset", PRESET, read_preset(preset) if preset else {}),
-        ("the command line", USER, {k: v for k, v in (flags or {}).items() if v is not None}),
+        ("the preset", PRESET, from_preset),
+        *(((flag_names or {}).get(k, "the command line"), USER, {k: v}) for k, v in given.items()),
         ("--set", USER, dict(sets) if isinstance(sets, dict) else parse_set(sets or [])),
     ]
     probe = Config()
     merged = {_qualify(probe, k): v for _, _, layer in layers for k, v in layer.items()}
-    method_layer = max((rank for _, rank, layer in layers if any(_qualify(probe, k) == "method.name" for k in layer)),
-                       default=DEFAULTS)
+    chose = [(rank, origin) for origin, rank, layer in layers
+             if any(_qualify(probe, k) == "method.name" for k in layer)]
+    method_layer, method_origin = chose[-1] if chose else (DEFAULTS, "the defaults")  # the last layer wins
     # the method is chosen once, from every layer (a preset's method may be overridden by --set)
     layers = [(origin, rank, {k: v for k, v in layer.items() if _qualify(probe, k) != "method.name"})
               for origin, rank, layer in layers]
@@ -457,12 +466,41 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
         for origin, rank, layer in layers:
             apply(trial, layer, origin, rank)
         cfg = _with_defaults(method, dataset, trial.enabled_options())
-        cfg.layers["method.name"] = method_layer
+        cfg.layers["method.name"], cfg.origins["method.name"] = method_layer, method_origin
+    preset_values = {}  # as the config holds them after the preset, to tell which a later layer changed
     for origin, rank, layer in layers:
         apply(cfg, layer, origin, rank)
+        if rank == PRESET:
+            preset_values = {key: value_of(cfg, key) for key in (_qualify(cfg, k) for k in layer) if key != "preset"}
+    if base is None and preset:
+        said = {_qualify(probe, k): v for k, v in from_preset.items()}
+        if "method.name" in said:  # applied before the layers (the method is chosen once); said first
+            preset_values = {"method.name": said["method.name"], **preset_values}
+        cfg.overridden = (preset, [(key, value, value_of(cfg, key)) for key, value in preset_values.items()
+                                   if value_of(cfg, key) != value])
     for name in cfg.enabled_options():
         OPTIONS.get(name).check(cfg)
     return cfg
+
+
+def value_of(cfg: Config, key: str) -> Any:
+    """The value of ``section.key`` in ``cfg``."""
+    section, _, name = key.partition(".")
+    return getattr(cfg.sections[section], name)
+
+
+def overrides_line(cfg: Config) -> str | None:
+    """The preset keys a flag or ``--set`` changed, in one line said at the start of a new run:
+    ``preset demo: method.name me-trades -> pgd-at (from --method)``; None when none was."""
+    preset, changed = cfg.overridden
+    if not changed:
+        return None
+    return f"preset {preset}: " + ", ".join(f"{key} {_shown(old)} -> {_shown(new)} (from {cfg.origins[key]})"
+                                              for key, old, new in changed)
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r}" if isinstance(value, str) and not value else str(value)
 
 
 def resume_changes(saved: Config, new: Config) -> dict[str, list]:

@@ -61,6 +61,23 @@ def demo_train(out, *extra) -> list[str]:
     return [*DEMO_TRAIN, "--out", str(out), *extra]
 
 
+def small_npz(tmp: Path, **change) -> Path:
+    """``tmp/data.npz``: 200 training and 40 test 8x8 grey images of 4 classes, with ``change`` (an array, or None
+    to leave it out) over them; the bad data sets of the input tests."""
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.integers(0, 256, (200, 8, 8), dtype=np.uint8), "y_train": np.arange(200) % 4,
+              "x_test": rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), "y_test": np.arange(40) % 4}
+    arrays.update(change)
+    path = tmp / "data.npz"
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+# fastfair train's arguments for the data set small_npz writes in {tmp}
+NPZ_TRAIN = ["--dataset", "npz", "--data-dir", "{tmp}/data.npz", "--set", "data.val_per_class=5",
+             "--set", "data.batch_size=32", "--model", "tiny-cnn"]
+
+
 def trained_demo(tmp_path_factory) -> Path:
     """A finished one-epoch demo run (checkpoints, metrics, the final evaluation's JSON), for a module's tests to
     copy."""

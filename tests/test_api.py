@@ -3,16 +3,19 @@ result object, the JSON rules of ``fastfair eval``, ``fastfair.train``'s errors 
 public."""
 from __future__ import annotations
 
+import itertools
 import json
 import pydoc
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 import fastfair
-from fastfair import cli
+from fastfair import api, cli, progress
+from fastfair.rundir import RunDir
 
 ATTACKS = ["clean", "pgd3"]
 
@@ -75,9 +78,9 @@ def test_out_keeps_attacks_of_the_same_fingerprint_and_moves_other_results(tmp_p
 
 @pytest.mark.parametrize("change, says", [
     (lambda x, y: (x * 255, y), "images must be in [0, 1]"),
-    (lambda x, y: (x, y.float()), "labels must be one integer per image"),
-    (lambda x, y: (x, y[:-1]), "labels must be one integer per image"),
-    (lambda x, y: (x, y + 4), "labels must be in 0..3"),
+    (lambda x, y: (x, y.float()), "y is float32; labels must be integers"),
+    (lambda x, y: (x, y[:-1]), "y has shape (39,) for 40 images; it needs one label per image"),
+    (lambda x, y: (x, y + 4), "y holds labels 4..7, outside 0..3 (4 classes)"),
     (lambda x, y: (x[:0], y[:0]), "no images"),
     (lambda x, y: (x[:, 0], y), "images must be a float tensor (N, C, H, W)"),
     (lambda x, y: [1, 2, 3], "data must be (images, labels) tensors or an iterable"),
@@ -90,15 +93,44 @@ def test_bad_data_is_one_clear_error(data, change, says):
 
 @pytest.mark.parametrize("kwargs, says", [
     ({"attacks": ["pgd20", "autoattack"]}, "unknown attack 'autoattack'"),
-    ({"attacks": []}, "name at least one attack"),
-    ({"aa_backend": "mine"}, "aa_backend must be one of"),
+    ({"attacks": []}, "no attack is named"),
+    ({"aa_backend": "mine"}, "the AutoAttack backend must be one of"),
     ({"classes": ["a", "b"]}, "2 class names for a model with 4 outputs"),
-    ({"batch_size": 0}, "batch_size must be 1 or more"),
+    ({"batch_size": 0}, "data.eval_batch_size=0 is out of range: it must be at least 1"),
 ])
 def test_bad_arguments_are_one_clear_error(data, kwargs, says):
     with pytest.raises(fastfair.UserError) as err:
         fastfair.evaluate(tiny_model(), data, **kwargs)
     assert says in str(err.value)
+
+
+def test_evaluate_shows_the_cli_s_progress_unless_told_not_to(data, capsys, monkeypatch):
+    clock = itertools.count(step=100.0)  # every tick is past the plain line's 30 s
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    fastfair.evaluate(tiny_model(), data, attacks=ATTACKS, batch_size=8)
+    assert "eval clean,pgd3  step 1/10" in capsys.readouterr().out  # a line, as fastfair eval prints to a log
+    fastfair.evaluate(tiny_model(), data, attacks=ATTACKS, batch_size=8, progress=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_to_pandas_without_pandas_names_the_install(data, monkeypatch):
+    result = fastfair.evaluate(tiny_model(), data, attacks=["clean"], progress=False)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas fails
+    with pytest.raises(fastfair.UserError, match=r"^Result.to_pandas needs pandas: pip install 'fastfair\[pandas\]'"):
+        result.to_pandas()
+
+
+def test_train_says_which_preset_keys_it_changed_and_shows_what_the_cli_shows(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(api.Trainer, "fit", lambda self: None)  # the line is said as the trainer starts
+    monkeypatch.setattr(api, "final_evaluation", lambda *args, **kwargs: None)
+    fastfair.train("demo", out=tmp_path / "run", method="pgd-at", epochs=1)
+    said = "preset demo: method.name me-trades -> pgd-at (from method=), train.epochs 15 -> 1 (from epochs=)"
+    assert capsys.readouterr().out.splitlines()[0] == said
+    assert RunDir(tmp_path / "run").train_log.read_text().splitlines()[0] == said
+    fastfair.train("demo", out=tmp_path / "quiet", sets={"train.epochs": 1}, progress=False)  # --quiet
+    assert capsys.readouterr().out == ""
+    assert RunDir(tmp_path / "quiet").train_log.read_text().splitlines()[0] == \
+        "preset demo: train.epochs 15 -> 1 (from --set)"
 
 
 def test_load_result_refuses_other_files(tmp_path):

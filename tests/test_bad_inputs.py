@@ -28,7 +28,7 @@ from fastfair import cli, config
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout import grid as grid_module
-from helpers import DEMO_FAST, DEMO_TRAIN, demo_train, trained_demo
+from helpers import DEMO_FAST, DEMO_TRAIN, NPZ_TRAIN as NPZ, demo_train, small_npz, trained_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = DEMO_TRAIN
@@ -47,18 +47,8 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 # ---- files the cases make -----------------------------------------------------------------------
-def _npz(tmp: Path, **change) -> Path:
-    rng = np.random.default_rng(0)
-    arrays = {"x_train": rng.integers(0, 256, (200, 8, 8), dtype=np.uint8), "y_train": np.arange(200) % 4,
-              "x_test": rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), "y_test": np.arange(40) % 4}
-    arrays.update(change)
-    path = tmp / "data.npz"
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
-    return path
-
-
 def npz_case(**change) -> Callable:
-    return lambda tmp, run: _npz(tmp, **change)
+    return lambda tmp, run: small_npz(tmp, **change)
 
 
 class Evil:
@@ -141,8 +131,6 @@ def bad_set(key_value: str, match: str) -> Case:
     return Case([*TRAIN, "--out", "{out}", "--set", key_value], match)
 
 
-NPZ = ["--dataset", "npz", "--data-dir", "{tmp}/data.npz", "--set", "data.val_per_class=5",
-       "--set", "data.batch_size=32", "--model", "tiny-cnn"]
 GRID = ["grid", "{tmp}/grid.toml", "--out", "{out}", "--gpus", "cpu"]
 
 CASES: dict[str, Case] = {
@@ -171,7 +159,7 @@ CASES: dict[str, Case] = {
     # names, also checked up front (some only failed after training before)
     "eval-split-train": bad_set("eval.split=train", r"eval.split='train' is not one of test, val"),
     "eval-attack-name": bad_set("eval.attacks=['pgd20', 'pgd-20']", r"eval.attacks: unknown attack 'pgd-20'"),
-    "eval-attacks-empty": bad_set("eval.attacks=[]", r"eval.attacks is empty"),
+    "eval-attacks-empty": bad_set("eval.attacks=[]", r"eval.attacks: no attack is named; name at least one"),
     "val-attack-name": bad_set("train.val_attack=strong", r"train.val_attack: unknown attack 'strong'"),
     "amp-name": bad_set("train.amp=fp16", r"train.amp='fp16' is not one of auto, bf16, off"),
     "compile-word": bad_set("train.compile=maybe", r"train.compile='maybe' is not one of auto, off, on"),

@@ -47,12 +47,32 @@ def test_methods_markdown_prints_the_keys_document():
 
 
 def test_a_quick_run_says_so_on_the_terminal_and_in_its_log(tmp_path):
-    done = fastfair("train", "--config", "demo", "--quick", "5", "--epochs", "1", "--out", str(tmp_path / "q"),
+    done = fastfair("train", "--config", "demo", "--method", "pgd-at", "--quick", "5", "--epochs", "1", "--out",
+                    str(tmp_path / "q"),
                     "--set", "data.batch_size=25", "--set", "model.width=4", "--set", "attack.steps=1",
                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']")
     assert done.returncode == 0, done.stderr
     note = "quick run: trained on the first 5/class"
     assert note in done.stdout and note in RunDir(tmp_path / "q").train_log.read_text()
+    # flags beat the preset, and the run's first line says which of its keys they changed
+    said = ("preset demo: method.name me-trades -> pgd-at (from --method), data.batch_size 64 -> 25 (from --set), "
+            "train.epochs 15 -> 1 (from --epochs), eval.attacks ['clean', 'pgd20', 'cw20'] -> ['clean'] (from --set)")
+    assert done.stdout.splitlines()[0] == said == RunDir(tmp_path / "q").train_log.read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train", "--config", "demo", "--set", "train.lr", "0.1"], "--set takes KEY=VALUE as one word (no space around "
+                                                                 "=); type: --set train.lr=0.1"),
+    (["train", "--set", "train.lr", "=", "0.1", "--epochs", "2"], "type: --set train.lr=0.1"),
+    (["eval", "runs/x", "--attacks", "clean,", "pgd20"], "--attacks takes one comma-separated word (no space after a "
+                                                         "comma); type: --attacks clean,pgd20"),
+    (["eval", "runs/x", "--attacks", "clean", ",pgd20,", "cw20", "--quiet"], "type: --attacks clean,pgd20,cw20"),
+    (["eval", "runs/x", "runs/y"], "Got unexpected extra argument(s) (runs/y) (see: fastfair eval --help)"),
+])
+def test_a_value_split_by_a_space_is_one_line_saying_what_to_type(argv, said, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("fastfair: error: ") and err[0].endswith(said), err
 
 
 def test_unknown_method_lists_the_known_ones(tmp_path):
@@ -114,8 +134,9 @@ def test_help_and_presets_answer_without_importing_torch():
 
 
 def test_usage_mistakes_are_one_error_line():
-    for args, match in ((["train", "--epochs", "two"], "'--epochs'"), (["train", "--bogus"], "--bogus"),
-                        (["eval"], "Missing argument"), (["trian"], "No such command 'trian'")):
+    for args, match in ((["train", "--epochs", "two"], "train.epochs takes an integer; got 'two'"),
+                        (["train", "--bogus"], "--bogus"), (["eval"], "Missing argument"),
+                        (["trian"], "No such command 'trian'")):
         r = fastfair(*args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("fastfair: error: "), (args, r.stderr)

@@ -32,6 +32,7 @@ def test_every_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| **worst class** |" in out  # the per-class table
     assert "images must be in [0, 1]" in out and "Did you mean epochs?" in out
+    assert "eval.eps=8.0 is out of range: it must be within [0, 1]" in out  # the CLI's line for --set eval.eps=8
 
 
 def fits_own_loop(name: str) -> bool:

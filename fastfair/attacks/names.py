@@ -149,6 +149,11 @@ def parse_attack(name: str, cw_kappa: float = 50.0, clip_start: bool = True) -> 
         what = "xR restarts" if m["restarts"] else "@tT (a temperature)" if m["t"] else "a step count"
         raise UserError(f"{name}: {what} does not apply to {kind}; restarts go with pgd, cw and tpgd, temperatures "
                         "with tpgd, and FGSM takes one step")
+    zero = [(what, like) for what, part, like in (("the step count", "steps", f"{kind}20"),
+                                                  ("xR, the restarts,", "restarts", f"{kind}{m['steps']}x5"))
+            if m[part] and not int(m[part])]
+    if zero:  # pgd0 would be its random start alone
+        raise UserError(f"{name}: {zero[0][0]} must be 1 or more, e.g. {zero[0][1]}")
     if kind == "cwinf":
         return EvalAttack(name, None, search=CWInf(iterations=int(m["steps"] or CWInf.iterations)))
     if kind == "nattack":

@@ -20,12 +20,15 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.ops import REFERENCE, Ops
 from fastfair.ops.steps import INITS
 
 OBJECTIVES = ("ce", "kl", "cw")
 BN_MODES = ("train", "eval")
+STEPS = rules.at_least(1)  # attack.steps: a PGD of no step would be its random start alone
+RESTARTS = rules.at_least(1)  # pgdKxR's R: the first run counts
 
 
 @contextlib.contextmanager
@@ -35,8 +38,7 @@ def attack_mode(model: nn.Module, bn_mode: str):
     ``train()`` walks every module, so the mode is switched only when it differs (PGD-AT attacks
     in the training mode the update needs anyway).
     """
-    if bn_mode not in BN_MODES:
-        raise UserError(f"unknown BN mode {bn_mode!r}; known: {', '.join(BN_MODES)}")
+    rules.check_name("attack.bn_mode", bn_mode, BN_MODES)
     was_training = model.training
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -53,8 +55,11 @@ def attack_mode(model: nn.Module, bn_mode: str):
             model.train(was_training)
 
 
-def per_class(value, num_classes: int, device) -> torch.Tensor:
-    """A float or per-class vector as a float32 ``(C,)`` tensor on ``device``."""
+def per_class(value, num_classes: int, device, key: str = "attack.eps") -> torch.Tensor:
+    """A radius or step (a float, or one per class) as a float32 ``(C,)`` tensor on ``device``; a value given as
+    Python numbers is checked as the config key ``key`` is (attack.eps, attack.alpha, eval.eps: within [0, 1])."""
+    if not isinstance(value, torch.Tensor):  # a tensor is the caller's (a training step's vector: no host read)
+        value = rules.check(key, value, float, rules.IMAGE_RANGE, per_class=True)
     t = torch.as_tensor(value, dtype=torch.float32, device=device)
     if t.dim() == 0:
         return t.expand(num_classes).contiguous()
@@ -207,10 +212,8 @@ class PGD:
     descend: Callable = field(default=descend, repr=False, compare=False)  # or compile_descent(...)'s
 
     def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise UserError(f"unknown attack objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
-        if self.init not in INITS:
-            raise UserError(f"unknown PGD init {self.init!r}; known: {', '.join(INITS)}")
+        for name, (key, typ, rule) in CHECKED.items():
+            rules.check(key, getattr(self, name), typ, rule)
 
     def _run(self, model, x, y, eps_c, alpha_c, targeting):
         # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
@@ -239,3 +242,10 @@ class PGD:
                 cand = self._run(model, x, y, eps_c, alpha_c, targeting)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best
+
+
+# PGD's fields that are config keys of the training attack (their rows in fastfair.checks hold these rules), each
+# refused as ``--set attack.steps=0`` is, with its message; restarts are pgdKxR's, checked the same way
+CHECKED = {"steps": ("attack.steps", int, STEPS), "objective": ("attack.objective", str, OBJECTIVES),
+           "init": ("attack.init", str, INITS), "bn_mode": ("attack.bn_mode", str, BN_MODES),
+           "restarts": ("restarts", int, RESTARTS)}

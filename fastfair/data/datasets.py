@@ -152,15 +152,23 @@ def _npz_images(path: Path, name: str, x: np.ndarray) -> torch.Tensor:
     return _as_nchw(x)
 
 
-def _npz_labels(path: Path, name: str, y: np.ndarray, n: int, classes: int | None) -> torch.Tensor:
+def check_labels(name: str, y: np.ndarray, n: int, classes: int | None) -> None:
+    """Labels of ``n`` images, one integer each in 0..classes-1: an .npz's arrays and ``fastfair.evaluate``'s ``y``."""
     if y.ndim != 1 or len(y) != n:
-        raise UserError(f"{path}: {name} has shape {y.shape} for {n} images; it needs one label per image")
+        raise UserError(f"{name} has shape {y.shape} for {n} images; it needs one label per image")
     if not np.issubdtype(y.dtype, np.integer):
-        raise UserError(f"{path}: {name} is {y.dtype}; labels must be integers 0..K-1 (float labels are not "
-                        "truncated silently)")
+        raise UserError(f"{name} is {y.dtype}; labels must be integers 0..K-1 (float labels are not truncated "
+                        "silently)")
     if n and (y.min() < 0 or (classes is not None and y.max() >= classes)):
         top = f"{classes - 1} ({classes} classes)" if classes is not None else "K-1"
-        raise UserError(f"{path}: {name} holds labels {int(y.min())}..{int(y.max())}, outside 0..{top}")
+        raise UserError(f"{name} holds labels {int(y.min())}..{int(y.max())}, outside 0..{top}")
+
+
+def _npz_labels(path: Path, name: str, y: np.ndarray, n: int, classes: int | None) -> torch.Tensor:
+    try:
+        check_labels(name, y, n, classes)
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
     return _labels(y)
 
 

@@ -34,7 +34,7 @@ def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw
     batch ``i`` is attacked under ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` does."""
     model.eval()
     dev = next(model.parameters()).device
-    eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
+    eps_c, alpha_c = per_class(eps, num_classes, dev, "eval.eps"), per_class(alpha, num_classes, dev, "eval.alpha")
     attack = parse_attack(attack_name, cw_kappa, clip_start)
     out = {f"{k}_{tag}": [] for k in ("feat", "logit", "prob") for tag in ("clean", "adv")} | {"y": []}
     for i, (x, y) in enumerate(loader):

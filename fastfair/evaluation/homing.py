@@ -44,7 +44,7 @@ def probabilities(model, loader, attack_name: str, *, eps, alpha, num_classes: i
     ``seeds.derive(seed, attack_name, i)``, as ``fastfair eval`` attacks it."""
     model.eval()
     dev = next(model.parameters()).device
-    eps_c, alpha_c = per_class(eps, num_classes, dev), per_class(alpha, num_classes, dev)
+    eps_c, alpha_c = per_class(eps, num_classes, dev, "eval.eps"), per_class(alpha, num_classes, dev, "eval.alpha")
     attack = parse_attack(attack_name, cw_kappa, clip_start)
     out = []
     for i, (x, y) in enumerate(loader):

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -67,8 +68,17 @@ def progress_units(attack_names: list[str]) -> int:
     return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in names.expand(attack_names))
 
 
-def check_attack_names(attack_names: list[str]) -> None:
-    """Raise a UserError for a name that neither parses nor names AutoAttack."""
+def attack_names(attacks: str | Sequence[str]) -> list[str]:
+    """The names of ``--attacks clean,pgd20`` or of a Python list, checked (:func:`check_attack_names`)."""
+    wanted = [a.strip() for a in (attacks.split(",") if isinstance(attacks, str) else attacks) if a.strip()]
+    check_attack_names(wanted)
+    return wanted
+
+
+def check_attack_names(attack_names: Sequence[str]) -> None:
+    """Raise a UserError when no attack is named, or for a name that neither parses nor names AutoAttack."""
+    if not attack_names:
+        raise UserError("no attack is named; name at least one, such as clean or pgd20")
     for name in names.expand(attack_names):
         if name == autoattack.NAME:
             continue
@@ -82,7 +92,11 @@ def wants_substitute(attack_names: list[str]) -> bool:
     return any(names.is_transfer(n) for n in names.expand(attack_names))
 
 
-def check_substitute(attack_names: list[str], substitute_given: bool, given_as: str = "--substitute") -> None:
+# where fastfair eval and fastfair.evaluate take the substitute model, as their messages name it
+EVAL_SUBSTITUTE = "--substitute (fastfair.evaluate: substitute=)"
+
+
+def check_substitute(attack_names: list[str], substitute_given: bool, given_as: str = EVAL_SUBSTITUTE) -> None:
     """A ``transfer:`` attack needs a substitute model, and a substitute without one would do nothing; ``NAME/N``
     needs one process."""
     transfer = [n for n in names.expand(attack_names) if names.is_transfer(n)]
@@ -103,11 +117,12 @@ def weights_sha256(model) -> str:
     return state_sha256(model.state_dict())
 
 
-def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_backend") -> str:
+def aa_backend_for(attack_names: list[str], backend: str) -> str:
     """The AutoAttack backend to run (``auto`` resolved when AutoAttack is asked for, so a missing package fails
-    before any work); an unknown backend is a UserError naming where it was given (``given_as``)."""
+    before any work); an unknown backend is a UserError."""
     if backend not in ("auto", *autoattack.BACKENDS):
-        raise UserError(f"{given_as} must be one of auto, {', '.join(autoattack.BACKENDS)}; got {backend!r}")
+        raise UserError(f"the AutoAttack backend must be one of auto, {', '.join(autoattack.BACKENDS)}; got "
+                        f"{backend!r}")
     if autoattack.NAME in names.expand(attack_names) and backend == "auto":
         return autoattack.default_backend()
     return backend
@@ -126,7 +141,7 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
     """
     dev = next(model.parameters()).device
     c = len(classes)
-    eps_c, alpha_c = per_class(eps, c, dev), per_class(alpha, c, dev)
+    eps_c, alpha_c = per_class(eps, c, dev, "eval.eps"), per_class(alpha, c, dev, "eval.alpha")
     _check_corruptions(attack_names, loader)
     out = {}
     for name in names.expand(attack_names):

@@ -1,8 +1,9 @@
 """A per-class evaluation result as Python sees it: the record ``fastfair eval`` writes, with its measures.
 
-``print(result)`` shows the per-class table; ``result.avg("pgd20")``, ``worst``, ``cv``, ``mcd`` and
-``overall`` read the summary each attack's entry already holds (:func:`measures.summary_of_confusion`),
-so a result read back from a JSON gives the same numbers as the run that wrote it.
+``print(result)`` shows the per-class table; the methods ``result.avg("pgd20")``, ``worst``, ``cv``, ``mcd``
+and ``overall`` (each takes an attack's name) read the summary each attack's entry already holds
+(:func:`measures.summary_of_confusion`), so a result read back from a JSON gives the same numbers as the run
+that wrote it.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ class Result:
         try:
             import pandas as pd
         except ImportError:
-            raise UserError("Result.to_pandas needs pandas: pip install pandas") from None
+            raise UserError("Result.to_pandas needs pandas: pip install 'fastfair[pandas]' (or pip install "
+                            "pandas)") from None
         return pd.DataFrame({a: self._entry(a)["per_class"] for a in self.attacks},
                             index=pd.Index(self.classes, name="class"))
 

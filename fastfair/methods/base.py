@@ -51,8 +51,9 @@ class Method:
         self.cfg, self.ops = cfg, backend
         self.compile = compile_ or (lambda fn: fn)
         a = cfg.attack
+        # a method that attacks nothing leaves attack.* unchecked (fastfair.checks) and builds no attack
         self.attack = PGD(steps=a.steps, objective=a.objective, init=a.init, bn_mode=a.bn_mode, ops=backend,
-                          descend=descent)
+                          descend=descent) if self.adversarial else None
         self.options = [OPTIONS.get(n)(cfg, self) for n in cfg.enabled_options()]
 
     @classmethod

@@ -46,6 +46,9 @@ class Trainer:
         self.progress = Progress(enabled=cfg.train.progress and not quiet and self.main,
                                  every_s=cfg.train.progress_every_s)
         self.log = self.progress.print
+        overridden = config.overrides_line(cfg)
+        if overridden:  # flags beat the preset, and say which of its keys they changed (kept for train.log)
+            self.log(overridden)
         self.dev = build.device(cfg)
         graphs, graphs_note = build.cudagraphs(cfg, self.dev)  # a refused setting is refused before data loads
         self.amp = build.autocast_dtype(cfg, self.dev)
