@@ -20,6 +20,7 @@ Choices (README, "Scale-out"):
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ def shutdown() -> None:
     """Destroy the process group now: its work threads are joined while the interpreter is whole (see init)."""
     global _ctx
     if _ctx.enabled:
+        # A run's objects in a reference cycle (the trainer holds its own bound step, fallback.CheckedStep holds the
+        # trainer's methods) would keep the DDP wrapper, and with it the group, until a later collection: too late
+        # if that is the interpreter's exit. Collect them first, so destroying the group frees it now.
+        gc.collect()
         dist.destroy_process_group()
         _ctx = Context()
 
