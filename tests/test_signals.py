@@ -1,0 +1,237 @@
+"""Stop signals (issue 40): SIGTERM and SIGUSR1 end every command as Ctrl-C does (one line saying what was kept,
+the lock released, exit code 128 + the signal), training stops at a step boundary and saves there, and
+``--resume`` continues to the weights of an uninterrupted run, in one process and under torchrun; grid and
+reproduce stop their children, say what each kept and resume them; a submitit array task requeues itself.
+
+The subprocess tests signal a real ``fastfair`` process at a point the test controls: ``tests/hold`` holds the
+N-th call of a function until a signal arrives (:func:`held`), and the test signals once the holder's marker
+file is there.
+"""
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastfair import cli, stopping
+from fastfair.rundir import RunDir
+
+ROOT = Path(__file__).parents[1]
+HOLD = Path(__file__).parent / "hold"
+STEP = "fastfair.training.trainer:Trainer.train_step"
+# digits, a 4-channel tiny CNN, ME-TRADES (its random start draws from the global stream the resume restores),
+# one attack step, two epochs of 20 steps, the final evaluation clean only
+TRAIN = ["train", "--config", "demo", "--epochs", "2", "--device", "cpu", "--quiet", "--set", "model.width=4",
+         "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+
+
+def held(tmp_path: Path, target: str, n: int, name: str = "held") -> tuple[dict, Path]:
+    """(the environment of a process whose ``n``-th call of ``target`` (module:function) waits for a stop signal,
+    the folder where each such process writes its pid as it starts waiting). One thread: equal sums every run."""
+    markers = tmp_path / name
+    markers.mkdir()
+    return {**os.environ, "PYTHONPATH": f"{HOLD}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
+            "FASTFAIR_TEST_HOLD": f"{target}:{n}:{markers}"}, markers
+
+
+def wait_held(markers: Path, proc: subprocess.Popen, count: int = 1, timeout: float = 300) -> list[int]:
+    """The pids of the ``count`` processes held, once all are waiting."""
+    deadline = time.time() + timeout
+    while len(pids := [int(p.name) for p in markers.iterdir() if p.name.isdigit()]) < count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, f"no process held within {timeout} s"
+        time.sleep(0.02)
+    return pids
+
+
+def release(markers: Path) -> None:
+    """From now on no process holds (a rerun goes through)."""
+    (markers / "released").write_text("")
+
+
+def _as_from_a_shell():
+    """The child gets the stop signals as a shell's job does: neither ignored nor blocked, whatever the test
+    worker inherited."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(stopping.SIGNALS))
+    for sig in stopping.SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start(args: list, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(args, env=env, cwd=kwargs.pop("cwd", ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_as_from_a_shell, **kwargs)
+
+
+def ended(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"no end within {timeout} s after the signal: {proc.communicate()[1][-2000:]}")
+    return proc.returncode, out, err
+
+
+def lines(err: str) -> list[str]:
+    """stderr's lines but the config warnings every tiny run prints (epochs shorter than the preset's schedule)."""
+    return [line for line in err.strip().splitlines() if not line.startswith("fastfair: warning:")]
+
+
+def released_lock(run: Path) -> bool:
+    lock = RunDir(run).lock_file
+    return RunDir(run).locked_by() == "" and (not lock.exists() or lock.read_text() == "")
+
+
+def fastfair(*args, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastfair", *map(str, args)], capture_output=True, text=True,
+                          env=env or {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=cwd,
+                          timeout=600)
+
+
+def weights(run: Path) -> dict:
+    return torch.load(RunDir(run).last, weights_only=True)["model"]
+
+
+def metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without its timings."""
+    return [{k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")}
+            for m in RunDir(run).read_metrics()]
+
+
+# ---- the handler, in this process ------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_handlers():
+    """The stop signals' dispositions of a fresh Python process, restored after the test."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                signal.SIGUSR1: signal.SIG_DFL}
+    previous = {s: signal.signal(s, d) for s, d in defaults.items()}
+    yield
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def _send(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(0.01)  # Python runs the handler at the next bytecode; give the kernel the moment it needs
+
+
+def test_a_signal_outside_a_block_stops_at_once_and_is_named(fresh_handlers):
+    for sig, code, by in ((signal.SIGTERM, 143, " by SIGTERM"), (signal.SIGUSR1, 138, " by SIGUSR1"),
+                          (signal.SIGINT, 130, "")):
+        with pytest.raises(stopping.Stopped) as stop, stopping.handled():
+            _send(sig)
+        assert stop.value.signum == sig and stopping.exit_code(sig) == code and stopping.said_by(sig) == by
+        assert isinstance(stop.value, KeyboardInterrupt)  # so every Ctrl-C cleanup runs for it too
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as found
+
+
+def test_a_held_block_runs_whole_and_a_deferred_one_records_until_its_boundary(fresh_handlers):
+    done = []
+    with pytest.raises(stopping.Stopped) as stop:
+        with stopping.held():
+            _send(signal.SIGTERM)
+            _send(signal.SIGINT)  # not even a second signal, nor Ctrl-C, cuts an atomic write
+            done.append(True)
+    assert done and stop.value.signum == signal.SIGTERM  # raised as the block ended, with the first signal
+    with stopping.handled():
+        with pytest.raises(stopping.Stopped) as stop:
+            with stopping.deferred():
+                _send(signal.SIGUSR1)
+                _send(signal.SIGTERM)  # a cluster's second signal (a grid's SIGTERM after SLURM's USR1) waits too
+                assert stopping.requested() == signal.SIGUSR1  # what a step boundary reads
+                done.append(True)
+        assert len(done) == 2 and stop.value.signum == signal.SIGUSR1
+    with stopping.handled(), pytest.raises(stopping.Stopped), stopping.deferred():
+        _send(signal.SIGINT)
+        with pytest.raises(stopping.Stopped):
+            _send(signal.SIGINT)  # a person pressing Ctrl-C twice means now
+
+
+def test_a_callers_own_handler_and_an_ignored_signal_are_left_alone(fresh_handlers):
+    seen = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    with stopping.handled():
+        _send(signal.SIGTERM)
+        _send(signal.SIGUSR1)
+        assert stopping.requested() == 0
+    assert seen == [signal.SIGTERM]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("argv, module, function, says", [
+    (["eval", "m.pt"], "fastfair.evaluation.per_class", "evaluate_checkpoint", "this evaluation wrote no result"),
+    (["diagnose", "m.pt"], "fastfair.evaluation.diagnose", "diagnose_checkpoint", "no diagnostics were written"),
+    (["grid", "g.toml"], "fastfair.scaleout.grid", "run_grid", "the grid's runs stopped with it"),
+    (["reproduce", "cfa-t1"], "fastfair.reproduce.command", "reproduce", "the table's runs stopped with it"),
+    (["report", "r"], "fastfair.reports.report", "write_report", ""),  # a command that keeps nothing
+])
+def test_a_signal_in_any_command_is_one_line_and_128_plus_its_number(argv, module, function, says, sig, monkeypatch,
+                                                                      capsys):
+    def signalled(*args, **kwargs):
+        raise stopping.Stopped(sig)
+    monkeypatch.setattr(importlib.import_module(module), function, signalled)
+    assert cli.main(argv) == 128 + sig
+    err = capsys.readouterr().err.strip().splitlines()
+    name = signal.Signals(sig).name
+    assert len(err) == 1 and err[0].startswith(f"fastfair: interrupted by {name}") and says in err[0], err
+
+
+# ---- train: one process -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The run the stopped ones are compared with, trained in one go."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    r = fastfair(*TRAIN, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    env, markers = held(tmp_path, STEP, 5)
+    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGTERM)  # while step 5 is about to run: it runs, and training stops after it
+    code, _, err = ended(proc)
+    said = (f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (5 of 20 steps saved); continue with: fastfair train "
+            f"--out {out} --resume")
+    assert code == 143 and lines(err) == [said], err
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said  # the run's log says how it ended
+    assert released_lock(out) and not list(out.rglob("*.tmp"))
+    saved = torch.load(RunDir(out).interrupted, weights_only=True)
+    assert (saved["epoch"], saved["step"], saved["steps"]) == (0, 5, 20) and not RunDir(out).last.exists()
+
+    release(markers)
+    r = fastfair(*TRAIN, "--out", out, "--resume", env=env)
+    assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
+    assert f"resuming {out} in epoch 1 of 2 after step 5 of 20" in RunDir(out).train_log.read_text()
+    assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()] == [
+        ("start", 1, None), ("resume", 1, 5)]
+    assert not RunDir(out).interrupted.exists()  # its epoch is whole in last.pt now
+    expected = weights(uninterrupted)
+    got = weights(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out) == metrics(uninterrupted)  # the interrupted epoch's loss and counts too
+
+
+@pytest.mark.slow
+def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
+    """SLURM's early warning: exit 138; a signal that lands after an epoch's last step stops before the next."""
+    out = tmp_path / "run"
+    env, markers = held(tmp_path, STEP, 20)  # the first epoch's last step
+    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGUSR1)
+    code, _, err = ended(proc)
+    assert code == 138 and lines(err) == [f"fastfair: interrupted by SIGUSR1 in epoch 2 of 2 (1 saved); continue "
+                                          f"with: fastfair train --out {out} --resume"], err
+    assert released_lock(out) and [m["epoch"] for m in RunDir(out).read_metrics()] == [1]
+    assert not RunDir(out).interrupted.exists()  # the epoch boundary: last.pt is the state
