@@ -10,6 +10,7 @@ file is there.
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +236,45 @@ def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
                                           f"with: fastfair train --out {out} --resume"], err
     assert released_lock(out) and [m["epoch"] for m in RunDir(out).read_metrics()] == [1]
     assert not RunDir(out).interrupted.exists()  # the epoch boundary: last.pt is the state
+
+
+# ---- train: two ranks under torchrun -----------------------------------------------------------------
+
+def torchrun(out: Path, *more: str) -> list[str]:
+    """A 2-rank gloo run of TRAIN's first epoch under torchrun, on a port free now (two checkouts testing at once
+    on one machine must not meet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+            "-m", "fastfair", *TRAIN, "--epochs", "1", "--out", str(out), *more]
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_uninterrupted_weights(tmp_path):
+    env, markers = held(tmp_path, STEP, 5)
+    plain = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    one_go = subprocess.run(torchrun(tmp_path / "one-go"), env=plain, cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert one_go.returncode == 0, one_go.stderr[-3000:]
+
+    out = tmp_path / "run"
+    proc = start(torchrun(out), env)
+    wait_held(markers, proc, count=2)  # both ranks wait before their fifth step
+    proc.send_signal(signal.SIGTERM)  # to torchrun, as SLURM, docker stop or kill would: it passes it on to the ranks
+    _, _, err = ended(proc)
+    # each rank runs step 5, sees its signal at the boundary after it, and the ranks agree one step later
+    said = (f"fastfair: interrupted by SIGTERM in epoch 1 of 1 (6 of 20 steps saved); continue with: fastfair train "
+            f"--out {out} --resume")
+    assert err.count("fastfair: interrupted") == 1 and said in err.splitlines(), err[-3000:]  # rank 0 says it
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said and released_lock(out)
+    saved = torch.load(RunDir(out).interrupted, weights_only=True)
+    assert saved["step"] == 6 and len(saved["ranks"]) == 2  # every rank's random streams and sums
+
+    release(markers)
+    resumed = subprocess.run(torchrun(out, "--resume"), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "taking over" not in resumed.stderr, resumed.stderr[-3000:]
+    expected = weights(tmp_path / "one-go")
+    got = weights(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out) == metrics(tmp_path / "one-go")

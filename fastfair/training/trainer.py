@@ -308,18 +308,25 @@ class Trainer:
 
     def _continue(self, within: dict) -> None:
         """Before the first step after the saved ones: the weights as saved (``begin_epoch`` ran again on them),
-        this rank's sums of the epoch so far and its random streams as they were after the last saved step."""
+        and this rank's buffers, sums of the epoch so far and random streams as they were after the last saved
+        step."""
         self.model.load_state_dict(within["model"])
+        for name, buffer in self.model.named_buffers():
+            buffer.copy_(within["buffers"][name])
         self.state.load_sums(within["sums"])
         torch.set_rng_state(within["rng"]["cpu"])
         if self.dev.type == "cuda" and "cuda" in within["rng"]:
             torch.cuda.set_rng_state(within["rng"]["cuda"], self.dev)
 
     def _stop_in_epoch(self, epoch: int, step: int, done: int, steps: int, signum: int, vote) -> None:
-        """Stop every rank at this step boundary: save the epoch's state so far to ``interrupted.pt`` (every
-        rank's sums and random streams; rank 0 writes), unless it is the state already saved (``done`` steps)."""
+        """Stop every rank at this step boundary: save the epoch's state so far to ``interrupted.pt`` (rank 0
+        writes; with every rank's random streams, sums and buffers: torchrun's ranks hold their own BatchNorm
+        statistics between DDP's broadcasts, which an attack in eval mode reads), unless it is the state already
+        saved (``done`` steps)."""
         vote.close()
-        parts = distributed.gather_host({"rng": _rng_state(self.dev), "sums": self.state.sums_state()})
+        buffers = {name: b.detach().cpu().clone() for name, b in self.model.named_buffers()}
+        parts = distributed.gather_host({"rng": _rng_state(self.dev), "sums": self.state.sums_state(),
+                                         "buffers": buffers})
         if self.main and step > done:
             save_atomic({**self._state(epoch), "epoch": epoch, "step": step, "steps": steps, "ranks": parts},
                         self.run.interrupted)
