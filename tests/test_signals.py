@@ -9,6 +9,8 @@ file is there.
 """
 import importlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,11 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from fastfair import cli, stopping
 from fastfair.rundir import RunDir
+from fastfair.scaleout.jobs import read_state
+
+from test_grid import _alive
 
 ROOT = Path(__file__).parents[1]
 HOLD = Path(__file__).parent / "hold"
@@ -278,3 +284,108 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_u
     got = weights(out)
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
     assert metrics(out) == metrics(tmp_path / "one-go")
+
+
+# ---- eval, diagnose, grid, reproduce -----------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, target, says, wrote", [
+    (["eval", "--attacks", "clean,fgsm", "--quiet"], "fastfair.evaluation.per_class:evaluate",
+     "this evaluation wrote no result", "eval/best_pgd-test.json"),
+    (["diagnose", "--attack", "fgsm", "--tsne", "0", "--quiet"], "fastfair.evaluation.diagnose:collect",
+     "no diagnostics were written", "diagnostics/best_pgd-test-fgsm.json"),
+])
+def test_sigterm_in_eval_and_diagnose_is_one_line_and_the_rerun_writes(command, target, says, wrote, tmp_path,
+                                                                        uninterrupted):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    (run / wrote).unlink(missing_ok=True)  # the final evaluation's own result: the rerun writes it anew
+    env, markers = held(tmp_path, target, 1)
+    proc = start([sys.executable, "-m", "fastfair", command[0], str(run), *command[1:]], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGTERM)
+    code, _, err = ended(proc)
+    assert code == 143 and len(lines(err)) == 1, err
+    assert lines(err)[0].startswith(f"fastfair: interrupted by SIGTERM; {says}") and "run the same command" in err
+    assert not (run / wrote).exists() and released_lock(run) and not list(run.rglob("*.tmp"))
+    release(markers)
+    r = fastfair(command[0], run, *command[1:], env=env)
+    assert r.returncode == 0 and (run / wrote).is_file(), r.stderr
+
+
+GRID = """
+base = "demo"
+[set]
+"model.width" = 4
+"train.epochs" = 2
+"train.device" = "cpu"
+"attack.steps" = 1
+"train.val_attack" = "fgsm"
+"eval.attacks" = ["clean", "fgsm"]
+[[axes]]
+key = "train.seed"
+values = [0, 1]
+labels = ["a", "b"]
+"""
+
+
+@pytest.mark.slow
+def test_a_stopped_grid_child_and_a_stopped_grid_keep_their_steps_and_the_rerun_resumes_both(tmp_path):
+    (tmp_path / "g.toml").write_text(GRID)
+    out = tmp_path / "out"
+    env, markers = held(tmp_path, STEP, 3)
+    grid = ["grid", str(tmp_path / "g.toml"), "--out", str(out), "--gpus", "cpu"]
+    proc = start([sys.executable, "-m", "fastfair", *grid], env)
+    (a,) = wait_held(markers, proc)
+    os.kill(a, signal.SIGTERM)  # a grid child signalled itself (SLURM signals every process of a job)
+    b = next(pid for pid in wait_held(markers, proc, count=2) if pid != a)  # the grid went on to the next run
+    kept = "in epoch 1 of 2 (3 of 20 steps saved)"
+    assert read_state(out / "a")["status"] == "interrupted" and read_state(out / "a")["error"].startswith(
+        f"fastfair: interrupted by SIGTERM {kept}; continue with: fastfair train --out {out / 'a'} --resume")
+    proc.send_signal(signal.SIGTERM)  # now the grid: it passes SIGTERM on to its running child, b
+    code, _, err = ended(proc)
+    assert code == 143 and lines(err)[-1] == (
+        f"fastfair: interrupted by SIGTERM; runs: 2 stopped (a {kept}; b {kept}); run the same command again to go "
+        "on (done runs are skipped, the others resume)"), err
+    assert not _alive(b) and all(released_lock(path) for path in (out, out / "a", out / "b"))
+    said = RunDir(out / "b").train_log.read_text().splitlines()[-1]  # the child's own line, in its log
+    assert said.startswith(f"fastfair: interrupted by SIGTERM {kept}")
+
+    release(markers)
+    r = fastfair(*grid, env=env)
+    assert r.returncode == 0 and "2 of 2 runs finished" in r.stdout, r.stdout + r.stderr
+    for run in ("a", "b"):
+        assert [(h["event"], h.get("step")) for h in RunDir(out / run).read_history()] == [("start", None),
+                                                                                        ("resume", 3)]
+        assert read_state(out / run)["attempt"] == 2 and read_state(out / run)["status"] == "done"
+
+
+@pytest.mark.slow
+def test_sigterm_to_reproduce_stops_its_run_at_a_step_and_the_rerun_resumes_it(tmp_path):
+    npz = tmp_path / "cifar10-part.npz"  # ten classes of random images, 20 training and 5 test images each
+    rng = np.random.default_rng(0)
+    np.savez(npz, x_train=rng.integers(0, 256, (200, 3, 32, 32), dtype=np.uint8), y_train=np.arange(200) % 10,
+             x_test=rng.integers(0, 256, (50, 3, 32, 32), dtype=np.uint8), y_test=np.arange(50) % 10)
+    out = tmp_path / "out"
+    table = ["reproduce", "dafa-t1", "--scale", "subset", "--data-dir", str(npz), "--gpus", "cpu", "--out", str(out),
+             "--set", "train.epochs=2", "--set", "data.batch_size=16"]  # epochs of several steps
+    env, markers = held(tmp_path, STEP, 2)
+    proc = start([sys.executable, "-m", "fastfair", *table], env)
+    (pid,) = wait_held(markers, proc)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = ended(proc)
+    stopped = re.fullmatch(r"fastfair: interrupted by SIGTERM; runs: 1 stopped \((\S+) in epoch 1 of 2 \(2 of \d+ "
+                           r"steps saved\)\), 2 not started; run the same command again to go on \(done runs are "
+                           r"skipped, the others resume\)", lines(err)[-1])
+    assert code == 143 and stopped, err
+    run = out / "runs" / stopped.group(1)
+    assert read_state(run)["status"] == "interrupted" and released_lock(out) and released_lock(run)
+
+    release(markers)  # the rerun: its first run resumes after step 2; stopped once more as it gets there
+    env, markers = held(tmp_path, STEP, 1, name="again")
+    proc = start([sys.executable, "-m", "fastfair", *table], env)
+    wait_held(markers, proc)
+    assert RunDir(run).read_history()[-1]["step"] == 2 and read_state(run)["attempt"] == 2
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = ended(proc)
+    assert code == 143 and "(3 of" in lines(err)[-1], err

@@ -22,7 +22,7 @@ from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write, write_protocol
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
-from fastfair.scaleout.jobs import outcome, read_state
+from fastfair.scaleout.jobs import outcome, read_state, stopped
 from fastfair.scaleout.launchers import LAUNCHERS
 
 
@@ -123,8 +123,11 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         for wave in (lambda p: not p.row.depends_on, lambda p: bool(p.row.depends_on)):
             todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]
             if todo:
-                LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
-                                       echo=echo)
+                try:
+                    LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
+                                           echo=echo)
+                except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
+                    raise stopped(err, [(j.name, Path(j.run_dir)) for j in jobs]) from None
         records, run_lines, failed = _collect(planned, jobs)
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)

@@ -1,13 +1,14 @@
 """Where grid runs execute: this machine (K concurrent runs per GPU) or a SLURM cluster via submitit.
 
 A launcher takes the jobs still to do and returns when they have ended; every job records its
-own done/failed state in its run folder (:func:`fastfair.scaleout.jobs.run_job`), so a launcher needs no
-bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
+own done/interrupted/failed state in its run folder (:func:`fastfair.scaleout.jobs.run_job`), so a launcher
+needs no bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
 """
 from __future__ import annotations
 
 import os
 import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,7 @@ import torch
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.scaleout.jobs import Job, outcome, run_job, stop_children
+from fastfair.scaleout.jobs import Job, outcome, read_state, run_job, stop_children
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 
@@ -45,18 +46,31 @@ def slot_envs(gpus: list[str], per_gpu: int) -> list[dict[str, str]]:
     return slots
 
 
-def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) -> list[str]:
-    """Run ``jobs`` with at most ``len(envs)`` at a time, each in a free slot's environment."""
+_STOPPING = threading.Event()  # set once the running jobs are being stopped: no slot freed by one starts another
+
+
+def _stop_jobs() -> None:
+    _STOPPING.set()
+    stop_children()
+
+
+def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print,
+                     ignored: tuple[int, ...] = ()) -> list[str]:
+    """Run ``jobs`` with at most ``len(envs)`` at a time, each in a free slot's environment (its process ignoring
+    the signals ``ignored``)."""
     free: queue.Queue = queue.Queue()
     for env in envs:
         free.put(env)
+    _STOPPING.clear()
 
     def one(job: Job) -> str:
         env = free.get()
         try:
+            if _STOPPING.is_set():
+                return read_state(job.run_dir)["status"]
             echo(f"start {job.name} {' '.join(f'{k}={v}' for k, v in env.items())}")
-            status = run_job(job, env)
-            echo(f"done   {job.name}" if status == "done" else f"failed {outcome(job.name, job.run_dir)}")
+            status = run_job(job, env, ignored)
+            echo(f"done   {job.name}" if status == "done" else f"{status} {outcome(job.name, job.run_dir)}")
             return status
         finally:
             free.put(env)
@@ -64,9 +78,9 @@ def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) ->
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
         try:
             return list(pool.map(one, jobs))
-        except BaseException:  # Ctrl-C or an error: no child outlives the grid, no queued job starts
+        except BaseException:  # a stop signal or an error: no child outlives the grid, no queued job starts
             pool.shutdown(wait=False, cancel_futures=True)
-            stop_children()
+            _stop_jobs()
             raise
 
 
