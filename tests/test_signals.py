@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch
 
 from fastfair import cli, stopping
 from fastfair.rundir import RunDir
+from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import read_state
 
 from test_grid import _alive
@@ -46,11 +48,16 @@ def held(tmp_path: Path, target: str, n: int, name: str = "held") -> tuple[dict,
             "FASTFAIR_TEST_HOLD": f"{target}:{n}:{markers}"}, markers
 
 
-def wait_held(markers: Path, proc: subprocess.Popen, count: int = 1, timeout: float = 300) -> list[int]:
-    """The pids of the ``count`` processes held, once all are waiting."""
+def wait_held(markers: Path, starter: subprocess.Popen | threading.Thread, count: int = 1,
+              timeout: float = 300) -> list[int]:
+    """The pids of the ``count`` processes held, once all are waiting; ``starter`` (the process or thread that
+    starts them) must not end meanwhile."""
     deadline = time.time() + timeout
     while len(pids := [int(p.name) for p in markers.iterdir() if p.name.isdigit()]) < count:
-        assert proc.poll() is None, proc.communicate()
+        if isinstance(starter, threading.Thread):
+            assert starter.is_alive(), "the thread starting them ended"
+        else:
+            assert starter.poll() is None, starter.communicate()
         assert time.time() < deadline, f"no process held within {timeout} s"
         time.sleep(0.02)
     return pids
@@ -389,3 +396,46 @@ def test_sigterm_to_reproduce_stops_its_run_at_a_step_and_the_rerun_resumes_it(t
     proc.send_signal(signal.SIGTERM)
     code, _, err = ended(proc)
     assert code == 143 and "(3 of" in lines(err)[-1], err
+
+
+# ---- a submitit array task pre-empted on SLURM (submitit's local executor) ---------------------------
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.slow
+def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                                   uninterrupted):
+    """SLURM signals every process of a job (submitit asks for USR2 before the time limit, and on pre-emption): the
+    task requeues itself, its run saved at a step boundary first, and the requeued task resumes it. Simulated on
+    submitit's local executor, whose requeue restarts the task: the test sends USR2 to the task and its run as
+    SLURM would, at a step it chose (the executor's own timer would pick the moment by the clock)."""
+    pytest.importorskip("submitit")
+    (tmp_path / "g.toml").write_text('base = "demo"\n[set]\n"model.width" = 4\n"train.epochs" = 2\n"train.device" = '
+                                     '"cpu"\n"attack.steps" = 1\n"train.val_attack" = "fgsm"\n"eval.attacks" = '
+                                     '["clean", "fgsm"]\n[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n'
+                                     '[launcher.submitit]\ncluster = "local"\n')
+    env, markers = held(tmp_path, STEP, 5)
+    for key in ("PYTHONPATH", "OMP_NUM_THREADS", "FASTFAIR_TEST_HOLD"):  # the task's and its run's environment
+        monkeypatch.setenv(key, env[key])
+    out, said, ended_with = tmp_path / "out", [], []
+    grid = threading.Thread(target=lambda: ended_with.append(run_grid(
+        str(tmp_path / "g.toml"), out=str(out), gpus="cpu", launcher="submitit", echo=said.append)))
+    grid.start()
+    (run,) = wait_held(markers, grid)  # the run, held before its fifth step
+    task = _parent(run)
+    os.kill(run, signal.SIGUSR2)  # the run ignores submitit's signal: its task stops it
+    os.kill(task, signal.SIGUSR2)
+    release(markers)
+    grid.join(600)
+    assert ended_with == [0], said
+    state = read_state(out / "a")
+    assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]
+    assert [(h["event"], h.get("step")) for h in RunDir(out / "a").read_history()] == [("start", None), ("resume", 5)]
+    log = "".join(path.read_text() for path in (out / ".submitit").glob("*_log.out"))
+    assert "Calling checkpoint method" in log and "Requeued job" in log  # submitit requeued the task itself
+    expected = weights(uninterrupted)
+    got = weights(out / "a")
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out / "a") == metrics(uninterrupted)
