@@ -444,12 +444,14 @@ def reproduce(
         "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
     model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "
                                                  "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
+    launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays, as fastfair grid's: a pre-empted "
+                                               "task requeues itself; see docs/grid.md)")] = "local",
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
     with _stop_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
-                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir)
+                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir, launcher=launcher)
 
 
 @app.command(help="RobustBench's models with their reported averages; with --run, evaluate them per class as a "

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from fastfair import cli, stopping
+from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import read_state
@@ -439,3 +440,23 @@ def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weig
     got = weights(out / "a")
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
     assert metrics(out / "a") == metrics(uninterrupted)
+
+
+def test_reproduce_submits_through_the_launcher_it_is_given(tmp_path, monkeypatch):
+    """--launcher submitit: a table's runs go through the grid's submitit launcher, whose tasks requeue themselves
+    (above); an unknown launcher stops before any work."""
+    from fastfair.reproduce import command
+
+    npz = tmp_path / "cifar10-part.npz"
+    np.savez(npz, x_train=np.zeros((200, 3, 32, 32), np.uint8), y_train=np.arange(200) % 10,
+             x_test=np.zeros((50, 3, 32, 32), np.uint8), y_test=np.arange(50) % 10)
+    launched = []
+    monkeypatch.setattr(command.LAUNCHERS, "get", lambda name: lambda jobs, **kw: launched.append(
+        (name, [job.name for job in jobs], kw["folder"])))
+    args = dict(scale="subset", data_dir=str(npz), out=str(tmp_path / "out"), gpus="cpu", echo=lambda line: None)
+    assert command.reproduce("dafa-t1", launcher="submitit", **args) == 1  # nothing ran: no run is done
+    (name, jobs, folder), *_ = launched
+    assert name == "submitit" and len(jobs) == 3 and folder == tmp_path / "out" / ".submitit"
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="ray"):
+        command.reproduce("dafa-t1", launcher="ray", **args)

@@ -73,8 +73,9 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
 
 def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int = 1, scale: str = "full",
               list_only: bool = False, out: str | None = None, gpus: str = "auto", sets: list[str] | None = None,
-              model_dir: str | None = None, echo=print) -> int:
-    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed."""
+              model_dir: str | None = None, launcher: str = "local", echo=print) -> int:
+    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``launcher``
+    runs the trainings (``fastfair grid``'s registry: local, submitit)."""
     if list_only:
         listing(seeds, echo)
         return 0
@@ -83,6 +84,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     if per_gpu < 1:
         raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
     tab = tables.get(table)
+    launch = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
     scale_spec = runs.SCALES.get(scale)
     root = Path(out or f"runs/reproduce/{table}-{scale}")
     user_sets = config.parse_set(sets or [])
@@ -124,8 +126,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]
             if todo:
                 try:
-                    LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
-                                           echo=echo)
+                    launch(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / f".{launcher}", echo=echo)
                 except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
                     raise stopped(err, [(j.name, Path(j.run_dir)) for j in jobs]) from None
         records, run_lines, failed = _collect(planned, jobs)
