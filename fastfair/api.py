@@ -14,7 +14,7 @@ import torch
 
 from fastfair import build, config as configs, stopping
 from fastfair.checks import check_config
-from fastfair.errors import Interrupted, UserError
+from fastfair.errors import Interrupted, UserError, WriteError
 from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
@@ -244,6 +244,10 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
             # wrote the results is the likeliest cause of the rare rank-1 abort at exit ("terminate called without
             # an active exception", tests/test_distributed.py)
             distributed.barrier()
+    except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
+        if not RunDir(out).config.is_file():
+            raise
+        raise err.continue_with(f"fastfair train --out {out} --resume") from None
     except KeyboardInterrupt as err:
         signum = stopping.signum_of(err)
         said = _stopped_line(out, cfg, trainer.kept if trainer else None, training, stopping.said_by(signum))

@@ -14,7 +14,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from fastfair import stopping
-from fastfair.errors import Interrupted, UserError
+from fastfair.errors import Interrupted, UserError, WriteError
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -566,9 +566,8 @@ def masks(
     threshold: Annotated[float, typer.Option(help="largest channel difference from the border colour, on [0, 1], "
                                                   "still counted as background")] = 0.1,
 ) -> None:
-    import numpy as np
-
     from fastfair.data.background import border_masks, class_index, named
+    from fastfair.rundir import write_npz_atomic
 
     if not 0 < threshold < 1:
         raise UserError(f"--threshold is a colour difference on [0, 1], above 0 and below 1; got {threshold}")
@@ -578,7 +577,8 @@ def masks(
     c = class_index(class_, bundle.classes, "--class")
     x = bundle.x_test[bundle.y_test == c].numpy()
     found = border_masks(x, threshold)
-    np.savez_compressed(out, masks=found, class_index=c, rule="border-colour", threshold=threshold)
+    write_npz_atomic({"masks": found, "class_index": c, "rule": "border-colour", "threshold": threshold}, out,
+                     compressed=True)
     print(f"written: {out} ({len(found)} masks of {named(bundle.classes[c])}, {100 * found.mean():.0f} % foreground)")
 
 
@@ -650,14 +650,17 @@ def _every_command(group) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2, and a stop
-    signal one line and 128 + its number (:mod:`fastfair.stopping`)."""
+    """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2; a file that
+    cannot be written (disk full, I/O error) is one such line and exit code 74; a stop signal is one line and 128 +
+    its number (:mod:`fastfair.stopping`)."""
     command = typer.main.get_command(app)
     _every_command(command)
     try:
         with stopping.handled():
             result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
                                   standalone_mode=False)
+    except WriteError as err:  # a disk full or failing: not the user's mistake, and worth a retry once fixed
+        return _error(str(err), err.exit_code)
     except UserError as err:
         return _error(str(err), 2)
     except Interrupted as err:

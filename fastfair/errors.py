@@ -5,6 +5,22 @@ class UserError(Exception):
     """Bad input from the user (unknown name, missing data, bad config key)."""
 
 
+class WriteError(UserError):
+    """A file could not be written (disk full, quota, I/O error, read-only, no permission): one line naming
+    the file, why, the free space there and how to go on; the CLI exits with 74 (sysexits' EX_IOERR), so a
+    script tells it from a mistake (2). ``what`` says what failed and what was kept, ``then`` how to go on."""
+
+    exit_code = 74
+
+    def __init__(self, what: str, then: str = "run the same command again"):
+        super().__init__(f"{what}, then {then}")
+        self.what, self.then = what, then
+
+    def continue_with(self, command: str) -> "WriteError":
+        """The same error, ending with the command that continues (``fastfair train --out RUN --resume``)."""
+        return WriteError(self.what, f"continue with: {command}")
+
+
 class Interrupted(Exception):
     """A stop signal (Ctrl-C, SIGTERM, SIGUSR1; :mod:`fastfair.stopping`), turned into one line saying what was kept
     and how to continue; the CLI exits with 128 + ``signum``. An empty message says nothing (torchrun's other

@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from fastfair.rundir import append_text
+
 EVERY_S = 30.0  # default seconds between plain progress lines (train.progress_every_s)
 
 
@@ -39,8 +41,7 @@ def note_in_log(log_file: str | Path, line: str) -> None:
     unless stderr already goes there; nothing when the run folder was never made."""
     log = Path(log_file)
     if log.parent.is_dir() and not _same_file(log, sys.stderr):
-        with open(log, "a") as f:
-            f.write(line + "\n")
+        append_text(line + "\n", log)
 
 
 def _clock(seconds: float) -> str:
@@ -79,8 +80,7 @@ class Progress:
         if self._early is not None:
             self._early.append(line)
         elif self.log_file:
-            with open(self.log_file, "a") as f:
-                f.write(line + "\n")
+            append_text(line + "\n", self.log_file)
 
     def line(self, description: str, done: int, total: int, seconds: float, images_per_step: int | None) -> str:
         """``description  step done/total  N img/s  ETA h:mm:ss`` from host numbers."""

@@ -18,26 +18,35 @@ this module is the one place that names its files::
 
 Every file is replaced atomically (a unique temporary name, fsync, rename, fsync of the folder), so a
 crash leaves the old file or the new one, never a torn one; the two append-only logs tolerate a torn
-last line (a kill mid-write), which a resume removes. Checkpoints load with
-``torch.load(weights_only=True)``: loading never unpickles arbitrary objects.
+last line (a kill mid-write), which a resume removes. Every file a run writes goes through here
+(:func:`replacing`, :func:`append_text` and the writers on them), so a write that fails (disk full,
+I/O error) is one :class:`~fastfair.errors.WriteError` line naming the file and the free space, with the
+old file kept (docs/reliability.md). Checkpoints load with ``torch.load(weights_only=True)``: loading
+never unpickles arbitrary objects.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
+import io
 import json
 import os
 import pickle
+import re
+import shutil
 import socket
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fastfair import stopping
-from fastfair.errors import UserError
+from fastfair.errors import UserError, WriteError
 from fastfair.suggest import hint
 
 CHECKPOINTS = "checkpoints"
@@ -50,6 +59,8 @@ CHECKPOINT_KEYS = ("epoch", "model", "spec", "config")
 # checkpoints say which epoch they finished). Files written before this numbering counted from 0
 # and lack this marker; readers shift them on load (:func:`one_based_epoch`).
 EPOCH_NUMBERING = {"epoch_numbering": "1-based"}
+# who holds a lock and whose temporary files are whose: "pid N on HOST", ".<name>.<HOST>.<pid>.*.tmp"
+_HOST = socket.gethostname()
 
 
 def one_based_epoch(record: dict) -> int:
@@ -211,18 +222,15 @@ class RunDir:
             except BlockingIOError:
                 raise UserError(f"{self.path} is being written by another fastfair process "
                                 f"({_holder(fd) or 'unknown'}); wait for it to end, or pass another --out") from None
+            except OSError as err:
+                raise _no_locks(self.lock_file, err) from None
             previous = _holder(fd)
             if previous:
-                # a holder killed mid-write leaves its atomic write's temporary file; the checkpoints have no other
-                # writer than the lock's holder, so its leftovers go (the files they were for are whole or absent)
-                torn = sorted((self.path / CHECKPOINTS).glob(".*.tmp"))
-                for tmp in torn:
-                    tmp.unlink(missing_ok=True)
-                (log or notice)(f"{self.path}: taking over the lock of {previous}, which is no longer running"
-                                + (f"; removed its unfinished {', '.join(t.name for t in torn)}" if torn else ""))
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-            os.fsync(fd)
+                self._take_over(previous, log or notice)
+            with writing(self.lock_file):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {_HOST}".encode(), 0)
+                os.fsync(fd)
             try:
                 yield
             finally:
@@ -232,6 +240,48 @@ class RunDir:
                     self.path.rmdir()
         finally:
             os.close(fd)
+
+    def _take_over(self, previous: str, log) -> None:
+        """Take over the lock of ``previous`` ("pid N on HOST"), whose flock is gone, and remove its unfinished
+        atomic writes (``.<name>.<host>.<pid>.*.tmp`` anywhere in the run: the files they were for are whole or
+        absent). A holder on another host is refused on a shared filesystem, where this host may not see its lock."""
+        pid, host = _parse_holder(previous)
+        shared = _shared_filesystem(self.path)
+        if host and host != _HOST and shared:
+            raise UserError(f"{self.path} was being written by {previous}, another host, and is on a shared filesystem "
+                            f"({shared}) whose locks this host may not see, so fastfair cannot tell whether that "
+                            f"process still runs; if it has ended (ask the scheduler, or `ps -p {pid}` on {host}), "
+                            f"delete {self.lock_file} and run the command again")
+        unfinished = sorted(self.path.rglob(f".*.{host}.{pid}.*.tmp")) if pid else []
+        for tmp in unfinished:
+            tmp.unlink(missing_ok=True)
+        log(f"{self.path}: taking over the lock of {previous}, which is no longer running" + (
+            f"; removed its unfinished {', '.join(str(t.relative_to(self.path)) for t in unfinished)}"
+            if unfinished else ""))
+
+    def load_last(self) -> dict:
+        """``last.pt`` for --resume. A truncated one (copied part-way: fastfair's own writes are atomic) stops the
+        resume with how to go on: no earlier full state is kept (it would double the run's largest file), and
+        training the run again from its first epoch is the user's call, not done silently over their checkpoints."""
+        if self.last.is_file() and truncated(self.last):
+            raise UserError(f"cannot resume {self.path}: {self.last} {TRUNCATED}; copy it again from where it came "
+                            f"from, or move it aside and --resume trains the run again from its first epoch")
+        return load_checkpoint(self.last)
+
+    def stale_eval(self, path: Path, record: dict) -> str:
+        """Why the result ``path`` (``record``) is not of the weights its checkpoint holds now, in one line ("" when
+        it is, or is not of a checkpoint of this run): a checkpoint rewritten after it was evaluated (a resumed
+        training's new best, ``last.pt`` after more epochs). Only a checkpoint newer than the result is loaded."""
+        ckpt = self.checkpoints / Path(record.get("checkpoint", "")).name
+        if (not ckpt.is_file() or "fingerprint" not in record
+                or ckpt.stat().st_mtime_ns <= Path(path).stat().st_mtime_ns):
+            return ""
+        ck = load_checkpoint(ckpt, needs=("model",))
+        if state_sha256(ck["model"]) == record["fingerprint"]["weights"]:
+            return ""
+        return (f"{path} is of other weights than {ckpt.name} holds now (epoch {one_based_epoch(record)} was "
+                f"evaluated; the checkpoint, rewritten since, holds epoch {ck.get('epoch', '?')}); evaluate it again: "
+                f"fastfair eval {self.path} --checkpoint {ckpt.stem}")
 
     def make(self) -> None:
         """Create the folder, or say in one line why it cannot be one (a file, no permission)."""
@@ -254,6 +304,8 @@ class RunDir:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _holder(fd) or "a process"
+        except OSError as err:
+            raise _no_locks(self.lock_file, err) from None
         finally:
             os.close(fd)  # closing drops the probe's own lock
         return ""
@@ -268,26 +320,95 @@ def _holder(fd: int) -> str:
     return os.pread(fd, 200, 0).decode(errors="replace").strip()
 
 
+def _parse_holder(holder: str) -> tuple[str, str]:
+    """(pid, host) of a lock's "pid N on HOST"; ("", "") for a name it does not hold."""
+    pid, _, host = holder.removeprefix("pid ").partition(" on ")
+    return (pid, host) if pid.isdigit() and host else ("", "")
+
+
+def _no_locks(lock_file: Path, err: OSError) -> UserError:
+    return UserError(f"cannot lock {lock_file} ({err.strerror}): its filesystem does not support file locks, which "
+                     "keep a second fastfair process out of a run; write runs to a filesystem that does (Lustre: "
+                     "mount with -o flock)")
+
+
+# filesystems shared between hosts, whose locks a host may not see (NFS mounted with nolock or local_lock, Lustre's
+# localflock, BeeGFS without global locks): a lock naming another host cannot be checked from here
+SHARED_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                      "9p", "afs", "ocfs2", "gfs2", "orangefs", "pvfs2", "panfs", "wekafs", "virtiofs"}
+
+
+def _shared_filesystem(path: Path) -> str:
+    """The type of the shared filesystem ``path`` is on ("" for a local one), from /proc/mounts; where that
+    cannot be read, "unknown": fastfair then assumes a shared one."""
+    try:
+        mounts = Path("/proc/mounts").read_text()
+    except OSError:
+        return "unknown"
+    return shared_in(os.path.realpath(path), mounts)
+
+
+def shared_in(real: str, mounts: str) -> str:
+    """The type of the shared filesystem the absolute path ``real`` is on by ``mounts`` (as /proc/mounts lists
+    them: device, mount point, type, ...; the longest mount point holding ``real`` wins), "" for a local one."""
+    best, kind = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])  # a space is written \040
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind if kind in SHARED_FILESYSTEMS or kind.startswith("fuse.") else ""
+
+
 # ---- file formats: atomic writes, safe loads ------------------------------------------------
 def _replace_atomic(write, path: str | Path) -> None:
-    """Write through ``write(binary file)`` to a uniquely named temporary file in ``path``'s folder,
-    fsync, rename it over ``path``, fsync the folder: a crash leaves the old file or the new one,
-    and two writers never share a temporary file. A stop signal (Ctrl-C, SIGTERM) lands after the rename: between
+    """Write through ``write(binary file)`` to a new temporary file beside ``path`` and rename it over ``path``
+    (:func:`replacing`). A stop signal (Ctrl-C, SIGTERM: :mod:`fastfair.stopping`) lands after the rename: between
     creating the temporary file and the ``try`` that removes it, an interrupt would leave it behind."""
+    with stopping.held(), replacing(path) as tmp, io.BufferedWriter(_open(tmp, "wb")) as f:
+        write(f)
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path):
+    """Yields a new temporary path beside ``path``; what the block writes there replaces ``path`` when it ends
+    (fsync, rename, fsync of the folder): a crash leaves the old file or the new one, two writers never share a
+    temporary file, and a failed write (:func:`writing`) leaves the old file and no temporary one. The
+    temporary name carries this host and process (:func:`_temporary_prefix`), so an unfinished one is known."""
     path = Path(path)
-    with stopping.held():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = None
         try:
-            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
+            with stopping.held():  # the name is known before a stop signal can land
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
+                os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
+                os.close(fd)
+            yield Path(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+
+def _open(path: str | Path, mode: str) -> io.FileIO:
+    """The lowest layer of every write fastfair makes to a run (tests put a full disk here): the file
+    unbuffered, so a failed append knows where it started."""
+    return io.FileIO(path, mode)
+
+
+def _temporary_prefix(path: Path) -> str:
+    """``.<name>.<host>.<pid>.``: whose temporary file it is, so one left by a process that has ended can go."""
+    return f".{path.name}.{_HOST}.{os.getpid()}."
 
 
 def _umask() -> int:
@@ -324,6 +445,20 @@ def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
     write_text_atomic(json.dumps(obj, indent=indent), path)
 
 
+def write_npz_atomic(arrays: dict, path: str | Path, compressed: bool = False) -> None:
+    """``np.savez`` (``np.savez_compressed``) of ``arrays`` to ``path`` atomically; no .npz is added to the name."""
+    _replace_atomic(lambda f: (np.savez_compressed if compressed else np.savez)(f, **arrays), path)
+
+
+def state_sha256(state: dict) -> str:
+    """SHA-256 of every tensor of a state dict, by name: the ``weights`` of a result's fingerprint."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def read_json(path: str | Path) -> dict:
     """A JSON file fastfair wrote; a damaged one (written in place by an older version) is a UserError."""
     try:
@@ -332,12 +467,94 @@ def read_json(path: str | Path) -> dict:
         raise UserError(f"{path} is damaged (not JSON); delete it and run the command again") from None
 
 
+def append_text(text: str, path: str | Path) -> None:
+    """Append ``text`` and fsync it: once this returns, it survives a crash. A failed append (:func:`writing`)
+    is cut off again, so the file keeps only what was whole before."""
+    data = text.encode()
+    with writing(path), _open(path, "ab") as f:
+        start = os.fstat(f.fileno()).st_size
+        try:
+            done = 0
+            while done < len(data):  # an unbuffered write may take part of the data
+                done += f.write(data[done:])
+            os.fsync(f.fileno())
+        except BaseException:
+            os.ftruncate(f.fileno(), start)
+            raise
+
+
 def append_jsonl(record: dict, path: str | Path) -> None:
-    """Append one JSON line and fsync it: once this returns, the line survives a crash."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one JSON line (:func:`append_text`)."""
+    append_text(json.dumps(record) + "\n", path)
+
+
+# ---- failed writes: one line naming the file, why, and the free space there ----------------------
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Any OSError while writing ``path`` (disk full, quota, I/O error, read-only, no permission) becomes one
+    :class:`WriteError` naming the file, why, the free space on its filesystem and that the old file is kept.
+    The writers above do so; other writers of a run's files (a library that writes its own file) run in it."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield
+    except OSError as err:
+        raise _write_error(path, err, existed) from None
+    except RuntimeError as err:  # torch.save reports its file's failed write as a RuntimeError raised over it
+        cause = err.__cause__ or err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise _write_error(path, cause, existed) from None
+
+
+# what went wrong, and what the user does about it, by errno
+_WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
+        errno.EDQUOT: ("the disk quota is used up", "free some space or raise the quota"),
+        errno.EIO: ("input/output error, from a failing disk or a network filesystem gone away", "fix the disk"),
+        errno.EROFS: ("the filesystem is read-only", "make it writable or write elsewhere"),
+        errno.EACCES: ("permission denied", "make it writable or write elsewhere"),
+        errno.EPERM: ("permission denied", "make it writable or write elsewhere")}
+
+
+def _write_error(path: Path, err: OSError, existed: bool) -> WriteError:
+    why, fix = _WHY.get(err.errno, ((err.strerror or str(err)).lower(), "fix the disk"))
+    kept = f"the previous {path.name} is kept as it was" if existed else f"no {path.name} was written"
+    return WriteError(f"cannot write {path}: {why} ({free_space(path)}); {kept}; {fix}")
+
+
+def free_space(path: Path) -> str:
+    """``12.3 GB free on /data``: the free space of the filesystem ``path`` is (or would be) on."""
+    folder = _on_disk(path)
+    mount = folder
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    try:
+        return f"{_size(shutil.disk_usage(folder).free)} free on {mount}"
+    except OSError:
+        return f"free space on {mount} unknown"
+
+
+def check_space(path: Path, needed: int, what: str) -> None:
+    """Refuse, before writing, ``what`` of about ``needed`` bytes at ``path`` where its filesystem has less free."""
+    if shutil.disk_usage(_on_disk(path)).free < needed:
+        raise WriteError(f"cannot write {path}: {what} need about {_size(needed)} ({free_space(path)}); nothing was "
+                         "written; free some space")
+
+
+def _on_disk(path: Path) -> Path:
+    """The nearest existing folder at or above ``path``: whose filesystem ``path`` is (or would be) on."""
+    folder = Path(os.path.abspath(path))
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
@@ -365,15 +582,26 @@ def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
 FOREIGN_HINT = "; to evaluate a model file fastfair did not write, add --model ARCH (fastfair models)"
 
 
+TRUNCATED = "is truncated (a zip, as torch.save writes, whose end is missing: a copy or a write that stopped part-way)"
+
+
+def truncated(path: Path) -> bool:
+    """Whether ``path`` begins as a zip (every checkpoint torch.save writes) but lacks the zip's end."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(path)
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
     """Load a fastfair checkpoint without unpickling arbitrary objects; a file that is not one
     (empty, truncated, another program's, or holding objects other than tensors) is a UserError."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+    if truncated(path):
+        raise UserError(f"{path} {TRUNCATED}; pass another .pt file, or copy this one again")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; torch.load on other files fails obscurely
-        raise UserError(f"{path} is not a checkpoint written by fastfair train (empty, truncated or another "
-                        f"format); pass a run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
+        raise UserError(f"{path} is not a checkpoint written by fastfair train (empty or another format); pass a "
+                        f"run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:

@@ -49,6 +49,28 @@ def make_method(method: str, *sets: str, classes: int = 3, dataset: str = "digit
     return m, state
 
 
+# the demo preset (scikit-learn digits) cut to seconds: a 4-channel CNN, one attack step, FGSM validation, clean + FGSM
+# evaluation
+DEMO_FAST = ["--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
+             "--set", "eval.attacks=['clean', 'fgsm']", "--set", "data.batch_size=256"]
+DEMO_TRAIN = ["train", "--config", "demo", "--epochs", "1", *DEMO_FAST]
+
+
+def demo_train(out, *extra) -> list[str]:
+    """``fastfair train``'s arguments for a :data:`DEMO_FAST` run of one epoch into ``out``, then ``extra``."""
+    return [*DEMO_TRAIN, "--out", str(out), *extra]
+
+
+def trained_demo(tmp_path_factory) -> Path:
+    """A finished one-epoch demo run (checkpoints, metrics, the final evaluation's JSON), for a module's tests to
+    copy."""
+    from fastfair import cli
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert cli.main(demo_train(out)) == 0
+    return out
+
+
 # a training run on the CIFAR-10 subset cut to seconds: a tiny CNN, 2 PGD steps, 5 validation images per class
 SMALL_RUN = ["model.name=tiny-cnn", "model.width=8", "data.batch_size=64", "data.val_per_class=5", "attack.steps=2",
              "train.val_attack=pgd2", "train.progress=false", "train.lr_milestones=[]",

@@ -74,6 +74,7 @@ def test_checkpoints_round_trip_and_other_paths_are_user_errors(tmp_path):
         load_checkpoint(tmp_path / "notes.txt")
 
 
+@pytest.mark.fault
 def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_file(tmp_path):
     import os
     import signal
@@ -99,22 +100,29 @@ def test_ctrl_c_during_an_atomic_write_lands_after_it_and_leaves_no_temporary_fi
         signal.signal(signal.SIGINT, previous)
 
 
-def test_taking_over_a_dead_holders_lock_removes_its_unfinished_checkpoint_writes(tmp_path):
-    """A run killed mid-save leaves its atomic write's temporary file; the next holder of the lock removes it (the
-    checkpoint it was for is whole or absent) and says so; a clean start touches nothing."""
+@pytest.mark.fault
+def test_taking_over_a_dead_holders_lock_removes_its_unfinished_writes(tmp_path, monkeypatch):
+    """A run killed mid-save leaves its atomic writes' temporary files, named for its host and pid, wherever it was
+    writing (a checkpoint, the final evaluation's JSON); the next holder of the lock removes them (the files they
+    were for are whole or absent) and says so. Another process's temporary file stays; a clean start touches
+    nothing."""
+    monkeypatch.setattr(rundir, "_HOST", "node7")
     run = RunDir(tmp_path / "r")
     (run.path / "checkpoints").mkdir(parents=True)
-    run.lock_file.write_text("pid 4242 on elsewhere")  # the killed holder's name; its flock died with it
-    torn = run.path / "checkpoints" / ".last.pt.abc123.tmp"
-    torn.write_bytes(b"half a checkpoint")
+    (run.path / "eval").mkdir()
+    run.lock_file.write_text("pid 4242 on node7")  # the killed holder's name; its flock died with it
+    torn = [run.path / "checkpoints" / ".last.pt.node7.4242.ab1.tmp", run.path / "eval" / ".b.json.node7.4242.x1.tmp"]
+    others = [run.path / "eval" / ".b.json.node7.4243.x2.tmp", run.path / "eval" / ".b.json.node8.4242.x3.tmp"]
+    for tmp in torn + others:
+        tmp.write_bytes(b"half a file")
     kept = run.path / "checkpoints" / "last.pt"
     kept.write_bytes(b"whole")
     said = []
     with run.lock(said.append):
         pass
-    assert not torn.exists() and kept.read_bytes() == b"whole"
-    assert said == [f"{run.path}: taking over the lock of pid 4242 on elsewhere, which is no longer running; removed "
-                    "its unfinished .last.pt.abc123.tmp"]
+    assert not any(t.exists() for t in torn) and all(t.exists() for t in others) and kept.read_bytes() == b"whole"
+    assert said == [f"{run.path}: taking over the lock of pid 4242 on node7, which is no longer running; removed "
+                    "its unfinished checkpoints/.last.pt.node7.4242.ab1.tmp, eval/.b.json.node7.4242.x1.tmp"]
     said.clear()
     with run.lock(said.append):
         pass

@@ -29,7 +29,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from fastfair import display
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.rundir import write_bytes_atomic
+from fastfair.rundir import write_npz_atomic
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
@@ -234,10 +233,8 @@ class Flags:
 
     def save(self, path: Path) -> None:
         broken = np.flatnonzero(self.broken_by > CLEAN_WRONG)  # only these differ from the clean images
-        buf = io.BytesIO()
-        np.savez(buf, broken_by=self.broken_by, pred=self.pred, tried=self.tried, adv_index=broken,
-                 adv=self.adv[broken], fingerprint=np.array(self.fingerprint))
-        write_bytes_atomic(buf.getvalue(), path)
+        write_npz_atomic({"broken_by": self.broken_by, "pred": self.pred, "tried": self.tried, "adv_index": broken,
+                          "adv": self.adv[broken], "fingerprint": np.array(self.fingerprint)}, path)
 
     @classmethod
     def load(cls, path: Path, fingerprint: str, clean: np.ndarray) -> "Flags | None":

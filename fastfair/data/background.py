@@ -20,6 +20,7 @@ import numpy as np
 
 from fastfair.data.datasets import DATASETS, DatasetSpec, load
 from fastfair.errors import UserError
+from fastfair.rundir import write_npz_atomic
 
 COLOURS = {"white": (255, 255, 255), "black": (0, 0, 0), "red": (230, 25, 25), "green": (30, 160, 50),
            "blue": (30, 70, 220), "yellow": (240, 210, 20), "magenta": (200, 40, 200), "cyan": (20, 200, 210),
@@ -101,10 +102,10 @@ def write_mnist_background(bundle, out: Path, colours: str, seed: int) -> dict:
     params = {"paper": "Tian et al., KDD 2021, Sec. 6.2, Fig. 5", "source": bundle.name, "seed": seed,
               "colours": {name: [list(c) for c in palette[i]] for i, name in enumerate(bundle.classes)},
               "blend": "white strokes over the class colour, weighted by the grey level"}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, x_train=x_train, y_train=bundle.y_train.numpy(), x_test=x_test,
-                        y_test=bundle.y_test.numpy(), class_names=np.array(bundle.classes),
-                        background_train=c_train, background_test=c_test, background_params=json.dumps(params))
+    write_npz_atomic({"x_train": x_train, "y_train": bundle.y_train.numpy(), "x_test": x_test,
+                      "y_test": bundle.y_test.numpy(), "class_names": np.array(bundle.classes),
+                      "background_train": c_train, "background_test": c_test,
+                      "background_params": json.dumps(params)}, out, compressed=True)
     return params
 
 

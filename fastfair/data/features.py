@@ -23,7 +23,6 @@ rounding, is measured and recorded (``features_params``).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation.per_class import weights_sha256
 from fastfair.progress import Progress
 from fastfair.registry import Registry
-from fastfair.rundir import write_bytes_atomic
+from fastfair.rundir import write_npz_atomic
 
 PAPER = "Ilyas et al., NeurIPS 2019, Sec. 3"
 
@@ -225,13 +224,11 @@ def write_features(target, kind: str, out: str | Path, *, checkpoint: str = "aut
               "storage": "uint8, nearest 1/255" + (", the fewest pixels towards the source where nearest leaves "
                                                    "the eps ball" if k.target else ""),
               "test": "the original test set", **measured}
-    buf = io.BytesIO()
-    np.savez_compressed(buf, x_train=x_train, y_train=label.astype(np.int64), x_test=bundle.x_test.numpy(),
-                        y_test=bundle.y_test.numpy(), class_names=np.array(bundle.classes),
-                        features_index=index.astype(np.int64), features_start=index[start].astype(np.int64),
-                        features_label=y.astype(np.int64), features_params=json.dumps(params))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(buf.getvalue(), out)
+    write_npz_atomic({"x_train": x_train, "y_train": label.astype(np.int64), "x_test": bundle.x_test.numpy(),
+                      "y_test": bundle.y_test.numpy(), "class_names": np.array(bundle.classes),
+                      "features_index": index.astype(np.int64), "features_start": index[start].astype(np.int64),
+                      "features_label": y.astype(np.int64), "features_params": json.dumps(params)},
+                     out, compressed=True)
     return params
 
 

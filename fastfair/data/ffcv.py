@@ -18,6 +18,7 @@ function needs it, and a missing install raises :class:`UserError` naming the fi
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch
 from fastfair.data import datasets
 from fastfair.data.loaders import LOADERS, random_crop_flip
 from fastfair.errors import UserError
-from fastfair.rundir import write_json_atomic
+from fastfair.rundir import check_space, replacing, write_json_atomic
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -40,6 +41,7 @@ ORDERS = ("random", "quasi_random", "sequential")
 AUGMENTS = ("device", "ffcv")
 META = "meta.json"
 FORMAT_VERSION = 1
+FFCV_PAGE = 8 << 20  # DatasetWriter's default page: each worker may leave one partly filled in the file
 
 
 def _ffcv() -> SimpleNamespace:
@@ -102,37 +104,43 @@ def convert(splits: dict, out_dir: str | Path, *, jpeg: bool = False, jpeg_quali
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     workers = num_workers or min(8, os.cpu_count() or 1)
+    if not jpeg:  # a write failing in FFCV's worker processes hangs its writer: a disk too small is said first
+        raw = sum(np.asarray(x).size for x, _ in splits.values())  # uint8: a byte a value
+        check_space(out, raw + len(splits) * (workers + 1) * FFCV_PAGE, "the .beton files")
     paths, info, shape = {}, {}, None
-    for name, (x, y) in splits.items():
-        xs, ys = _to_numpy(x, y)
-        h, w, c = xs.shape[1:]
-        if shape is not None and shape != (c, h, w):
-            raise UserError(f"split {name} has images of shape {(c, h, w)}, others {shape}")
-        shape = (c, h, w)
-        if len(ys) == 0:  # e.g. val_per_class = 0: nothing to write, FFCV cannot hold an empty file
-            info[name] = {"file": None, "n": 0}
-            continue
-        if c == 3:
-            image = f.RGBImageField(write_mode="jpg" if jpeg else "raw", jpeg_quality=jpeg_quality)
-        elif jpeg:
-            raise UserError(f"--jpeg needs 3-channel (RGB) images; these have {c} channel(s). Store them raw")
-        else:
-            image = f.NDArrayField(np.dtype("uint8"), (h, w, c))
-        path = out / f"{name}.beton"
-        writer = f.DatasetWriter(str(path), {"image": image, "label": f.IntField()}, num_workers=workers)
-        writer.from_indexed_dataset(_Samples(xs, ys))
-        paths[name] = path
-        info[name] = {"file": path.name, "n": int(len(ys))}
-    record = {
-        "format": FORMAT_VERSION,
-        "shape": list(shape) if shape else None,
-        "image_field": "rgb" if shape and shape[0] == 3 else "ndarray",
-        "jpeg": bool(jpeg),
-        "jpeg_quality": int(jpeg_quality) if jpeg else None,
-        "splits": info,
-        **(meta or {}),
-    }
-    write_json_atomic(record, out / META, indent=2)
+    with contextlib.ExitStack() as written:  # each file replaces its old one once every split is written
+        for name, (x, y) in splits.items():
+            xs, ys = _to_numpy(x, y)
+            h, w, c = xs.shape[1:]
+            if shape is not None and shape != (c, h, w):
+                raise UserError(f"split {name} has images of shape {(c, h, w)}, others {shape}")
+            shape = (c, h, w)
+            if len(ys) == 0:  # e.g. val_per_class = 0: nothing to write, FFCV cannot hold an empty file
+                info[name] = {"file": None, "n": 0}
+                continue
+            if c == 3:
+                image = f.RGBImageField(write_mode="jpg" if jpeg else "raw", jpeg_quality=jpeg_quality)
+            elif jpeg:
+                raise UserError(f"--jpeg needs 3-channel (RGB) images; these have {c} channel(s). Store them raw")
+            else:
+                image = f.NDArrayField(np.dtype("uint8"), (h, w, c))
+            path = out / f"{name}.beton"
+            # FFCV writes a file of its own: to a temporary one, so a full disk is one line and the old file stays
+            tmp = written.enter_context(replacing(path))
+            writer = f.DatasetWriter(str(tmp), {"image": image, "label": f.IntField()}, num_workers=workers)
+            writer.from_indexed_dataset(_Samples(xs, ys))
+            paths[name] = path
+            info[name] = {"file": path.name, "n": int(len(ys))}
+        record = {
+            "format": FORMAT_VERSION,
+            "shape": list(shape) if shape else None,
+            "image_field": "rgb" if shape and shape[0] == 3 else "ndarray",
+            "jpeg": bool(jpeg),
+            "jpeg_quality": int(jpeg_quality) if jpeg else None,
+            "splits": info,
+            **(meta or {}),
+        }
+        write_json_atomic(record, out / META, indent=2)
     return paths
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, state_sha256, write_bytes_atomic, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -101,8 +100,7 @@ def check_substitute(attack_names: list[str], substitute_given: bool, given_as: 
 
 def weights_sha256(model) -> str:
     """SHA-256 of every tensor of the model's state dict, by name."""
-    state = sorted(model.state_dict().items())
-    return _sha256(b for k, t in state for b in (k.encode(), t.detach().cpu().contiguous().numpy().tobytes()))
+    return state_sha256(model.state_dict())
 
 
 def aa_backend_for(attack_names: list[str], backend: str, given_as: str = "aa_backend") -> str:
@@ -292,7 +290,7 @@ def write_record(record: dict, results: dict, out: Path, previous) -> Path | Non
 def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]:
     """(results to keep, where an unrelated earlier file went). An earlier file of the same weights, data
     and settings keeps its other attacks (so ``eval --attacks aa`` after training adds AA to PGD/CW);
-    any other earlier file is moved to ``previous(tag)``, tagged by its content's hash, rather than
+    any other earlier file is kept at ``previous(tag)``, tagged by its content's hash, rather than
     merged or overwritten."""
     if not path.is_file():
         return {}, None
@@ -301,6 +299,5 @@ def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]
     if old.get("fingerprint") == fp:
         return old.get("results", {}), None
     previous = previous(hashlib.sha256(text).hexdigest()[:12])
-    previous.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(path, previous)
+    write_bytes_atomic(text, previous)  # a copy: the earlier file stays in place until the new one replaces it whole
     return {}, previous

@@ -4,6 +4,7 @@ Each function takes plain numbers (lists / arrays) and a path, writes one PNG an
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -14,13 +15,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fastfair.rundir import write_bytes_atomic  # noqa: E402
+
 DPI = 110
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")  # keeps legends placed outside the axes and long titles
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (its format from the suffix) atomically, as every file of a run, and close it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix[1:], dpi=DPI, bbox_inches="tight")  # keeps outside legends and titles
     plt.close(fig)
+    write_bytes_atomic(buf.getvalue(), path)
     return path
 
 
@@ -350,9 +360,7 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
                frameon=False)
     fig.suptitle(title, fontsize=_title_size(title, width_in), y=0.995)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def similarity_heatmaps(panels: dict[str, np.ndarray], classes: list[str], title: str, path: Path,
@@ -386,9 +394,7 @@ def similarity_heatmaps(panels: dict[str, np.ndarray], classes: list[str], title
         ax.set_title(name, fontsize=10)
     fig.colorbar(im, ax=list(axes.flat), label="cosine similarity", shrink=0.6 if stacked else 0.8)
     fig.suptitle(title, fontsize=_title_size(title, cols * side))
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str, path: Path) -> Path:

@@ -25,7 +25,7 @@ from fastfair.data.superclasses import superclass_order
 from fastfair.evaluation import measures
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, one_based_epoch, read_json, write_text_atomic
+from fastfair.rundir import RunDir, notice, one_based_epoch, read_json, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -54,7 +54,14 @@ class Run:
 def load_run(path, label: str | None = None) -> Run:
     run = RunDir(path)
     config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
-    evals = {p.stem: read_json(p) for p in run.eval_files()}
+    evals = {}
+    for p in run.eval_files():
+        record = read_json(p)
+        stale = run.stale_eval(p, record)
+        if stale:  # its numbers are not the checkpoint's any more: said, and not reported as the checkpoint's
+            notice(f"warning: {stale}; left out of the report")
+        else:
+            evals[p.stem] = record
     diags = [read_json(p) for p in run.diagnostics_files()]
     return Run(run.path, config, run.read_metrics(), evals, diags, label or run.path.name, label is not None)
 

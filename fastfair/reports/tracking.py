@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
+from fastfair.rundir import write_text_atomic
 
 TRACKERS: Registry = Registry("tracker")
 SUMMARY_KEYS = ("avg", "worst", "cv", "mcd")  # cv: variance of per-class accuracy, %^2 (Tian et al.'s "CV")
@@ -112,7 +113,7 @@ class WandB(Tracker):
         wandb = _require("wandb", "wandb")
         id_file = run_dir / "wandb-id"
         run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
-        id_file.write_text(run_id)
+        write_text_atomic(run_id, id_file)
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "fastfair"), id=run_id, resume="allow",
                               dir=str(run_dir), name=run_dir.name, config=config)

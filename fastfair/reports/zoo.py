@@ -15,7 +15,7 @@ from fastfair import display
 from fastfair.errors import UserError
 from fastfair.evaluation import robustbench as rb
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, write_json_atomic
+from fastfair.rundir import RunDir, write_json_atomic, write_text_atomic
 from fastfair.scaleout import jobs as grid_jobs
 from fastfair.scaleout.launchers import LAUNCHERS
 
@@ -188,7 +188,7 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
     lines += [f"| {r['model']} | " + " | ".join(f"{v:.1f}" for v in r["per_class"]) + " |" for r in rows]
     lines += ["", "![per-class accuracy of each model](zoo.png)", ""]
     path = out / "zoo.md"
-    path.write_text("\n".join(lines))
+    write_text_atomic("\n".join(lines), path)
     figures.models_by_class([r["per_class"] for r in rows], [r["model"] for r in rows], classes,
                             [r["robust"] for r in rows],
                             f"RobustBench {dataset} {threat}: per-class accuracy under {attack}", out / "zoo.png")

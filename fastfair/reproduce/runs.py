@@ -26,7 +26,7 @@ from fastfair.evaluation import robustbench as rb
 from fastfair.registry import Registry
 from fastfair.reproduce.paper import PaperRow
 from fastfair.reproduce.tables import Table
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, write_npz_atomic
 from fastfair.training.optim import READ_BY
 
 SUBSET_EPOCHS = 5
@@ -109,10 +109,7 @@ def _subset_data(data_dir: str, out: Path, dataset: str) -> dict[str, Any]:
             test = _first_per_class(f["y_test"], SUBSET_TEST_PER_CLASS)
             arrays = {"x_train": f["x_train"][train], "y_train": f["y_train"][train],
                       "x_test": f["x_test"][test], "y_test": f["y_test"][test], "class_names": np.array(classes)}
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_suffix(f".{os.getpid()}.npz")  # complete or absent, whoever else reads it
-        np.savez(partial, **arrays)
-        os.replace(partial, dest)
+        write_npz_atomic(arrays, dest)  # complete or absent, whoever else reads it
     return {"data.dataset": "npz", "data.data_dir": str(dest.resolve()), "data.val_per_class": SUBSET_VAL_PER_CLASS}
 
 

@@ -92,9 +92,7 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
     ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return figures.save_figure(fig, path)
 
 
 def _draw(ax, c: Comparison, y: float) -> None:
@@ -138,9 +136,7 @@ def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale
     fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=len(handles),
                frameon=False)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return figures.save_figure(fig, path)
 
 
 def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
@@ -195,9 +191,7 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
     fig.suptitle(f"{table.title}: paper vs fastfair, average and per class{note}", fontsize=9, y=0.999)
     fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()),
                ncol=len(handles), frameon=False)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return figures.save_figure(fig, path)
 
 
 def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: int,

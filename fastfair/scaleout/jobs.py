@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastfair import stopping
-from fastfair.errors import Interrupted
-from fastfair.rundir import RunDir, read_json, write_json_atomic
+from fastfair.errors import Interrupted, WriteError
+from fastfair.rundir import RunDir, append_text, read_json, write_json_atomic
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -103,9 +103,8 @@ def run_job(job: Job, env: dict[str, str] | None = None, ignored: tuple[int, ...
     state = {"status": "running", "attempt": previous.get("attempt", 0) + 1, "command": cmd,
              "started": time.time(), "host": os.uname().nodename}
     _write_state(run.path, state)
-    with open(run.train_log, "a") as log:
-        log.write(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n")
-        log.flush()
+    append_text(f"\n# attempt {state['attempt']}: {' '.join(cmd)}\n", run.train_log)
+    with open(run.train_log, "a") as log:  # the child's output: its writes fail in the child, which says so
         start = log.tell()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 start_new_session=True,
@@ -139,6 +138,8 @@ def _why(log: Path, start: int, code: int) -> str:
         return errors[-1]
     if "Traceback (most recent call last):" in lines:
         return lines[-1]
+    if code == WriteError.exit_code:  # its error line went to a log on the disk it could not write
+        return f"exit code {code}: a file could not be written (a full or failing disk)"
     return f"exit code {code}"
 
 

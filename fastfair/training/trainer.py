@@ -133,7 +133,7 @@ class Trainer:
             saved = config.load_saved_text(run.read_config(), str(run.config))
             changed = config.resume_changes(saved, self.cfg)
             if run.last.is_file():
-                self._load(load_checkpoint(run.last))
+                self._load(run.load_last())
             self.within = self._interrupted_epoch()
             if run.last.is_file() or self.within:
                 self._reschedule(saved, changed)
@@ -155,8 +155,8 @@ class Trainer:
                             "continue it, or another --out for a new run")
         distributed.barrier()  # every rank has looked at the folder before rank 0 writes into it
         if self.main:
+            run.write_config(self.cfg.to_toml())  # first: a run whose config could not be written holds nothing
             run.checkpoints.mkdir(parents=True, exist_ok=True)
-            run.write_config(self.cfg.to_toml())
             # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
             # "step": the steps of that epoch an interrupted epoch had saved
             run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
