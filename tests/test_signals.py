@@ -135,6 +135,7 @@ def _send(sig):
     time.sleep(0.01)  # Python runs the handler at the next bytecode; give the kernel the moment it needs
 
 
+@pytest.mark.fault
 def test_a_signal_outside_a_block_stops_at_once_and_is_named(fresh_handlers):
     for sig, code, by in ((signal.SIGTERM, 143, " by SIGTERM"), (signal.SIGUSR1, 138, " by SIGUSR1"),
                           (signal.SIGINT, 130, "")):
@@ -145,6 +146,7 @@ def test_a_signal_outside_a_block_stops_at_once_and_is_named(fresh_handlers):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as found
 
 
+@pytest.mark.fault
 def test_a_held_block_runs_whole_and_a_deferred_one_records_until_its_boundary(fresh_handlers):
     done = []
     with pytest.raises(stopping.Stopped) as stop:
@@ -178,6 +180,7 @@ def test_a_callers_own_handler_and_an_ignored_signal_are_left_alone(fresh_handle
     assert seen == [signal.SIGTERM]
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 @pytest.mark.parametrize("argv, module, function, says", [
     (["eval", "m.pt"], "fastfair.evaluation.per_class", "evaluate_checkpoint", "this evaluation wrote no result"),
@@ -208,6 +211,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted):
     out = tmp_path / "run"
@@ -237,6 +241,7 @@ def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_
     assert metrics(out) == metrics(uninterrupted)  # the interrupted epoch's loss and counts too
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
     """SLURM's early warning: exit 138; a signal that lands after an epoch's last step stops before the next."""
@@ -264,6 +269,7 @@ def torchrun(out: Path, *more: str) -> list[str]:
             "-m", "fastfair", *TRAIN, "--epochs", "1", "--out", str(out), *more]
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_uninterrupted_weights(tmp_path):
     env, markers = held(tmp_path, STEP, 5)
@@ -296,6 +302,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_u
 
 # ---- eval, diagnose, grid, reproduce -----------------------------------------------------------------
 
+@pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.parametrize("command, target, says, wrote", [
     (["eval", "--attacks", "clean,fgsm", "--quiet"], "fastfair.evaluation.per_class:evaluate",
@@ -337,6 +344,7 @@ labels = ["a", "b"]
 """
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_stopped_grid_child_and_a_stopped_grid_keep_their_steps_and_the_rerun_resumes_both(tmp_path):
     (tmp_path / "g.toml").write_text(GRID)
@@ -368,6 +376,7 @@ def test_a_stopped_grid_child_and_a_stopped_grid_keep_their_steps_and_the_rerun_
         assert read_state(out / run)["attempt"] == 2 and read_state(out / run)["status"] == "done"
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_sigterm_to_reproduce_stops_its_run_at_a_step_and_the_rerun_resumes_it(tmp_path):
     npz = tmp_path / "cifar10-part.npz"  # ten classes of random images, 20 training and 5 test images each
@@ -405,6 +414,7 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch,
                                                                                    uninterrupted):
@@ -442,6 +452,7 @@ def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weig
     assert metrics(out / "a") == metrics(uninterrupted)
 
 
+@pytest.mark.fault
 def test_reproduce_submits_through_the_launcher_it_is_given(tmp_path, monkeypatch):
     """--launcher submitit: a table's runs go through the grid's submitit launcher, whose tasks requeue themselves
     (above); an unknown launcher stops before any work."""
