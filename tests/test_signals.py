@@ -244,7 +244,8 @@ def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_
 @pytest.mark.fault
 @pytest.mark.slow
 def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
-    """SLURM's early warning: exit 138; a signal that lands after an epoch's last step stops before the next."""
+    """SLURM's early warning: exit 138; a signal that lands after an epoch's last step stops before the next, and
+    --resume starts that one."""
     out = tmp_path / "run"
     env, markers = held(tmp_path, STEP, 20)  # the first epoch's last step
     proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
@@ -255,6 +256,14 @@ def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
                                           f"with: fastfair train --out {out} --resume"], err
     assert released_lock(out) and [m["epoch"] for m in RunDir(out).read_metrics()] == [1]
     assert not RunDir(out).interrupted.exists()  # the epoch boundary: last.pt is the state
+    # an interrupted.pt older than last.pt (a kill between an epoch's checkpoint and the file's removal) goes
+    stale = {**torch.load(RunDir(out).last, weights_only=True), "epoch": 0, "step": 3, "steps": 20, "ranks": [{}]}
+    torch.save(stale, RunDir(out).interrupted)
+    release(markers)
+    r = fastfair(*TRAIN, "--out", out, "--resume", env=env)
+    assert r.returncode == 0 and not RunDir(out).interrupted.exists(), r.stderr
+    assert f"removed {RunDir(out).interrupted}: its epoch 1 is whole in last.pt" in RunDir(out).train_log.read_text()
+    assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()][-1] == ("resume", 2, None)
 
 
 # ---- train: two ranks under torchrun -----------------------------------------------------------------

@@ -8,8 +8,8 @@ because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds
 
 A stop signal (Ctrl-C, SIGTERM, SIGUSR1: :mod:`fastfair.stopping`) stops training at the next step boundary,
 agreed by every rank under torchrun. Mid-epoch, ``checkpoints/interrupted.pt`` keeps the epoch's state
-there (weights, optimiser, per-class sums so far, every rank's random streams); ``--resume`` draws and
-drops the loader's batches of the saved steps and continues, bit for bit on a CPU.
+there (weights, optimiser, per-class sums so far, every rank's random streams and buffers); ``--resume``
+draws and drops the loader's batches of the saved steps and continues, bit for bit on a CPU.
 """
 from __future__ import annotations
 
@@ -188,9 +188,9 @@ class Trainer:
 
     def _interrupted_epoch(self) -> dict | None:
         """``checkpoints/interrupted.pt`` when it continues the epoch after ``last.pt``'s, loaded, with this rank's
-        part of it (``step``, ``steps``, ``model``, ``rng``, ``sums``); None when there is none. One from before
-        ``last.pt`` (a stop between that epoch's end and the file's removal) is removed; one written by another
-        number of processes cannot give each rank its streams, so its epoch starts again."""
+        part of it (``step``, ``steps``, ``model``, ``rng``, ``sums``, ``buffers``); None when there is none. One
+        from before ``last.pt`` (a stop between that epoch's end and the file's removal) is removed; one written
+        by another number of processes cannot give each rank its streams, so its epoch starts again."""
         path = self.run.interrupted
         if not path.is_file():
             return None
@@ -198,6 +198,7 @@ class Trainer:
         if ck["epoch"] != self.start_epoch:
             if self.main:
                 path.unlink()
+                self.log(f"removed {path}: its epoch {ck['epoch'] + 1} is whole in last.pt")
             return None
         world = distributed.current().world
         if len(ck["ranks"]) != world:
