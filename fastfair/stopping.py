@@ -88,6 +88,7 @@ def handled():
     finally:
         for s in mine:
             signal.signal(s, previous[s])
+        _received.clear()  # what was received is this block's: a later train() in the process starts afresh
 
 
 @contextlib.contextmanager

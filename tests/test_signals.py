@@ -144,6 +144,7 @@ def test_a_signal_outside_a_block_stops_at_once_and_is_named(fresh_handlers):
         assert stop.value.signum == sig and stopping.exit_code(sig) == code and stopping.said_by(sig) == by
         assert isinstance(stop.value, KeyboardInterrupt)  # so every Ctrl-C cleanup runs for it too
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as found
+    assert stopping.requested() == 0  # and nothing carries over to the next command in the process
 
 
 @pytest.mark.fault
