@@ -1,122 +1,85 @@
-"""How many grid runs to put on one GPU: aggregate training images/s for K concurrent runs.
+"""How many runs to put on one GPU: aggregate training images/s of K concurrent runs, as ``fastfair grid --per-gpu K``
+runs them (separate processes on one GPU); ``--per-gpu auto`` reads the curve (fastfair/scaleout/per_gpu.py).
 
-K separate processes (as ``fastfair grid --per-gpu K`` starts them) each build a real
-:class:`fastfair.training.trainer.Trainer` (default: ResNet-18, PGD-AT with PGD-10, CIFAR-10-shaped random
-data on the device), warm up, wait at a common barrier, then time the same number of training
-steps. Aggregate images/s = all images of all K runs / (last end - first start).
+The largest K of processes of one configuration (default: ResNet-18 PGD-10 AT at batch 128 with the CUDA defaults
+the shipped figures set) compile at once (bench/pool.py; the compiled code of the plan-training part's same
+configuration is in Inductor's caches by then), then the first K of them step together, for each K: aggregate
+images/s = all images of the K runs / (last end - first start), the median of 3 windows.
 
     python bench/bench_concurrency.py                   # GPU: K = 1, 2, 4, 8; writes bench/results/
-    python bench/bench_concurrency.py --smoke           # CPU check of the harness (tiny CNN, K = 1, 2)
+    python bench/bench_concurrency.py --smoke           # any device: tiny CNN, K = 1, 2 (CI)
 """
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing as mp
-import platform
+import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import bench_matrix, common  # noqa: E402
+from bench.pool import Pool, Spec  # noqa: E402
 
-
-def synthetic_npz(folder: Path, n: int, size: int) -> Path:
-    rng = np.random.default_rng(0)
-    path = folder / "synthetic.npz"
-    np.savez(path, x_train=rng.integers(0, 256, (n, 3, size, size), dtype=np.uint8),
-             y_train=np.arange(n) % 10, x_test=np.zeros((10, 3, size, size), np.uint8), y_test=np.arange(10))
-    return path
+COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("configuration", "configuration"),
+           ("k", "K runs"), ("images_per_s", "aggregate img/s"), ("per_run_images_per_s", "img/s per run"),
+           ("x_k1", "x K=1"), ("note", "note")]
 
 
-def worker(args, data: str, barrier, results, rank: int) -> None:
-    import torch
-
-    from fastfair import config
-    from fastfair.training.trainer import Trainer
-
-    sets = [f'model.name="{args.model}"', f'method.name="{args.method}"',
-            f"data.batch_size={args.batch_size}", "data.val_per_class=1", f'train.device="{args.device}"',
-            f"model.width={args.width}", f"attack.steps={args.attack_steps}", "train.progress=false"]
-    cfg = config.resolve(None, {"data.dataset": "npz", "data.data_dir": data}, sets)
-    with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(cfg, out, quiet=True)
-        sync = torch.cuda.synchronize if trainer.dev.type == "cuda" else (lambda: None)
-
-        def steps(n):
-            done = 0
-            while done < n:
-                for x, y in trainer.train_loader:
-                    trainer.train_step(x, y)
-                    done += 1
-                    if done == n:
-                        break
-            sync()
-
-        steps(args.warmup)
-        barrier.wait()
-        start = time.time()
-        steps(args.steps)
-        results.put({"rank": rank, "start": start, "end": time.time(), "images": args.steps * args.batch_size})
-
-
-def measure(args, data: str, k: int) -> dict:
-    ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(k), ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(args, data, barrier, results, r)) for r in range(k)]
-    for p in procs:
-        p.start()
-    rows = [results.get() for _ in procs]
-    for p in procs:
-        p.join()
-    wall = max(r["end"] for r in rows) - min(r["start"] for r in rows)
-    per_run = [r["images"] / (r["end"] - r["start"]) for r in rows]
-    return {"k": k, "aggregate_images_per_s": sum(r["images"] for r in rows) / wall,
-            "per_run_images_per_s": float(np.mean(per_run)), "wall_s": wall}
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ks", default="1,2,4,8")
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--method", default="pgd-at")
-    p.add_argument("--width", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--attack-steps", type=int, default=10)
-    p.add_argument("--steps", type=int, default=50, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--smoke", action="store_true",
-                   help="CPU: tiny CNN, 8x8 images, K = 1, 2, 3 steps; checks the harness")
-    p.add_argument("--out", help="JSON file (default bench/results/concurrency-<gpu>.json on CUDA)")
-    args = p.parse_args()
-    size = 32
-    if args.smoke:
-        args.ks, args.model, args.device, args.batch_size, args.attack_steps = "1,2", "tiny-cnn", "cpu", 32, 2
-        args.steps, args.warmup, args.width, size = 3, 1, 4, 8
-    with tempfile.TemporaryDirectory() as tmp:
-        data = str(synthetic_npz(Path(tmp), args.batch_size * 4 + 10, size))
-        rows = []
-        for k in map(int, args.ks.split(",")):
-            rows.append(measure(args, data, k))
-            r = rows[-1]
-            print(f"K={k}: aggregate {r['aggregate_images_per_s']:.0f} img/s, "
-                  f"per run {r['per_run_images_per_s']:.0f} img/s", flush=True)
-    import torch
-
-    device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-    record = {"device": device, "torch": torch.__version__, "model": args.model, "method": args.method,
-              "batch_size": args.batch_size, "attack_steps": args.attack_steps, "steps": args.steps, "results": rows}
-    default_out = ROOT / "bench" / "results" / f"concurrency-{device.replace(' ', '_')}.json"
-    out = args.out or (None if args.smoke else default_out)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(record, indent=1))
-        print(f"written: {out}")
+def main(argv=None) -> None:
+    p = common.base_parser(__doc__)
+    p.add_argument("--ks", type=int, nargs="+", help="numbers of concurrent runs (default 1 2 4 8)")
+    p.add_argument("--method")
+    p.add_argument("--model")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--steps", type=int, help="timed steps per run and window")
+    p.add_argument("--warmup", type=int, help="untimed steps first (compilation, CUDA graphs' recording)")
+    p.add_argument("--attack-steps", type=int)
+    p.add_argument("--compile-deadline", type=float, help="seconds the runs have to compile, all at once")
+    args = p.parse_args(argv)
+    full = dict(ks=[1, 2, 4, 8], method="pgd-at", model="resnet18", batch=128, steps=10, warmup=4, attack_steps=10,
+                compile_deadline=300.0)
+    smoke = dict(ks=[1, 2], method="pgd-at", model="tiny-cnn", batch=16, steps=2, warmup=1, attack_steps=2,
+                 compile_deadline=300.0)
+    common.fill_defaults(args, full, smoke)
+    args.width, args.workers = (8, 1) if args.smoke else (0, 4)
+    args.image_shape = [3, 16, 16] if args.smoke else [3, 32, 32]
+    args.train_images = 256 if args.smoke else common.CIFAR10_EPOCH
+    dev = common.pick_device(args.device)
+    graphs, wrapper = bench_matrix.defaults(dev)
+    label = bench_matrix.label(graphs, wrapper)
+    specs = [Spec(f"run {i}", args.method, args.model, args.batch, args.steps, bench_matrix.settings(graphs, wrapper))
+             for i in range(max(args.ks))]
+    base = dict(method=args.method, model=args.model, batch=args.batch, configuration=label, graphs=graphs,
+                cpp_wrapper=wrapper)
+    rows: list[dict] = []
+    pool = Pool(specs, args, dev)
+    try:
+        status = pool.warm(args.compile_deadline)
+        warm = [s.name for s in specs if status[s.name] == "warm"]
+        for k in args.ks:
+            if k > len(warm):
+                rows.append({**base, "k": k, "images_per_s": None, "note": f"{len(warm)} of {max(args.ks)} runs "
+                             f"compiled: {next(v for v in status.values() if v != 'warm')}"})
+                continue
+            try:
+                windows = [pool.together(warm[:k], args.steps) for _ in range(common.REPEATS)]
+            except RuntimeError as err:
+                rows.append({**base, "k": k, "images_per_s": None, "note": str(err)})
+                continue
+            row = {**base, "k": k, **{key: statistics.median(w[key] for w in windows)
+                                     for key in ("images_per_s", "per_run_images_per_s")}}
+            one = next((r["images_per_s"] for r in rows if r["k"] == 1 and r["images_per_s"]), None)
+            rows.append({**row, "x_k1": row["images_per_s"] / one if one else None})
+            print(f"K={k}: aggregate {row['images_per_s']:,.0f} img/s, {row['per_run_images_per_s']:,.0f} per run",
+                  flush=True)
+    finally:
+        pool.close()
+    settings = {k: getattr(args, k) for k in ("ks", "method", "model", "batch", "steps", "warmup", "attack_steps",
+                                              "compile_deadline", "width", "image_shape", "train_images")}
+    paths = common.save("concurrency", head=common.header(dev), settings=settings, rows=rows, out_dir=args.out,
+                        smoke=args.smoke, tag=args.tag, body=common.markdown_table(rows, COLUMNS))
+    print(paths[1].read_text())
+    print("written:", *paths)
 
 
 if __name__ == "__main__":

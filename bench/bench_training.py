@@ -11,7 +11,7 @@ bench/reference_loop.py. fastfair rungs run the real Trainer.train_step on its D
 configured only through config keys. Optimisations that fastfair does not have yet
 (a config key or a kernel backend missing) are listed as skipped with the reason, never
 imitated here. Keys: model.channels_last, train.amp, train.compile, train.cudagraphs,
-train.kernels. Seconds per epoch are 50,000 / (images/s) from the timed steps (synthetic
+train.cpp_wrapper, train.kernels. Seconds per epoch are 50,000 / (images/s) from the timed steps (synthetic
 CIFAR-shaped data: throughput does not depend on the pixels).
 """
 from __future__ import annotations
@@ -54,18 +54,20 @@ RUNGS = (
     Rung("+ compiled attack", "train.compile_attack = true: the K attack steps, input gradients included, "
          "as one compiled graph", "fastfair", {"train.compile_attack": True},
          gpu_only="GPU only here (on a CPU compilation time would swamp a smoke run)"),
-    Rung("+ CUDA graphs", "train.cudagraphs = true (compile mode reduce-overhead)", "fastfair",
-         {"train.cudagraphs": True}, gpu_only="needs CUDA"),
+    Rung("+ CUDA graphs", "train.cudagraphs = on (the compiled regions recorded as CUDA graphs, the first steps "
+         "checked against the step without)", "fastfair", {"train.cudagraphs": "on"}, gpu_only="needs CUDA"),
     Rung("+ fused kernels", "train.kernels = triton (fused loss and PGD-step kernels)", "fastfair",
          {"train.kernels": "triton"}, gpu_only="GPU only (on a CPU Triton runs in its interpreter)"),
     # Not one more step: every key back at its default, so the sweep below times the default too.
     Rung("fastfair default", "every key at its default: what `fastfair train` runs with no flags on this device",
          "fastfair", {"train.amp": "auto", "model.channels_last": "auto", "train.compile": "auto",
-                      "train.compile_attack": True, "train.cudagraphs": False, "train.kernels": "auto"}),
+                      "train.compile_attack": True, "train.cudagraphs": "auto", "train.cpp_wrapper": "auto",
+                      "train.kernels": "auto"}),
 )
 # Where every ladder starts: everything off that fastfair turns on by itself on a GPU
 # (keys the core does not have yet are left out).
 START = {k: v for k, v in {"train.amp": "off", "model.channels_last": "off", "train.compile": "off",
+                           "train.cudagraphs": "off", "train.cpp_wrapper": "off",
                            "train.kernels": "torch"}.items() if common.has_key(k)}
 
 
@@ -76,28 +78,34 @@ def skip_reason(rung: Rung, dev: torch.device) -> str | None:
     return "; ".join(reasons) or None
 
 
-def measure(rung: Rung, settings: dict, *, method, model, batch, dataset, args, dev) -> float:
-    """Images per second of ``rung`` with the accumulated ``settings``."""
+def stepper(loop: str, settings: dict, *, method, model, batch, dataset, args, dev, out: Path, cpu_loader=False):
+    """(step, loader, trainer) of ``loop`` (reference | fastfair) with the accumulated config ``settings``: the
+    reference step on the trainer's model, or fastfair's own ``Trainer.train_step``; compiled code of earlier
+    trainers in this process is dropped first (``common.make_trainer``)."""
     overrides = {**START, **settings, "data.batch_size": batch, "train.device": str(dev),
                  "attack.steps": args.attack_steps, "model.width": args.width}
+    trainer = common.make_trainer(method, model, dataset, overrides, out)
+    if loop == "fastfair":
+        return trainer.train_step, trainer.train_loader, trainer
+    ref = reference_loop.step_for(method)
+    step = lambda x, y: ref(trainer.model, trainer.opt, x.to(dev), y.to(dev), trainer.cfg)  # noqa: E731
+    loader = trainer.train_loader
+    if cpu_loader:
+        d = trainer.cfg.data
+        loader = reference_loop.loader(*trainer.test_split["train"], batch, padding=d.crop_padding, flip=d.flip,
+                                       workers=args.workers, pin_memory=dev.type == "cuda")
+    return step, loader, trainer
+
+
+def measure(rung: Rung, settings: dict, *, method, model, batch, dataset, args, dev) -> float:
+    """Images per second of ``rung`` with the accumulated ``settings``."""
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = common.make_trainer(method, model, dataset, overrides, Path(tmp))
+        step, loader, trainer = stepper(rung.loop, settings, method=method, model=model, batch=batch, dataset=dataset,
+                                        args=args, dev=dev, out=Path(tmp), cpu_loader=rung.cpu_loader)
         try:
-            if rung.loop == "fastfair":
-                loader, step = trainer.train_loader, trainer.train_step
-            else:
-                ref = reference_loop.step_for(method)
-                step = lambda x, y: ref(trainer.model, trainer.opt, x.to(dev), y.to(dev), trainer.cfg)  # noqa: E731
-                loader = trainer.train_loader
-                if rung.cpu_loader:
-                    d = trainer.cfg.data
-                    loader = reference_loop.loader(*trainer.test_split["train"], batch, padding=d.crop_padding,
-                                                   flip=d.flip, workers=args.workers, pin_memory=dev.type == "cuda")
             seconds = common.time_steps(step, loader, args.steps, args.warmup, dev)
         finally:
-            # rebind instead of `del`: drops the trainer (and the step lambda's closure cell) all the same,
-            # while the name stays bound for the lambda above (ruff F821 on a deleted closure variable)
-            trainer = None
+            del step, loader, trainer  # before the next rung builds its own: one model on the GPU at a time
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     return args.steps * batch / seconds

@@ -72,6 +72,10 @@ def _git() -> dict[str, Any]:
         return {"commit": "", "dirty": None}
 
 
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def header(dev: torch.device) -> dict[str, Any]:
     """Device and software versions that a number depends on (stored with every result)."""
     try:
@@ -89,7 +93,7 @@ def header(dev: torch.device) -> dict[str, Any]:
         # TF32 changes what "fp32" means on a GPU: the reference loop gets whatever PyTorch defaults to.
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time_utc": utc_now(),
         **_git(),
     }
     if dev.type == "cuda":
@@ -122,6 +126,20 @@ def timed(fn: Callable[[], Any], dev: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def wait_for_pid(pid: int, timeout_s: float) -> bool:
+    """Wait, at most ``timeout_s``, until process ``pid`` has ended (a zombie its parent has not reaped yet has);
+    whether it has."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def median_seconds(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int) -> float:
     for _ in range(warmup):
         fn()
@@ -135,6 +153,17 @@ def endless(loader: Iterable) -> Iterator:
 
 
 REPEATS = 3  # timed windows per measurement; the median is reported
+
+
+def run_steps(step: Callable, loader: Iterable, n: int, dev: torch.device) -> None:
+    """``n`` untimed calls of ``step(x, y)`` on consecutive batches (compilation, autotuning, warm-up), synchronised."""
+    batches = endless(loader)
+    try:
+        for _ in range(n):
+            step(*next(batches))
+    finally:
+        batches.close()
+    sync(dev)
 
 
 def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: torch.device,
@@ -185,6 +214,12 @@ def has_key(key: str) -> bool:
     section, _, name = key.partition(".")
     sec = getattr(config.Config(), section, None)
     return dataclasses.is_dataclass(sec) and name in {f.name for f in dataclasses.fields(sec)}
+
+
+def switch(key: str, on: bool) -> bool | str:
+    """The value that turns ``key`` on or off: a bool for a bool key, "on" / "off" for an auto | on | off key."""
+    section, _, name = key.partition(".")
+    return on if isinstance(getattr(getattr(config.Config(), section), name), bool) else ("on" if on else "off")
 
 
 def make_config(method: str, model: str, dataset: str, overrides: dict[str, Any]) -> config.Config:
@@ -239,6 +274,12 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def result_path(name: str, head: dict, out_dir: Path, smoke: bool, tag: str = "") -> Path:
+    """``out_dir/<name>[-<tag>][-smoke]-<device>.json``: where :func:`save` writes a bench's record."""
+    dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
+    return Path(out_dir) / f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}.json"
+
+
 def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, out_dir: Path,
          smoke: bool, tag: str = "") -> tuple[Path, Path]:
     """Write ``<name>[-<tag>][-smoke]-<device>.json`` and ``.md`` under ``out_dir``; returns both paths.
@@ -248,10 +289,10 @@ def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dev = "cpu" if head["device_type"] == "cpu" else slug(head["device"])
-    stem = f"{name}{'-' + slug(tag) if tag else ''}{'-smoke' if smoke else ''}-{dev}"
+    json_path = result_path(name, head, out_dir, smoke, tag)
+    md_path = json_path.with_name(json_path.name.removesuffix(".json") + ".md")
     record = {"bench": name, "smoke": smoke, "header": head, "settings": settings, "rows": rows}
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    json_path.write_text(json.dumps(record, indent=1) + "\n")
     kind = "CPU smoke run: tiny sizes, not a performance number" if smoke else "full-size run"
     md = [f"# {name} ({kind})", "",
           f"- device: {head['device']}",
@@ -260,8 +301,8 @@ def save(name: str, *, head: dict, settings: dict, rows: list[dict], body: str, 
           f"- fastfair commit {head['commit'][:12]}{' (uncommitted changes)' if head['dirty'] else ''}, "
           f"{head['time_utc']}",
           f"- settings: `{json.dumps(settings)}`", "", body, ""]
-    (out_dir / f"{stem}.md").write_text("\n".join(md))
-    return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    md_path.write_text("\n".join(md))
+    return json_path, md_path
 
 
 def base_parser(doc: str):

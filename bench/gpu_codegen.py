@@ -6,6 +6,7 @@ turned into a PREDICTED step time.
     python bench/gpu_codegen.py --steps-from 2 4 [--validate]   # PGD-10 counts extrapolated from K = 2 and 4
     python bench/gpu_codegen.py --merge A.json B.json            # one report of runs made in parallel
     python bench/gpu_codegen.py ... --set attack.bn_mode=eval inductor.combo_kernels=true   # a change, counted
+    python bench/gpu_codegen.py ... --cpp-wrapper   # Inductor's C++ wrapper (train.cpp_wrapper=on), torch >= 2.13
 
 How the code is generated (nothing runs on a GPU, nothing here is a measurement):
 
@@ -26,7 +27,12 @@ How the code is generated (nothing runs on a GPU, nothing here is a measurement)
    kernel). Triton kernels are not compiled (``AsyncCompile.triton`` keeps the source); the wrapper
    code Inductor logs as "Output code" is kept.
 
-What is counted, per graph: Triton kernel launches (``<kernel>.run(``), extern kernels
+With ``--cpp-wrapper`` step 3 writes the C++ wrapper instead, with the settings fastfair compiles it with
+(``build.compile_options``), and does not build it: linking it needs the CUDA driver's ``libcuda``. torch 2.11
+cannot write it without a GPU: it tunes every Triton kernel on the device while writing the wrapper (the row
+records that error).
+
+What is counted, per graph: Triton kernel launches (``<kernel>.run(``; C++: ``call_triton_*(``), extern kernels
 (``extern_kernels.*``: cuBLAS / cuDNN, counted as one launch each, a lower bound) and ATen fallbacks
 (``torch.ops.*``); Inductor's estimated bytes summed over its Triton kernels; and the steps's
 ATen ops outside the compiled graphs (the eager random start, optimizer, counters), counted on the CPU
@@ -65,7 +71,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from torch._dynamo import device_interface  # noqa: E402
-from torch._inductor import async_compile, compile_fx as cfx, config as inductor_config  # noqa: E402
+from torch._inductor import async_compile, codecache, compile_fx as cfx, config as inductor_config  # noqa: E402
 from torch._inductor import graph as inductor_graph, output_code  # noqa: E402
 from torch._inductor.utils import BoxedBool  # noqa: E402
 from torch._subclasses import fake_tensor  # noqa: E402
@@ -74,6 +80,7 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from torch.utils._pytree import tree_map  # noqa: E402
 
 from bench import common  # noqa: E402
+from fastfair import build  # noqa: E402
 from fastfair.attacks.pgd import can_compile_descent  # noqa: E402
 from fastfair.kernels import fused_loss, pgd  # noqa: E402
 from fastfair.ops import steps  # noqa: E402
@@ -260,16 +267,31 @@ def codegen_only():
         log.propagate = saved[1]
 
 
-def compile_for_h100(graph: dict) -> dict:
-    """Inductor's output code for ``graph`` on an H100 and whether it would record a CUDA graph."""
+@contextlib.contextmanager
+def cpp_wrapper_settings():
+    """Inductor's settings for the C++ wrapper with CUDA graphs, as fastfair's compiler sets them
+    (``build.compile_options``) and as ``compile_fx`` adds for the wrapper (``get_cpp_wrapper_config``), with
+    a graph Inductor would not record reported rather than raised; the C++ is written, not built: building it needs
+    the CUDA driver's library (``-lcuda``), which a machine without a GPU lacks."""
+    settings = {**build.compile_options(cpp_wrapper=True, graphs=True), "triton.cudagraph_or_error": False}
+    with inductor_config.patch(settings), inductor_config.patch(cfx.get_cpp_wrapper_config()), \
+            mock.patch.object(codecache.CppWrapperCodeCache, "load_pybinding", lambda *a, **k: None):
+        yield
+
+
+def compile_for_h100(graph: dict, cpp_wrapper: bool = False) -> dict:
+    """Inductor's output code for ``graph`` on an H100 (with its C++ wrapper where asked) and whether it would
+    record a CUDA graph."""
     fake = FakeTensorMode()
     kept = []  # the CompiledFxGraph: its cudagraph verdict is set before post_compile would build CUDA graphs
     with as_h100(), mock.patch.object(output_code.CompiledFxGraph, "post_compile",
                                       lambda self, *args, **kwargs: kept.append(self)):
         gm, inputs = on_cuda(graph, fake)
-        with codegen_only() as (codes, sources):
+        with codegen_only() as (codes, sources), \
+                (cpp_wrapper_settings() if cpp_wrapper else contextlib.nullcontext()):
             cfx.compile_fx_inner(gm, inputs, cudagraphs=BoxedBool(True), static_input_idxs=graph["static_input_idxs"],
-                                 is_backward=graph["kind"] == "backward", is_inference=graph["kind"] == "inference")
+                                 is_backward=graph["kind"] == "backward", is_inference=graph["kind"] == "inference",
+                                 cpp_wrapper=cpp_wrapper)
     compiled = kept[-1]
     reasons = list(compiled.cudagraph_info.cudagraph_fail_reasons) if compiled.cudagraph_info else []
     if compiled.disabled_cudagraphs_reason:
@@ -306,6 +328,33 @@ def count_code(module: str) -> dict:
             "aten": len(_ATEN.findall(wrapper)), "bytes": sum(nbytes.get(k, 0) for k in triton_runs), "conv_nchw": nchw,
             "extern_ops": sorted(set(_EXTERN.findall(wrapper))), "aten_ops": sorted({".".join(m) for m in
                                                                                      _ATEN.findall(wrapper)})}
+
+
+# the C++ wrapper's launches: a Triton kernel's launcher (cuLaunchKernel), and AOTI's C shims for the ops the Python
+# wrapper calls as extern_kernels.* (cuDNN, cuBLAS) or torch.ops.* (ATen); other shims allocate, view or read state
+_CPP_TRITON = re.compile(r"^\s+call_(triton_\w+)\(", re.M)
+_CPP_SHIM = re.compile(r"\baoti_torch_cuda_(\w+?)(?:_out)?\(")
+_CPP_EXTERN = {"convolution", "mm", "addmm", "bmm", "baddbmm"}  # what Inductor's Python wrapper calls as extern kernels
+
+
+def count_cpp_code(module: str) -> dict:
+    """:func:`count_code` for the C++ wrapper: launches in its entry function (``inductor_entry_impl``), Inductor's
+    estimated bytes of its Triton kernels (whose sources the module holds as the Python wrapper's do)."""
+    entry = module.split("void inductor_entry_impl(", 1)[1]
+    triton_runs = _CPP_TRITON.findall(entry)
+    shims = _CPP_SHIM.findall(entry)
+    nbytes = {m.group(1): round(1e9 * float(g.group(1))) for m in _META.finditer(module)
+              if (g := _NUM_GB.search(m.group(0)))}
+    extern, aten = [op for op in shims if op in _CPP_EXTERN], [op for op in shims if op not in _CPP_EXTERN]
+    nchw = sum(int(c) > 1 and int(sc) != 1 for n, c, sn, sc in _CPP_CONV_OUT.findall(entry))
+    return {"triton": len(triton_runs), "user_triton": len([k for k in triton_runs if k not in nbytes]),
+            "extern": len(extern), "aten": len(aten), "bytes": sum(nbytes.get(k, 0) for k in triton_runs),
+            "conv_nchw": nchw, "extern_ops": sorted(set(extern)), "aten_ops": sorted(set(aten))}
+
+
+# a convolution's (or its input gradient's) output as the C++ wrapper checks it (the Python wrapper: _CONV_OUT)
+_CPP_CONV_OUT = re.compile(r"assert_size_stride\(\w+, \{(\d+)L, (\d+)L, \d+L, \d+L\}, \{(\d+)L, (\d+)L, \d+L, \d+L\}, "
+                           r'"torch\.ops\.aten\.convolution(?:_backward)?\.default"\)')
 
 
 _NO_LAUNCH = ("aten::empty", "aten::detach", "aten::alias", "aten::view", "aten::as_strided", "aten::t",
@@ -377,7 +426,9 @@ def predict(flops: float, nbytes: float, in_graphs: int, outside: int, device: d
 
 def predictions(row: dict) -> dict:
     """A counted row's PREDICTED seconds per step and per 50k epoch on each device, with and without CUDA graphs
-    (a graph Inductor refuses to record runs its launches from the host)."""
+    (a graph Inductor refuses to record runs its launches from the host). Without graphs the C++ wrapper's rows get
+    none: the host's cost per launch was measured for Python's wrapper only; with graphs only the launches outside
+    them, still issued from Python, cost host time."""
     graphs, out = row["graph_detail"], {}
     not_graphed = sum(g["triton"] + g["extern"] + g["aten"] for g in graphs if g["cudagraph_refused"])
     for name, dev in DEVICES.items():
@@ -385,8 +436,9 @@ def predictions(row: dict) -> dict:
                     row["launches_outside"] + not_graphed, dev)
         key = common.slug(name.split()[0])
         for mode in ("no_graphs", "cuda_graphs"):
-            out[f"{key}_s_{mode}"] = t[mode]
-            out[f"{key}_s_epoch_{mode}"] = t[mode] * common.CIFAR10_EPOCH / row["batch"]
+            known = mode == "cuda_graphs" or row.get("wrapper") != "C++"
+            out[f"{key}_s_{mode}"] = t[mode] if known else None
+            out[f"{key}_s_epoch_{mode}"] = t[mode] * common.CIFAR10_EPOCH / row["batch"] if known else None
     return out
 
 
@@ -427,10 +479,10 @@ def graph_identity(graph: dict) -> str:
 
 
 def generate(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
-             compiled: dict | None = None, overrides: dict | None = None) -> dict:
+             compiled: dict | None = None, overrides: dict | None = None, cpp_wrapper: bool = False) -> dict:
     """One configuration's step (fastfair settings ``overrides`` on top of the CUDA defaults): its graphs
-    recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``) and counted per graph; the ATen
-    ops it runs outside them."""
+    recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``; with Inductor's C++ wrapper where
+    ``cpp_wrapper``) and counted per graph; the ATen ops it runs outside them."""
     from fastfair.training import optim
 
     compiled = {} if compiled is None else compiled
@@ -470,9 +522,10 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     for g in rec.graphs:
         key = graph_identity(g)
         if key not in compiled:
-            out = compile_for_h100(g)
+            out = compile_for_h100(g, cpp_wrapper)
             module = Path(_OUTPUT_PATH.search(out["code"]).group(1)).read_text()
-            compiled[key] = {"kind": g["kind"], **count_code(module), "cudagraph_refused": out["cudagraph_refused"],
+            counted = count_cpp_code(module) if cpp_wrapper else count_code(module)
+            compiled[key] = {"kind": g["kind"], **counted, "cudagraph_refused": out["cudagraph_refused"],
                              "partitions": out["partitions"]}
         graphs.append(compiled[key])
     return {"attack_steps": attack_steps, "graph_detail": graphs, "eager_ops": eager,
@@ -519,13 +572,15 @@ def differences(a: dict, b: dict) -> dict:
     return diff
 
 
-def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, flops: float, source: str) -> dict:
-    """A configuration's totals and PREDICTED step times from its per-graph counts and its FLOPs."""
+def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, flops: float, source: str,
+             wrapper: str = "Python") -> dict:
+    """A configuration's totals and PREDICTED step times from its per-graph counts and its FLOPs; ``wrapper``: the
+    language of Inductor's wrapper code (Python or C++)."""
     graphs, eager = counts["graph_detail"], counts["eager_ops"]
     in_graphs = sum(g["triton"] + g["extern"] + g["aten"] for g in graphs)
     outside = sum(eager.values())
     nbytes = sum(g["bytes"] for g in graphs)
-    row = {"method": method, "model": model, "batch": batch, "kernels": kernels,
+    row = {"method": method, "model": model, "batch": batch, "kernels": kernels, "wrapper": wrapper,
            "attack_steps": counts["attack_steps"], "source": source,
            "graphs": len(graphs), "graph_kinds": [g["kind"] for g in graphs],
            **{f"{k}_launches": sum(g[k] for g in graphs) for k in ("triton", "user_triton", "extern", "aten")},
@@ -540,24 +595,25 @@ def make_row(method: str, model: str, batch: int, kernels: str, counts: dict, fl
 
 def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int = 0,
             steps_from: list | None = None, validate: bool = False, compiled: dict | None = None,
-            overrides: dict | None = None) -> list[dict]:
+            overrides: dict | None = None, cpp_wrapper: bool = False) -> list[dict]:
     """One configuration's rows: generated at ``attack_steps``, or with ``steps_from`` = (K, K + d) extrapolated
     from generations at those K (and with ``validate`` generated at ``attack_steps`` too, both rows kept).
     FLOPs are always counted at ``attack_steps``."""
     compiled = {} if compiled is None else compiled
     config, rows, t0 = (method, model, batch, kernels), [], time.perf_counter()
+    wrapper = "C++" if cpp_wrapper else "Python"
     flops = step_flops(method, model, batch, attack_steps, width, overrides)
     seconds = {"flops": round(time.perf_counter() - t0, 1)}
     if steps_from is not None:
-        lo, hi = (generate(*config, k, width, compiled, overrides) for k in steps_from)
+        lo, hi = (generate(*config, k, width, compiled, overrides, cpp_wrapper) for k in steps_from)
         row = make_row(*config, extrapolate(lo, hi, attack_steps), flops,
-                       f"extrapolated from K={steps_from[0]},{steps_from[1]}")
+                       f"extrapolated from K={steps_from[0]},{steps_from[1]}", wrapper)
         row["basis"] = [{k: g[k] for k in ("attack_steps", "graph_detail", "eager_ops")} for g in (lo, hi)]
         row["seconds"] = {**seconds, **{f"K={g['attack_steps']}": g["seconds"] for g in (lo, hi)}}
         rows.append(row)
     if steps_from is None or validate:
-        counts = generate(*config, attack_steps, width, compiled, overrides)
-        rows.append(make_row(*config, counts, flops, "generated"))
+        counts = generate(*config, attack_steps, width, compiled, overrides, cpp_wrapper)
+        rows.append(make_row(*config, counts, flops, "generated", wrapper))
         rows[-1]["seconds"] = {**seconds, f"K={attack_steps}": counts["seconds"]}
     for row in rows:
         row["seconds"]["total"] = round(time.perf_counter() - t0, 1)
@@ -568,8 +624,9 @@ def measure(method: str, model: str, batch: int, kernels: str, attack_steps: int
 
 FAMILIES = {"PGD-AT": "pgd-at", "TRADES/ME-TRADES": "trades", "MART": "mart", "DAFA": "dafa-trades", "TRIX": "trix"}
 MODELS = ("resnet18", "preact-resnet18", "wrn-34-10")
-COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kernels", "kernels"), ("source", "counts"),
-           ("graphs", "graphs"), ("triton_launches", "Triton"), ("user_triton_launches", "of which fastfair's"),
+COLUMNS = [("method", "method"), ("model", "model"), ("batch", "batch"), ("kernels", "kernels"), ("wrapper", "wrapper"),
+           ("source", "counts"), ("graphs", "graphs"), ("triton_launches", "Triton"),
+           ("user_triton_launches", "of which fastfair's"),
            ("extern_launches", "cuBLAS/cuDNN"), ("aten_launches", "ATen fallback"), ("launches_outside", "eager"),
            ("launches", "launches/step"), ("inductor_gb", "Inductor GB/step"), ("step_gflop", "GFLOP/step"),
            ("h100_s_epoch_no_graphs", "H100 s/epoch, no graphs"), ("h100_s_epoch_cuda_graphs", "H100 s/epoch, graphs"),
@@ -699,13 +756,18 @@ def main(argv=None) -> int:
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="fastfair settings (attack.bn_mode=eval) or, as inductor.NAME=VALUE, Inductor's config "
                         "(inductor.combo_kernels=true) changed from the defaults; the results' name says which")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="Inductor's C++ wrapper (train.cpp_wrapper=on) with CUDA graphs, as fastfair compiles it")
     p.add_argument("--merge", nargs="+", type=Path, default=[], metavar="JSON",
                    help="report these runs' rows (same commit and torch) with this run's")
     p.add_argument("--out", type=Path, default=common.RESULTS)
     args = p.parse_args(argv)
     steps = args.attack_steps or (2 if args.smoke else 10)
     changed = dict(item.split("=", 1) for item in args.set)
+    if "inductor.cpp_wrapper" in changed:  # compile_fx_inner, called here directly, reads its own argument instead
+        raise SystemExit("--set inductor.cpp_wrapper=... would change nothing here; pass --cpp-wrapper")
     fastfair_settings = {k: v for k, v in changed.items() if not k.startswith("inductor.")}
+    named = {**changed, **({"wrapper": "cpp"} if args.cpp_wrapper else {})}  # what the results' name and header say
     for key, value in changed.items():
         if key.startswith("inductor."):  # Inductor's config for every graph this run compiles
             name = key.removeprefix("inductor.")
@@ -731,14 +793,14 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 rows += measure(*config, steps_from=args.steps_from, validate=args.validate,
-                                compiled=compiled, overrides=fastfair_settings)
+                                compiled=compiled, overrides=fastfair_settings, cpp_wrapper=args.cpp_wrapper)
             except Exception as e:  # noqa: BLE001 -- a config that cannot be generated is reported, not hidden
                 rows.append({"method": config[0], "model": config[1], "batch": config[2], "kernels": config[3],
                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
             print(f"{config}: {time.perf_counter() - t0:.0f} s", {k: rows[-1].get(k) for k in ("launches", "error")},
                   flush=True)
-            write(rows, grid, args.smoke, args.out, changed)
-    md = write(rows, grid, args.smoke, args.out, changed)
+            write(rows, grid, args.smoke, args.out, named)
+    md = write(rows, grid, args.smoke, args.out, named)
     print(md)
     return 1 if any("error" in r for r in rows) or any(c["differences"] for c in validation(rows)) else 0
 

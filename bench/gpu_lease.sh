@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On the lent GPU, as the device `run` command (carry: .whl .devdata bench/results/gpu-suite):
-#     bash bench/gpu_lease.sh [suite flags]
-# installs fastfair and the wheels the image lacks, runs the parts of the GPU suite that fit this
-# command's time, and packs every result into $OUT/gpu-suite.tar.gz. Run it again to go on.
+# On the lent GPU, as the device `run` command (carry: .whl .devdata), after `bash bench/gpu_prepare.sh` here:
+#     set -o pipefail; bash bench/gpu_lease.sh 2>&1 | tee $OUT/lease.log          (timeout_s 590)
+# installs fastfair and the wheels the image lacks, runs the parts of the GPU suite that fit this command's
+# time (MAX_S, default 540 s: the GPU plan, docs/performance.md) and packs every result into
+# $OUT/gpu-suite.tar.gz. Extra arguments go to the suite (--only PART..., --redo). Run it again to go on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

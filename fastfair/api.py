@@ -177,12 +177,17 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
 TRAIN_FLAGS = {
     "method": "method.name", "dataset": "data.dataset", "data_dir": "data.data_dir", "model": "model.name",
     "epochs": "train.epochs", "seed": "train.seed", "device": "train.device", "kernels": "train.kernels",
-    "compile": "train.compile", "cudagraphs": "train.cudagraphs", "loader": "data.loader",
+    "compile": "train.compile", "cudagraphs": "train.cudagraphs", "cpp_wrapper": "train.cpp_wrapper",
+    "loader": "data.loader",
     "beton_dir": "data.beton_dir", "quick": "data.train_per_class", "quick_test": "data.test_per_class",
     "track": "train.track", "progress_every": "train.progress_every_s", "init_from": "train.init_from",
     "classes": "data.classes", "adv_classes": "adv_classes.classes", "ccm": "ccm.enabled", "ccr": "ccr.enabled",
     "averaging": "train.averaging",
 }
+
+
+# the auto | on | off flags, which Python may also give as True / False
+SWITCHES = ("compile", "cudagraphs", "cpp_wrapper")
 
 
 def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, quiet: bool = True,
@@ -202,7 +207,7 @@ def flag_keys(**flags: Any) -> dict[str, Any]:
         name = unknown[0]
         raise UserError(f"fastfair.train() has no setting {name!r}.{hint(name, TRAIN_FLAGS)} Pass a flag of "
                         f"fastfair train ({', '.join(TRAIN_FLAGS)}) or any config key in sets={{'train.lr': 0.05}}")
-    return {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k == "compile" and isinstance(v, bool) else v)
+    return {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k in SWITCHES and isinstance(v, bool) else v)
             for k, v in flags.items()}
 
 
@@ -240,9 +245,7 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
                 trainer.fit()
                 training = False
                 final_evaluation(out, cfg, quiet=quiet)
-            # torchrun: every rank leaves the process group together; a rank that tore it down while rank 0 still
-            # wrote the results is the likeliest cause of the rare rank-1 abort at exit ("terminate called without
-            # an active exception", tests/test_distributed.py)
+            # torchrun: no rank leaves the process group (finally: shutdown) while rank 0 still writes the results
             distributed.barrier()
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():

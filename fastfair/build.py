@@ -1,13 +1,16 @@
 """From a config to the objects a run needs: device, data splits, loaders, model."""
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
+import logging
 import re
 from pathlib import Path
 
 import torch
 
-from fastfair import data, models
+from fastfair import data, gpu_defaults, gpu_figures, models
 from fastfair.data import subsets
 from fastfair.config import Config
 from fastfair.errors import UserError
@@ -171,9 +174,13 @@ def eval_loader(cfg: Config, split, dev, cl: bool, name: str | None = None):
                                   channels_last=cl, **opts)
 
 
-def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
+def _auto_on_off(cfg_value: str, key: str) -> None:
     if cfg_value not in ("auto", "on", "off"):
         raise UserError(f"{key} must be auto, on or off; got {cfg_value!r}")
+
+
+def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
+    _auto_on_off(cfg_value, key)
     return cfg_value == "on" or (cfg_value == "auto" and dev.type == "cuda")
 
 
@@ -203,14 +210,118 @@ def batch_size(cfg: Config, epoch: int) -> int:
                 d.batch_size)
 
 
-def compiler(cfg: Config, dev: torch.device):
-    """``torch.compile`` configured for the run, or ``None`` when compilation is off."""
-    if not _auto_switch(cfg.train.compile, "train.compile", dev):
-        if cfg.train.cudagraphs:
-            raise UserError("train.cudagraphs needs train.compile on")
+def compiles(cfg: Config, dev: torch.device) -> bool:
+    """Whether the run compiles its step and validation model (train.compile: auto | on | off; auto: on for CUDA)."""
+    return _auto_switch(cfg.train.compile, "train.compile", dev)
+
+
+def auto_cpp_wrapper(dev: torch.device) -> bool:
+    """What train.cpp_wrapper=auto means: on CUDA, what the GPU measurements the package ships say
+    (:func:`fastfair.gpu_defaults.cpp_wrapper`: off until a GPU measured it faster, with CUDA graphs as they
+    default); off on other devices. The README's Performance section says what it rests on."""
+    if dev.type != "cuda":
+        return False
+    fig = gpu_figures.shipped()
+    return gpu_defaults.cpp_wrapper(fig, gpu_defaults.cudagraphs(fig).on).on
+
+
+def auto_cudagraphs(dev: torch.device) -> bool:
+    """What train.cudagraphs=auto means for a run that compiles: on CUDA, what the GPU measurements the package ships
+    say (:func:`fastfair.gpu_defaults.cudagraphs`: on unless a GPU measured them slower or failing). Until one has,
+    it rests on a PREDICTION: the default step measured host-bound on an H200 (46.8 ms issuing 2,436 launches for
+    about 10 ms of GPU work), which is what CUDA graphs remove (predicted 3.93 s per epoch there instead of 18.3 s;
+    docs/performance.md)."""
+    return dev.type == "cuda" and gpu_defaults.cudagraphs(gpu_figures.shipped()).on
+
+
+def cpp_wrapper(cfg: Config, dev: torch.device) -> bool:
+    """Whether Inductor writes the compiled code's wrapper in C++ (train.cpp_wrapper: auto | on | off)."""
+    choice = cfg.train.cpp_wrapper
+    _auto_on_off(choice, "train.cpp_wrapper")
+    if choice == "on" and not compiles(cfg, dev):
+        raise UserError("train.cpp_wrapper=on needs train.compile on: the wrapper is that of Inductor's compiled code")
+    return compiles(cfg, dev) and (choice == "on" or (choice == "auto" and auto_cpp_wrapper(dev)))
+
+
+@functools.cache
+def graphs_under_cpp_wrapper() -> bool:
+    """Whether this torch's Inductor records CUDA graphs of code with its C++ wrapper, asked of Inductor itself
+    (``get_cpp_wrapper_config``, under :func:`compile_options`' settings). torch 2.11 turns them off whatever it is
+    asked ("skipping cudagraphs due to cpp wrapper enabled"); torch 2.13 keeps them where graph partitioning is off.
+    The skip Inductor counts and logs while answering is undone."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import compile_fx, config as inductor_config
+
+    saved = dict(counters).get("inductor")  # a copy, or None where Inductor has counted nothing yet
+    saved = None if saved is None else collections.Counter(saved)
+    quiet = logging.getLogger("torch._inductor.cudagraph_utils")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        # cudagraph_or_error off: the answer, not the error its compilation would raise
+        with inductor_config.patch({**compile_options(cpp_wrapper=True, graphs=True),
+                                    "triton.cudagraph_or_error": False}):
+            return bool(compile_fx.get_cpp_wrapper_config()["triton.cudagraphs"])
+    finally:
+        quiet.setLevel(level)
+        if saved is None:
+            counters.pop("inductor", None)
+        else:
+            counters["inductor"] = saved
+
+
+def cudagraphs(cfg: Config, dev: torch.device) -> tuple[bool, str]:
+    """Whether the training step records CUDA graphs (train.cudagraphs: auto | on | off; auto: :func:`auto_cudagraphs`
+    for a run that compiles), and where ``auto`` came out off for a reason the user may not expect, that reason."""
+    choice = cfg.train.cudagraphs
+    _auto_on_off(choice, "train.cudagraphs")
+    compiled, wrapper = compiles(cfg, dev), cpp_wrapper(cfg, dev)
+    conflict = wrapper and not graphs_under_cpp_wrapper()
+    if choice == "on":
+        if not compiled:
+            raise UserError("train.cudagraphs=on needs train.compile on: CUDA graphs record the compiled step")
+        if dev.type != "cuda":
+            raise UserError(f"train.cudagraphs=on needs a CUDA device (this run is on {dev}); use --cudagraphs off")
+        if conflict:
+            raise UserError(f"train.cudagraphs=on and train.cpp_wrapper=on: torch {torch.__version__}'s Inductor "
+                            "records no CUDA graph of code with its C++ wrapper; set one of them off (torch 2.13 "
+                            "records both)")
+        return True, ""
+    if choice == "off" or not (compiled and auto_cudagraphs(dev)):
+        return False, ""
+    if conflict:
+        return False, (f"train.cudagraphs=auto: off, because train.cpp_wrapper=on and torch {torch.__version__}'s "
+                       "Inductor records no CUDA graph of code with its C++ wrapper")
+    return True, ""
+
+
+def compile_options(cpp_wrapper: bool, graphs: bool) -> dict:
+    """Inductor's settings for the run's compiled code: the one place fastfair chooses them (torch.compile refuses
+    ``mode=`` beside ``options=``, so CUDA graphs are asked for by their own key, as mode="reduce-overhead" does).
+
+    - ``cpp_wrapper``: the code calls its kernels from C++ (CUDA: ``cuLaunchKernel`` for Triton kernels, AOTI's C
+      shims for cuDNN / cuBLAS and ATen) instead of Python; Triton's own launches already go through Inductor's
+      static CUDA launcher on both torch ends (``use_static_cuda_launcher``, on by default).
+    - ``graphs``: CUDA graphs (``triton.cudagraphs``), and ``triton.cudagraph_or_error``: a region Inductor would run
+      without graphs raises instead, so the step's check (training/fallback.py) says why and falls back rather than
+      the setting doing nothing in silence. Under the C++ wrapper, torch 2.13 records graphs only without graph
+      partitions (``get_cpp_wrapper_config``); torch 2.11 records none (:func:`graphs_under_cpp_wrapper`).
+    """
+    options = {"cpp_wrapper": True} if cpp_wrapper else {}
+    if graphs:
+        options.update({"triton.cudagraphs": True, "triton.cudagraph_or_error": True})
+        if cpp_wrapper:
+            options["graph_partition"] = False
+    return options
+
+
+def compiler(cfg: Config, dev: torch.device, graphs: bool = False):
+    """``torch.compile`` configured for the run (:func:`compile_options`), or ``None`` when compilation is off;
+    ``graphs``: with CUDA graphs (the training step's, where :func:`cudagraphs` says the run records them)."""
+    if not compiles(cfg, dev):
         return None
-    mode = "reduce-overhead" if cfg.train.cudagraphs else None
-    return lambda fn: torch.compile(fn, mode=mode)
+    options = compile_options(cpp_wrapper(cfg, dev), graphs) or None
+    return lambda fn: torch.compile(fn, options=options)
 
 
 def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None, batch_size: int | None,

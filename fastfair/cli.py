@@ -143,8 +143,11 @@ def train(
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
                                                     help="torch.compile the model and loss (default: on for CUDA)")]
     = None,
-    cudagraphs: Annotated[bool, typer.Option("--cudagraphs",
-                                             help="CUDA graphs via torch.compile reduce-overhead")] = False,
+    cudagraphs: Annotated[Text, typer.Option(help="auto | on | off: record the compiled step as CUDA graphs, its "
+                                                  "first steps checked against the step without (default: on for "
+                                                  "CUDA runs that compile)")] = None,
+    cpp_wrapper: Annotated[Text, typer.Option(help="auto | on | off: the compiled code calls its kernels from C++ "
+                                                   "instead of Python (default: off until a GPU measures it)")] = None,
     loader: Annotated[Text, typer.Option(help="training/validation batches: device (default) | ffcv (needs "
                                               "--beton-dir) | folder (imagenet's default)")] = None,
     beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
@@ -182,8 +185,8 @@ def train(
     from fastfair.api import flag_keys, run_training
 
     flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
-                         seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs or None, loader=loader,
-                         beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
+                         seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs, cpp_wrapper=cpp_wrapper,
+                         loader=loader, beton_dir=beton_dir, quick=quick, quick_test=quick_test, track=track,
                          progress_every=progress_every),
              **_fairness_flags(ccm, ccr, ema, fawa, init_from, classes, adv_classes)}
     run_training(config, flags, sets or [], out, resume=resume, quiet=quiet)
@@ -394,6 +397,9 @@ def background(
 
 # ---- grid, data ---------------------------------------------------------------------------------
 
+PER_GPU_HELP = ("concurrent runs per GPU, or auto: from the step's measured or predicted host and GPU times, bounded "
+                "by GPU memory and host cores (it prints the K and why; 1 without a GPU; docs/grid.md)")
+
 @app.command(help="run a grid of trainings (axes over config keys), then one comparison table; every run's "
                   "config and data are checked before the first starts. The data: --data-dir, else the grid's "
                   "data.data_dir, else $FASTFAIR_DATA (default ~/.cache/fastfair/data)")
@@ -409,8 +415,7 @@ def grid(
                                            "inside")] = None,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else "
                                            "cpu)")] = "auto",
-    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU (see "
-                                                           "bench/bench_concurrency.py)")] = 1,
+    per_gpu: Annotated[str, typer.Option(metavar="K|auto", help=PER_GPU_HELP)] = "auto",
     launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays; pip install "
                                                "fastfair\\[submitit])")] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the runs the grid expands to and their state; run "
@@ -433,7 +438,7 @@ def reproduce(
     data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
                                                "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "
                                                "for a table over several data sets")] = "",
-    per_gpu: Annotated[int, typer.Option(metavar="K", help="concurrent runs per GPU")] = 1,
+    per_gpu: Annotated[str, typer.Option(metavar="K|auto", help=PER_GPU_HELP)] = "auto",
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto")] = "auto",
     scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
                                             "| subset (a few images per class of FILE.npz, a tiny model, 5 epochs: "

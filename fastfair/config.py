@@ -130,7 +130,12 @@ class TrainConfig:
     # with compile: the attack's K steps as one graph, input gradients included (torch >= 2.11);
     # false: only the model is compiled and the steps run in an eager loop around it
     compile_attack: bool = True
-    cudagraphs: bool = False  # compile with mode="reduce-overhead" (CUDA graphs); off until a GPU measures it
+    # auto (on for CUDA runs that compile: build.auto_cudagraphs) | on | off: the training step's compiled regions
+    # recorded as CUDA graphs, its first steps checked against the step without them (training/fallback.py)
+    cudagraphs: str = "auto"
+    # auto (off until a GPU measures it: build.auto_cpp_wrapper) | on | off: Inductor's C++ wrapper, which issues the
+    # compiled code's kernel launches from C++ instead of Python
+    cpp_wrapper: str = "auto"
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
     # epochs before the first whose model may become a best_* checkpoint: candidates from epoch select_begin + 1
@@ -187,6 +192,10 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "method.frl_halve_every": ("method.halve_every",),
 }
 
+# Keys that took true / false before they took auto | on | off (train.cudagraphs, issue 42): a saved run, preset or
+# --set with the old value still loads, as the switch that means the same.
+WERE_BOOLEAN = ("train.cudagraphs",)
+
 _EPS = "attack.eps (the training attack) or eval.eps (evaluation); Adam's epsilon is train.adam_eps"
 _ALPHA = "attack.alpha (the training attack's step) or eval.alpha (evaluation's)"
 # What other code bases call a key (the TRADES/CFA/FAT scripts' argparse names, PyTorch optimizer arguments, timm's
@@ -235,6 +244,7 @@ RESUMABLE: dict[str, str] = {
     "train.device": "where the same computation runs",
     "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
+    "train.cpp_wrapper": "how the same computation runs",
     "train.progress": "display only",
     "train.progress_every_s": "display only",
     "train.track": "where the numbers are also sent; the run's files stay the same",
@@ -314,6 +324,8 @@ def apply(cfg: Config, updates: dict[str, Any], origin: str, layer: int = USER) 
         types_ = schema.field_types(cfg.sections[section]) if section in cfg.sections else {}
         if name not in types_:
             raise UserError(f"unknown config key {raw_key!r} (from {origin}).{_hint(cfg, key)}")
+        if key in WERE_BOOLEAN and isinstance(value, bool):
+            value = "on" if value else "off"
         setattr(cfg.sections[section], name, schema.coerce(key, value, types_[name]))
         cfg.layers[key] = layer
     return cfg

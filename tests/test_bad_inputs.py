@@ -319,6 +319,10 @@ CASES: dict[str, Case] = {
                                           'labels = ["tiny-cnn", "vgg16"]\n')),
     "grid-bad-value-type": Case(GRID, r"run lr=fast: train.lr takes a float",
                                 grid_file('[[axes]]\nkey = "train.lr"\nvalues = [0.1, "fast"]\n')),
+    "grid-per-gpu-zero": Case([*GRID, "--per-gpu", "0"], r"--per-gpu takes a number of runs per GPU .* or auto; "
+                              r"got '0'", grid_file("")),
+    "reproduce-per-gpu-word": Case(["reproduce", "me-t2", "--per-gpu", "many", "--out", "{out}"],
+                                   r"--per-gpu takes a number of runs per GPU .* or auto; got 'many'"),
     "grid-out-is-a-file": Case([*GRID[:2], "--out", "{tmp}/f", "--gpus", "cpu"], r"f is a file, not a folder",
                                lambda tmp, run: (grid_file("")(tmp, run), (tmp / "f").write_text("x")), "none"),
 }

@@ -103,3 +103,61 @@ def test_a_failing_rung_is_recorded_and_the_bench_goes_on(monkeypatch):
     monkeypatch.setattr(bench_training, "measure", boom)
     assert bench_training.run_one(bench_training.RUNGS[0], {}) == (
         None, "failed: RuntimeError: Triton compilation failed")
+
+
+class FakePool:
+    """bench/pool.Pool without processes: every spec compiles unless named in ``slow``; timings are canned."""
+    slow: set = set()
+    made: list = []
+
+    def __init__(self, specs, args, dev):
+        self.specs = {s.name: s for s in specs}
+        self.warm_s = {n: 1.0 for n in self.specs}
+        FakePool.made.append(sorted(self.specs))
+
+    def warm(self, deadline_s):
+        return {n: f"not compiled within {deadline_s:.0f} s (stopped)" if n in self.slow else "warm"
+                for n in self.specs}
+
+    def solo(self, name):
+        return {"reference": 2.0, "fastfair": 1.0, "allocator_gib": 1.5, "process_gib": 2.0}
+
+    def close(self):
+        pass
+
+
+def test_the_plan_times_each_configuration_beside_its_reference_and_a_rerun_times_only_what_is_left(tmp_path,
+                                                                                                    monkeypatch):
+    from bench import bench_matrix
+
+    monkeypatch.setattr(bench_matrix, "Pool", FakePool)
+    FakePool.made.clear()
+    left = "trades tiny-cnn 16 fastfair, no CUDA graphs, Python wrapper (this device's defaults)"
+    FakePool.slow = {left}
+    argv = ["--smoke", "--device", "cpu", "--out", str(tmp_path)]
+    assert bench_matrix.main(argv) == 3  # one configuration left
+    rows = json.loads((tmp_path / "training-plan-smoke-cpu.json").read_text())["rows"]
+    timed = [r for r in rows if r["loop"] == "fastfair" and r["images_per_s"]]
+    assert len(timed) == 3 and all(r["x_reference"] == 2.0 and r["memory_gib"] == 2.0 for r in timed)
+    assert [r["loop"] for r in rows].count("reference") == 3  # each beside its own reference
+    assert any(r["note"] == "skipped: CUDA graphs need CUDA" for r in rows)
+    assert any((r["note"] or "").startswith("not compiled within") for r in rows)
+    FakePool.slow = set()
+    assert bench_matrix.main(argv) == 0
+    assert FakePool.made[-1] == [left]  # only the one left
+    rows = json.loads((tmp_path / "training-plan-smoke-cpu.json").read_text())["rows"]
+    assert len([r for r in rows if r["loop"] == "fastfair" and r["images_per_s"]]) == 4
+
+
+def test_a_pool_stops_what_has_not_compiled_by_its_deadline(tmp_path):
+    from argparse import Namespace
+
+    from bench.pool import Pool, Spec
+
+    args = Namespace(train_images=64, image_shape=[3, 8, 8], attack_steps=1, width=4, workers=0, warmup=1)
+    pool = Pool([Spec("slow", "pgd-at", "tiny-cnn", 8, 1)], args, torch.device("cpu"))
+    try:
+        assert pool.warm(0.01) == {"slow": "not compiled within 0 s (stopped)"}
+        assert not pool.procs["slow"].is_alive()
+    finally:
+        pool.close()

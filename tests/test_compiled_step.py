@@ -7,6 +7,7 @@ step never waits for the host (no ``.item()``, no data-dependent shapes).
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.graph import GraphLowering
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import common
@@ -16,7 +17,7 @@ from fastfair.methods import METHODS
 from fastfair.rundir import save_atomic
 from fastfair.training.trainer import Trainer
 from fastfair.preset_files import preset_names
-from fastfair.training import optim, trainer as trainer_module
+from fastfair.training import fallback, optim, trainer as trainer_module
 
 
 
@@ -195,6 +196,46 @@ def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
+def test_cpp_wrapper_step_is_one_graph_per_region_and_equals_the_python_wrapper_step(tmp_path, monkeypatch):
+    """train.cpp_wrapper=on (on a CPU): Inductor writes each region's wrapper in C++ -- the attack, the loss with its
+    backward, the model alone (validation's) -- each region is one graph, and two whole steps leave bit for bit the
+    weights, BN statistics, momentum and counters of the Python wrapper's steps, and the same validation logits:
+    the wrapper calls the same kernels in the same order. About 2 x 40 s on a shared 2-core CPU, most of it g++."""
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cached graph is not lowered again
+    lowered = []
+    codegen = GraphLowering.codegen_with_cpp_wrapper
+    monkeypatch.setattr(GraphLowering, "codegen_with_cpp_wrapper",
+                        lambda self, *a, **k: lowered.append(self) or codegen(self, *a, **k))
+    runs = {}
+    for wrapper in ("off", "on"):  # the same seed: the same initial weights and batches
+        torch._dynamo.reset()
+        counters.clear()
+        t = trainer(tmp_path, "pgd-at", "on", "train.amp=off", "attack.steps=2", "data.batch_size=16",
+                    f"train.cpp_wrapper={wrapper}", name=f"-cpp-{wrapper}")
+        batches = [b for _, b in zip(range(2), t.train_loader)]
+        t.model.train()
+        torch.manual_seed(2)
+        for x, y in batches:
+            t.train_step(x, y)
+        t.model.eval()
+        with torch.no_grad():
+            logits = t.net(batches[0][0])
+        assert counters["graph_break"] == {}, dict(counters["graph_break"])
+        # the attack's descent, the loss (its forward and backward are one Dynamo graph), the model
+        assert counters["stats"]["unique_graphs"] == 3
+        runs[wrapper] = t, logits, len(lowered)
+    (python, logits_py, before), (cpp, logits_cpp, after) = runs["off"], runs["on"]
+    assert before == 0 and after == 4  # C++ wrappers: the attack, the loss's forward and backward, the model
+    for (k, a), b in zip(python.model.state_dict().items(), cpp.model.state_dict().values()):
+        assert torch.equal(a, b), k
+    for a, b in zip(python.opt.state_dict()["state"].values(), cpp.opt.state_dict()["state"].values()):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    assert torch.equal(python.state.loss_sum, cpp.state.loss_sum)
+    assert torch.equal(python.state.correct, cpp.state.correct)
+    assert torch.equal(logits_py, logits_cpp)
+
+
+@pytest.mark.slow
 def test_ccm_changes_eps_every_epoch_without_recompiling(tmp_path):
     """CFA's CCM rewrites eps_k after every epoch; the compiled step and validation keep their graphs."""
     torch._dynamo.reset()
@@ -326,7 +367,7 @@ def test_gpu_compiled_triton_step_tracks_eager_triton_step(tmp_path, method):
     torch._dynamo.reset()
     counters.clear()
     eager = trainer(tmp_path, method, "off", *GPU_FP32, "train.kernels=triton")
-    compiled = trainer(tmp_path, method, "on", *GPU_FP32, "train.kernels=triton")
+    compiled = trainer(tmp_path, method, "on", *GPU_FP32, "train.kernels=triton", "train.cudagraphs=off")
     compiled.model.load_state_dict(eager.model.state_dict())
     batches = [b for _, b in zip(range(3), eager.train_loader)]
     assert_tracks(attack_then_steps(compiled, batches), attack_then_steps(eager, batches))
@@ -337,16 +378,17 @@ def test_gpu_compiled_triton_step_tracks_eager_triton_step(tmp_path, method):
 @needs_cuda
 @pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
 def test_gpu_cuda_graphs_step_tracks_the_step_without(tmp_path, method):
-    """On CUDA (fp32): the compiled step recorded as CUDA graphs (train.cudagraphs, off by default until a GPU
-    measures it) against the same compiled step launched kernel by kernel, over more steps than the warm-up
-    and recording take, so replays are compared too."""
+    """On CUDA (fp32): the compiled step recorded as CUDA graphs (train.cudagraphs, on by default for CUDA runs that
+    compile) against the same compiled step launched kernel by kernel, over more steps than the warm-up, recording
+    and the fallback's check take, so unchecked replays are compared too; the check kept the graphs."""
     torch._dynamo.reset()
-    plain = trainer(tmp_path, method, "on", *GPU_FP32)
-    graphs = trainer(tmp_path, method, "on", *GPU_FP32, "train.cudagraphs=true", name="-graphs")
+    plain = trainer(tmp_path, method, "on", *GPU_FP32, "train.cudagraphs=off")
+    graphs = trainer(tmp_path, method, "on", *GPU_FP32, "train.cudagraphs=on", name="-graphs")
     graphs.model.load_state_dict(plain.model.state_dict())
     batches = [b for _, b in zip(range(5), plain.train_loader)]
     assert_tracks(attack_then_steps(graphs, batches), attack_then_steps(plain, batches))
     assert torch.isfinite(graphs.state.loss_sum)
+    assert graphs.ways.fast_on and list(graphs._step.checked.values()) == [fallback.CHECKS]
 
 
 @pytest.mark.gpu
@@ -367,8 +409,8 @@ def test_gpu_triton_kernels_track_torch_ops_in_a_step(tmp_path, method):
 @needs_cuda
 @pytest.mark.parametrize("method", ["pgd-at", "trades"])
 def test_gpu_default_step_is_graph_break_free_and_stable(tmp_path, method):
-    """fastfair's CUDA default (bf16, channels_last, compiled attack, --kernels auto): no graph breaks,
-    no new graphs after the first step, a finite loss."""
+    """fastfair's CUDA default (bf16, channels_last, compiled attack, --kernels auto, CUDA graphs checked against
+    the step without them): no graph breaks, no new graphs after the first step, a finite loss, the graphs kept."""
     torch._dynamo.reset()
     counters.clear()
     t = trainer(tmp_path, method, "auto", "train.device=cuda", "train.kernels=auto", "train.amp=auto")
@@ -381,3 +423,4 @@ def test_gpu_default_step_is_graph_break_free_and_stable(tmp_path, method):
     assert counters["graph_break"] == {}, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == warm
     assert torch.isfinite(t.state.loss_sum)
+    assert t.ways.fast_on, t.run.train_log.read_text()  # the default: graphs, and the check kept them

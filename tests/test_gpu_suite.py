@@ -33,7 +33,10 @@ def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
     assert len(epoch["epoch_train_s"]) == 2 and epoch["wall_s"] > sum(epoch["epoch_train_s"])
     with tarfile.open(tmp_path / "packed" / "gpu-suite.tar.gz") as tar:
         names = tar.getnames()
-    assert "gpu-suite/rn18-at-smoke.json" in names and "training-rn18-at-smoke-cpu.md" in names
+    assert {"gpu-suite/plan-training-smoke.json", "training-plan-smoke-cpu.md", "concurrency-smoke-cpu.json",
+            "eval-aa-10k-smoke-cpu.md", "gpu-suite/gpu-tests-junit.xml"} <= set(names)
+    plan = json.loads((tmp_path / "r" / "training-plan-smoke-cpu.json").read_text())["rows"]
+    assert {r["loop"] for r in plan} == {"reference", "fastfair"}  # both loops, in each configuration's process
     assert not any("/work/" in n or n.startswith("gpu-suite/work") for n in names)  # no run folders
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     ran = [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("== ")]
@@ -81,3 +84,21 @@ def test_without_a_gpu_the_full_suite_refuses_at_once(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit):
         gpu_suite.main(["--out", str(tmp_path)])
     assert "use --smoke" in capsys.readouterr().err
+
+
+def test_a_part_alongside_runs_beside_the_next_which_waits_for_it_to_time_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_suite, "PARTS", (
+        gpu_suite.Part("main", "times after the other", 10, alongside="tests",
+                       args=lambda a: ["-c", "import sys; print('args', sys.argv[1:])"]),
+        gpu_suite.Part("tests", "runs alongside", 10, args=lambda a: ["-c", "import time; time.sleep(1)"]),
+    ))
+    monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_suite, "device_name", lambda: "NVIDIA H100 80GB HBM3")
+    assert gpu_suite.main(["--out", str(tmp_path), "--max-s", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "== main: times after the other (~10 s, " in out and "; tests alongside" in out
+    assert "== tests (alongside): ok" in out and "== tests: runs alongside" not in out  # not run a second time
+    main = json.loads((tmp_path / "gpu-suite" / "main.json").read_text())
+    tests = json.loads((tmp_path / "gpu-suite" / "tests.json").read_text())
+    assert main["status"] == tests["status"] == "ok" and "args ['--after-pid', '" in main["output_tail"]
+    assert tests["seconds"] >= 1

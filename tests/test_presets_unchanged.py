@@ -33,6 +33,10 @@ def expected(old: dict) -> tuple[dict, dict]:
     # `scale = ... if (m.ccr or m.kl_normalize)`); CCR now says so through its defaults.
     if "method.normalize" in want:
         want["method.normalize"] = old["method.kl_normalize"] or old["method.ccr"]
+    # train.cudagraphs took true / false (off by default); it takes auto | on | off since issue 42, and no preset sets
+    # it: auto, on for CUDA runs that compile (where it runs the same computation; build.cudagraphs)
+    if want.get("train.cudagraphs") is False:
+        want["train.cudagraphs"] = "auto"
     return want, gone
 
 

@@ -107,7 +107,7 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
         assert re.search(rf"^{key}: .*rows x 3 seed\(s\) = \d+ runs", out, re.M), key
     assert "me-table2-me-trades-l27" in out and "8 rows x 3 seed(s) = 24 runs" in out
     assert "cfa-t1: Wei et al. 2023 (CVPR), Table 1" in out  # CVPR 2023, as the README cites it (not NeurIPS)
-    # every table's cost: GPU hours where bench/results holds a GPU's training figure for each of its runs
+    # every table's cost: GPU hours where the shipped figures (fastfair/gpu_figures.json) hold a GPU's training figure
     # (the H200 lease measured PGD-AT on ResNet-18), else which are missing
     measured = out.count("GPU hours of training on NVIDIA H200 (evaluation extra)")
     assert measured >= 1 and measured + out.count("no GPU figure yet") == len(tables.tables())

@@ -23,7 +23,8 @@ from fastfair.reproduce.write import write, write_protocol
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state, stopped
-from fastfair.scaleout.launchers import LAUNCHERS
+from fastfair.scaleout import per_gpu as runs_per_gpu
+from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 
 def listing(seeds: int, echo=print) -> None:
@@ -71,9 +72,10 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
     return (read_json(path) if path.is_file() else None), label
 
 
-def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int = 1, scale: str = "full",
-              list_only: bool = False, out: str | None = None, gpus: str = "auto", sets: list[str] | None = None,
-              model_dir: str | None = None, launcher: str = "local", echo=print) -> int:
+def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int | str = "auto",
+              scale: str = "full", list_only: bool = False, out: str | None = None, gpus: str = "auto",
+              sets: list[str] | None = None, model_dir: str | None = None, launcher: str = "local",
+              echo=print) -> int:
     """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``launcher``
     runs the trainings (``fastfair grid``'s registry: local, submitit)."""
     if list_only:
@@ -81,8 +83,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         return 0
     if not table:
         raise UserError("name a table (fastfair reproduce TABLE), or list them: fastfair reproduce --list")
-    if per_gpu < 1:
-        raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
+    per_gpu = runs_per_gpu.parse(per_gpu)
     tab = tables.get(table)
     launch = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
     scale_spec = runs.SCALES.get(scale)
@@ -98,15 +99,16 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         autoattack.default_backend()  # a missing AutoAttack package stops here, before any training
     evaluated = [p for p in planned if p.row.robustbench]  # released models: evaluated once the others are done
     planned = [p for p in planned if not p.row.robustbench]
-    jobs, changed = [], []
+    jobs, configs, changed = [], [], []
     for p in planned:
         try:
-            job, _, keys = prepare(p.name, p.row.preset, p.sets, p.run_dir(root))
+            job, cfg, keys = prepare(p.name, p.row.preset, p.sets, p.run_dir(root))
         except UserError as err:
             raise UserError(f"table {table}, run {p.name}: {err}") from None
         if keys:
             changed.append(f"{p.name} ({keys})")
         jobs.append(job)
+        configs.append(cfg)
     if changed:
         raise UserError(f"runs already started under {root} were started with other settings: {'; '.join(changed)}. "
                         "Use the same options as then, another --out, or delete those run folders")
@@ -116,6 +118,9 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
          (f"; then {len(evaluated)} evaluations of released models" if evaluated else ""))
     for r in left_out:
         echo(f"  not run at this scale: {r}")
+    todo = [cfg for j, cfg in zip(jobs, configs) if status[j.name] != "done"]
+    if todo:
+        per_gpu = runs_per_gpu.resolve(per_gpu, todo, parse_gpus(gpus), echo)
     with RunDir(root).lock(echo):
         busy = [f"{j.name} ({holder})" for j in jobs if status[j.name] == "running" and (holder := still_held(j, echo))]
         if busy:

@@ -22,6 +22,7 @@ Choices (README, "Scale-out"):
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -70,12 +71,19 @@ def init(cfg) -> Context:
         raise UserError("under torchrun each process takes the GPU LOCAL_RANK; use --device auto or cuda, not cuda:N")
     if use_cuda:
         torch.cuda.set_device(local)  # torch.device("cuda") now means this rank's GPU
+    # Imported before the group exists, not by DDP's constructor after it: torch.distributed.nn's functions take
+    # group.WORLD as a default argument, read at import, which would keep this group alive past shutdown(). Its gloo
+    # work threads would then outlive the run, and one that drops a finished collective (and the Python tensors it
+    # holds) once the interpreter is finalizing cannot take the GIL: pthread_exit unwinds a noexcept destructor,
+    # "terminate called without an active exception" (SIGABRT; issue 40, tests/test_distributed.py).
+    importlib.import_module("torch.distributed.nn")
     dist.init_process_group("nccl" if use_cuda else "gloo")
     _ctx = Context(dist.get_rank(), dist.get_world_size(), local, dist.new_group(backend="gloo"))
     return _ctx
 
 
 def shutdown() -> None:
+    """Destroy the process group now: its work threads are joined while the interpreter is whole (see init)."""
     global _ctx
     if _ctx.enabled:
         dist.destroy_process_group()

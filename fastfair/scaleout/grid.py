@@ -43,7 +43,8 @@ from fastfair.preset_files import grid_file, grid_names
 from fastfair.reports.report import compare
 from fastfair.rundir import RunDir, write_text_atomic
 from fastfair.scaleout.jobs import Job, outcome, read_state, stopped
-from fastfair.scaleout.launchers import LAUNCHERS
+from fastfair.scaleout import per_gpu as runs_per_gpu
+from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 SEED_KEY = "train.seed"
 DYING_S = 10.0  # how long a restart waits for the child of a killed grid to let go of its run
@@ -250,15 +251,15 @@ def still_held(job: Job, echo) -> str:
     return holder
 
 
-def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_gpu: int = 1,
+def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_gpu: int | str = "auto",
              launcher: str = "local", dry_run: bool = False, data_dir: str | None = None,
              sets: list[str] | None = None, echo=print) -> int:
     """``fastfair grid``: expand, skip done runs, launch the rest, print the comparison table.
 
     Returns 0 when every run is done, 1 when some failed (their error lines and logs are named)."""
-    if per_gpu < 1:
-        raise UserError(f"--per-gpu must be at least 1; got {per_gpu}")
+    per_gpu = runs_per_gpu.parse(per_gpu)
     launch = LAUNCHERS.get(launcher)
+    here = parse_gpus(gpus) if launcher == "local" else None  # a cluster's GPUs are not this machine's
     grid, path = load(grid_file)
     override(grid, data_dir, sets or [])
     root = Path(out or f"runs/grids/{grid.name}")
@@ -269,6 +270,8 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
          + (f"\n{grid.preset}" if grid.preset else "")
          + (f"\nevery run with: {' '.join(f'{k}={_toml_value(v)}' for k, v in grid.overrides.items())}"
             if grid.overrides else ""))
+    if todo:
+        per_gpu = runs_per_gpu.resolve(per_gpu, [configs[job.name] for job in todo], here, echo)
     if dry_run:
         echo("a dry run loads no data; the grid itself loads every run's data before the first run starts")
         for run, job in pairs:

@@ -14,6 +14,7 @@ draws and drops the loader's batches of the saved steps and continues, bit for b
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 
 from fastfair import build, config, data, ops, stopping
 from fastfair.checks import check_config
-from fastfair.training import averaging, optim
+from fastfair.training import averaging, fallback, optim
 from fastfair.scaleout import distributed
 from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend, descent_capture
 from fastfair.training.class_state import ClassState
@@ -51,6 +52,7 @@ class Trainer:
                                  every_s=cfg.train.progress_every_s)
         self.log = self.progress.print
         self.dev = build.device(cfg)
+        graphs, graphs_note = build.cudagraphs(cfg, self.dev)  # a refused setting is refused before data loads
         self.amp = build.autocast_dtype(cfg, self.dev)
         self.cl = build.channels_last(cfg, self.dev)
         self.bundle, sp = build.training_splits(cfg)
@@ -77,20 +79,26 @@ class Trainer:
         # Compiled (CUDA by default): the attack's K steps as one graph with the model traced
         # inside (compile_descent), the method's loss with the model inside it (one graph for the
         # forwards + loss of the update), and the model alone for validation. Checkpoints use
-        # the uncompiled module.
+        # the uncompiled module. With CUDA graphs (CUDA by default) the step's regions are compiled
+        # twice, with and without them, and the first steps check one against the other
+        # (fallback.CheckedStep); validation, under 1 % of an epoch's launches, runs without.
         compile_ = build.compiler(cfg, self.dev)
+        self.ways = fallback.TwoWay(build.compiler(cfg, self.dev, graphs=True), compile_) if graphs else None
+        step_compile = self.ways or compile_
         self.net = compile_(self.model) if compile_ else self.model
         compiled_descent = bool(compile_ and cfg.train.compile_attack and can_compile_descent())
         if compiled_descent:
-            descent, self.attack_net = compile_descent(compile_), self.model
+            descent, self.attack_net = compile_descent(step_compile), self.model
         else:  # an eager loop of steps around the (compiled) model
             descent, self.attack_net = descend, self.net
             if compile_ and cfg.train.compile_attack:  # the faster mode where Dynamo breaks the descent
                 self.log(f"train.compile_attack: torch {torch.__version__} does not capture the attack as one "
                          f"graph ({descent_capture()}); the attack runs as an eager loop around the compiled model")
         backend = ops.backend(build.kernels(cfg, self.dev, compiled_descent))
-        self.method = METHODS.get(cfg.method.name)(cfg, backend, descent, compile_ if compiled_descent else None)
-        self.loss_fn = compile_(self.method.objective) if compile_ else self.method.objective
+        self.method = METHODS.get(cfg.method.name)(cfg, backend, descent, step_compile if compiled_descent else None)
+        self.loss_fn = step_compile(self.method.objective) if compile_ else self.method.objective
+        self._step = (fallback.CheckedStep(self._one_step, self.ways, self._snapshot, self._restore, self._fell_back)
+                      if self.ways else self._one_step)
         self.state = ClassState(self.bundle.num_classes, self.dev,
                                 train_counts=torch.bincount(y, minlength=self.bundle.num_classes))
         self.method.setup(self.state)
@@ -110,6 +118,8 @@ class Trainer:
             self.progress.attach(self.run.train_log)
         if (cfg.train.optimizer, cfg.train.lr_schedule) != ("sgd", "step"):  # said beside the defaults' usual pair
             self.log(optim.describe(cfg.train))
+        if graphs_note:  # train.cudagraphs=auto gave way to train.cpp_wrapper=on
+            self.log(graphs_note)
         if self.amp and self.dev.type == "cpu" and cfg.train.amp == "auto":  # a choice this machine made: said
             self.log("train.amp=auto: bf16 autocast on this CPU (native bf16); evaluation stays fp32; "
                      "--set train.amp=off trains in fp32")
@@ -223,7 +233,11 @@ class Trainer:
         return torch.autocast(self.dev.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One step; no host sync (counters stay on the device)."""
+        """One step; no host sync (counters stay on the device). With CUDA graphs the first steps at each batch shape
+        are also run without them and compared, which syncs (fallback.CheckedStep)."""
+        self._step(x, y)
+
+    def _one_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         with self._autocast():
             x_adv = self.method.perturb(self.attack_net, x, y, self.state)
             loss, logits = self.loss_fn(self.train_model, x, x_adv, y, self.state)
@@ -232,6 +246,26 @@ class Trainer:
         self.opt.step()
         self.method.after_step(self.model)
         self.state.count(logits, y, loss)
+
+    # ---- CUDA graphs' check (fallback.CheckedStep): what a step changes, copied and put back ----------------
+    def _snapshot(self) -> dict:
+        rng = {"cpu": torch.get_rng_state()}
+        if self.dev.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.dev)
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                              "class_state": self.state.state_dict(), "rng": rng})
+
+    def _restore(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])  # copied into the parameters and buffers, which stay where they are
+        self.opt.load_state_dict(copy.deepcopy(saved["optimizer"]))  # it would keep these very tensors
+        self.state.load_state_dict(saved["class_state"])
+        torch.set_rng_state(saved["rng"]["cpu"])
+        if "cuda" in saved["rng"]:
+            torch.cuda.set_rng_state(saved["rng"]["cuda"], self.dev)
+
+    def _fell_back(self, problem: str) -> None:
+        self.progress.warn(f"train.cudagraphs: the step with CUDA graphs {problem}; this run goes on with the "
+                           "compiled step without them (--set train.cudagraphs=off skips the check)")
 
     def validate(self, model=None) -> dict:
         c = self.cfg
