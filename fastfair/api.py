@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fastfair import build, config as configs
+from fastfair import build, config as configs, stopping
 from fastfair.checks import check_config, check_value
 from fastfair.data.datasets import check_labels
 from fastfair.errors import Interrupted, UserError, WriteError
@@ -246,35 +246,50 @@ def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | di
 
 
 def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
-    """Train under the run folder's lock, then evaluate; Ctrl-C releases the lock and says how to go on."""
+    """Train under the run folder's lock, then evaluate; a stop signal (Ctrl-C, SIGTERM, SIGUSR1) saves at a step
+    boundary, releases the lock and says in one line what was kept and how to go on."""
 
-    distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
+    trainer = None
     training = True
     try:
-        # one writer per run folder; torchrun's other ranks write nothing
-        with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
-            Trainer(cfg, out, resume=resume, quiet=quiet).fit()
-            training = False
-            final_evaluation(out, cfg, quiet=quiet)
-        # torchrun: no rank leaves the process group (finally: shutdown) while rank 0 still writes the results
-        distributed.barrier()
+        with stopping.handled():  # Python callers too; under the CLI its handler is in place already
+            distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
+            # one writer per run folder; torchrun's other ranks write nothing
+            with RunDir(out).lock() if distributed.current().is_main else contextlib.nullcontext():
+                trainer = Trainer(cfg, out, resume=resume, quiet=quiet)
+                trainer.fit()
+                training = False
+                final_evaluation(out, cfg, quiet=quiet)
+            # torchrun: no rank leaves the process group (finally: shutdown) while rank 0 still writes the results
+            distributed.barrier()
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():
             raise
         raise err.continue_with(f"fastfair train --out {out} --resume") from None
-    except KeyboardInterrupt:
-        if not training:
-            said = (f"interrupted during the final evaluation; training is complete; evaluate with: "
-                    f"fastfair eval {out}")
-        else:
-            done = _epochs_saved(out)
-            said = (f"interrupted in epoch {done + 1} of {cfg.train.epochs} ({done} saved); continue with: "
-                    f"fastfair train --out {out} --resume")
-        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
+    except KeyboardInterrupt as err:
+        signum = stopping.signum_of(err)
+        said = _stopped_line(out, cfg, trainer.kept if trainer else None, training, stopping.said_by(signum))
+        main = distributed.current().is_main
+        if main:  # the run's log tells how it ended, as the console did
             note_in_log(RunDir(out).train_log, f"fastfair: {said}")
-        raise Interrupted(said) from None
+        raise Interrupted(said if main else "", signum) from None
     finally:
         distributed.shutdown()
+
+
+def _stopped_line(out: Path, cfg, kept: tuple[int, int, int] | None, training: bool, by: str) -> str:
+    """What a stopped run kept and how to go on; ``kept`` (epochs, steps of the next, its steps) as the trainer
+    saved them, None when it stopped before training began."""
+    if not training:
+        return f"interrupted{by} during the final evaluation; training is complete; evaluate with: fastfair eval {out}"
+    epochs, step, steps = kept or (_epochs_saved(out), 0, 0)
+    go_on = f"continue with: fastfair train --out {out} --resume"
+    if epochs >= cfg.train.epochs:
+        return f"interrupted{by} after the last epoch ({epochs} saved; the final evaluation is left); {go_on}"
+    saved = str(epochs)  # epochs, as the Ctrl-C line has always said
+    if step:  # and the steps of the next, stopped at a step boundary
+        saved = (f"{epochs} epoch{'s' * (epochs != 1)} and " if epochs else "") + f"{step} of {steps} steps"
+    return f"interrupted{by} in epoch {epochs + 1} of {cfg.train.epochs} ({saved} saved); {go_on}"
 
 
 def _epochs_saved(out: Path) -> int:

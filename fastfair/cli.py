@@ -6,12 +6,14 @@ seconds, and ``fastfair --help`` or ``fastfair presets`` should answer at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
 
+from fastfair import stopping
 from fastfair.errors import Interrupted, UserError, WriteError
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
@@ -29,17 +31,19 @@ Text = Optional[str]  # an option that, left out, leaves the config's value as i
 
 
 @contextlib.contextmanager
-def _ctrl_c_says(message: str):
-    """Ctrl-C inside the block ends the command with ``message`` (what was kept, how to go on)."""
+def _stop_says(message: str):
+    """A stop signal (Ctrl-C, SIGTERM, SIGUSR1) inside the block ends the command with one line: ``message`` says what
+    was kept and how to go on."""
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted(message) from None
+    except KeyboardInterrupt as err:
+        signum = stopping.signum_of(err)
+        raise Interrupted(f"interrupted{stopping.said_by(signum)}; {message}", signum) from None
 
 
-# grid and reproduce: both leave a folder of runs that the same command picks up again
-RUNS_RESUME = ("interrupted; the {what}'s runs stopped with it; run the same command again to go on (finished runs "
-               "are skipped, interrupted ones resume)")
+# grid, reproduce and zoo: each leaves a folder of runs that the same command picks up again
+RUNS_RESUME = ("the {what}'s runs stopped with it; run the same command again to go on (finished runs are skipped, "
+               "interrupted ones resume)")
 
 
 # ---- listings: what exists, one line each ----------------------------------------------------
@@ -279,8 +283,8 @@ def eval_(
     elif any(value is not None for value in robustbench.values()):
         given = ", ".join(flag for flag, value in robustbench.items() if value is not None)
         raise UserError(f"{given}: only for a RobustBench model by name, rb:NAME (fastfair zoo lists them)")
-    with _ctrl_c_says("interrupted; this evaluation wrote no result (AutoAttack keeps its per-image progress "
-                      "and resumes); run the same command again"):
+    with _stop_says("this evaluation wrote no result (AutoAttack keeps its per-image progress and "
+                    "resumes); run the same command again"):
         if target.startswith("rb:"):
             from fastfair.evaluation.robustbench import evaluate_robustbench
             record = evaluate_robustbench(target[3:], dataset=dataset or "cifar10", threat=threat or "Linf",
@@ -316,7 +320,7 @@ def diagnose(
     from fastfair import build
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
-    with _ctrl_c_says("interrupted; no diagnostics were written; run the same command again"):
+    with _stop_says("no diagnostics were written; run the same command again"):
         diagnose_checkpoint(build.checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
                             data_dir=data_dir, device=device, batch_size=_batch_size(batch_size), tsne_points=tsne,
                             quiet=quiet,
@@ -360,7 +364,7 @@ def homing(
 ) -> None:
     from fastfair.evaluation.homing import homing as run_homing
 
-    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+    with _stop_says("nothing was written; run the same command again"):
         path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device,
                           batch_size=_batch_size(batch_size), data_dir=data_dir, seed=seed, quiet=quiet)
     print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
@@ -397,7 +401,7 @@ def background(
     from fastfair.evaluation.background import background_counts
     from fastfair.evaluation.per_class import attack_names
 
-    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+    with _stop_says("nothing was written; run the same command again"):
         background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
                           attacks=attack_names(attacks), examples=examples,
                           adjusted=build.checkpoint_path(adjusted) if adjusted else None, device=device,
@@ -432,7 +436,7 @@ def grid(
 ) -> int:
     from fastfair.scaleout.grid import run_grid
 
-    with _ctrl_c_says(RUNS_RESUME.format(what="grid")):
+    with _stop_says(RUNS_RESUME.format(what="grid")):
         return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run,
                         data_dir=data_dir, sets=sets or [])
 
@@ -458,12 +462,14 @@ def reproduce(
         "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
     model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "
                                                  "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
+    launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays, as fastfair grid's: a pre-empted "
+                                               "task requeues itself; see docs/grid.md)")] = "local",
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
-    with _ctrl_c_says(RUNS_RESUME.format(what="table")):
+    with _stop_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
-                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir)
+                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir, launcher=launcher)
 
 
 @app.command(help="RobustBench's models with their reported averages; with --run, evaluate them per class as a "
@@ -501,7 +507,7 @@ def zoo(
         return 0
     attack_names(attacks)
     check_per_class(per_class, "test")
-    with _ctrl_c_says(RUNS_RESUME.format(what="zoo")):
+    with _stop_says(RUNS_RESUME.format(what="zoo")):
         return zoo_.run(models=models, top=top, dataset=dataset, threat=threat, model_dir=model_dir, attacks=attacks,
                         data_dir=data_dir, per_class=per_class, seed=seed, out=out, gpus=gpus, per_gpu=per_gpu,
                         launcher=launcher)
@@ -623,7 +629,7 @@ def features(
 ) -> None:
     from fastfair.data.features import write_features
 
-    with _ctrl_c_says("interrupted; nothing was written; run the same command again"):
+    with _stop_says("nothing was written; run the same command again"):
         params = write_features(target, kind, out, checkpoint=checkpoint, steps=steps, step_size=step_size, eps=eps,
                                 seed=seed, per_class=per_class, device=device, data_dir=data_dir,
                                 batch_size=_batch_size(batch_size), force=force, quiet=quiet)
@@ -692,20 +698,45 @@ def _one_word(words: list[str]) -> str | None:
     return None
 
 
+def _stop_said(callback):
+    """``callback`` (a command) where a stop signal its own message does not cover (a command that keeps nothing, or
+    one stopped before its long work began) ends it with one line too; typer would end it with 130 and no line."""
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as err:
+            signum = stopping.signum_of(err)
+            raise Interrupted(f"interrupted{stopping.said_by(signum)}", signum) from None
+    return run
+
+
+def _every_command(group) -> None:
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            _every_command(command)
+        else:
+            command.callback = _stop_said(command.callback)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2; a file that
-    cannot be written (disk full, I/O error) is one such line and exit code 74."""
+    cannot be written (disk full, I/O error) is one such line and exit code 74; a stop signal is one line and 128 +
+    its number (:mod:`fastfair.stopping`)."""
     command = typer.main.get_command(app)
+    _every_command(command)
     try:
-        result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
-                              standalone_mode=False)
+        with stopping.handled():
+            result = command.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="fastfair",
+                                  standalone_mode=False)
     except WriteError as err:  # a disk full or failing: not the user's mistake, and worth a retry once fixed
         return _error(str(err), err.exit_code)
     except UserError as err:
         return _error(str(err), 2)
     except Interrupted as err:
-        print(f"fastfair: {err}", file=sys.stderr)
-        return 130
+        if str(err):
+            print(f"fastfair: {err}", file=sys.stderr)
+        return stopping.exit_code(err.signum)
     except Exception as err:
         # click's usage errors (unknown option, missing argument, bad integer), whichever click typer uses
         if not (hasattr(err, "format_message") and hasattr(err, "exit_code")):

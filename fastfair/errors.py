@@ -22,4 +22,10 @@ class WriteError(UserError):
 
 
 class Interrupted(Exception):
-    """Ctrl-C, turned into one line saying what was kept and how to continue (the CLI exits with code 130)."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGUSR1; :mod:`fastfair.stopping`), turned into one line saying what was kept
+    and how to continue; the CLI exits with 128 + ``signum``. An empty message says nothing (torchrun's other
+    ranks: rank 0 says it)."""
+
+    def __init__(self, message: str, signum: int = 2):
+        super().__init__(message)
+        self.signum = signum

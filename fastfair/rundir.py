@@ -6,6 +6,8 @@ this module is the one place that names its files::
     RUN/checkpoints/last.pt                           full training state, rewritten atomically every epoch
     RUN/checkpoints/best_<policy>.pt                  best weights by each selection policy
     RUN/checkpoints/{best_<policy>,last}_avg.pt       the same for the EMA/FAWA-averaged model
+    RUN/checkpoints/interrupted.pt                    the state of an epoch stopped at a step boundary (a signal),
+                                                      which --resume continues; removed when that epoch ends
     RUN/eval/<checkpoint>-<split>.json                per-class evaluation (+ .aa.npz: AutoAttack's resume state);
                                                       -first<N> before .json: eval --per-class N
     RUN/eval/previous/<checkpoint>-<split>-<hash>.json  earlier results of other weights, data or settings
@@ -34,17 +36,16 @@ import os
 import pickle
 import re
 import shutil
-import signal
 import socket
 import sys
 import tempfile
-import threading
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fastfair import stopping
 from fastfair.errors import UserError, WriteError
 from fastfair.suggest import hint
 
@@ -138,6 +139,10 @@ class RunDir:
     @property
     def last(self) -> Path:
         return self.checkpoint("last")
+
+    @property
+    def interrupted(self) -> Path:
+        return self.checkpoint("interrupted")
 
     def best(self, policy: str, averaged: bool = False) -> Path:
         return self.checkpoint(f"best_{policy}", averaged)
@@ -358,29 +363,11 @@ def shared_in(real: str, mounts: str) -> str:
 
 
 # ---- file formats: atomic writes, safe loads ------------------------------------------------
-@contextlib.contextmanager
-def _ctrl_c_after():
-    """Ctrl-C inside the block raises KeyboardInterrupt when the block ends, not in it. Where Python's own
-    handler is not the one installed (a worker thread, a caller's handler) the block runs as it is."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    pressed = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed:
-        raise KeyboardInterrupt
-
-
 def _replace_atomic(write, path: str | Path) -> None:
     """Write through ``write(binary file)`` to a new temporary file beside ``path`` and rename it over ``path``
-    (:func:`replacing`). Ctrl-C lands after the rename: between creating the temporary file and the ``try``
-    that removes it, an interrupt would leave it behind."""
-    with _ctrl_c_after(), replacing(path) as tmp, io.BufferedWriter(_open(tmp, "wb")) as f:
+    (:func:`replacing`). A stop signal (Ctrl-C, SIGTERM: :mod:`fastfair.stopping`) lands after the rename: between
+    creating the temporary file and the ``try`` that removes it, an interrupt would leave it behind."""
+    with stopping.held(), replacing(path) as tmp, io.BufferedWriter(_open(tmp, "wb")) as f:
         write(f)
 
 
@@ -395,7 +382,7 @@ def replacing(path: str | Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = None
         try:
-            with _ctrl_c_after():  # the name is known before Ctrl-C can land
+            with stopping.held():  # the name is known before a stop signal can land
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path), suffix=".tmp")
                 os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make the run unreadable to others
                 os.close(fd)

@@ -99,3 +99,13 @@ def test_bf16_check_smoke(tmp_path):
     record, md = results(tmp_path, "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
     assert "within noise" in md or "OUTSIDE noise" in md
+
+
+def test_stop_vote_smoke(tmp_path):
+    smoke("bench_stop_vote.py", tmp_path)
+    record, md = results(tmp_path, "stop-vote")
+    rows = {(r["what"], r["step_ms"]): r for r in record["rows"]}
+    assert rows[("now (blocking vote)", None)]["us_per_call"] > 0
+    assert rows[("lagged, per boundary", 1.0)]["us_per_call"] > 0 and "us_added_per_step" in rows[
+        ("lagged, per boundary", 1.0)]
+    assert rows[("no vote, per boundary", 1.0)]["ms_per_step"] >= 1.0 and "us added per step" in md

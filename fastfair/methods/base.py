@@ -104,6 +104,8 @@ class Method:
         return [line for option in self.options for line in option.setup_warnings()]
 
     def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+        """Before the epoch's first step. It runs again when an interrupted epoch resumes, on the weights saved
+        mid-epoch, which are then restored: what it sets outside the model's state must follow from (config, epoch)."""
         for option in self.options:
             option.begin_epoch(model, epoch)
 

@@ -65,7 +65,8 @@ class Option:
         """Add this option's factors and statistics (after the method declared its vectors)."""
 
     def begin_epoch(self, model, epoch: int) -> None:
-        """Called before the epoch's first step (outside the step: may read the model once)."""
+        """Called before the epoch's first step (outside the step: may read the model once); again when an interrupted
+        epoch resumes (Method.begin_epoch)."""
 
     def use_loader(self, loader, state: ClassState) -> None:
         """Called once with the training loader after :meth:`setup`, before any epoch (resampling: the class draw)."""

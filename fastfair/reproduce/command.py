@@ -22,7 +22,7 @@ from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write, write_protocol
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
-from fastfair.scaleout.jobs import outcome, read_state
+from fastfair.scaleout.jobs import outcome, read_state, stopped
 from fastfair.scaleout import per_gpu as runs_per_gpu
 from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
@@ -74,8 +74,10 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
 
 def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int | str = "auto",
               scale: str = "full", list_only: bool = False, out: str | None = None, gpus: str = "auto",
-              sets: list[str] | None = None, model_dir: str | None = None, echo=print) -> int:
-    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed."""
+              sets: list[str] | None = None, model_dir: str | None = None, launcher: str = "local",
+              echo=print) -> int:
+    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``launcher``
+    runs the trainings (``fastfair grid``'s registry: local, submitit)."""
     if list_only:
         listing(seeds, echo)
         return 0
@@ -83,6 +85,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         raise UserError("name a table (fastfair reproduce TABLE), or list them: fastfair reproduce --list")
     per_gpu = runs_per_gpu.parse(per_gpu)
     tab = tables.get(table)
+    launch = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
     scale_spec = runs.SCALES.get(scale)
     root = Path(out or f"runs/reproduce/{table}-{scale}")
     user_sets = config.parse_set(sets or [])
@@ -127,8 +130,10 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         for wave in (lambda p: not p.row.depends_on, lambda p: bool(p.row.depends_on)):
             todo = [j for p, j in zip(planned, jobs) if wave(p) and status[j.name] != "done"]
             if todo:
-                LAUNCHERS.get("local")(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / ".local",
-                                       echo=echo)
+                try:
+                    launch(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / f".{launcher}", echo=echo)
+                except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
+                    raise stopped(err, [(j.name, Path(j.run_dir)) for j in jobs]) from None
         records, run_lines, failed = _collect(planned, jobs)
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)

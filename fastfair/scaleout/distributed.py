@@ -17,6 +17,8 @@ Choices (README, "Scale-out"):
 - Only rank 0 writes the run directory and prints.
 - PGD random starts draw from per-rank random streams, so with ``attack.init`` uniform or normal
   N processes match one process in distribution, not bit for bit.
+- A stop signal (:mod:`fastfair.stopping`) stops every rank at the same step boundary: the ranks agree
+  through :class:`StopVote` on a gloo group of the host's own, so agreeing never waits on the GPU.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class Context:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    host_group: object = None  # gloo, for small host-side collectives (StopVote, gather_host)
 
     @property
     def is_main(self) -> bool:
@@ -76,7 +79,7 @@ def init(cfg) -> Context:
     # "terminate called without an active exception" (SIGABRT; issue 40, tests/test_distributed.py).
     importlib.import_module("torch.distributed.nn")
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    _ctx = Context(dist.get_rank(), dist.get_world_size(), local)
+    _ctx = Context(dist.get_rank(), dist.get_world_size(), local, dist.new_group(backend="gloo"))
     return _ctx
 
 
@@ -164,3 +167,46 @@ def sync_buffers(model: nn.Module) -> None:
     if _ctx.enabled:
         for b in model.buffers():
             dist.broadcast(b, 0)
+
+
+class StopVote:
+    """Whether any rank has received a stop signal, agreed by every rank at the same step boundary: an all-reduce
+    (max) of the signal's number (0: none) on the host's gloo group. :meth:`now` waits for it (once an epoch);
+    :meth:`lagged` starts one and returns the one started at the previous boundary, which finished during the step
+    in between (a few bytes over the host's network): no wait, no device sync, and the ranks stop one step later.
+    Without torchrun both return the process's own signal."""
+
+    def __init__(self):
+        self._pending: tuple | None = None
+
+    def now(self, signum: int) -> int:
+        self.close()
+        if not _ctx.enabled:
+            return signum
+        self.lagged(signum)
+        return self.close()
+
+    def lagged(self, signum: int) -> int:
+        if not _ctx.enabled:
+            return signum
+        agreed = self.close()
+        flag = torch.tensor([signum])
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_ctx.host_group, async_op=True), flag)
+        return agreed
+
+    def close(self) -> int:
+        """Wait for the vote in flight and return it (0 when none is)."""
+        if self._pending is None:
+            return 0
+        (work, flag), self._pending = self._pending, None
+        work.wait()
+        return int(flag)
+
+
+def gather_host(obj) -> list:
+    """Every rank's ``obj`` (CPU tensors, numbers), in rank order, on every rank; ``[obj]`` without torchrun."""
+    if not _ctx.enabled:
+        return [obj]
+    out = [None] * _ctx.world
+    dist.all_gather_object(out, obj, group=_ctx.host_group)
+    return out

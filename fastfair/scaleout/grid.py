@@ -42,7 +42,7 @@ from fastfair.errors import UserError
 from fastfair.preset_files import grid_file, grid_names
 from fastfair.reports.report import compare
 from fastfair.rundir import RunDir, write_text_atomic
-from fastfair.scaleout.jobs import Job, outcome, read_state
+from fastfair.scaleout.jobs import Job, outcome, read_state, stopped
 from fastfair.scaleout import per_gpu as runs_per_gpu
 from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
@@ -289,15 +289,21 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
             raise UserError(f"runs still being trained by another process: {', '.join(busy)}; wait for them "
                             "to end (or stop them), then run the grid again")
         if todo:
-            launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
-                   folder=root / f".{launcher}", echo=echo)
-        failed = [run.name for run, _ in pairs if read_state(root / run.name)["status"] != "done"]
+            try:
+                launch(todo, gpus=gpus, per_gpu=per_gpu, options=grid.launcher.get(launcher, {}),
+                       folder=root / f".{launcher}", echo=echo)
+            except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
+                raise stopped(err, [(run.name, root / run.name) for run, _ in pairs]) from None
+        states = {run.name: read_state(root / run.name)["status"] for run, _ in pairs}
+        failed = [name for name, state in states.items() if state != "done"]
         finished = [root / run.name for run, _ in pairs if run.name not in failed]
         if finished:
             table = compare(finished)  # the same table as `fastfair report`; seeds folded there
             write_text_atomic(table + "\n", root / "results.md")
             echo("\n" + table + f"\n\nwritten: {root / 'results.md'}")
-    echo(f"\n{len(finished)} of {len(pairs)} runs finished, {len(failed)} failed"
+    interrupted = sum(states[name] == "interrupted" for name in failed)  # a child someone else stopped
+    echo(f"\n{len(finished)} of {len(pairs)} runs finished, {len(failed) - interrupted} failed"
+         + (f", {interrupted} interrupted" if interrupted else "")
          + "".join(f"\n  {outcome(n, root / n)}" for n in failed))
     if failed:
         echo("fix the cause and run the same command again: done runs are skipped, the others resume")

@@ -1,13 +1,19 @@
 """Where grid runs execute: this machine (K concurrent runs per GPU) or a SLURM cluster via submitit.
 
 A launcher takes the jobs still to do and returns when they have ended; every job records its
-own done/failed state in its run folder (:func:`fastfair.scaleout.jobs.run_job`), so a launcher needs no
-bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
+own done/interrupted/failed state in its run folder (:func:`fastfair.scaleout.jobs.run_job`), so a launcher
+needs no bookkeeping of its own and a re-run of the grid picks up whatever a launcher left unfinished.
+
+On SLURM through submitit an array task is checkpointable in submitit's sense (:class:`ArrayTask`): when the
+job is pre-empted or near its time limit, submitit's signal (USR2 unless ``SUBMITIT_PREEMPT_SIGNAL`` says
+otherwise) stops the task's runs at a step boundary (they save) and requeues the task, which resumes them.
 """
 from __future__ import annotations
 
 import os
 import queue
+import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -16,7 +22,7 @@ import torch
 
 from fastfair.errors import UserError
 from fastfair.registry import Registry
-from fastfair.scaleout.jobs import Job, outcome, run_job, stop_children
+from fastfair.scaleout.jobs import Job, outcome, read_state, run_job, stop_children
 
 LAUNCHERS: Registry[Callable[..., None]] = Registry("launcher")
 
@@ -45,18 +51,31 @@ def slot_envs(gpus: list[str], per_gpu: int) -> list[dict[str, str]]:
     return slots
 
 
-def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) -> list[str]:
-    """Run ``jobs`` with at most ``len(envs)`` at a time, each in a free slot's environment."""
+_STOPPING = threading.Event()  # set once the running jobs are being stopped: no slot freed by one starts another
+
+
+def _stop_jobs() -> None:
+    _STOPPING.set()
+    stop_children()
+
+
+def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print,
+                     ignored: tuple[int, ...] = ()) -> list[str]:
+    """Run ``jobs`` with at most ``len(envs)`` at a time, each in a free slot's environment (its process ignoring
+    the signals ``ignored``)."""
     free: queue.Queue = queue.Queue()
     for env in envs:
         free.put(env)
+    _STOPPING.clear()
 
     def one(job: Job) -> str:
         env = free.get()
         try:
+            if _STOPPING.is_set():
+                return read_state(job.run_dir)["status"]
             echo(f"start {job.name} {' '.join(f'{k}={v}' for k, v in env.items())}")
-            status = run_job(job, env)
-            echo(f"done   {job.name}" if status == "done" else f"failed {outcome(job.name, job.run_dir)}")
+            status = run_job(job, env, ignored)
+            echo(f"done   {job.name}" if status == "done" else f"{status} {outcome(job.name, job.run_dir)}")
             return status
         finally:
             free.put(env)
@@ -64,9 +83,9 @@ def run_concurrently(jobs: list[Job], envs: list[dict[str, str]], echo=print) ->
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
         try:
             return list(pool.map(one, jobs))
-        except BaseException:  # Ctrl-C or an error: no child outlives the grid, no queued job starts
+        except BaseException:  # a stop signal or an error: no child outlives the grid, no queued job starts
             pool.shutdown(wait=False, cancel_futures=True)
-            stop_children()
+            _stop_jobs()
             raise
 
 
@@ -77,9 +96,30 @@ def local(jobs: list[Job], *, gpus: str, per_gpu: int, options: dict, folder: Pa
     run_concurrently(jobs, slot_envs(parse_gpus(gpus), per_gpu), echo)
 
 
-def _array_task(jobs: list[Job], per_gpu: int) -> list[str]:
-    """One SLURM array task: up to K runs at once on the task's GPU (SLURM sets CUDA_VISIBLE_DEVICES)."""
-    return run_concurrently(jobs, slot_envs([], per_gpu))
+def _submitit_signal() -> int:
+    """The signal submitit's jobs requeue on (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default)."""
+    import submitit
+
+    return getattr(signal, f"SIG{submitit.JobEnvironment.USR_SIG}")
+
+
+class ArrayTask:
+    """One SLURM array task: up to K runs at once on the task's GPU (SLURM sets CUDA_VISIBLE_DEVICES).
+
+    Checkpointable in submitit's sense: on submitit's signal (pre-emption, or ``signal_delay_s`` before the time
+    limit) submitit calls :meth:`checkpoint` and requeues the task with what it returns. SLURM signals every
+    process of the task, so the runs ignore submitit's signal; :meth:`checkpoint` stops them with SIGTERM, each
+    saves at its next step boundary, and the requeued task resumes them (``--resume``), skipping those done."""
+
+    def __call__(self, jobs: list[Job], per_gpu: int) -> list[str]:
+        todo = [job for job in jobs if read_state(job.run_dir)["status"] != "done"]
+        return run_concurrently(todo, slot_envs([], per_gpu), ignored=(_submitit_signal(),))
+
+    def checkpoint(self, jobs: list[Job], per_gpu: int):
+        from submitit.helpers import DelayedSubmission
+
+        _stop_jobs()
+        return DelayedSubmission(ArrayTask(), jobs, per_gpu)
 
 
 @LAUNCHERS.register("submitit", "SLURM job arrays through submitit (pip install fastfair[submitit]); "
@@ -98,7 +138,7 @@ def submitit_launcher(jobs: list[Job], *, gpus: str, per_gpu: int, options: dict
     params = {"name": "fastfair-grid", "gpus_per_node": 0 if gpus == "cpu" else 1, "timeout_min": 24 * 60}
     executor.update_parameters(**{**params, **options})
     chunks = [jobs[i:i + per_gpu] for i in range(0, len(jobs), per_gpu)]
-    submitted = executor.map_array(_array_task, chunks, [per_gpu] * len(chunks))
+    submitted = executor.map_array(ArrayTask(), chunks, [per_gpu] * len(chunks))
     echo(f"submitted {len(chunks)} array task(s) ({', '.join(j.job_id for j in submitted)}); logs in {folder}")
     for job in submitted:
         try:

@@ -149,6 +149,21 @@ class ClassState:
         self.steps = 0
         return out
 
+    def sums_state(self) -> dict[str, torch.Tensor]:
+        """The epoch's counters and statistic sums so far, on the CPU: an epoch stopped at a step boundary saves
+        them, and :meth:`load_sums` continues the epoch with them."""
+        sums = {"correct": self.correct, "total": self.total, "loss_sum": self.loss_sum,
+                **{f"{name}.{key}": t for name, s in self.statistics.items() for key, t in s.sums.items()}}
+        return {**{k: t.detach().cpu().clone() for k, t in sums.items()}, "steps": torch.tensor(self.steps)}
+
+    def load_sums(self, sums: dict[str, torch.Tensor]) -> None:
+        for key, t in {"correct": self.correct, "total": self.total, "loss_sum": self.loss_sum}.items():
+            t.copy_(sums[key])
+        for name, s in self.statistics.items():
+            for key, t in s.sums.items():
+                t.copy_(sums[f"{name}.{key}"])
+        self.steps = int(sums["steps"])
+
     def _factors_only(self) -> dict[str, torch.Tensor]:
         return {f: t for fs in self.factors.values() for f, t in fs.items()}
 

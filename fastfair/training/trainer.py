@@ -5,6 +5,11 @@ Per epoch: read the counters once, let the method update its per-class vectors, 
 class, keep the best checkpoints by each selection policy, write the last checkpoint atomically
 and append one line to ``metrics.jsonl``. A killed run continues exactly with ``--resume``
 because every epoch reseeds the RNGs from (seed, epoch) and the checkpoint holds all state.
+
+A stop signal (Ctrl-C, SIGTERM, SIGUSR1: :mod:`fastfair.stopping`) stops training at the next step boundary,
+agreed by every rank under torchrun. Mid-epoch, ``checkpoints/interrupted.pt`` keeps the epoch's state
+there (weights, optimiser, per-class sums so far, every rank's random streams and buffers); ``--resume``
+draws and drops the loader's batches of the saved steps and continues, bit for bit on a CPU.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, data, ops
+from fastfair import build, config, data, ops, stopping
 from fastfair.checks import check_config
 from fastfair.training import averaging, fallback, optim
 from fastfair.scaleout import distributed
@@ -29,7 +34,7 @@ from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.reports import figures, summary, tracking
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, notice, save_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
 from fastfair.training.selection import policy_scores, scored_policies
 
 
@@ -105,10 +110,13 @@ class Trainer:
         self.opt = optim.optimizer(cfg.train, self.model.parameters(), self.dev)
         self.rate = optim.schedule(cfg.train)  # (epoch, part done) -> lr: set before every step, nothing to save
         self.start_epoch = 0
+        self.within: dict | None = None  # an interrupted epoch's saved state, continued by run_epoch
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
         self._said_negative = False  # the note on a loss below 0 (ME's entropy bonus), printed once
         self._prepare_dir(resume)
+        # what is saved: (epochs, steps of the next epoch, that epoch's steps); the line of a stopped run says it
+        self.kept = (self.start_epoch, *((self.within["step"], self.within["steps"]) if self.within else (0, 0)))
         if self.main:  # the run folder keeps the console's lines and the periodic progress lines
             self.progress.attach(self.run.train_log)
         if (cfg.train.optimizer, cfg.train.lr_schedule) != ("sgd", "step"):  # said beside the defaults' usual pair
@@ -139,8 +147,13 @@ class Trainer:
             changed = config.resume_changes(saved, self.cfg)
             if run.last.is_file():
                 self._load(run.load_last())
+            self.within = self._interrupted_epoch()
+            if run.last.is_file() or self.within:
                 self._reschedule(saved, changed)
-                self.log(f"resuming {self.out} after epoch {self.start_epoch} of {self.cfg.train.epochs}")
+                where = (f"in epoch {self.start_epoch + 1} of {self.cfg.train.epochs} after step "
+                         f"{self.within['step']} of {self.within['steps']}" if self.within else
+                         f"after epoch {self.start_epoch} of {self.cfg.train.epochs}")
+                self.log(f"resuming {self.out} {where}")
                 newer = [p for p in scored_policies() if p not in self.best]
                 if newer:  # the checkpoint predates these policies: their best is over the epochs from now on
                     self.log(f"selection polic{'ies' if len(newer) > 1 else 'y'} {', '.join(newer)} came after this "
@@ -158,7 +171,9 @@ class Trainer:
             run.write_config(self.cfg.to_toml())  # first: a run whose config could not be written holds nothing
             run.checkpoints.mkdir(parents=True, exist_ok=True)
             # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
+            # "step": the steps of that epoch an interrupted epoch had saved
             run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
+                                **({"step": self.within["step"]} if self.within else {}),
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 "changed": changed})
 
@@ -183,6 +198,29 @@ class Trainer:
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
             "average": self.averager.state_dict() if self.averager else None,
         }
+
+    def _interrupted_epoch(self) -> dict | None:
+        """``checkpoints/interrupted.pt`` when it continues the epoch after ``last.pt``'s, loaded, with this rank's
+        part of it (``step``, ``steps``, ``model``, ``rng``, ``sums``, ``buffers``); None when there is none. One
+        from before ``last.pt`` (a stop between that epoch's end and the file's removal) is removed; one written
+        by another number of processes cannot give each rank its streams, so its epoch starts again."""
+        path = self.run.interrupted
+        if not path.is_file():
+            return None
+        ck = load_checkpoint(path)
+        if ck["epoch"] != self.start_epoch:
+            if self.main:
+                path.unlink()
+                self.log(f"removed {path}: its epoch {ck['epoch'] + 1} is whole in last.pt")
+            return None
+        world = distributed.current().world
+        if len(ck["ranks"]) != world:
+            self.log(f"{path} was written by {len(ck['ranks'])} processes and this run has {world}: epoch "
+                     f"{self.start_epoch + 1} starts again from its first step")
+            return None
+        self._load(ck)
+        return {"step": ck["step"], "steps": ck["steps"], "model": ck["model"],
+                **ck["ranks"][distributed.current().rank]}
 
     def _load(self, ck: dict) -> None:
         self.model.load_state_dict(ck["model"])
@@ -245,15 +283,30 @@ class Trainer:
         self.model.train()  # once per epoch: attacks restore the mode they found, validation comes after
         steps, batch = len(self.train_loader), build.batch_size(self.cfg, epoch)  # after set_epoch: its phase's
         lr = self.rate(epoch, 1 / steps)  # the first step's, recorded
+        within, self.within = self.within, None
+        done = within["step"] if within else 0  # steps an interrupted epoch had saved
+        vote = distributed.StopVote()
         t0 = time.perf_counter()
         with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps,
                                 images_per_step=batch) as advance:
-            for i, (x, y) in enumerate(self.train_loader):
-                # a function of (epoch, step) alone, so a resumed run continues it exactly
-                for group in self.opt.param_groups:
-                    group["lr"] = self.rate(epoch, (i + 1) / steps)
-                self.train_step(x, y)
-                advance()
+            try:
+                for i, (x, y) in enumerate(self.train_loader):
+                    if i < done:  # a saved step's batch: drawn and dropped, so the loader's stream goes on as it did
+                        advance()
+                        continue
+                    if within and i == done:
+                        self._continue(within)
+                    # a signal at the last boundary (torchrun: agreed by the ranks one step late)
+                    signum = vote.lagged(stopping.requested())
+                    if signum:
+                        self._stop_in_epoch(epoch, i, done, steps, signum, vote)
+                    # a function of (epoch, step) alone, so a resumed run continues it exactly
+                    for group in self.opt.param_groups:
+                        group["lr"] = self.rate(epoch, (i + 1) / steps)
+                    self.train_step(x, y)
+                    advance()
+            finally:
+                vote.close()
         distributed.reduce_class_state(self.state)
         stats = self.state.read()  # the epoch's one host sync
         self._stop_if_diverged(epoch, nonfinite_stats(stats))
@@ -272,7 +325,7 @@ class Trainer:
             "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
                     for k, v in val.items()},
             "vectors": stats["vectors"], "epoch_time_s": seconds,
-            "images_per_s": steps * batch / seconds,
+            "images_per_s": (steps - done) * batch / seconds,
         }
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
@@ -290,6 +343,40 @@ class Trainer:
             self.log("  (the loss is below 0 because the method subtracts a term from it, e.g. the ME entropy "
                      "bonus beta*H(p); that is expected, not a fault)")
         return record
+
+    def _continue(self, within: dict) -> None:
+        """Before the first step after the saved ones: the weights as saved (``begin_epoch`` ran again on them),
+        and this rank's buffers, sums of the epoch so far and random streams as they were after the last saved
+        step."""
+        self.model.load_state_dict(within["model"])
+        for name, buffer in self.model.named_buffers():
+            buffer.copy_(within["buffers"][name])
+        self.state.load_sums(within["sums"])
+        torch.set_rng_state(within["rng"]["cpu"])
+        if self.dev.type == "cuda" and "cuda" in within["rng"]:
+            torch.cuda.set_rng_state(within["rng"]["cuda"], self.dev)
+
+    def _stop_in_epoch(self, epoch: int, step: int, done: int, steps: int, signum: int, vote) -> None:
+        """Stop every rank at this step boundary: save the epoch's state so far to ``interrupted.pt`` (rank 0
+        writes; with every rank's random streams, sums and buffers: torchrun's ranks hold their own BatchNorm
+        statistics between DDP's broadcasts, which an attack in eval mode reads), unless it is the state already
+        saved (``done`` steps)."""
+        vote.close()
+        buffers = {name: b.detach().cpu().clone() for name, b in self.model.named_buffers()}
+        parts = distributed.gather_host({"rng": _rng_state(self.dev), "sums": self.state.sums_state(),
+                                         "buffers": buffers})
+        if self.main and step > done:
+            save_atomic({**self._state(epoch), "epoch": epoch, "step": step, "steps": steps, "ranks": parts},
+                        self.run.interrupted)
+        self.kept = (epoch, step, steps)
+        distributed.barrier()  # no rank ends before rank 0 has saved: torchrun stops the others when one ends
+        raise stopping.Stopped(signum)
+
+    def _stop_if_signalled(self) -> None:
+        """At an epoch boundary, where everything trained is saved: stop when a rank received a stop signal."""
+        signum = distributed.StopVote().now(stopping.requested())
+        if signum:
+            raise stopping.Stopped(signum)
 
     def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
         if nonfinite:
@@ -326,16 +413,25 @@ class Trainer:
     def _checkpoint(self, epoch: int, summary: dict) -> None:
         self._keep_best(self.model, epoch, summary)
         save_atomic(self._state(epoch), self.run.last)
+        self.run.interrupted.unlink(missing_ok=True)  # the epoch it held part of is whole in last.pt now
 
     def fit(self) -> Path:
-        if self.start_epoch == 0 and self.method.needs_initial_validation:
+        if self.start_epoch == 0 and not self.within and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        with build.fastest_convolutions(self.dev):
+        with build.fastest_convolutions(self.dev), stopping.deferred():
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
+                self._stop_if_signalled()
                 self.run_epoch(epoch)
+                self.kept = (epoch + 1, 0, 0)
+            self._stop_if_signalled()
         self.tracker.close()
         distributed.barrier()  # the final evaluation on every rank reads rank 0's checkpoints
         return self.out
+
+
+def _rng_state(dev: torch.device) -> dict:
+    """The global random streams a step draws from (attack starts, dropout): the CPU's, and the GPU's on CUDA."""
+    return {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(dev)} if dev.type == "cuda" else {})}
 
 
 def _tracker(cfg: Config, out: Path) -> tracking.Tracker:

@@ -1,0 +1,483 @@
+"""Stop signals (issue 40): SIGTERM and SIGUSR1 end every command as Ctrl-C does (one line saying what was kept,
+the lock released, exit code 128 + the signal), training stops at a step boundary and saves there, and
+``--resume`` continues to the weights of an uninterrupted run, in one process and under torchrun; grid and
+reproduce stop their children, say what each kept and resume them; a submitit array task requeues itself.
+
+The subprocess tests signal a real ``fastfair`` process at a point the test controls: ``tests/hold`` holds the
+N-th call of a function until a signal arrives (:func:`held`), and the test signals once the holder's marker
+file is there.
+"""
+import importlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastfair import cli, stopping
+from fastfair.errors import UserError
+from fastfair.rundir import RunDir
+from fastfair.scaleout.grid import run_grid
+from fastfair.scaleout.jobs import read_state
+
+from test_grid import _alive
+
+ROOT = Path(__file__).parents[1]
+HOLD = Path(__file__).parent / "hold"
+STEP = "fastfair.training.trainer:Trainer.train_step"
+# digits, a 4-channel tiny CNN, ME-TRADES (its random start draws from the global stream the resume restores),
+# one attack step, two epochs of 20 steps, the final evaluation clean only
+TRAIN = ["train", "--config", "demo", "--epochs", "2", "--device", "cpu", "--quiet", "--set", "model.width=4",
+         "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+
+
+def held(tmp_path: Path, target: str, n: int, name: str = "held") -> tuple[dict, Path]:
+    """(the environment of a process whose ``n``-th call of ``target`` (module:function) waits for a stop signal,
+    the folder where each such process writes its pid as it starts waiting). One thread: equal sums every run."""
+    markers = tmp_path / name
+    markers.mkdir()
+    return {**os.environ, "PYTHONPATH": f"{HOLD}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
+            "FASTFAIR_TEST_HOLD": f"{target}:{n}:{markers}"}, markers
+
+
+def wait_held(markers: Path, starter: subprocess.Popen | threading.Thread, count: int = 1,
+              timeout: float = 300) -> list[int]:
+    """The pids of the ``count`` processes held, once all are waiting; ``starter`` (the process or thread that
+    starts them) must not end meanwhile."""
+    deadline = time.time() + timeout
+    while len(pids := [int(p.name) for p in markers.iterdir() if p.name.isdigit()]) < count:
+        if isinstance(starter, threading.Thread):
+            assert starter.is_alive(), "the thread starting them ended"
+        else:
+            assert starter.poll() is None, starter.communicate()
+        assert time.time() < deadline, f"no process held within {timeout} s"
+        time.sleep(0.02)
+    return pids
+
+
+def release(markers: Path) -> None:
+    """From now on no process holds (a rerun goes through)."""
+    (markers / "released").write_text("")
+
+
+def _as_from_a_shell():
+    """The child gets the stop signals as a shell's job does: neither ignored nor blocked, whatever the test
+    worker inherited."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(stopping.SIGNALS))
+    for sig in stopping.SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start(args: list, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(args, env=env, cwd=kwargs.pop("cwd", ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_as_from_a_shell, **kwargs)
+
+
+def ended(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"no end within {timeout} s after the signal: {proc.communicate()[1][-2000:]}")
+    return proc.returncode, out, err
+
+
+def lines(err: str) -> list[str]:
+    """stderr's lines but the config warnings every tiny run prints (epochs shorter than the preset's schedule)."""
+    return [line for line in err.strip().splitlines() if not line.startswith("fastfair: warning:")]
+
+
+def released_lock(run: Path) -> bool:
+    lock = RunDir(run).lock_file
+    return RunDir(run).locked_by() == "" and (not lock.exists() or lock.read_text() == "")
+
+
+def fastfair(*args, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastfair", *map(str, args)], capture_output=True, text=True,
+                          env=env or {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=cwd,
+                          timeout=600)
+
+
+def weights(run: Path) -> dict:
+    return torch.load(RunDir(run).last, weights_only=True)["model"]
+
+
+def metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without its timings."""
+    return [{k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")}
+            for m in RunDir(run).read_metrics()]
+
+
+# ---- the handler, in this process ------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_handlers():
+    """The stop signals' dispositions of a fresh Python process, restored after the test."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                signal.SIGUSR1: signal.SIG_DFL}
+    previous = {s: signal.signal(s, d) for s, d in defaults.items()}
+    yield
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def _send(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(0.01)  # Python runs the handler at the next bytecode; give the kernel the moment it needs
+
+
+@pytest.mark.fault
+def test_a_signal_outside_a_block_stops_at_once_and_is_named(fresh_handlers):
+    for sig, code, by in ((signal.SIGTERM, 143, " by SIGTERM"), (signal.SIGUSR1, 138, " by SIGUSR1"),
+                          (signal.SIGINT, 130, "")):
+        with pytest.raises(stopping.Stopped) as stop, stopping.handled():
+            _send(sig)
+        assert stop.value.signum == sig and stopping.exit_code(sig) == code and stopping.said_by(sig) == by
+        assert isinstance(stop.value, KeyboardInterrupt)  # so every Ctrl-C cleanup runs for it too
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as found
+    assert stopping.requested() == 0  # and nothing carries over to the next command in the process
+
+
+@pytest.mark.fault
+def test_a_held_block_runs_whole_and_a_deferred_one_records_until_its_boundary(fresh_handlers):
+    done = []
+    with pytest.raises(stopping.Stopped) as stop:
+        with stopping.held():
+            _send(signal.SIGTERM)
+            _send(signal.SIGINT)  # not even a second signal, nor Ctrl-C, cuts an atomic write
+            done.append(True)
+    assert done and stop.value.signum == signal.SIGTERM  # raised as the block ended, with the first signal
+    with stopping.handled():
+        with pytest.raises(stopping.Stopped) as stop:
+            with stopping.deferred():
+                _send(signal.SIGUSR1)
+                _send(signal.SIGTERM)  # a cluster's second signal (a grid's SIGTERM after SLURM's USR1) waits too
+                assert stopping.requested() == signal.SIGUSR1  # what a step boundary reads
+                done.append(True)
+        assert len(done) == 2 and stop.value.signum == signal.SIGUSR1
+    with stopping.handled(), pytest.raises(stopping.Stopped), stopping.deferred():
+        _send(signal.SIGINT)
+        with pytest.raises(stopping.Stopped):
+            _send(signal.SIGINT)  # a person pressing Ctrl-C twice means now
+
+
+def test_a_callers_own_handler_and_an_ignored_signal_are_left_alone(fresh_handlers):
+    seen = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    with stopping.handled():
+        _send(signal.SIGTERM)
+        _send(signal.SIGUSR1)
+        assert stopping.requested() == 0
+    assert seen == [signal.SIGTERM]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("argv, module, function, says", [
+    (["eval", "m.pt"], "fastfair.evaluation.per_class", "evaluate_checkpoint", "this evaluation wrote no result"),
+    (["diagnose", "m.pt"], "fastfair.evaluation.diagnose", "diagnose_checkpoint", "no diagnostics were written"),
+    (["grid", "g.toml"], "fastfair.scaleout.grid", "run_grid", "the grid's runs stopped with it"),
+    (["reproduce", "cfa-t1"], "fastfair.reproduce.command", "reproduce", "the table's runs stopped with it"),
+    (["report", "r"], "fastfair.reports.report", "write_report", ""),  # a command that keeps nothing
+])
+def test_a_signal_in_any_command_is_one_line_and_128_plus_its_number(argv, module, function, says, sig, monkeypatch,
+                                                                      capsys):
+    def signalled(*args, **kwargs):
+        raise stopping.Stopped(sig)
+    monkeypatch.setattr(importlib.import_module(module), function, signalled)
+    assert cli.main(argv) == 128 + sig
+    err = capsys.readouterr().err.strip().splitlines()
+    name = signal.Signals(sig).name
+    assert len(err) == 1 and err[0].startswith(f"fastfair: interrupted by {name}") and says in err[0], err
+
+
+# ---- train: one process -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The run the stopped ones are compared with, trained in one go."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    r = fastfair(*TRAIN, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    env, markers = held(tmp_path, STEP, 5)
+    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGTERM)  # while step 5 is about to run: it runs, and training stops after it
+    code, _, err = ended(proc)
+    said = (f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (5 of 20 steps saved); continue with: fastfair train "
+            f"--out {out} --resume")
+    assert code == 143 and lines(err) == [said], err
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said  # the run's log says how it ended
+    assert released_lock(out) and not list(out.rglob("*.tmp"))
+    saved = torch.load(RunDir(out).interrupted, weights_only=True)
+    assert (saved["epoch"], saved["step"], saved["steps"]) == (0, 5, 20) and not RunDir(out).last.exists()
+
+    release(markers)
+    r = fastfair(*TRAIN, "--out", out, "--resume", env=env)
+    assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
+    assert f"resuming {out} in epoch 1 of 2 after step 5 of 20" in RunDir(out).train_log.read_text()
+    assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()] == [
+        ("start", 1, None), ("resume", 1, 5)]
+    assert not RunDir(out).interrupted.exists()  # its epoch is whole in last.pt now
+    expected = weights(uninterrupted)
+    got = weights(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out) == metrics(uninterrupted)  # the interrupted epoch's loss and counts too
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
+    """SLURM's early warning: exit 138; a signal that lands after an epoch's last step stops before the next, and
+    --resume starts that one."""
+    out = tmp_path / "run"
+    env, markers = held(tmp_path, STEP, 20)  # the first epoch's last step
+    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGUSR1)
+    code, _, err = ended(proc)
+    assert code == 138 and lines(err) == [f"fastfair: interrupted by SIGUSR1 in epoch 2 of 2 (1 saved); continue "
+                                          f"with: fastfair train --out {out} --resume"], err
+    assert released_lock(out) and [m["epoch"] for m in RunDir(out).read_metrics()] == [1]
+    assert not RunDir(out).interrupted.exists()  # the epoch boundary: last.pt is the state
+    # an interrupted.pt older than last.pt (a kill between an epoch's checkpoint and the file's removal) goes
+    stale = {**torch.load(RunDir(out).last, weights_only=True), "epoch": 0, "step": 3, "steps": 20, "ranks": [{}]}
+    torch.save(stale, RunDir(out).interrupted)
+    release(markers)
+    r = fastfair(*TRAIN, "--out", out, "--resume", env=env)
+    assert r.returncode == 0 and not RunDir(out).interrupted.exists(), r.stderr
+    assert f"removed {RunDir(out).interrupted}: its epoch 1 is whole in last.pt" in RunDir(out).train_log.read_text()
+    assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()][-1] == ("resume", 2, None)
+
+
+# ---- train: two ranks under torchrun -----------------------------------------------------------------
+
+def torchrun(out: Path, *more: str) -> list[str]:
+    """A 2-rank gloo run of TRAIN's first epoch under torchrun, on a port free now (two checkouts testing at once
+    on one machine must not meet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+            "-m", "fastfair", *TRAIN, "--epochs", "1", "--out", str(out), *more]
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_uninterrupted_weights(tmp_path):
+    env, markers = held(tmp_path, STEP, 5)
+    plain = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    one_go = subprocess.run(torchrun(tmp_path / "one-go"), env=plain, cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert one_go.returncode == 0, one_go.stderr[-3000:]
+
+    out = tmp_path / "run"
+    proc = start(torchrun(out), env)
+    wait_held(markers, proc, count=2)  # both ranks wait before their fifth step
+    proc.send_signal(signal.SIGTERM)  # to torchrun, as SLURM, docker stop or kill would: it passes it on to the ranks
+    _, _, err = ended(proc)
+    # each rank runs step 5, sees its signal at the boundary after it, and the ranks agree one step later
+    said = (f"fastfair: interrupted by SIGTERM in epoch 1 of 1 (6 of 20 steps saved); continue with: fastfair train "
+            f"--out {out} --resume")
+    assert err.count("fastfair: interrupted") == 1 and said in err.splitlines(), err[-3000:]  # rank 0 says it
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said and released_lock(out)
+    saved = torch.load(RunDir(out).interrupted, weights_only=True)
+    assert saved["step"] == 6 and len(saved["ranks"]) == 2  # every rank's random streams and sums
+
+    release(markers)
+    resumed = subprocess.run(torchrun(out, "--resume"), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "taking over" not in resumed.stderr, resumed.stderr[-3000:]
+    expected = weights(tmp_path / "one-go")
+    got = weights(out)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out) == metrics(tmp_path / "one-go")
+
+
+# ---- eval, diagnose, grid, reproduce -----------------------------------------------------------------
+
+@pytest.mark.fault
+@pytest.mark.slow
+@pytest.mark.parametrize("command, target, says, wrote", [
+    (["eval", "--attacks", "clean,fgsm", "--quiet"], "fastfair.evaluation.per_class:evaluate",
+     "this evaluation wrote no result", "eval/best_pgd-test.json"),
+    (["diagnose", "--attack", "fgsm", "--tsne", "0", "--quiet"], "fastfair.evaluation.diagnose:collect",
+     "no diagnostics were written", "diagnostics/best_pgd-test-fgsm.json"),
+])
+def test_sigterm_in_eval_and_diagnose_is_one_line_and_the_rerun_writes(command, target, says, wrote, tmp_path,
+                                                                        uninterrupted):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    (run / wrote).unlink(missing_ok=True)  # the final evaluation's own result: the rerun writes it anew
+    env, markers = held(tmp_path, target, 1)
+    proc = start([sys.executable, "-m", "fastfair", command[0], str(run), *command[1:]], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGTERM)
+    code, _, err = ended(proc)
+    assert code == 143 and len(lines(err)) == 1, err
+    assert lines(err)[0].startswith(f"fastfair: interrupted by SIGTERM; {says}") and "run the same command" in err
+    assert not (run / wrote).exists() and released_lock(run) and not list(run.rglob("*.tmp"))
+    release(markers)
+    r = fastfair(command[0], run, *command[1:], env=env)
+    assert r.returncode == 0 and (run / wrote).is_file(), r.stderr
+
+
+GRID = """
+base = "demo"
+[set]
+"model.width" = 4
+"train.epochs" = 2
+"train.device" = "cpu"
+"attack.steps" = 1
+"train.val_attack" = "fgsm"
+"eval.attacks" = ["clean", "fgsm"]
+[[axes]]
+key = "train.seed"
+values = [0, 1]
+labels = ["a", "b"]
+"""
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_a_stopped_grid_child_and_a_stopped_grid_keep_their_steps_and_the_rerun_resumes_both(tmp_path):
+    (tmp_path / "g.toml").write_text(GRID)
+    out = tmp_path / "out"
+    env, markers = held(tmp_path, STEP, 3)
+    grid = ["grid", str(tmp_path / "g.toml"), "--out", str(out), "--gpus", "cpu"]
+    proc = start([sys.executable, "-m", "fastfair", *grid], env)
+    (a,) = wait_held(markers, proc)
+    os.kill(a, signal.SIGTERM)  # a grid child signalled itself (SLURM signals every process of a job)
+    b = next(pid for pid in wait_held(markers, proc, count=2) if pid != a)  # the grid went on to the next run
+    kept = "in epoch 1 of 2 (3 of 20 steps saved)"
+    assert read_state(out / "a")["status"] == "interrupted" and read_state(out / "a")["error"].startswith(
+        f"fastfair: interrupted by SIGTERM {kept}; continue with: fastfair train --out {out / 'a'} --resume")
+    proc.send_signal(signal.SIGTERM)  # now the grid: it passes SIGTERM on to its running child, b
+    code, _, err = ended(proc)
+    assert code == 143 and lines(err)[-1] == (
+        f"fastfair: interrupted by SIGTERM; runs: 2 stopped (a {kept}; b {kept}); run the same command again to go "
+        "on (done runs are skipped, the others resume)"), err
+    assert not _alive(b) and all(released_lock(path) for path in (out, out / "a", out / "b"))
+    said = RunDir(out / "b").train_log.read_text().splitlines()[-1]  # the child's own line, in its log
+    assert said.startswith(f"fastfair: interrupted by SIGTERM {kept}")
+
+    release(markers)
+    r = fastfair(*grid, env=env)
+    assert r.returncode == 0 and "2 of 2 runs finished" in r.stdout, r.stdout + r.stderr
+    for run in ("a", "b"):
+        assert [(h["event"], h.get("step")) for h in RunDir(out / run).read_history()] == [("start", None),
+                                                                                        ("resume", 3)]
+        assert read_state(out / run)["attempt"] == 2 and read_state(out / run)["status"] == "done"
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigterm_to_reproduce_stops_its_run_at_a_step_and_the_rerun_resumes_it(tmp_path):
+    npz = tmp_path / "cifar10-part.npz"  # ten classes of random images, 20 training and 5 test images each
+    rng = np.random.default_rng(0)
+    np.savez(npz, x_train=rng.integers(0, 256, (200, 3, 32, 32), dtype=np.uint8), y_train=np.arange(200) % 10,
+             x_test=rng.integers(0, 256, (50, 3, 32, 32), dtype=np.uint8), y_test=np.arange(50) % 10)
+    out = tmp_path / "out"
+    table = ["reproduce", "dafa-t1", "--scale", "subset", "--data-dir", str(npz), "--gpus", "cpu", "--out", str(out),
+             "--set", "train.epochs=2", "--set", "data.batch_size=16"]  # epochs of several steps
+    env, markers = held(tmp_path, STEP, 2)
+    proc = start([sys.executable, "-m", "fastfair", *table], env)
+    (pid,) = wait_held(markers, proc)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = ended(proc)
+    stopped = re.fullmatch(r"fastfair: interrupted by SIGTERM; runs: 1 stopped \((\S+) in epoch 1 of 2 \(2 of \d+ "
+                           r"steps saved\)\), 2 not started; run the same command again to go on \(done runs are "
+                           r"skipped, the others resume\)", lines(err)[-1])
+    assert code == 143 and stopped, err
+    run = out / "runs" / stopped.group(1)
+    assert read_state(run)["status"] == "interrupted" and released_lock(out) and released_lock(run)
+
+    release(markers)  # the rerun: its first run resumes after step 2; stopped once more as it gets there
+    env, markers = held(tmp_path, STEP, 1, name="again")
+    proc = start([sys.executable, "-m", "fastfair", *table], env)
+    wait_held(markers, proc)
+    assert RunDir(run).read_history()[-1]["step"] == 2 and read_state(run)["attempt"] == 2
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = ended(proc)
+    assert code == 143 and "(3 of" in lines(err)[-1], err
+
+
+# ---- a submitit array task pre-empted on SLURM (submitit's local executor) ---------------------------
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                                   uninterrupted):
+    """SLURM signals every process of a job (submitit asks for USR2 before the time limit, and on pre-emption): the
+    task requeues itself, its run saved at a step boundary first, and the requeued task resumes it. Simulated on
+    submitit's local executor, whose requeue restarts the task: the test sends USR2 to the task and its run as
+    SLURM would, at a step it chose (the executor's own timer would pick the moment by the clock)."""
+    pytest.importorskip("submitit")
+    (tmp_path / "g.toml").write_text('base = "demo"\n[set]\n"model.width" = 4\n"train.epochs" = 2\n"train.device" = '
+                                     '"cpu"\n"attack.steps" = 1\n"train.val_attack" = "fgsm"\n"eval.attacks" = '
+                                     '["clean", "fgsm"]\n[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n'
+                                     '[launcher.submitit]\ncluster = "local"\n')
+    env, markers = held(tmp_path, STEP, 5)
+    for key in ("PYTHONPATH", "OMP_NUM_THREADS", "FASTFAIR_TEST_HOLD"):  # the task's and its run's environment
+        monkeypatch.setenv(key, env[key])
+    out, said, ended_with = tmp_path / "out", [], []
+    grid = threading.Thread(target=lambda: ended_with.append(run_grid(
+        str(tmp_path / "g.toml"), out=str(out), gpus="cpu", launcher="submitit", echo=said.append)))
+    grid.start()
+    (run,) = wait_held(markers, grid)  # the run, held before its fifth step
+    task = _parent(run)
+    os.kill(run, signal.SIGUSR2)  # the run ignores submitit's signal: its task stops it
+    os.kill(task, signal.SIGUSR2)
+    release(markers)
+    grid.join(600)
+    assert ended_with == [0], said
+    state = read_state(out / "a")
+    assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]
+    assert [(h["event"], h.get("step")) for h in RunDir(out / "a").read_history()] == [("start", None), ("resume", 5)]
+    log = "".join(path.read_text() for path in (out / ".submitit").glob("*_log.out"))
+    assert "Calling checkpoint method" in log and "Requeued job" in log  # submitit requeued the task itself
+    expected = weights(uninterrupted)
+    got = weights(out / "a")
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
+    assert metrics(out / "a") == metrics(uninterrupted)
+
+
+@pytest.mark.fault
+def test_reproduce_submits_through_the_launcher_it_is_given(tmp_path, monkeypatch):
+    """--launcher submitit: a table's runs go through the grid's submitit launcher, whose tasks requeue themselves
+    (above); an unknown launcher stops before any work."""
+    from fastfair.reproduce import command
+
+    npz = tmp_path / "cifar10-part.npz"
+    np.savez(npz, x_train=np.zeros((200, 3, 32, 32), np.uint8), y_train=np.arange(200) % 10,
+             x_test=np.zeros((50, 3, 32, 32), np.uint8), y_test=np.arange(50) % 10)
+    launched = []
+    monkeypatch.setattr(command.LAUNCHERS, "get", lambda name: lambda jobs, **kw: launched.append(
+        (name, [job.name for job in jobs], kw["folder"])))
+    args = dict(scale="subset", data_dir=str(npz), out=str(tmp_path / "out"), gpus="cpu", echo=lambda line: None)
+    assert command.reproduce("dafa-t1", launcher="submitit", **args) == 1  # nothing ran: no run is done
+    (name, jobs, folder), *_ = launched
+    assert name == "submitit" and len(jobs) == 3 and folder == tmp_path / "out" / ".submitit"
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="ray"):
+        command.reproduce("dafa-t1", launcher="ray", **args)
