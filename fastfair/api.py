@@ -274,6 +274,7 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
             note_in_log(RunDir(out).train_log, f"fastfair: {said}")
         raise Interrupted(said if main else "", signum) from None
     finally:
+        trainer = None  # it holds the DDP wrapper, and that the process group: let shutdown free both
         distributed.shutdown()
 
 
