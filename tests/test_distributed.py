@@ -24,6 +24,14 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def _torchrun() -> list[str]:
+    # a port free now, not a fixed one: two checkouts testing at once on one machine must not meet
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+
+
 def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -33,13 +41,8 @@ def _metrics(run):
 def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, "-m", "fastfair", *ARGS, "--out", str(one)], check=True, env=_env(), cwd=ROOT)
-    # a port free now, not a fixed one: two checkouts testing at once on one machine must not meet
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
-    proc = subprocess.run([*torchrun, str(ROOT / "tests" / "torchrun_rank.py"), *ARGS, "--out", str(two)], env=_env(),
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([*_torchrun(), str(ROOT / "tests" / "torchrun_rank.py"), *ARGS, "--out", str(two)],
+                          env=_env(), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # no process-group thread outlives fastfair: one left at interpreter exit is what aborted rank 1 under load
     # ("terminate called without an active exception"; fastfair/scaleout/distributed.py, init)
@@ -60,3 +63,16 @@ def test_two_processes_match_one_process(tmp_path):
     for attack in ("clean", "fgsm"):
         assert e1[attack]["confusion"] == e2[attack]["confusion"]
         assert sum(map(sum, e2[attack]["confusion"])) == 360  # the whole digits test split, once
+
+
+@pytest.mark.slow
+def test_a_loss_with_two_forwards_through_batchnorm_trains_under_torchrun(tmp_path):
+    """TRADES' loss runs the model twice (clean, adversarial). With DDP broadcasting rank 0's BatchNorm statistics
+    into every rank's at each forward, the second broadcast changed what the first forward saved for its backward,
+    and torch 2.11 stopped the run ("modified by an inplace operation"; .ci/run runs this file on 2.11 too)."""
+    args = ["train", "--config", "demo", "--epochs", "1", "--device", "cpu", "--quiet", "--set", "model.width=4",
+            "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+    proc = subprocess.run([*_torchrun(), "-m", "fastfair", *args, "--out", str(tmp_path / "run")], env=_env(),
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(_metrics(tmp_path / "run")) == 1

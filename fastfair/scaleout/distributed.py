@@ -144,7 +144,11 @@ def prepare_model(model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
             raise UserError("train.sync_bn needs CUDA (SyncBatchNorm has no CPU kernel); set train.sync_bn=false")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [_ctx.local_rank] if next(model.parameters()).device.type == "cuda" else None
-    return model, nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    # broadcast_buffers off: DDP would copy rank 0's BatchNorm statistics into every rank's at each forward, in place,
+    # and a loss with two forwards (TRADES: clean and adversarial) then changes the statistics the first forward saved
+    # for its backward; torch 2.11's batch norm checks them ("modified by an inplace operation"). The trainer gives
+    # every rank rank 0's statistics once a step instead, before the attack (sync_buffers).
+    return model, nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -163,10 +167,18 @@ def reduce_class_state(state) -> None:
 
 
 def sync_buffers(model: nn.Module) -> None:
-    """Give every rank rank 0's BatchNorm running statistics (evaluation uses them)."""
-    if _ctx.enabled:
-        for b in model.buffers():
-            dist.broadcast(b, 0)
+    """Give every rank rank 0's BatchNorm running statistics: before each step (an attack in eval mode and the loss
+    read them) and before validation. One broadcast per dtype, of the buffers flattened."""
+    if not _ctx.enabled:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for b in model.buffers():
+        by_dtype.setdefault(b.dtype, []).append(b)
+    for buffers in by_dtype.values():
+        flat = torch.cat([b.detach().reshape(-1) for b in buffers])
+        dist.broadcast(flat, 0)
+        torch._foreach_copy_([b.detach() for b in buffers],
+                             [v.view_as(b) for v, b in zip(flat.split([b.numel() for b in buffers]), buffers)])
 
 
 class StopVote:

@@ -241,6 +241,7 @@ class Trainer:
         self._step(x, y)
 
     def _one_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        distributed.sync_buffers(self.model)  # torchrun: every rank attacks and trains from rank 0's BN statistics
         with self._autocast():
             x_adv = self.method.perturb(self.attack_net, x, y, self.state)
             loss, logits = self.loss_fn(self.train_model, x, x_adv, y, self.state)
