@@ -86,11 +86,16 @@ def test_eval_smoke(tmp_path):
     record, md = results(tmp_path, "eval")
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
         [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64),
-         ("aa (random weights)", "fp32", 8), ("aa (ceiling)", "fp32", 8)]
+         ("aa (random weights)", "fp32", 8), ("aa (ceiling)", "fp32", 8),
+         ("aa (robust model, 50% robust: PREDICTED from the two rows above)", "fp32", 10_000)]
     assert "| tiny-cnn | pgd20 | fp32 |" in md
     aa = {r["attack"]: r for r in record["rows"] if r["attack"].startswith("aa")}
     assert all(r["aa_backend"].startswith("pyautoattack") for r in aa.values())
     assert aa["aa (ceiling)"]["aa_robust"] == 100.0  # at eps 1e-6 nothing breaks: every sub-attack ran on every image
+    # the prediction lies between the two bounds scaled to 10k images: all broken by APGD-CE, none broken
+    low, high = (10_000 * aa[k]["seconds"] / aa[k]["images"] for k in ("aa (random weights)", "aa (ceiling)"))
+    predicted = aa["aa (robust model, 50% robust: PREDICTED from the two rows above)"]["seconds"]
+    assert min(low, high) <= predicted <= max(low, high) and "PREDICTED" in md
 
 
 def test_bf16_check_smoke(tmp_path):

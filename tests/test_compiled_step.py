@@ -201,29 +201,31 @@ def test_cpp_wrapper_step_is_one_graph_per_region_and_equals_the_python_wrapper_
     backward, the model alone (validation's) -- each region is one graph, and two whole steps leave bit for bit the
     weights, BN statistics, momentum and counters of the Python wrapper's steps, and the same validation logits:
     the wrapper calls the same kernels in the same order. About 2 x 40 s on a shared 2-core CPU, most of it g++."""
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cached graph is not lowered again
     lowered = []
     codegen = GraphLowering.codegen_with_cpp_wrapper
     monkeypatch.setattr(GraphLowering, "codegen_with_cpp_wrapper",
                         lambda self, *a, **k: lowered.append(self) or codegen(self, *a, **k))
     runs = {}
-    for wrapper in ("off", "on"):  # the same seed: the same initial weights and batches
-        torch._dynamo.reset()
-        counters.clear()
-        t = trainer(tmp_path, "pgd-at", "on", "train.amp=off", "attack.steps=2", "data.batch_size=16",
-                    f"train.cpp_wrapper={wrapper}", name=f"-cpp-{wrapper}")
-        batches = [b for _, b in zip(range(2), t.train_loader)]
-        t.model.train()
-        torch.manual_seed(2)
-        for x, y in batches:
-            t.train_step(x, y)
-        t.model.eval()
-        with torch.no_grad():
-            logits = t.net(batches[0][0])
-        assert counters["graph_break"] == {}, dict(counters["graph_break"])
-        # the attack's descent, the loss (its forward and backward are one Dynamo graph), the model
-        assert counters["stats"]["unique_graphs"] == 3
-        runs[wrapper] = t, logits, len(lowered)
+    # config.patch, not monkeypatch.setattr: pytest 9.2 undoes a patch of an attribute missing from the module's
+    # __dict__ with delattr, and a torch config module answers delattr by hiding the setting from every later compile
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph is not lowered again
+        for wrapper in ("off", "on"):  # the same seed: the same initial weights and batches
+            torch._dynamo.reset()
+            counters.clear()
+            t = trainer(tmp_path, "pgd-at", "on", "train.amp=off", "attack.steps=2", "data.batch_size=16",
+                        f"train.cpp_wrapper={wrapper}", name=f"-cpp-{wrapper}")
+            batches = [b for _, b in zip(range(2), t.train_loader)]
+            t.model.train()
+            torch.manual_seed(2)
+            for x, y in batches:
+                t.train_step(x, y)
+            t.model.eval()
+            with torch.no_grad():
+                logits = t.net(batches[0][0])
+            assert counters["graph_break"] == {}, dict(counters["graph_break"])
+            # the attack's descent, the loss (its forward and backward are one Dynamo graph), the model
+            assert counters["stats"]["unique_graphs"] == 3
+            runs[wrapper] = t, logits, len(lowered)
     (python, logits_py, before), (cpp, logits_cpp, after) = runs["off"], runs["on"]
     assert before == 0 and after == 4  # C++ wrappers: the attack, the loss's forward and backward, the model
     for (k, a), b in zip(python.model.state_dict().items(), cpp.model.state_dict().values()):
