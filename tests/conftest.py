@@ -13,6 +13,8 @@
    the presets under test are the ones beside the tests.
 4. After the run, one line counts the tests skipped for want of the real data subsets and says
    where they go (``helpers.real_data``).
+5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
+   ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
 """
 import importlib.abc
 import importlib.util
@@ -20,7 +22,10 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+import fast_loop
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -55,6 +60,26 @@ class _PresetsFinder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _PresetsFinder())  # first: before the editable install's own finder
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-times", metavar="FILE", help="append each test's CPU seconds to FILE (JSON lines; "
+                     "python tests/fast_loop.py FILE --budget N makes tests/slow.txt from them)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cpu-times"):
+        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times")), "fastfair-cpu-times")
+
+
+COLLECTED = pytest.StashKey[list]()  # every item collected, before -m or -k leaves any out (test_fast_loop)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config, items):
+    """5. The listed tests are slow."""
+    fast_loop.mark_slow(items, fast_loop.read_slow(), pytest.mark.slow)
+    config.stash[COLLECTED] = list(items)
 
 
 def pytest_terminal_summary(terminalreporter):
