@@ -453,6 +453,8 @@ def reproduce(
 def zoo(
     run: Annotated[bool, typer.Option("--run", help="evaluate the models (--models, --top, or every model whose "
                                                     "weights are in --model-dir) and write the leaderboard")] = False,
+    fetch: Annotated[bool, typer.Option("--fetch", help="only download the weights of --models or --top N that are "
+                                                        "not in --model-dir (--run fetches them too)")] = False,
     models: Annotated[Text, typer.Option(metavar="A,B", help="comma-separated RobustBench names")] = None,
     top: Annotated[Optional[int], typer.Option(metavar="N", help="the N best by reported AutoAttack accuracy")]
     = None,
@@ -474,12 +476,20 @@ def zoo(
     from fastfair.evaluation.per_class import check_attack_names, check_per_class
     from fastfair.reports import zoo as zoo_
 
+    if fetch and run:
+        raise UserError("--fetch and --run: --run fetches the weights it needs itself; pass one")
     if not run:
-        given = [f for f, v in {"--models": models, "--top": top, "--per-class": per_class, "--out": out}.items()
-                 if v is not None]
+        choosing = {} if fetch else {"--models": models, "--top": top}  # --fetch downloads the chosen models
+        given = [f for f, v in {**choosing, "--per-class": per_class, "--out": out}.items() if v is not None]
         if given:
-            raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models")
-        zoo_.listing(dataset, threat, model_dir)
+            raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models"
+                            + ("" if fetch else " (--models and --top also with --fetch)"))
+        if not fetch:
+            zoo_.listing(dataset, threat, model_dir)
+            return 0
+        if not (models or top):
+            raise UserError("--fetch: name the models, --models A,B or --top N")
+        zoo_.fetch(zoo_.choose(models, top, dataset, threat, model_dir), dataset, threat, model_dir)
         return 0
     check_attack_names([a.strip() for a in attacks.split(",") if a.strip()])
     check_per_class(per_class, "test")

@@ -197,8 +197,7 @@ def _robustbench_missing(name: str, model_dir: str | None) -> str:
         return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
     path = rb.model_file(name, model_dir=model_dir)
     if not path.is_file():
-        return (f"no weights for RobustBench's {name} at {path} (fastfair does not download: fetch them with "
-                f"robustbench.utils.load_model('{name}', model_dir='{path.parents[2]}'), or pass --model-dir)")
+        return f"no weights for RobustBench's {name} at {path}: {rb.place(name, 'cifar10', rb.THREAT, model_dir)}"
     return ""
 
 
