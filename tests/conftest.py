@@ -15,6 +15,10 @@
    where they go (``helpers.real_data``).
 5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
    ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
+6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
+   cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
+   kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
+   1,063 s and 193 CPU s with torch's default of one thread per core, 199 s and 22 CPU s with one.
 """
 import importlib.abc
 import importlib.util
@@ -29,6 +33,11 @@ import fast_loop
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:  # 6.
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 _KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
