@@ -529,6 +529,26 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
     return data.load(name, data_dir)
 
 
+@data_app.command("subset", help="the real-data subset the tests and benchmarks read (cifar10-subset.npz, "
+                                 "mnist-subset.npz), made from the official data set files: the same images in the "
+                                 "same order for anyone who has them")
+def subset_data(
+    dataset: Annotated[str, typer.Argument(metavar="cifar10|mnist")],
+    data_dir: Annotated[Text, typer.Option(help="torchvision's folder of the official files (cifar-10-batches-py/, "
+                                                "MNIST/raw/), as --data-dir of training; downloaded there when "
+                                                "missing and possible")] = None,
+    out: Annotated[Text, typer.Option(metavar="FILE.npz", help="the .npz to write (default DATASET-subset.npz here; "
+                                                            "the tests read ../shared/data or "
+                                                            "$FASTFAIR_SHARED_DATA)")] = None,
+) -> None:
+    from fastfair.data.shared_subsets import SUBSETS, write
+
+    path = Path(out or f"{dataset}-subset.npz")
+    shapes = write(dataset, data_dir, path)
+    print(f"written: {path} ({SUBSETS.doc(dataset)}; " + ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
+          + ")")
+
+
 @data_app.command("background", help="MNIST with a background colour per class (Tian et al. KDD 2021, Sec. 6.2, "
                                      "Fig. 5) as an .npz, the data set mnist-background that the preset "
                                      "tian-kdd-fig5-madry-mnist-background trains on; the colours and seed are "

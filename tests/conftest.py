@@ -99,5 +99,7 @@ def pytest_terminal_summary(terminalreporter):
                if isinstance(r.longrepr, tuple) and NO_REAL_DATA in str(r.longrepr[2])]
     if skipped:
         terminalreporter.write_line(
-            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; put "
-            "cifar10-subset.npz and mnist-subset.npz there, or set FASTFAIR_SHARED_DATA=DIR (README: The two commands)")
+            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; make them from the "
+            f"official data sets there with `fastfair data subset cifar10 --out {SHARED}/cifar10-subset.npz` and the "
+            "same for mnist (--data-dir where torchvision's files are), or set FASTFAIR_SHARED_DATA=DIR where they "
+            "are (README: The two commands)")
