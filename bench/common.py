@@ -154,6 +154,25 @@ def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: t
         batches.close()  # shuts down DataLoader workers now, not at garbage collection
 
 
+def interleaved_windows(steps: dict[str, Callable[[], Any]], *, windows: int, window_steps: int, warmup: int,
+                        dev: torch.device) -> dict[str, dict[str, list[float]]]:
+    """Seconds per call of each ``steps[name]()``, one list entry per timed window of ``window_steps`` calls:
+    ``wall`` (the device's time, :func:`timed`) and ``cpu`` (this process's CPU seconds, all its threads: on a
+    loaded CPU they grow far less than the wall time, which waits for the other processes). The windows take
+    turns (a, b, c, a, b, c, ...), so a change in the machine's load hits every entry alike; each entry is
+    called ``warmup`` times first."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds = {name: {"wall": [], "cpu": []} for name in steps}
+    for _ in range(windows):
+        for name, step in steps.items():
+            cpu = time.process_time()
+            seconds[name]["wall"].append(timed(lambda: [step() for _ in range(window_steps)], dev) / window_steps)
+            seconds[name]["cpu"].append((time.process_time() - cpu) / window_steps)
+    return seconds
+
+
 # ---- data and fastfair objects ----------------------------------------------------------------
 
 def synthetic_bundle(n_train: int, n_test: int, shape=(3, 32, 32), num_classes: int = 10, seed: int = 0) -> DataBundle:
