@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -218,6 +219,23 @@ def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any
 
     torch._dynamo.reset()
     return Trainer(make_config(method, model, dataset, overrides), out, quiet=True)
+
+
+def interleaved_trainers(method: str, model: str, dataset: str, configs: dict[Any, dict[str, Any]], *, windows: int,
+                         window_steps: int, warmup: int) -> dict[Any, dict[str, list[float]]]:
+    """:func:`interleaved_windows` of the training steps of one Trainer per entry of ``configs`` (its config keys),
+    all alive in this process on the CPU, each on its own loader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {key: make_trainer(method, model, dataset, sets, Path(tmp) / str(i))
+                    for i, (key, sets) in enumerate(configs.items())}
+        batches = {key: endless(t.train_loader) for key, t in trainers.items()}
+        try:
+            return interleaved_windows(
+                {key: lambda t=t, b=batches[key]: t.train_step(*next(b)) for key, t in trainers.items()},
+                windows=windows, window_steps=window_steps, warmup=warmup, dev=torch.device("cpu"))
+        finally:
+            for b in batches.values():
+                b.close()
 
 
 # ---- results ----------------------------------------------------------------------------------

@@ -36,15 +36,9 @@ def step_seconds(model, dataset, width, batch, steps, *, windows, window_steps, 
             "model.channels_last": "off", "train.kernels": "torch"}
     if width:
         base["model.width"] = width
-    with tempfile.TemporaryDirectory() as tmp:
-        trainers = {amp: common.make_trainer("pgd-at", model, name, {**base, "train.amp": amp}, Path(tmp) / amp)
-                    for amp in ("off", "bf16")}
-        batches = {amp: common.endless(t.train_loader) for amp, t in trainers.items()}
-        seconds = common.interleaved_windows(
-            {amp: lambda t=t, b=batches[amp]: t.train_step(*next(b)) for amp, t in trainers.items()},
-            windows=windows, window_steps=window_steps, warmup=warmup, dev=torch.device("cpu"))
-        for b in batches.values():
-            b.close()
+    seconds = common.interleaved_trainers("pgd-at", model, name, {amp: {**base, "train.amp": amp}
+                                                                  for amp in ("off", "bf16")},
+                                          windows=windows, window_steps=window_steps, warmup=warmup)
     fp32, bf16 = (statistics.median(seconds[a]["wall"]) for a in ("off", "bf16"))
     return {"model": model, "data": dataset, "width": width, "batch": batch, "attack_steps": steps,
             "fp32_s_per_step": fp32, "bf16_s_per_step": bf16, "speedup": fp32 / bf16,

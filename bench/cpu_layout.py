@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,15 +45,9 @@ def measure(model, data, width, batch, *, windows, window_steps, warmup, attack_
     base = {"data.batch_size": batch, "train.device": "cpu", "attack.steps": attack_steps, "train.compile": "off",
             "train.kernels": "torch", **({"model.width": width} if width else {})}
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        trainers = {key: common.make_trainer("pgd-at", model, name, {**base, **sets}, Path(tmp) / "-".join(key))
-                    for key, sets in CONFIGS.items()}
-        batches = {key: common.endless(t.train_loader) for key, t in trainers.items()}
-        seconds = common.interleaved_windows(
-            {key: lambda t=t, b=batches[key]: t.train_step(*next(b)) for key, t in trainers.items()},
-            windows=windows, window_steps=window_steps, warmup=warmup, dev=torch.device("cpu"))
-        for b in batches.values():
-            b.close()
+    configs = {key: {**base, **sets} for key, sets in CONFIGS.items()}
+    seconds = common.interleaved_trainers("pgd-at", model, name, configs, windows=windows, window_steps=window_steps,
+                                          warmup=warmup)
     load_after = os.getloadavg()[0]
     rows = []
     for (amp, layout), s in seconds.items():

@@ -99,3 +99,12 @@ def test_bf16_check_smoke(tmp_path):
     record, md = results(tmp_path, "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
     assert "within noise" in md or "OUTSIDE noise" in md
+
+
+def test_cpu_layout_smoke(tmp_path):
+    smoke("cpu_layout.py", tmp_path)
+    record, md = results(tmp_path, "cpu-layout")
+    assert sorted((r["amp"], r["layout"]) for r in record["rows"]) == [
+        ("bf16", "NCHW"), ("bf16", "channels_last"), ("fp32", "NCHW"), ("fp32", "channels_last")]
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 and len(r["wall_windows"]) == 2 for r in record["rows"])
+    assert sum(r["wall_fastest_here"] for r in record["rows"]) == 1 and "channels_last / NCHW" in md
