@@ -96,9 +96,10 @@ def choose(cpu: dict[str, float], budget: float) -> list[str]:
 
 def write_list(slow: list[str], cpu: dict[str, float], budget: float, path: Path = SLOW_LIST) -> None:
     fast = sum(v for k, v in cpu.items() if k not in set(slow))
-    head = [f"# Tests left out of the contributor's loop (-m 'not slow'), chosen by tests/fast_loop.py from a whole-suite",
-            f"# run's CPU seconds: {len(cpu)} tests, {sum(cpu.values()):.0f} CPU s in all; these {len(slow)} take "
-            f"{sum(cpu.values()) - fast:.0f} s, the loop {fast:.0f} s (budget {budget:.0f} s).",
+    total = sum(cpu.values())
+    head = ["# Tests left out of the contributor's loop (-m 'not slow'), chosen by tests/fast_loop.py from a",
+            f"# whole-suite run's CPU seconds: {len(cpu)} tests, {total:.0f} CPU s in all; these {len(slow)} take "
+            f"{total - fast:.0f} s, the loop {fast:.0f} s (budget {budget:.0f} s).",
             "# Regenerate, never edit by hand: python -m pytest -q -n 2 --cpu-times cpu.jsonl; "
             "python tests/fast_loop.py cpu.jsonl --budget N"]
     path.write_text("\n".join(head + [f"{n}  # {cpu[n]:.1f} s" for n in slow]) + "\n")
