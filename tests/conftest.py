@@ -18,7 +18,8 @@
 6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
    cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
    kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
-   1,063 s and 193 CPU s with torch's default of one thread per core, 199 s and 22 CPU s with one.
+   1,063 and 719 s (193 and 175 CPU s) with torch's default of one thread per core, 199 and 143 s (22 and 23
+   CPU s) with one, in alternating runs.
 """
 import importlib.abc
 import importlib.util
