@@ -135,8 +135,8 @@ def single_file(name: str, dataset: str, threat: str) -> bool:
 
 
 def place(name: str, dataset: str, threat: str, model_dir: str | Path | None) -> str:
-    """How to put ``name``'s weights where fastfair reads them, with ``fastfair zoo --fetch`` or by hand; needs
-    neither RobustBench's loader nor setuptools."""
+    """How to put ``name``'s weights where fastfair reads them: ``fastfair zoo --fetch`` where a network is
+    reachable (another machine's, the folder copied over), or the file downloaded by hand and saved there."""
     where = f" --model-dir {model_dir}" if model_dir else ""
     data = f" --dataset {dataset}" if dataset != "cifar10" else ""
     return (f"fetch them with `fastfair zoo --fetch --models {name}{data}{where}` where a network is reachable, or "
@@ -166,8 +166,8 @@ def fetch(name: str, *, dataset: str = "cifar10", threat: str = THREAT, model_di
             for left in tmp.parent.glob(f"{tmp.name}?*"):  # gdown's own temporary file beside its output
                 left.unlink(missing_ok=True)
             why = " ".join(str(err).split())[:200]
-            raise UserError(f"could not fetch {name}'s weights ({type(err).__name__}: {why}); without a network "
-                            f"here, download {url} where there is one and save it as {path.resolve()}") from None
+            raise UserError(f"could not fetch {name}'s weights ({type(err).__name__}: {why}); "
+                            f"{place(name, dataset, threat, model_dir)}") from None
         with tmp.open("rb") as f:
             start = f.read(64)
         if not start.startswith(TORCH_SAVE):
