@@ -79,7 +79,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("--cpu-times"):
-        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times")), "fastfair-cpu-times")
+        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times"), fast_loop.read_slow()),
+                                      "fastfair-cpu-times")
 
 
 COLLECTED = pytest.StashKey[list]()  # every item collected, before -m or -k leaves any out (test_fast_loop)

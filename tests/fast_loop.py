@@ -25,6 +25,10 @@ from pathlib import Path
 SLOW_LIST = Path(__file__).with_name("slow.txt")
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def read_slow(path: Path = SLOW_LIST) -> set[str]:
     """The node ids listed in ``path`` (comments after ``#`` and blank lines ignored)."""
     lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
@@ -41,18 +45,20 @@ def mark_slow(items: list, listed: set[str], marker) -> None:
 def stale(listed: set[str], collected: set[str]) -> set[str]:
     """The listed ids of collected files that name no collected test (renamed or removed since the list was
     made); ids of files that were not collected are not judged."""
-    files = {nodeid.split("::", 1)[0] for nodeid in collected}
-    return {nodeid for nodeid in listed if nodeid.split("::", 1)[0] in files and nodeid not in collected}
+    files = {_file(nodeid) for nodeid in collected}
+    return {nodeid for nodeid in listed if _file(nodeid) in files and nodeid not in collected}
 
 
 class CpuTimes:
-    """A pytest plugin appending ``{"test", "cpu_s", "wall_s"}`` per test to a JSON-lines file (one file per xdist
-    worker, ``FILE.<worker>``, joined by :func:`read_record`)."""
+    """A pytest plugin appending ``{"test", "cpu_s", "wall_s", "marked"}`` per test to a JSON-lines file (one file
+    per xdist worker, ``FILE.<worker>``, joined by :func:`read_record`); ``marked``: slow by its own file's marker,
+    so out of the loop whatever the list says."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, listed: set[str]):
         worker = os.environ.get("PYTEST_XDIST_WORKER")
         self.path = Path(f"{path}.{worker}" if worker else path)
         self.path.unlink(missing_ok=True)
+        self.listed = listed
 
     def pytest_runtest_protocol(self, item, nextitem):
         # os.times(): user and system seconds of this process (all its threads) and of its waited-for children
@@ -62,44 +68,50 @@ class CpuTimes:
         cpu = sum(after[:4]) - sum(before[:4])
         with self.path.open("a") as f:
             f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu, 3),
-                                "wall_s": round(after.elapsed - before.elapsed, 3)}) + "\n")
+                                "wall_s": round(after.elapsed - before.elapsed, 3),
+                                "marked": bool(item.get_closest_marker("slow")) and item.nodeid not in self.listed})
+                    + "\n")
 
 
 CpuTimes.pytest_runtest_protocol.hookwrapper = True  # pytest reads the attribute (no pytest import here)
 
 
-def read_record(path: Path) -> dict[str, float]:
-    """{node id: CPU seconds} from ``path`` and its per-worker files ``path.gwN``."""
+def read_record(path: Path) -> tuple[dict[str, float], set[str]]:
+    """({node id: CPU seconds}, the ids marked slow in their files) from ``path`` and its per-worker files
+    ``path.gwN``."""
     files = [path] if path.is_file() else sorted(path.parent.glob(f"{path.name}.gw*"))
     if not files:
         raise SystemExit(f"no record at {path} or {path}.gw*: run pytest with --cpu-times {path}")
-    return {r["test"]: r["cpu_s"] for f in files for r in map(json.loads, f.read_text().splitlines())}
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    return {r["test"]: r["cpu_s"] for r in records}, {r["test"] for r in records if r["marked"]}
 
 
-def choose(cpu: dict[str, float], budget: float) -> list[str]:
-    """The tests to mark slow: the dearest first, until the others' CPU seconds fit ``budget``; a file's last
-    test in the loop is never taken, so every test file keeps at least one test there (its cheapest)."""
-    left = {}
-    for nodeid in cpu:
-        left[nodeid.split("::", 1)[0]] = left.get(nodeid.split("::", 1)[0], 0) + 1
-    total, slow = sum(cpu.values()), []
-    for nodeid in sorted(cpu, key=lambda n: -cpu[n]):
+def choose(cpu: dict[str, float], budget: float, marked: set[str] = frozenset()) -> list[str]:
+    """The tests to list as slow: the dearest first, until the loop's CPU seconds fit ``budget``. Tests ``marked``
+    slow in their files are out of the loop already; a file's last test in the loop is never taken, so every test
+    file keeps at least one test there (its cheapest)."""
+    left: dict[str, int] = {}
+    for nodeid in cpu.keys() - marked:
+        left[_file(nodeid)] = left.get(_file(nodeid), 0) + 1
+    total, slow = sum(cpu[n] for n in cpu.keys() - marked), []
+    for nodeid in sorted(cpu.keys() - marked, key=lambda n: (-cpu[n], n)):
         if total <= budget:
             break
-        file = nodeid.split("::", 1)[0]
-        if left[file] > 1:
-            left[file] -= 1
+        if left[_file(nodeid)] > 1:
+            left[_file(nodeid)] -= 1
             slow.append(nodeid)
             total -= cpu[nodeid]
     return sorted(slow)
 
 
-def write_list(slow: list[str], cpu: dict[str, float], budget: float, path: Path = SLOW_LIST) -> None:
-    fast = sum(v for k, v in cpu.items() if k not in set(slow))
+def write_list(slow: list[str], cpu: dict[str, float], budget: float, marked: set[str] = frozenset(),
+               path: Path = SLOW_LIST) -> None:
     total = sum(cpu.values())
+    loop = sum(v for k, v in cpu.items() if k not in set(slow) | marked)
     head = ["# Tests left out of the contributor's loop (-m 'not slow'), chosen by tests/fast_loop.py from a",
-            f"# whole-suite run's CPU seconds: {len(cpu)} tests, {total:.0f} CPU s in all; these {len(slow)} take "
-            f"{total - fast:.0f} s, the loop {fast:.0f} s (budget {budget:.0f} s).",
+            f"# whole-suite run's CPU seconds: {len(cpu)} tests, {total:.0f} s in all; {len(marked)} marked slow in "
+            f"their files take {sum(cpu[n] for n in marked):.0f} s,",
+            f"# these {len(slow)} {sum(cpu[n] for n in slow):.0f} s, the loop {loop:.0f} s (budget {budget:.0f} s).",
             "# Regenerate, never edit by hand: python -m pytest -q -n 2 --cpu-times cpu.jsonl; "
             "python tests/fast_loop.py cpu.jsonl --budget N"]
     path.write_text("\n".join(head + [f"{n}  # {cpu[n]:.1f} s" for n in slow]) + "\n")
@@ -112,9 +124,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("record", type=Path, help="the --cpu-times file of a whole-suite run")
     p.add_argument("--budget", type=float, required=True, help="CPU seconds the loop may take")
     args = p.parse_args(argv)
-    cpu = read_record(args.record)
-    slow = choose(cpu, args.budget)
-    write_list(slow, cpu, args.budget)
+    cpu, marked = read_record(args.record)
+    slow = choose(cpu, args.budget, marked)
+    write_list(slow, cpu, args.budget, marked)
     print(f"{len(slow)} of {len(cpu)} tests marked slow in {SLOW_LIST}")
     return 0
 

@@ -44,18 +44,20 @@ def test_stale_ids_are_those_of_collected_files_only():
 
 def test_choose_takes_the_dearest_until_the_rest_fits_and_keeps_a_test_of_every_file(tmp_path):
     cpu = {"tests/test_a.py::big": 50.0, "tests/test_a.py::mid": 20.0, "tests/test_a.py::small": 1.0,
-           "tests/test_b.py::only": 40.0, "tests/test_c.py::one": 5.0, "tests/test_c.py::two": 6.0}
-    assert fast_loop.choose(cpu, budget=60) == ["tests/test_a.py::big", "tests/test_a.py::mid"]
-    assert fast_loop.choose(cpu, budget=1000) == []
-    # test_b's only test stays though it is dear; test_c keeps its cheaper test
-    assert fast_loop.choose(cpu, budget=0) == ["tests/test_a.py::big", "tests/test_a.py::mid",
-                                               "tests/test_c.py::two"]
+           "tests/test_b.py::only": 40.0, "tests/test_c.py::one": 5.0, "tests/test_c.py::two": 6.0,
+           "tests/test_d.py::marked": 90.0, "tests/test_d.py::kept": 2.0}
+    marked = {"tests/test_d.py::marked"}  # slow by its file's own marker: out of the loop already
+    assert fast_loop.choose(cpu, 60, marked) == ["tests/test_a.py::big", "tests/test_a.py::mid"]
+    assert fast_loop.choose(cpu, 1000, marked) == []
+    # test_b's only test stays though it is dear; test_c keeps its cheaper test, test_d its one unmarked test
+    assert fast_loop.choose(cpu, 0, marked) == ["tests/test_a.py::big", "tests/test_a.py::mid", "tests/test_c.py::two"]
     record = tmp_path / "cpu.jsonl"
     for worker, names in (("gw0", list(cpu)[:3]), ("gw1", list(cpu)[3:])):
-        Path(f"{record}.{worker}").write_text("".join(json.dumps({"test": n, "cpu_s": cpu[n], "wall_s": 1.0}) + "\n"
-                                                      for n in names))
-    assert fast_loop.read_record(record) == cpu
+        Path(f"{record}.{worker}").write_text("".join(
+            json.dumps({"test": n, "cpu_s": cpu[n], "wall_s": 1.0, "marked": n in marked}) + "\n" for n in names))
+    assert fast_loop.read_record(record) == (cpu, marked)
     out = tmp_path / "slow.txt"
-    fast_loop.write_list(fast_loop.choose(cpu, 60), cpu, 60, out)
+    fast_loop.write_list(fast_loop.choose(cpu, 60, marked), cpu, 60, marked, out)
     assert fast_loop.read_slow(out) == {"tests/test_a.py::big", "tests/test_a.py::mid"}
-    assert "the loop 52 s (budget 60 s)" in out.read_text()
+    assert "1 marked slow in their files take 90 s" in out.read_text() and "the loop 54 s (budget 60 s)" in \
+        out.read_text()
