@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -183,6 +184,25 @@ def time_steps(step: Callable, loader: Iterable, steps: int, warmup: int, dev: t
         batches.close()  # shuts down DataLoader workers now, not at garbage collection
 
 
+def interleaved_windows(steps: dict[str, Callable[[], Any]], *, windows: int, window_steps: int, warmup: int,
+                        dev: torch.device) -> dict[str, dict[str, list[float]]]:
+    """Seconds per call of each ``steps[name]()``, one list entry per timed window of ``window_steps`` calls:
+    ``wall`` (the device's time, :func:`timed`) and ``cpu`` (this process's CPU seconds, all its threads: on a
+    loaded CPU they grow far less than the wall time, which waits for the other processes). The windows take
+    turns (a, b, c, a, b, c, ...), so a change in the machine's load hits every entry alike; each entry is
+    called ``warmup`` times first."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds = {name: {"wall": [], "cpu": []} for name in steps}
+    for _ in range(windows):
+        for name, step in steps.items():
+            cpu = time.process_time()
+            seconds[name]["wall"].append(timed(lambda: [step() for _ in range(window_steps)], dev) / window_steps)
+            seconds[name]["cpu"].append((time.process_time() - cpu) / window_steps)
+    return seconds
+
+
 # ---- data and fastfair objects ----------------------------------------------------------------
 
 def synthetic_bundle(n_train: int, n_test: int, shape=(3, 32, 32), num_classes: int = 10, seed: int = 0) -> DataBundle:
@@ -234,6 +254,23 @@ def make_trainer(method: str, model: str, dataset: str, overrides: dict[str, Any
 
     torch._dynamo.reset()
     return Trainer(make_config(method, model, dataset, overrides), out, quiet=True)
+
+
+def interleaved_trainers(method: str, model: str, dataset: str, configs: dict[Any, dict[str, Any]], *, windows: int,
+                         window_steps: int, warmup: int) -> dict[Any, dict[str, list[float]]]:
+    """:func:`interleaved_windows` of the training steps of one Trainer per entry of ``configs`` (its config keys),
+    all alive in this process on the CPU, each on its own loader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {key: make_trainer(method, model, dataset, sets, Path(tmp) / str(i))
+                    for i, (key, sets) in enumerate(configs.items())}
+        batches = {key: endless(t.train_loader) for key, t in trainers.items()}
+        try:
+            return interleaved_windows(
+                {key: lambda t=t, b=batches[key]: t.train_step(*next(b)) for key, t in trainers.items()},
+                windows=windows, window_steps=window_steps, warmup=warmup, dev=torch.device("cpu"))
+        finally:
+            for b in batches.values():
+                b.close()
 
 
 # ---- results ----------------------------------------------------------------------------------

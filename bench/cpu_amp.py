@@ -36,22 +36,10 @@ def step_seconds(model, dataset, width, batch, steps, *, windows, window_steps, 
             "model.channels_last": "off", "train.kernels": "torch"}
     if width:
         base["model.width"] = width
-    with tempfile.TemporaryDirectory() as tmp:
-        trainers = {amp: common.make_trainer("pgd-at", model, name, {**base, "train.amp": amp}, Path(tmp) / amp)
-                    for amp in ("off", "bf16")}
-        batches = {amp: common.endless(t.train_loader) for amp, t in trainers.items()}
-        seconds = {amp: [] for amp in trainers}
-        for amp, t in trainers.items():
-            for _ in range(warmup):
-                t.train_step(*next(batches[amp]))
-        for _ in range(windows):
-            for amp, t in trainers.items():
-                seconds[amp].append(common.timed(
-                    lambda t=t, b=batches[amp]: [t.train_step(*next(b)) for _ in range(window_steps)],
-                    torch.device("cpu")) / window_steps)
-        for b in batches.values():
-            b.close()
-    fp32, bf16 = (statistics.median(seconds[a]) for a in ("off", "bf16"))
+    seconds = common.interleaved_trainers("pgd-at", model, name, {amp: {**base, "train.amp": amp}
+                                                                  for amp in ("off", "bf16")},
+                                          windows=windows, window_steps=window_steps, warmup=warmup)
+    fp32, bf16 = (statistics.median(seconds[a]["wall"]) for a in ("off", "bf16"))
     return {"model": model, "data": dataset, "width": width, "batch": batch, "attack_steps": steps,
             "fp32_s_per_step": fp32, "bf16_s_per_step": bf16, "speedup": fp32 / bf16,
             "windows": windows, "steps_per_window": window_steps}

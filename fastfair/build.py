@@ -82,7 +82,10 @@ def autocast_dtype(cfg: Config, dev: torch.device) -> torch.dtype | None:
 
 
 def channels_last(cfg: Config, dev: torch.device) -> bool:
-    return _auto_switch(cfg.model.channels_last, "model.channels_last", dev)
+    """Channels-last activations; ``auto`` is on where measured faster: on CUDA, and on a CPU, where PGD-AT steps
+    took 0.55-0.93 of NCHW's time in fp32 and in bf16 (2-core CPU, 6 models and batch sizes,
+    bench/results/cpu-layout-cpu.md)."""
+    return _auto_switch(cfg.model.channels_last, "model.channels_last", dev, auto_on=("cuda", "cpu"))
 
 
 def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
@@ -196,9 +199,10 @@ def _auto_on_off(cfg_value: str, key: str) -> None:
         raise UserError(f"{key} must be auto, on or off; got {cfg_value!r}")
 
 
-def _auto_switch(cfg_value: str, key: str, dev: torch.device) -> bool:
+def _auto_switch(cfg_value: str, key: str, dev: torch.device, auto_on: tuple[str, ...] = ("cuda",)) -> bool:
+    """``on``, ``off``, or ``auto``: on for the device types in ``auto_on``."""
     _auto_on_off(cfg_value, key)
-    return cfg_value == "on" or (cfg_value == "auto" and dev.type == "cuda")
+    return cfg_value == "on" or (cfg_value == "auto" and dev.type in auto_on)
 
 
 def kernels(cfg: Config, dev: torch.device, compiled_descent: bool = False) -> str:

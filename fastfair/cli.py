@@ -477,6 +477,8 @@ def reproduce(
 def zoo(
     run: Annotated[bool, typer.Option("--run", help="evaluate the models (--models, --top, or every model whose "
                                                     "weights are in --model-dir) and write the leaderboard")] = False,
+    fetch: Annotated[bool, typer.Option("--fetch", help="only download the weights of --models or --top N that are "
+                                                        "not in --model-dir (--run fetches them too)")] = False,
     models: Annotated[Text, typer.Option(metavar="A,B", help="comma-separated RobustBench names")] = None,
     top: Annotated[Optional[int], typer.Option(metavar="N", help="the N best by reported AutoAttack accuracy")]
     = None,
@@ -498,12 +500,20 @@ def zoo(
     from fastfair.evaluation.per_class import attack_names, check_per_class
     from fastfair.reports import zoo as zoo_
 
+    if fetch and run:
+        raise UserError("--fetch and --run: --run fetches the weights it needs itself; pass one")
     if not run:
-        given = [f for f, v in {"--models": models, "--top": top, "--per-class": per_class, "--out": out}.items()
-                 if v is not None]
+        choosing = {} if fetch else {"--models": models, "--top": top}  # --fetch downloads the chosen models
+        given = [f for f, v in {**choosing, "--per-class": per_class, "--out": out}.items() if v is not None]
         if given:
-            raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models")
-        zoo_.listing(dataset, threat, model_dir)
+            raise UserError(f"{', '.join(given)}: only with --run, which evaluates the models"
+                            + ("" if fetch else " (--models and --top also with --fetch)"))
+        if not fetch:
+            zoo_.listing(dataset, threat, model_dir)
+            return 0
+        if not (models or top):
+            raise UserError("--fetch: name the models, --models A,B or --top N")
+        zoo_.fetch(zoo_.choose(models, top, dataset, threat, model_dir), dataset, threat, model_dir)
         return 0
     attack_names(attacks)
     check_per_class(per_class, "test")
@@ -541,6 +551,26 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
 
     name = dataset or ("npz" if data_dir and Path(data_dir).is_file() else default)
     return data.load(name, data_dir)
+
+
+@data_app.command("subset", help="the real-data subset the tests and benchmarks read (cifar10-subset.npz, "
+                                 "mnist-subset.npz), made from the official data set files: the same images in the "
+                                 "same order for anyone who has them")
+def subset_data(
+    dataset: Annotated[str, typer.Argument(metavar="cifar10|mnist")],
+    data_dir: Annotated[Text, typer.Option(help="torchvision's folder of the official files (cifar-10-batches-py/, "
+                                                "MNIST/raw/), as --data-dir of training; downloaded there when "
+                                                "missing and possible")] = None,
+    out: Annotated[Text, typer.Option(metavar="FILE.npz", help="the .npz to write (default DATASET-subset.npz here; "
+                                                            "the tests read ../shared/data or "
+                                                            "$FASTFAIR_SHARED_DATA)")] = None,
+) -> None:
+    from fastfair.data.shared_subsets import SUBSETS, write
+
+    path = Path(out or f"{dataset}-subset.npz")
+    shapes = write(dataset, data_dir, path)
+    print(f"written: {path} ({SUBSETS.doc(dataset)}; " + ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
+          + ")")
 
 
 @data_app.command("background", help="MNIST with a background colour per class (Tian et al. KDD 2021, Sec. 6.2, "

@@ -13,6 +13,13 @@
    the presets under test are the ones beside the tests.
 4. After the run, one line counts the tests skipped for want of the real data subsets and says
    where they go (``helpers.real_data``).
+5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
+   ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
+6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
+   cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
+   kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
+   1,063 and 719 s (193 and 175 CPU s) with torch's default of one thread per core, 199 and 143 s (22 and 23
+   CPU s) with one, in alternating runs.
 """
 import importlib.abc
 import importlib.util
@@ -20,10 +27,18 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+import fast_loop
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:  # 6.
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 _KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -57,6 +72,27 @@ class _PresetsFinder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _PresetsFinder())  # first: before the editable install's own finder
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-times", metavar="FILE", help="append each test's CPU seconds to FILE (JSON lines; "
+                     "python tests/fast_loop.py FILE --budget N makes tests/slow.txt from them)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cpu-times"):
+        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times"), fast_loop.read_slow()),
+                                      "fastfair-cpu-times")
+
+
+COLLECTED = pytest.StashKey[list]()  # every item collected, before -m or -k leaves any out (test_fast_loop)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config, items):
+    """5. The listed tests are slow."""
+    fast_loop.mark_slow(items, fast_loop.read_slow(), pytest.mark.slow)
+    config.stash[COLLECTED] = list(items)
+
+
 def pytest_terminal_summary(terminalreporter):
     """4. One line for the tests skipped for want of the real data (helpers.real_data), saying how to run them."""
     from helpers import NO_REAL_DATA, SHARED
@@ -65,5 +101,7 @@ def pytest_terminal_summary(terminalreporter):
                if isinstance(r.longrepr, tuple) and NO_REAL_DATA in str(r.longrepr[2])]
     if skipped:
         terminalreporter.write_line(
-            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; put "
-            "cifar10-subset.npz and mnist-subset.npz there, or set FASTFAIR_SHARED_DATA=DIR (README: The two commands)")
+            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; make them from the "
+            f"official data sets there with `fastfair data subset cifar10 --out {SHARED}/cifar10-subset.npz` and the "
+            "same for mnist (--data-dir where torchvision's files are), or set FASTFAIR_SHARED_DATA=DIR where they "
+            "are (README: The two commands)")

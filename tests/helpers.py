@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +122,25 @@ def write_model(model_dir, name: str, seed: int = 0) -> torch.nn.Module:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, path)
     return model.eval()
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def block_network(monkeypatch) -> None:
+    """No network but this machine, as a machine without one answers (no name lookup; no route), so a test that
+    would download (RobustBench's weights) cannot reach the real one."""
+    lookup, connect = socket.getaddrinfo, socket.socket.connect
+
+    def getaddrinfo(host, *args, **kw):
+        if host not in LOCAL_HOSTS:
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return lookup(host, *args, **kw)
+
+    def only_local(sock, address):
+        if address[0] not in LOCAL_HOSTS:
+            raise OSError(101, "Network is unreachable")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", only_local)

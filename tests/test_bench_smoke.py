@@ -114,3 +114,12 @@ def test_stop_vote_smoke(tmp_path):
     assert rows[("lagged, per boundary", 1.0)]["us_per_call"] > 0 and "us_added_per_step" in rows[
         ("lagged, per boundary", 1.0)]
     assert rows[("no vote, per boundary", 1.0)]["ms_per_step"] >= 1.0 and "us added per step" in md
+
+
+def test_cpu_layout_smoke(tmp_path):
+    smoke("cpu_layout.py", tmp_path)
+    record, md = results(tmp_path, "cpu-layout")
+    assert sorted((r["amp"], r["layout"]) for r in record["rows"]) == [
+        ("bf16", "NCHW"), ("bf16", "channels_last"), ("fp32", "NCHW"), ("fp32", "channels_last")]
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 and len(r["wall_windows"]) == 2 for r in record["rows"])
+    assert sum(r["wall_fastest_here"] for r in record["rows"]) == 1 and "channels_last / NCHW" in md

@@ -13,12 +13,18 @@ from fastfair import cli
 from fastfair.evaluation import robustbench as rb
 from fastfair.reports import zoo
 from fastfair.scaleout import launchers
-from helpers import cifar_layout_npz, write_model
+from helpers import block_network, cifar_layout_npz, write_model
 
 if not rb.installed():
     pytest.skip("fastfair zoo needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
 
 SMALL = ("Ding2020MMA", "Wong2020Fast")  # the two smallest single models of the CIFAR-10 Linf list
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """A missing file is fetched: never from the real network here."""
+    block_network(monkeypatch)
 
 
 def test_listing_shows_reported_numbers_and_what_is_here(tmp_path, capsys):
@@ -72,7 +78,7 @@ def test_run_writes_the_worst_class_leaderboard_and_resumes(tmp_path, capsys, mo
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--run", "--models", "Ding2020MMA,Wong2020Fast"], "no weights at"),
+    (["--run", "--models", "Ding2020MMA,Wong2020Fast"], "could not fetch Ding2020MMA's weights"),
     (["--run", "--models", "Ding2020mma"], "Did you mean Ding2020MMA?"),
     (["--run", "--models", "Ding2020MMA", "--top", "3"], "--models and --top both choose"),
     (["--run", "--models", "Ding2020MMA", "--attacks", "autoattack"], "unknown attack"),

@@ -2,23 +2,28 @@
 averages its leaderboard reports, evaluated per class with fastfair's attacks.
 
 The architecture comes from RobustBench's own model list (``robustbench.model_zoo``) and the weights from
-``MODEL_DIR/<dataset>/<threat>/<NAME>.pt``, RobustBench's layout; fastfair reads that file itself with
-``weights_only=True`` (RobustBench's loader would unpickle it) and then applies RobustBench's own unwrapping
-and loading functions. RobustBench's models take images in [0, 1]; their normalisation is inside.
+``MODEL_DIR/<dataset>/<threat>/<NAME>.pt``, RobustBench's layout. A file not there yet is fetched through
+RobustBench's own download function (gdown, from the Google Drive file its list names; :func:`fetch`), whose
+module imports without setuptools' pkg_resources. fastfair reads the file itself with ``weights_only=True``
+(RobustBench's loader would unpickle it) and then applies RobustBench's own unwrapping and loading functions.
+RobustBench's models take images in [0, 1]; their normalisation is inside.
 The reported numbers are not in the robustbench package: ``robustbench_reported.json`` holds them, taken
 from the RobustBench repository's ``model_info/`` (its commit is recorded there; ``python -m
 fastfair.evaluation.robustbench GIT_DIR`` refreshes it).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import subprocess
 import sys
 import types
 import warnings
+import zipfile
 from functools import cache
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from fastfair import build, config
 from fastfair.errors import UserError
 from fastfair.evaluation.foreign import file_sha256, load_weights_only
 from fastfair.evaluation.per_class import evaluate_loaded
+from fastfair.rundir import replacing
 from fastfair.suggest import hint
 
 PREFIX = "rb:"
@@ -37,6 +43,8 @@ THREAT = "Linf"  # fastfair's attacks are L-inf
 EPS = 8 / 255  # the radius of RobustBench's CIFAR-10 and CIFAR-100 Linf leaderboards
 REPORTED = Path(__file__).with_name("robustbench_reported.json")
 INSTALL = "pip install 'fastfair[robustbench]'"
+DRIVE = "https://drive.google.com/uc?export=download&id={}"  # a Google Drive file by the ID RobustBench's list holds
+TORCH_SAVE = (b"PK\x03\x04", b"\x80")  # how torch.save's files start: a zip archive (torch >= 1.6), or a pickle
 
 
 def installed() -> bool:
@@ -105,7 +113,8 @@ def model_file(name: str, dataset: str = "cifar10", threat: str = THREAT, model_
 
 
 def entry(name: str, dataset: str, threat: str) -> dict:
-    """RobustBench's entry for a single model (its constructor); an unknown name or an ensemble is a UserError."""
+    """RobustBench's entry for a single model (its constructor); an unknown name, an ensemble or a model whose
+    weights are no RobustBench file is a UserError."""
     zoo = _zoo(dataset, threat)
     if name not in zoo:
         raise UserError(f"no RobustBench model {name!r} for {dataset} {threat}.{hint(name, zoo)} The names: "
@@ -114,20 +123,72 @@ def entry(name: str, dataset: str, threat: str) -> dict:
     if isinstance(found["gdrive_id"], list):
         raise UserError(f"{name} is an ensemble of {len(found['gdrive_id'])} files; fastfair evaluates single models "
                         "from RobustBench")
+    if found["gdrive_id"] is None:
+        raise UserError(f"{name}'s weights come with timm's pretrained models, not as a RobustBench file; fastfair "
+                        "evaluates RobustBench's file models (fastfair zoo lists them)")
     return found
 
 
-def load(name: str, *, dataset: str = "cifar10", threat: str = THREAT,
-         model_dir: str | Path | None = None) -> tuple[torch.nn.Module, dict]:
-    """(RobustBench's model ``name`` with its weights, in eval mode on the CPU, inputs in [0, 1]; the record of
-    where it came from: name, data set, threat, file and SHA-256, architecture, RobustBench's reported numbers)."""
+def single_file(name: str, dataset: str, threat: str) -> bool:
+    """Whether RobustBench's model ``name`` is one file of weights, the models fastfair evaluates."""
+    return isinstance(_zoo(dataset, threat)[name]["gdrive_id"], str)
+
+
+def place(name: str, dataset: str, threat: str, model_dir: str | Path | None) -> str:
+    """How to put ``name``'s weights where fastfair reads them: ``fastfair zoo --fetch`` where a network is
+    reachable (another machine's, the folder copied over), or the file downloaded by hand and saved there."""
+    where = f" --model-dir {model_dir}" if model_dir else ""
+    data = f" --dataset {dataset}" if dataset != "cifar10" else ""
+    return (f"fetch them with `fastfair zoo --fetch --models {name}{data}{where}` where a network is reachable, or "
+            f"download {DRIVE.format(entry(name, dataset, threat)['gdrive_id'])} (RobustBench's file of {name}) and "
+            f"save it as {model_file(name, dataset, threat, model_dir).resolve()}")
+
+
+def fetch(name: str, *, dataset: str = "cifar10", threat: str = THREAT, model_dir: str | Path | None = None,
+          echo=print) -> Path:
+    """``name``'s weights at :func:`model_file`, downloaded first where they are not there: through RobustBench's
+    own ``download_gdrive_new`` (gdown) into a temporary file that replaces nothing until it is whole and starts
+    as a torch.save file does (Google Drive answers a quota or sharing problem with a web page). RobustBench's
+    list names each file by its Google Drive ID and holds no checksum of it, so none is checked here; the file's
+    SHA-256 goes into every result (``source.sha256``). Offline, one error line says which file to put where."""
     spec = entry(name, dataset, threat)
     path = model_file(name, dataset, threat, model_dir)
-    if not path.is_file():
-        raise UserError(f"no weights for {name} at {path}; fastfair does not download. Fetch them with RobustBench "
-                        f"(python -c \"from robustbench.utils import load_model; load_model('{name}', model_dir="
-                        f"'{Path(model_dir or DEFAULT_DIR)}', dataset='{dataset}', threat_model='{threat}')\"), or "
-                        "pass --model-dir where they are")
+    if path.is_file():
+        return path
+    url = DRIVE.format(spec["gdrive_id"])
+    utils = _import("robustbench.utils")
+    echo(f"fetching {name}'s weights from {url} to {path}")
+    with replacing(path) as tmp:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # its own line names the temporary file; gdown's
+                utils.download_gdrive_new(spec["gdrive_id"], tmp)  # progress bar goes to stderr
+        except Exception as err:  # requests' and gdown's errors: no network, no such file, Drive's refusal
+            for left in tmp.parent.glob(f"{tmp.name}?*"):  # gdown's own temporary file beside its output
+                left.unlink(missing_ok=True)
+            why = " ".join(str(err).split())[:200]
+            raise UserError(f"could not fetch {name}'s weights ({type(err).__name__}: {why}); "
+                            f"{place(name, dataset, threat, model_dir)}") from None
+        with tmp.open("rb") as f:
+            start = f.read(64)
+        if not start.startswith(TORCH_SAVE):
+            said = start.decode("utf-8", "replace").split("\n", 1)[0][:60]
+            raise UserError(f"what came from {url} is not a torch.save file (it starts {said!r}: Google Drive's page "
+                            f"when a file is over its download quota or not shared); download it in a browser and "
+                            f"save it as {path.resolve()}")
+        if start.startswith(TORCH_SAVE[0]) and not zipfile.is_zipfile(tmp):  # urllib3 < 2 takes a short read
+            raise UserError(f"the download of {url} ended early ({tmp.stat().st_size:,} bytes, no zip directory at "
+                            f"the end); run the same command again, or download it in a browser and save it as "
+                            f"{path.resolve()}")
+    return path
+
+
+def load(name: str, *, dataset: str = "cifar10", threat: str = THREAT,
+         model_dir: str | Path | None = None, echo=print) -> tuple[torch.nn.Module, dict]:
+    """(RobustBench's model ``name`` with its weights, in eval mode on the CPU, inputs in [0, 1]; the record of
+    where it came from: name, data set, threat, file and SHA-256, architecture, RobustBench's reported numbers).
+    Weights not in ``model_dir`` yet are fetched first (:func:`fetch`)."""
+    spec = entry(name, dataset, threat)
+    path = fetch(name, dataset=dataset, threat=threat, model_dir=model_dir, echo=echo)
     checkpoint = load_weights_only(path)
     if "Kireev2021Effectiveness" in name or name == "Andriushchenko2020Understanding":
         checkpoint = checkpoint["last"]  # RobustBench's loader takes the last of these files' two models
@@ -178,9 +239,9 @@ def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str
                                 "train.device": device, "data.eval_batch_size": batch_size,
                                 "data.test_per_class": per_class, "eval.eps": eps,
                                 **({"eval.alpha": alpha} if alpha is not None else {})})
-    net, source = load(name, dataset=dataset, threat=threat, model_dir=model_dir)
     dev = build.device(cfg)
-    bundle, splits = build.splits(cfg)
+    bundle, splits = build.splits(cfg)  # the data before the weights, which may be fetched first: a long wait
+    net, source = load(name, dataset=dataset, threat=threat, model_dir=model_dir)
     with torch.no_grad():
         outputs = net(torch.zeros(1, *bundle.shape)).shape[1]
     if outputs != bundle.num_classes:

@@ -49,11 +49,11 @@ def listing(dataset: str, threat: str, model_dir: str | None, echo=print) -> Non
          f"in {Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}:")
     display.print_table(header, rows, text_columns=2)
     echo("\nevaluate per class: fastfair zoo --run --models NAME,NAME (or --top N, or every model whose weights are "
-         "here) --attacks clean,aa")
+         "here) --attacks clean,aa; weights not here are fetched first (--fetch only fetches them)")
 
 
 def choose(models: str | None, top: int | None, dataset: str, threat: str, model_dir: str | None) -> list[str]:
-    """The models to run; every named or top-N model whose weights are missing is named in one error."""
+    """The models named (``--models``), the top N of the leaderboard, or else every model whose weights are here."""
     board = [name for name, _ in leaderboard(dataset, threat)]
     if models and top:
         raise UserError("--models and --top both choose the models; pass one")
@@ -61,19 +61,25 @@ def choose(models: str | None, top: int | None, dataset: str, threat: str, model
         chosen = [m.strip() for m in models.split(",") if m.strip()]
         for name in chosen:
             rb.entry(name, dataset, threat)  # an unknown name: one line
-    elif top:
-        chosen = board[:top]
-    else:
-        chosen = [n for n in board if rb.model_file(n, dataset, threat, model_dir).is_file()]
-        if not chosen:
-            raise UserError(f"no RobustBench weights under {Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}; "
-                            "name the models (--models) or pass --model-dir where they are")
-    missing = [rb.model_file(n, dataset, threat, model_dir) for n in chosen
-               if not rb.model_file(n, dataset, threat, model_dir).is_file()]
-    if missing:
-        raise UserError(f"no weights at {', '.join(map(str, missing))}; fastfair does not download: fetch them with "
-                        "robustbench.utils.load_model(NAME, model_dir=...), or pass --model-dir where they are")
+        return chosen
+    if top:
+        return [n for n in board if rb.single_file(n, dataset, threat)][:top]
+    chosen = [n for n in board if rb.model_file(n, dataset, threat, model_dir).is_file()]
+    if not chosen:
+        raise UserError(f"no RobustBench weights under {Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}; "
+                        "name the models (--models, --top N), whose weights are fetched, or pass --model-dir where "
+                        "they are")
     return chosen
+
+
+def fetch(names: list[str], dataset: str, threat: str, model_dir: str | None, echo=print) -> None:
+    """The weights of ``names`` that are not in ``model_dir`` yet, downloaded one after another (``--fetch``, and
+    ``--run`` before its first evaluation, so that no two children download the same file)."""
+    missing = [n for n in names if not rb.model_file(n, dataset, threat, model_dir).is_file()]
+    for name in missing:
+        rb.fetch(name, dataset=dataset, threat=threat, model_dir=model_dir, echo=echo)
+    echo(f"{len(names)} models: {len(names) - len(missing)} were here, {len(missing)} fetched, in "
+         f"{Path(model_dir or rb.DEFAULT_DIR) / dataset / threat}")
 
 
 def run(*, models: str | None, top: int | None, dataset: str, threat: str, model_dir: str | None, attacks: str,
@@ -84,6 +90,7 @@ def run(*, models: str | None, top: int | None, dataset: str, threat: str, model
     rb.check_threat(dataset, threat)
     names = choose(models, top, dataset, threat, model_dir)
     start = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
+    fetch(names, dataset, threat, model_dir, echo)
     folder = Path(out or f"runs/zoo/{dataset}-{threat}")
     where = str(Path(model_dir or rb.DEFAULT_DIR).resolve())
     common = ["--dataset", dataset, "--threat", threat, "--model-dir", where, "--attacks", attacks, "--quiet",

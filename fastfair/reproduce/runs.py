@@ -21,6 +21,7 @@ import numpy as np
 from fastfair import config, data
 from fastfair.attacks import autoattack, names
 from fastfair.checks import epoch_keys, last_acting
+from fastfair.data.shared_subsets import SUBSETS
 from fastfair.errors import UserError
 from fastfair.evaluation import robustbench as rb
 from fastfair.registry import Registry
@@ -92,8 +93,10 @@ def _subset_data(data_dir: str, out: Path, dataset: str) -> dict[str, Any]:
     if src is not None and src.is_dir():  # a folder of <dataset>-subset.npz files: a table over several data sets
         found = src / f"{dataset}-subset.npz"
         if not found.is_file():
-            raise NoData(f"no {found.name} in {src}")
+            raise NoData(f"no {found.name} in {src}{_make_subset(dataset, found)}")
         src, dest = found, out / "data" / found.name
+    elif src is not None and src.suffix == ".npz" and not src.is_file():
+        raise UserError(f"--data-dir {src} does not exist{_make_subset(dataset, src)}")
     elif src is None or src.suffix != ".npz" or not src.is_file():
         raise UserError(f"--scale subset reads a small real data set from an .npz file (uint8 x_train/x_test, int "
                         f"y_train/y_test, e.g. a CIFAR-10 subset); pass --data-dir FILE.npz, or a folder of "
@@ -111,6 +114,12 @@ def _subset_data(data_dir: str, out: Path, dataset: str) -> dict[str, Any]:
                       "x_test": f["x_test"][test], "y_test": f["y_test"][test], "class_names": np.array(classes)}
         write_npz_atomic(arrays, dest)  # complete or absent, whoever else reads it
     return {"data.dataset": "npz", "data.data_dir": str(dest.resolve()), "data.val_per_class": SUBSET_VAL_PER_CLASS}
+
+
+def _make_subset(dataset: str, path: Path) -> str:
+    """How to make the project's real-data subset of ``dataset`` at ``path`` ('' where there is none)."""
+    return (f"; make it from the official {dataset} files with `fastfair data subset {dataset} --data-dir FOLDER "
+            f"--out {path}`" if dataset in SUBSETS else "")
 
 
 def _first_per_class(labels: np.ndarray, n: int) -> np.ndarray:
@@ -197,8 +206,7 @@ def _robustbench_missing(name: str, model_dir: str | None) -> str:
         return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
     path = rb.model_file(name, model_dir=model_dir)
     if not path.is_file():
-        return (f"no weights for RobustBench's {name} at {path} (fastfair does not download: fetch them with "
-                f"robustbench.utils.load_model('{name}', model_dir='{path.parents[2]}'), or pass --model-dir)")
+        return f"no weights for RobustBench's {name} at {path}: {rb.place(name, 'cifar10', rb.THREAT, model_dir)}"
     return ""
 
 

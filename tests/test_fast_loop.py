@@ -1,0 +1,67 @@
+"""The contributor's loop (``-m "not slow"``, README: The two commands): tests/slow.txt names only tests that exist,
+each of them is marked slow, every test file keeps a test in the loop, and the list is chosen as fast_loop says."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fast_loop
+from conftest import COLLECTED
+
+TESTS = Path(__file__).resolve().parent
+
+
+def collected(request) -> list:
+    """Every test the session collected, before -m or -k left any out; skips unless that is the whole folder."""
+    if not all(Path(a.split("::")[0]).resolve() in (TESTS, TESTS.parent) for a in request.config.args):
+        pytest.skip("needs the whole tests/ folder collected (the full suite or the contributor's loop)")
+    return request.config.stash[COLLECTED]
+
+
+def test_the_slow_list_names_only_tests_that_exist_and_marks_them(request):
+    items = collected(request)
+    listed = fast_loop.read_slow()
+    assert not fast_loop.stale(listed, {i.nodeid for i in items}), \
+        "tests/slow.txt names tests that are gone: regenerate it (tests/fast_loop.py)"
+    assert all(i.get_closest_marker("slow") for i in items if i.nodeid in listed)
+
+
+def test_the_list_leaves_every_test_file_a_test_in_the_loop(request):
+    """A file whose own markers make every test slow (a whole compile or two-process check) stays out; every
+    other file keeps at least one test in the loop."""
+    listed, files = fast_loop.read_slow(), {}
+    for item in collected(request):
+        own = item.get_closest_marker("slow") is not None and item.nodeid not in listed  # its file's marker
+        file = item.nodeid.split("::")[0]
+        if not own:
+            files[file] = files.get(file, False) or item.nodeid not in listed
+    assert files and not [f for f, fast in files.items() if not fast]
+
+
+def test_stale_ids_are_those_of_collected_files_only():
+    collected = {"tests/test_a.py::test_x", "tests/test_a.py::test_y[1]"}
+    listed = {"tests/test_a.py::test_y[1]", "tests/test_a.py::test_gone", "tests/test_b.py::test_z"}
+    assert fast_loop.stale(listed, collected) == {"tests/test_a.py::test_gone"}  # test_b.py was not collected
+
+
+def test_choose_takes_the_dearest_until_the_rest_fits_and_keeps_a_test_of_every_file(tmp_path):
+    cpu = {"tests/test_a.py::big": 50.0, "tests/test_a.py::mid": 20.0, "tests/test_a.py::small": 1.0,
+           "tests/test_b.py::only": 40.0, "tests/test_c.py::one": 5.0, "tests/test_c.py::two": 6.0,
+           "tests/test_d.py::marked": 90.0, "tests/test_d.py::kept": 2.0}
+    marked = {"tests/test_d.py::marked"}  # slow by its file's own marker: out of the loop already
+    assert fast_loop.choose(cpu, 60, marked) == ["tests/test_a.py::big", "tests/test_a.py::mid"]
+    assert fast_loop.choose(cpu, 1000, marked) == []
+    # test_b's only test stays though it is dear; test_c keeps its cheaper test, test_d its one unmarked test
+    assert fast_loop.choose(cpu, 0, marked) == ["tests/test_a.py::big", "tests/test_a.py::mid", "tests/test_c.py::two"]
+    record = tmp_path / "cpu.jsonl"
+    for worker, names in (("gw0", list(cpu)[:3]), ("gw1", list(cpu)[3:])):
+        Path(f"{record}.{worker}").write_text("".join(
+            json.dumps({"test": n, "cpu_s": cpu[n], "wall_s": 1.0, "marked": n in marked}) + "\n" for n in names))
+    assert fast_loop.read_record(record) == (cpu, marked)
+    out = tmp_path / "slow.txt"
+    fast_loop.write_list(fast_loop.choose(cpu, 60, marked), cpu, 60, marked, out)
+    assert fast_loop.read_slow(out) == {"tests/test_a.py::big", "tests/test_a.py::mid"}
+    assert "1 marked slow in their files take 90 s" in out.read_text() and "the loop 54 s (budget 60 s)" in \
+        out.read_text()
