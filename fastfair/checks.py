@@ -52,7 +52,7 @@ RANGES: dict[str, Range] = {
     "train.lr_peak_epoch": at_least(0),
     "train.progress_every_s": ABOVE_0, "data.train_per_class": at_least(0), "data.test_per_class": at_least(0),
     "train.avg_decay": within(0, 1), "train.avg_threshold": within(0, 1), "train.avg_begin": at_least(0),
-    "train.select_begin": at_least(0),
+    "train.select_begin": at_least(0), "train.select_epoch": at_least(0),
     "data.batch_size": at_least(1), "data.eval_batch_size": at_least(1), "data.val_per_class": at_least(1),
     "data.crop_padding": at_least(0), "data.image_size": at_least(16), "data.workers": at_least(0),
     "model.width": at_least(0), "model.head_scale": ABOVE_0,
@@ -86,7 +86,10 @@ EPOCHS: dict[str, Epochs] = {
     "train.avg_begin": Epochs("EMA/FAWA weight averaging", switch="train.averaging",
                               active=lambda cfg: cfg.train.averaging != "none"),
     "train.select_begin": Epochs("the best_* checkpoints train.select evaluates", switch="train.select",
-                                 active=lambda cfg: cfg.train.select != "last", needed=True),
+                                 active=lambda cfg: cfg.train.select not in ("last", "epoch"), needed=True),
+    # the model after epoch n (from 1) is kept: n acts in epoch n
+    "train.select_epoch": Epochs("the checkpoint train.select = epoch evaluates", switch="train.select",
+                                 active=lambda cfg: cfg.train.select == "epoch", first=lambda n: n, needed=True),
 }
 
 
@@ -121,6 +124,7 @@ def check_config(cfg) -> list[str]:
     if (cfg.data.train_per_class or cfg.data.test_per_class) and cfg.data.loader == "ffcv":
         raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
                         "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
+    _check_select_epoch(cfg.train)
     unread = _check_schedule(cfg)
     _check_phases(cfg.data)
     method.check(cfg)
@@ -133,6 +137,16 @@ def check_config(cfg) -> list[str]:
     unused = ([f"model.norm={cfg.model.norm} does nothing: {cfg.model.name} has no normalisation layer"]
               if cfg.model.norm != "bn" and not uses_norm(cfg.model.name) else [])
     return unread + method.warnings(cfg) + check_epochs(cfg) + unused
+
+
+def _check_select_epoch(t) -> None:
+    """``train.select = epoch`` names its epoch, and ``train.select_epoch`` goes with that policy alone."""
+    if t.select == "epoch" and t.select_epoch < 1:
+        raise UserError("train.select=epoch keeps the model after one epoch: name it with train.select_epoch (from 1; "
+                        "Tian et al. ICLR keep the 75th: --set train.select_epoch=75)")
+    if t.select != "epoch" and t.select_epoch:
+        raise UserError(f"train.select_epoch = {t.select_epoch} is read by train.select=epoch only, so it would do "
+                        f"nothing with train.select={t.select}; drop it, or set train.select=epoch")
 
 
 def _check_schedule(cfg) -> list[str]:

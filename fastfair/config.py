@@ -137,10 +137,13 @@ class TrainConfig:
     # compiled code's kernel launches from C++ instead of Python
     cpp_wrapper: str = "auto"
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
-    select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | last
+    select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | epoch | last
     # epochs before the first whose model may become a best_* checkpoint: candidates from epoch select_begin + 1
     # on (CFA's code keeps none before epochs / 2: its 0-based `epoch >= 100` of 200 is select_begin = 100)
     select_begin: int = 0
+    # select = epoch: the model after this epoch (from 1) is kept as checkpoints/epoch.pt and evaluated (Tian et al.
+    # ICLR Sec. 3 keeps the 75th epoch's model "for all experiments unless otherwise stated"); 0 with any other policy
+    select_epoch: int = 0
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
     # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)

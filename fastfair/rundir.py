@@ -5,7 +5,8 @@ this module is the one place that names its files::
     RUN/metrics.jsonl                                 one JSON line per finished epoch
     RUN/checkpoints/last.pt                           full training state, rewritten atomically every epoch
     RUN/checkpoints/best_<policy>.pt                  best weights by each selection policy
-    RUN/checkpoints/{best_<policy>,last}_avg.pt       the same for the EMA/FAWA-averaged model
+    RUN/checkpoints/epoch.pt                          the weights after epoch train.select_epoch (train.select = epoch)
+    RUN/checkpoints/{best_<policy>,last,epoch}_avg.pt the same for the EMA/FAWA-averaged model
     RUN/checkpoints/interrupted.pt                    the state of an epoch stopped at a step boundary (a signal),
                                                       which --resume continues; removed when that epoch ends
     RUN/eval/<checkpoint>-<split>.json                per-class evaluation (+ .aa.npz: AutoAttack's resume state);
@@ -148,8 +149,9 @@ class RunDir:
         return self.checkpoint(f"best_{policy}", averaged)
 
     def selected_checkpoint(self, select: str, averaged: bool = False) -> Path:
-        """The checkpoint a selection policy (``train.select``) picks: ``last.pt`` for ``last``, else its best."""
-        return self.checkpoint("last", averaged) if select == "last" else self.best(select, averaged)
+        """The checkpoint a selection policy (``train.select``) picks: ``last.pt`` for ``last``, ``epoch.pt`` (the
+        weights after ``train.select_epoch``) for ``epoch``, else its best."""
+        return self.checkpoint(select, averaged) if select in ("last", "epoch") else self.best(select, averaged)
 
     def eval_file(self, checkpoint: Path, split: str, per_class: int = 0) -> Path:
         """``eval/<checkpoint>-<split>.json``; ``-first<N>`` added for ``eval --per-class N`` when N is not the

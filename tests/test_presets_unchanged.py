@@ -94,6 +94,12 @@ for _p, _text in _T6_DESCRIPTION.items():
                    "eval.attacks": (["clean", "pgd20", "cw20", "tpgd20@t0.1", *_T6],
                                     "ICLR Table 6's 1/T columns evaluated too (issue 29)"),
                    "preset": (_text, "the description names Table 6 too (issue 29)")}
+# Tian et al. ICLR Sec. 3 keeps the 75th epoch's model and evaluates PGD-20 with step 0.007; App. G keeps Sec. 3 for
+# Table 5 (App. E's 0.003 is Table 2's) (issue 41 items 2 and 3)
+for _p in ("tian-iclr-t5-he", "tian-iclr-t5-he-lis", "tian-iclr-t5-he-cmp"):
+    CHANGED[_p] = {**CHANGED[_p], "train.select": ("epoch", "the 75th epoch's model (ICLR Sec. 3; issue 41)"),
+                   "train.select_epoch": (75, "the 75th epoch's model (ICLR Sec. 3; issue 41)"),
+                   "eval.alpha": (0.007, "PGD-20 step 0.007 (ICLR Sec. 3 and App. G; issue 41)")}
 for _p in CFA_CODE_PRESETS:
     CHANGED[_p] = {**CHANGED.get(_p, {}), **_CFA_SETUP}
 

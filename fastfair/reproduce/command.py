@@ -225,6 +225,13 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
     return records, run_lines, failed
 
 
+def _selected(train) -> str:
+    """How fastfair picks the row's checkpoint, as the notes say it."""
+    if train.select == "epoch":
+        return f"train.select = epoch, the model after epoch {train.select_epoch}"
+    return f"train.select = {train.select} on the validation split"
+
+
 def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
     notes = []
     for row in tab.rows:
@@ -238,8 +245,8 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
             continue
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
-                     f"fastfair: train.select = {preset.train.select} on the "
-                     f"validation split{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
+                     f"fastfair: {_selected(preset.train)}"
+                     f"{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
                      f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")
     notes += [f"Not run by fastfair yet: {p}" for p in tab.pending]

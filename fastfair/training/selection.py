@@ -3,7 +3,8 @@
 A policy scores the validation split's robust summary (:func:`fastfair.evaluation.measures.summary`:
 avg, worst, cv, mcd, ...; accuracies in percent). The trainer keeps ``checkpoints/best_<name>.pt``
 (and ``best_<name>_avg.pt`` for the EMA/FAWA model) at the highest score of every policy that has
-one; a policy without a score (``last``) selects ``last.pt``.
+one; a policy without a score selects ``last.pt`` (``last``) or the weights after one fixed epoch, ``epoch.pt``
+(``epoch``, at ``train.select_epoch``).
 """
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ def best_worst_class(summary: dict) -> float:
 
 
 SELECTION.register("last", "the last epoch")(None)
+SELECTION.register("epoch", "the model after epoch train.select_epoch, kept as checkpoints/epoch.pt (Tian et al. ICLR "
+                            "Sec. 3: the 75th epoch's)")(None)
 
 
 def scored_policies() -> list[str]:
-    """The policies that keep a ``best_<name>.pt`` (every one but ``last``)."""
+    """The policies that keep a ``best_<name>.pt`` (every one but ``last`` and ``epoch``)."""
     return [name for name in SELECTION if SELECTION.get(name) is not None]
 
 

@@ -398,7 +398,8 @@ class Trainer:
 
     def _keep_best(self, model, epoch: int, summary: dict, averaged: bool = False) -> None:
         """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
-        scores a new best (from epoch ``train.select_begin`` on); for the averaged model also ``last_avg.pt``."""
+        scores a new best (from epoch ``train.select_begin`` on), and ``epoch.pt`` after epoch ``train.select_epoch``
+        (``train.select = epoch``); for the averaged model also ``last_avg.pt``."""
         weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
                    "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
         # train.select_begin: earlier epochs are never candidates (CFA's code keeps none before epochs / 2)
@@ -408,6 +409,8 @@ class Trainer:
             if score > self.best.get(key, float("-inf")):
                 self.best[key] = score
                 save_atomic(weights, self.run.best(policy, averaged))
+        if self.cfg.train.select == "epoch" and epoch + 1 == self.cfg.train.select_epoch:  # the fixed epoch's weights
+            save_atomic(weights, self.run.checkpoint("epoch", averaged))
         if averaged:
             save_atomic(weights, self.run.checkpoint("last", averaged=True))
 
