@@ -148,19 +148,24 @@ def authors_resnet18() -> dict:
     return keys
 
 
-def authors_wrn34_10() -> dict:
-    """Key -> shape of the TRADES code's WideResNet-34-10, from its layout (5 blocks per stage)."""
-    keys = {"conv1.weight": (16, 3, 3, 3), **_bn("bn1", 640), "fc.weight": (10, 640), "fc.bias": (10,)}
-    cin = 16
-    for stage, c in enumerate((160, 320, 640), 1):
-        for i in range(5):
-            p = f"block{stage}.layer.{i}"
-            keys |= {**_bn(f"{p}.bn1", cin), f"{p}.conv1.weight": (c, cin, 3, 3), **_bn(f"{p}.bn2", c),
-                     f"{p}.conv2.weight": (c, c, 3, 3)}
-            if cin != c:
-                keys |= {f"{p}.convShortcut.weight": (c, cin, 1, 1)}
-            cin = c
+def _wrn_stage(prefix: str, cin: int, c: int) -> dict:
+    keys = {}
+    for i in range(5):
+        p = f"{prefix}.layer.{i}"
+        keys |= {**_bn(f"{p}.bn1", cin), f"{p}.conv1.weight": (c, cin, 3, 3), **_bn(f"{p}.bn2", c),
+                 f"{p}.conv2.weight": (c, c, 3, 3)}
+        if cin != c:
+            keys |= {f"{p}.convShortcut.weight": (c, cin, 1, 1)}
+        cin = c
     return keys
+
+
+def authors_wrn34_10() -> dict:
+    """Key -> shape of the TRADES code's WideResNet-34-10, from its layout (5 blocks per stage), with the sub_block1
+    its __init__ builds beside block1 and its forward never calls (MART's copy has it too)."""
+    return {"conv1.weight": (16, 3, 3, 3), **_bn("bn1", 640), "fc.weight": (10, 640), "fc.bias": (10,),
+            **_wrn_stage("block1", 16, 160), **_wrn_stage("block2", 160, 320), **_wrn_stage("block3", 320, 640),
+            **_wrn_stage("sub_block1", 16, 160)}
 
 
 @pytest.mark.parametrize("model, authors", [("resnet18", authors_resnet18), ("wrn-34-10", authors_wrn34_10)])

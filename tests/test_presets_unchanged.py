@@ -125,7 +125,8 @@ def test_preset_resolves_to_the_same_run(preset):
 # Presets added after issue 11 have no pre-issue-11 form to compare with.
 ADDED_AFTER = {"dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat", "trix-rebuttal-t1-trades",
                "trix-rebuttal-t1-trades-dafa", "trix-rebuttal-t1-trades-trix", "trix-rebuttal-t1-trades-wat",
-               *(f"tian-iclr-t2-{r}" for r in ("madry", "trades", "mart", "standard", "rst")),
+               *(f"tian-iclr-t2-{r}" for r in ("madry", "trades", "mart", "standard", "rst", "trades-released",
+                                               "mart-released")),
                *(f"tian-kdd-t1-{r}" for r in ("madry", "trades", "mart", "he", "standard")), "tian-iclr-t5-madry",
                *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
                  for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),

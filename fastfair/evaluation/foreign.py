@@ -25,7 +25,8 @@ NESTED = ("state_dict", "model_state_dict", "model", "net", "state")  # where au
 WRAPPERS = ("module.", "_orig_mod.", "model.", "net.")  # DataParallel, torch.compile, wrapper modules
 MEAN_NAMES, STD_NAMES = ("mean", "mu"), ("std", "sigma")  # RobustBench's models call them mu and sigma
 
-Rename = list[tuple[str, object]]  # (regex at the start of a key, replacement string or function of the match)
+# (regex at the start of a key, replacement string or function of the match; None: the key is dropped)
+Rename = list[tuple[str, object]]
 AUTHORS_KEYS: Registry[Rename] = Registry("architecture with authors' key names")
 
 
@@ -51,7 +52,9 @@ AUTHORS_KEYS.register("resnet50", "conv1, bn1, layer1-4.B, fc (torchvision's Res
 
 def _wide_resnet(depth: int) -> Rename:
     n = (depth - 4) // 6
-    return [(r"conv1\.", "body.0."),
+    # the TRADES code's WideResNet (and MART's, copied from it) builds a sub_block1 its forward never calls, so a
+    # state dict the authors saved holds its weights: dropped (RobustBench builds it, sub_block1=True, to load them)
+    return [(r"sub_block1\.", None), (r"conv1\.", "body.0."),
             (r"block(\d)\.layer\.(\d+)\.convShortcut\.", lambda m: _block(1, [n] * 3)(m) + "shortcut."),
             (r"block(\d)\.layer\.(\d+)\.", _block(1, [n] * 3)), (r"bn1\.", f"body.{3 * n + 1}."), (r"fc\.", "head.")]
 
@@ -160,9 +163,10 @@ def rename(state: dict, model: str, expected: set[str]) -> tuple[dict, str]:
         for pattern, repl in rules:
             m = pattern.match(key)
             if m:
-                key = (repl(m) if callable(repl) else repl) + key[m.end():]
+                key = None if repl is None else (repl(m) if callable(repl) else repl) + key[m.end():]
                 break
-        out[key] = value
+        if key is not None:
+            out[key] = value
     return out, f"authors' ({AUTHORS_KEYS.doc(model)})"
 
 
@@ -214,8 +218,9 @@ def _refuse(path: Path, model: str, loaded: set[str], expected: set[str]) -> Use
 
 def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
                  split: str, device: str, data_dir: str | None, batch_size: int | None,
-                 per_class: int | None = None):
-    """(cfg, dev, model, bundle, (x, y) of split, the record of where the model came from)."""
+                 per_class: int | None = None, eps: float | None = None, alpha: float | None = None):
+    """(cfg, dev, model, bundle, (x, y) of split, the record of where the model came from); ``eps`` and ``alpha``
+    (the PGD step) default to fastfair's evaluation defaults."""
     models.MODELS.get(model)  # an unknown name fails before the file or the data is read
     state, in_file = split_normaliser(read_state_dict(path))
     with torch.device("meta"):  # only the key names, which do not depend on classes or channels: no memory
@@ -238,7 +243,8 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
     norm = normalisation(normalize, in_file, None, channels) if early else None
     cfg = config.resolve(None, {"method.name": "standard", "data.dataset": dataset, "data.data_dir": data_dir,
                                 "model.name": model, "train.device": device, "data.eval_batch_size": batch_size,
-                                "data.test_per_class": per_class})
+                                "data.test_per_class": per_class,
+                                **{f"eval.{k}": v for k, v in (("eps", eps), ("alpha", alpha)) if v is not None}})
     dev = build.device(cfg)
     bundle, splits = build.splits(cfg)
     classes, channels = classes or bundle.num_classes, channels or bundle.shape[0]
@@ -264,12 +270,16 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
 def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
                      attacks: list[str], split: str, data_dir: str | None, device: str, batch_size: int | None,
                      amp: bool, quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None,
-                     substitute: str | None = None) -> dict:
+                     substitute: str | None = None, eps: float | None = None, alpha: float | None = None,
+                     run_dir: Path | None = None) -> dict:
     """``fastfair eval FILE --model ARCH``: the same per-class attacks, table and JSON as for a fastfair checkpoint;
-    the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used."""
+    the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used. It goes
+    beside the file, or into ``run_dir/eval/`` (a reproduce row's)."""
     cfg, dev, net, bundle, data, source = load_foreign(
         path, model=model, dataset=dataset, normalize=normalize, num_classes=num_classes, split=split,
-        device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class)
+        device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class, eps=eps, alpha=alpha)
+    if run_dir is not None:  # the JSON goes to RUN/eval/, the weights stay where they are
+        path = Path(run_dir) / "checkpoints" / path.name
     return evaluate_loaded(path, net, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": None, "source": source},
                            title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})",

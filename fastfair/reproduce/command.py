@@ -15,6 +15,7 @@ from fastfair import config
 from fastfair.attacks import autoattack, names
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.errors import UserError
+from fastfair.evaluation.foreign import evaluate_foreign, file_sha256
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
@@ -37,7 +38,9 @@ def listing(seeds: int, echo=print) -> None:
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
         for row in table.rows:
-            released = f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else ""
+            released = (f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else
+                        f"; the authors' released model, evaluated, not trained: {row.released.place(None)} (or "
+                        f"under --model-dir)" if row.released else "")
             echo(f"  {row.preset:<32} {row.row} [{_what_it_reports(row, table)}; follows {row.follows}{released}]")
         for pending in table.pending:
             echo(f"  not run yet: {pending}")
@@ -90,15 +93,19 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     root = Path(out or f"runs/reproduce/{table}-{scale}")
     user_sets = config.parse_set(sets or [])
     planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets, model_dir)
-    left_out = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned if p.missing))
+    # an authors' file not placed yet is pending at any scale; other rows are left out at a scale without their data
+    pending = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned
+                                 if p.missing and p.row.released))
+    left_out = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned
+                                  if p.missing and not p.row.released))
     planned = [p for p in planned if not p.missing]
     if not planned:
         raise UserError(f"no row of {table} has its data at --scale {scale} ({'; '.join(left_out)}): pass --data-dir "
                         "FILE.npz, or a folder of <dataset>-subset.npz files")
     if runs.needs_autoattack(planned):
         autoattack.default_backend()  # a missing AutoAttack package stops here, before any training
-    evaluated = [p for p in planned if p.row.robustbench]  # released models: evaluated once the others are done
-    planned = [p for p in planned if not p.row.robustbench]
+    evaluated = [p for p in planned if p.row.evaluated]  # released models: evaluated once the others are done
+    planned = [p for p in planned if not p.row.evaluated]
     jobs, configs, changed = [], [], []
     for p in planned:
         try:
@@ -118,6 +125,9 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
          (f"; then {len(evaluated)} evaluations of released models" if evaluated else ""))
     for r in left_out:
         echo(f"  not run at this scale: {r}")
+    for r in pending:
+        echo(f"  pending: {r}")
+    not_run = [f"Not run at this scale: {r}" for r in left_out] + [f"Pending: {r}" for r in pending]
     todo = [cfg for j, cfg in zip(jobs, configs) if status[j.name] != "done"]
     if todo:
         per_gpu = runs_per_gpu.resolve(per_gpu, todo, parse_gpus(gpus), echo)
@@ -139,7 +149,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
             _diagnose(planned, jobs, gpus, echo)
-            notes = _notes(tab, scale, user_sets) + [f"Not run at this scale: {r}" for r in left_out]
+            notes = _notes(tab, scale, user_sets) + not_run
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
                                   scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
             echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
@@ -157,7 +167,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                                            runs_for[row.preset])
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
                          runs=run_lines, user_sets=list(sets or []),
-                         notes=_notes(tab, scale, user_sets) + [f"Not run at this scale: {r}" for r in left_out])
+                         notes=_notes(tab, scale, user_sets) + not_run)
             echo(f"written: {path} and {root / 'reproduce.png'}")
     if failed:
         echo(f"{len(failed)} of {len(jobs) + len(evaluated)} runs did not finish:\n"
@@ -169,26 +179,41 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
 
 def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gpus: str, records: dict,
                        run_lines: list, failed: list, echo) -> None:
-    """A RobustBench row: its model evaluated per class under the row's attacks and eval settings, the result in
-    the row's own run folder (fingerprinted: a second invocation reuses it)."""
+    """A released model's row (RobustBench's, or the authors' own file): evaluated per class under the row's attacks
+    and eval settings, the result in the row's own run folder (fingerprinted: a second invocation reuses it). The
+    authors' file's SHA-256 is printed, and checked where the preset records one."""
     cfg = config.resolve(p.row.preset, sets=p.sets)
-    dataset = config.resolve(p.row.preset).data.dataset  # the model's (the subset scale reads it from an .npz)
+    saved = config.resolve(p.row.preset)  # the model's data set and architecture (the subset scale reads an .npz)
     run_dir = p.run_dir(root)
-    echo(f"evaluate {p.name}: RobustBench's {p.row.robustbench} under {', '.join(p.attacks)}")
+    released = p.row.released
+    what = f"RobustBench {p.row.robustbench}" if p.row.robustbench else f"the authors' file {released.file}"
+    echo(f"evaluate {p.name}: {what} under {', '.join(p.attacks)}")
+    common = dict(attacks=list(p.attacks), split="test", data_dir=cfg.data.data_dir,
+                  device="cpu" if gpus == "cpu" else cfg.train.device, batch_size=None, amp=False, quiet=True,
+                  aa_backend="auto", seed=None, substitute=cfg.eval.substitute or None, eps=cfg.eval.eps,
+                  alpha=cfg.eval.alpha, run_dir=run_dir)
     try:
-        record = evaluate_robustbench(p.row.robustbench, dataset=dataset, threat="Linf", model_dir=model_dir,
-                                      attacks=list(p.attacks), split="test", data_dir=cfg.data.data_dir,
-                                      device="cpu" if gpus == "cpu" else cfg.train.device, batch_size=None,
-                                      amp=False, quiet=True, aa_backend="auto", seed=None,
-                                      substitute=cfg.eval.substitute or None, eps=cfg.eval.eps, alpha=cfg.eval.alpha,
-                                      run_dir=run_dir)
+        if p.row.robustbench:
+            record = evaluate_robustbench(p.row.robustbench, dataset=saved.data.dataset, threat="Linf",
+                                          model_dir=model_dir, **common)
+        else:
+            path = released.path(model_dir)
+            sha = file_sha256(path)
+            if released.sha256 and sha != released.sha256:
+                raise UserError(f"{path} has SHA-256 {sha}, not the {released.sha256} the preset records: it is not "
+                                f"the file the row was checked with; {released.place(model_dir)}")
+            echo(f"  {path}: SHA-256 {sha}" + ("" if released.sha256 else
+                                               f" (preset {p.row.preset} records none yet: add sha256 = \"{sha}\" to "
+                                               "its [paper] released once the file is known to be the authors')"))
+            data = "npz" if cfg.data.dataset == "npz" else saved.data.dataset
+            record = evaluate_foreign(path, model=saved.model.name, dataset=data, normalize=released.normalize,
+                                      num_classes=None, **common)
     except UserError as err:
         failed.append(f"{p.name}: fastfair: error: {err}")
-        run_lines.append((str(run_dir), "failed", f"RobustBench {p.row.robustbench}"))
+        run_lines.append((str(run_dir), "failed", what))
         return
     records.setdefault(p.row.preset, []).append(record)
-    run_lines.append((str(run_dir), "done", f"RobustBench {p.row.robustbench} (sha256 "
-                                            f"{record['source']['sha256'][:12]})"))
+    run_lines.append((str(run_dir), "done", f"{what} (sha256 {record['source']['sha256'][:12]})"))
 
 
 def _diagnose(planned: list[runs.PlannedRun], jobs: list, gpus: str, echo) -> None:
@@ -237,6 +262,14 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
     for row in tab.rows:
         preset = config.resolve(row.preset)
         follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
+        if row.released:
+            notes.append(f"`{row.preset}` ({row.row}): the authors' released model ({row.released.url}), evaluated "
+                         f"(not trained) at eps {preset.eval.eps:g}, step {preset.eval.alpha:g}, as "
+                         f"{preset.model.name} with inputs scaled '{row.released.normalize}'; SHA-256 "
+                         f"{row.released.sha256 or 'not recorded (the run line prints the placed file’s)'}"
+                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}"
+                         f". Preset: {preset.preset}")
+            continue
         if row.robustbench:
             notes.append(f"`{row.preset}` ({row.row}): the released model, RobustBench's {row.robustbench}, "
                          f"evaluated (not trained) at eps {preset.eval.eps:g}, step {preset.eval.alpha:g}"

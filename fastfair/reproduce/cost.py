@@ -28,7 +28,7 @@ def estimate(table: Table, seeds: int, speeds: dict[tuple[str, str], tuple[float
     """One line: the table's training work and GPU hours, or why there is no GPU figure."""
     hours, devices, missing, epochs = 0.0, set(), [], 0
     for row in table.rows:
-        if row.robustbench:  # a released model: evaluated, not trained
+        if row.evaluated:  # a released model: evaluated, not trained
             continue
         cfg = config.resolve(row.preset)
         total, classes = TRAIN_IMAGES.get(cfg.data.dataset, (0, 0))

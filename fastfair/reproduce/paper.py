@@ -15,6 +15,10 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     substitute = "tian-iclr-t2-standard"  # optional: that preset's run is the transfer: attacks' substitute
     pending = ["RST: ..."]           # optional: rows of the table fastfair does not run yet, and why
     robustbench = "Carmon2019Unlabeled"  # optional: the row is that RobustBench model, evaluated, not trained
+    released = {url = "...", file = "TRADES/model_cifar_wrn.pt", normalize = "none", sha256 = ""}
+                                     # optional: the row is the authors' file (the URL their README gives) placed at
+                                     # MODEL_DIR/released/<file>, a [model] architecture, evaluated, not trained;
+                                     # sha256 "" where nobody could compute it yet (fastfair prints the placed file's)
     baseline = "cfa-t1-trades-paper"   # optional: the row rho is measured against (DAFA and WAT report it)
     clean = {avg = 80.8, worst = 64.6}
     aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
@@ -25,12 +29,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastfair import config
 from fastfair.attacks import autoattack
 from fastfair.attacks.names import members, parse_attack
 from fastfair.errors import UserError
+from fastfair.evaluation.robustbench import DEFAULT_DIR
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,28 @@ class Number:
 
 
 @dataclass(frozen=True)
+class Released:
+    """An authors' released model file: where they publish it, where fastfair reads it (under ``--model-dir``'s
+    ``released/``), the input scaling it expects (``fastfair eval --normalize``), and its SHA-256 ('' unknown)."""
+
+    url: str
+    file: str
+    normalize: str
+    sha256: str = ""
+
+    def path(self, model_dir: str | None) -> Path:
+        """``MODEL_DIR/released/<file>`` (RobustBench's default folder where no ``--model-dir`` is given)."""
+        return Path(model_dir or DEFAULT_DIR) / "released" / self.file
+
+    def place(self, model_dir: str | None) -> str:
+        """How to put the file where fastfair reads it."""
+        return f"download {self.url} (the authors' file) and save it as {self.path(model_dir).resolve()}"
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
 class PaperRow:
     preset: str
     source: str
@@ -102,6 +130,12 @@ class PaperRow:
     pending: tuple[str, ...] = ()
     robustbench: str = ""  # the row is this released model (RobustBench's CIFAR-10 Linf name), evaluated only
     protocol: str = ""  # a study's section the row belongs to (no numbers: the study reports what it measures)
+    released: Released | None = None  # the row is this authors' model file, evaluated only
+
+    @property
+    def evaluated(self) -> bool:
+        """The row is a released model, evaluated and not trained (RobustBench's, or the authors' own file)."""
+        return bool(self.robustbench or self.released)
 
     @property
     def depends_on(self) -> tuple[str, ...]:
@@ -146,7 +180,22 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending", "robustbench", "protocol"}
+          "substitute", "pending", "robustbench", "protocol", "released"}
+
+
+def _released(preset: str, spec: Any) -> Released | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) - {"url", "file", "normalize", "sha256"} or \
+            not all(isinstance(spec.get(k), str) and spec[k] for k in ("url", "file", "normalize")):
+        raise UserError(f"preset {preset}: [paper] released must be a table {{url = \"...\", file = \"...\", "
+                        f"normalize = \"none\", sha256 = \"\"}} (the URL the authors give, the file's place under "
+                        f"--model-dir's released/, its input scaling, its SHA-256 or \"\" when unknown)")
+    sha = spec.get("sha256", "")
+    if sha and not SHA256.fullmatch(sha):
+        raise UserError(f"preset {preset}: [paper] released.sha256 must be 64 hex digits, or \"\" while unknown; "
+                        f"got {sha!r}")
+    return Released(spec["url"], spec["file"], spec["normalize"], sha)
 
 
 def load(preset: str) -> PaperRow | None:
@@ -171,6 +220,8 @@ def load(preset: str) -> PaperRow | None:
                         f"none; remove {', '.join(numbers)}")
     if text.get("follows") not in FOLLOWS:
         raise UserError(f"preset {preset}: [paper] follows must be one of {', '.join(FOLLOWS)}")
+    if text.get("robustbench") and text.get("released"):
+        raise UserError(f"preset {preset}: [paper] names one released model: robustbench or released, not both")
     for key in ("row", "selection"):
         if not isinstance(text.get(key), str) or not text[key]:
             raise UserError(f"preset {preset}: [paper] {key} must be a non-empty string")
@@ -181,4 +232,4 @@ def load(preset: str) -> PaperRow | None:
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
                     pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""),
-                    protocol=protocol)
+                    protocol=protocol, released=_released(preset, text.get("released")))

@@ -200,8 +200,13 @@ def paper_attacks(row: PaperRow, preset_attacks: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(["clean", *(preset_attacks if row.protocol else row.numbers)]))
 
 
-def _robustbench_missing(name: str, model_dir: str | None) -> str:
-    """Why RobustBench's model ``name`` cannot be evaluated here ('' when it can): the package or the weights."""
+def _released_missing(row: PaperRow, model_dir: str | None) -> str:
+    """Why the row's released model cannot be evaluated here ('' when it can): RobustBench's package or weights, or
+    the authors' file not placed yet."""
+    if row.released:
+        placed = row.released.path(model_dir).is_file()
+        return "" if placed else f"the authors' released model is not there yet: {row.released.place(model_dir)}"
+    name = row.robustbench
     if not rb.installed():
         return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
     path = rb.model_file(name, model_dir=model_dir)
@@ -213,9 +218,10 @@ def _robustbench_missing(name: str, model_dir: str | None) -> str:
 def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any],
          model_dir: str | None = None) -> list[PlannedRun]:
     """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides. A row that is
-    a RobustBench model (``[paper] robustbench``) is evaluated, not trained: its runs take the data, seed, attacks
-    and substitute keys only; without its weights it is left out at a scale that is not the paper's and refused at
-    one that is."""
+    a released model (``[paper] robustbench`` or ``released``) is evaluated, not trained: its runs take the data, seed,
+    attacks and substitute keys only; without its weights it is left out at a scale that is not the paper's and
+    refused at one that is, except an authors' file, which is placed by hand: its row is left out, pending, and
+    says where to put the file."""
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1; got {seeds}")
     spec = SCALES.get(scale)
@@ -234,14 +240,15 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
             data, missing = spec.data(data_dir, out, flat["data.dataset"]), ""
         except NoData as why:
             data, missing = {}, str(why)
-        if row.robustbench and not missing and (missing := _robustbench_missing(row.robustbench, model_dir)):
-            if spec.comparable:
+        if row.evaluated and not missing and (missing := _released_missing(row, model_dir)):
+            # an authors' file is placed by hand: its row waits, pending, beside the re-trained one
+            if spec.comparable and not row.released:
                 raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
         runs_for = {a: spec.attack(a) for a in paper_attacks(row, flat["eval.attacks"])}
         attacks = tuple(dict.fromkeys(runs_for.values()))
         for seed in range(seeds):
             name = f"{row.preset}-s{seed}"
-            trains = {} if row.robustbench else spec.changes(flat, user_sets)
+            trains = {} if row.evaluated else spec.changes(flat, user_sets)
             if architectures and trains:
                 trains = {**trains, **spec.architecture(flat["model.name"])}
             sets = {**data, **trains, "train.seed": seed, "eval.attacks": list(attacks)}

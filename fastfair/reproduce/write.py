@@ -316,7 +316,7 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
                                           out / f"reproduce-{attack.replace('/', '_').replace(':', '_')}{suffix}.png")
             md.append(f"![per-class {attack} accuracy of every row]({png.name})\n")
         trained = [(p.run_dir(out), p.row.row) for p in planned
-                   if not p.row.robustbench and p.row in rows and p.run_dir(out).resolve() in done]
+                   if not p.row.evaluated and p.row in rows and p.run_dir(out).resolve() in done]
         if trained:
             # the rows name the row their gains are measured against (Sec. 3.3: the remedies against plain PGD-AT)
             base = next((d for d, _ in trained for r in rows if r.baseline and d.name.startswith(f"{r.baseline}-s")),
