@@ -96,3 +96,37 @@ def test_the_placed_file_is_evaluated_and_its_sha256_printed_or_checked(tmp_path
         planned.row, released=dataclasses.replace(planned.row.released, sha256="0" * 64)))
     command._evaluate_released(other, tmp_path / "out", str(models), "cpu", records, run_lines, failed, said.append)
     assert len(calls) == 1 and len(failed) == 1 and f"has SHA-256 {sha}, not the {'0' * 64}" in failed[0]
+
+
+def _code_rate(epoch: int, lr: float = 0.1) -> float:
+    """The TRADES, MART and AT_HE codes' adjust_learning_rate(optimizer, epoch), epochs from 1: x0.1 from 75, x0.01
+    from 90, x0.001 from 100."""
+    return lr * (0.001 if epoch >= 100 else 0.01 if epoch >= 90 else 0.1 if epoch >= 75 else 1.0)
+
+
+@pytest.mark.parametrize("preset, epochs, weight_decay", [
+    ("tian-kdd-t1-trades", 76, 2e-4),  # yaodongyu/TRADES train_trades_cifar10.py defaults
+    ("tian-kdd-t1-mart", 90, 7e-4),  # YisenWang/MART train_wideresnet.py defaults
+    ("tian-kdd-t1-he", 77, 5e-4),  # ShawnXYang/AT_HE train_adv_cifar10.py defaults, its README's --wd 5e-4 for PGD-HE
+])
+def test_kdd_table_1_trains_each_defense_with_its_own_code_s_schedule(preset, epochs, weight_decay):
+    from fastfair.training import optim
+
+    cfg = config.resolve(preset)
+    t = cfg.train
+    assert (t.epochs, t.weight_decay, t.lr, t.momentum, cfg.data.batch_size) == (epochs, weight_decay, 0.1, 0.9, 128)
+    rate = optim.schedule(t)
+    assert [rate(e - 1, 0.5) for e in range(1, epochs + 1)] == pytest.approx([_code_rate(e) for e in
+                                                                            range(1, epochs + 1)])
+    assert t.select == "last" and load(preset).follows == "code"  # the codes keep every epoch and choose none
+
+
+def test_kdd_table_1_says_which_setup_its_other_rows_run():
+    madry, standard = config.resolve("tian-kdd-t1-madry"), config.resolve("tian-kdd-t1-standard")
+    for cfg in (madry, standard):  # the paper's App. A.1 setup, each with its reason in the preset
+        assert (cfg.train.epochs, cfg.train.lr_milestones, cfg.train.weight_decay) == (100, [75, 90], 2e-4)
+    assert (madry.train.select, madry.train.select_epoch) == ("epoch", 75)
+    text = (ROOT / "configs" / "tian-kdd-t1-madry.toml").read_text()
+    assert "Sec. 4.3 says 'following the original papers'; this row\n# keeps the paper's own setup instead" in text
+    for preset in ("tian-kdd-t1-trades", "tian-kdd-t1-mart", "tian-kdd-t1-he"):
+        assert "(128, as the TRADES and MART code)" not in (ROOT / "configs" / f"{preset}.toml").read_text()
