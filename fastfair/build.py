@@ -141,7 +141,10 @@ def splits(cfg: Config, loaded: data.DataBundle | None = None) -> tuple[data.Dat
     if d.drop_classes and d.loader not in ("device", "folder"):
         raise UserError(f"data.drop_classes needs data.loader=device (or folder); the {d.loader} loader reads the "
                         "training images from its own files, which still hold the dropped classes")
-    sp = data.split(bundle, d.val_per_class, d.train_per_class, d.test_per_class)
+    on_test = cfg.train.select_split == "test"  # the ME paper's rule: no held-out split, the test set scores
+    sp = data.split(bundle, 0 if on_test else d.val_per_class, d.train_per_class, d.test_per_class)
+    if on_test:
+        sp["val"] = sp["test"]
     return bundle, subsets.drop_from_training(bundle, sp, d.drop_classes)
 
 

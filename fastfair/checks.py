@@ -69,7 +69,7 @@ NAMES: dict[str, Any] = {
     "train.cudagraphs": AUTO_ON_OFF, "train.cpp_wrapper": AUTO_ON_OFF,
     "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
     "data.order": ("random", "quasi_random", "sequential"), "data.crop_mode": ("zeros", "reflect"),
-    "train.optimizer": optim.OPTIMIZERS, "train.lr_schedule": optim.LR_SCHEDULES,
+    "train.optimizer": optim.OPTIMIZERS, "train.lr_schedule": optim.LR_SCHEDULES, "train.select_split": ("val", "test"),
 }
 
 
@@ -125,7 +125,7 @@ def check_config(cfg) -> list[str]:
         raise UserError("data.train_per_class / data.test_per_class (a quick run) need the device or folder loader; "
                         "data.loader='ffcv' reads whole .beton files. Drop --loader ffcv")
     _check_select_epoch(cfg.train)
-    unread = _check_schedule(cfg)
+    unread = _check_schedule(cfg) + _check_select_split(cfg)
     _check_phases(cfg.data)
     method.check(cfg)
     try:
@@ -147,6 +147,21 @@ def _check_select_epoch(t) -> None:
     if t.select != "epoch" and t.select_epoch:
         raise UserError(f"train.select_epoch = {t.select_epoch} is read by train.select=epoch only, so it would do "
                         f"nothing with train.select={t.select}; drop it, or set train.select=epoch")
+
+
+def _check_select_split(cfg) -> list[str]:
+    """``train.select_split = test`` scores on the test set, so no validation split is held out: refused with the
+    ffcv loader (its validation images are its own .beton file), and a chosen ``data.val_per_class`` is said to do
+    nothing."""
+    if cfg.train.select_split != "test":
+        return []
+    if cfg.data.loader == "ffcv":
+        raise UserError("train.select_split=test scores checkpoints on the test set, and data.loader=ffcv reads its "
+                        "validation images from their own .beton file; use --loader device (or folder)")
+    if cfg.layers.get("data.val_per_class", config.DEFAULTS) > config.DEFAULTS:
+        return [f"data.val_per_class = {cfg.data.val_per_class} does nothing with train.select_split=test: no "
+                "validation split is held out, every training image is trained on"]
+    return []
 
 
 def _check_schedule(cfg) -> list[str]:

@@ -464,12 +464,16 @@ def reproduce(
                                                  "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
     launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays, as fastfair grid's: a pre-empted "
                                                "task requeues itself; see docs/grid.md)")] = "local",
+    paper_selection: Annotated[bool, typer.Option("--paper-selection", help=(
+        "rows whose paper picks its checkpoint by another rule pick by it (ME: best PGD-20 on the test set); "
+        "the report says the test set chose them"))] = False,
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
     with _stop_says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
-                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir, launcher=launcher)
+                         out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir, launcher=launcher,
+                         paper_selection=paper_selection)
 
 
 @app.command(help="RobustBench's models with their reported averages; with --run, evaluate them per class as a "

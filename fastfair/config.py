@@ -144,6 +144,9 @@ class TrainConfig:
     # select = epoch: the model after this epoch (from 1) is kept as checkpoints/epoch.pt and evaluated (Tian et al.
     # ICLR Sec. 3 keeps the 75th epoch's model "for all experiments unless otherwise stated"); 0 with any other policy
     select_epoch: int = 0
+    # the split train.select scores each epoch: val (data.val_per_class training images held out) | test (the test set
+    # itself, every training image trained on: the ME paper's rule, Sec. 3.2.2; the test set then chooses the model)
+    select_split: str = "val"
     progress: bool = True  # a bar on a terminal; plain progress lines on other output (a cluster log)
     progress_every_s: float = 30.0  # seconds between plain progress lines (not on a terminal) and in train.log
     # experiment tracking: none | tensorboard | wandb (optional extras; see fastfair/reports/tracking.py)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fastfair import cli, config
+from fastfair.errors import UserError
 from fastfair.reproduce import command, runs, tables
 from fastfair.reproduce.paper import load
 
@@ -130,3 +131,57 @@ def test_kdd_table_1_says_which_setup_its_other_rows_run():
     assert "Sec. 4.3 says 'following the original papers'; this row\n# keeps the paper's own setup instead" in text
     for preset in ("tian-kdd-t1-trades", "tian-kdd-t1-mart", "tian-kdd-t1-he"):
         assert "(128, as the TRADES and MART code)" not in (ROOT / "configs" / f"{preset}.toml").read_text()
+
+
+ME_ROWS = [r for t in ("me-t2", "me-t3") for r in tables.get(t).rows]
+
+
+def test_me_presets_say_both_changes_of_the_checkpoint_rule_and_record_the_paper_s():
+    for row in ME_ROWS:
+        text = (ROOT / "configs" / f"{row.preset}.toml").read_text()
+        assert "fastfair changes both the split and the attack: it picks by PGD-10" in text, row.preset
+        assert row.paper_selection == {"train.select_split": "test", "train.val_attack": "pgd20"}
+        cfg = config.resolve(row.preset)
+        assert (cfg.train.select, cfg.train.val_attack, cfg.train.select_split) == ("pgd", "pgd10", "val")
+    notes = "\n".join(command._notes(tables.get("me-t2"), "full", {}))
+    assert notes.count("train.select = pgd by pgd10 on a validation split of 100 training images a class") == 8
+    assert "TEST set" not in notes
+
+
+def test_the_paper_s_rule_selects_on_the_test_set_and_the_report_says_so(tmp_path):
+    real_data()
+    table = tables.get("me-t3")
+    planned = runs.plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "out", {}, paper_selection=True)
+    assert all(p.sets["train.select_split"] == "test" and p.sets["train.val_attack"] == "pgd20" for p in planned)
+    assert not any("train.select_split" in p.sets for p in runs.plan(table, 1, "subset", str(CIFAR_SUBSET),
+                                                                     tmp_path / "out", {}))
+    notes = command._notes(table, "subset", {}, paper_selection=True)
+    assert sum("by pgd20 on the TEST set (train.select_split = test): the checkpoint was selected on the test images "
+               "it is evaluated on" in n for n in notes) == 4
+    # a table whose paper has no other rule: the flag would do nothing
+    with pytest.raises(UserError, match="--paper-selection: no row of tian-iclr-t5"):
+        command.reproduce("tian-iclr-t5", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(tmp_path / "t5"),
+                          paper_selection=True)
+
+
+def test_select_split_test_scores_on_the_test_set_and_trains_on_every_image():
+    from fastfair import build
+    from fastfair.checks import check_config
+
+    on_test = config.resolve("demo", {"train.select_split": "test"})
+    bundle, sp = build.splits(on_test)
+    assert torch_equal(sp["val"], sp["test"]) and len(sp["train"][1]) == len(bundle.y_train)
+    _, held = build.splits(config.resolve("demo"))
+    assert len(held["val"][1]) == 10 * config.resolve("demo").data.val_per_class
+    assert check_config(config.resolve("demo", {"train.select_split": "test", "data.val_per_class": 5})) == [
+        "data.val_per_class = 5 does nothing with train.select_split=test: no validation split is held out, every "
+        "training image is trained on"]
+    with pytest.raises(UserError, match="train.select_split=test scores checkpoints on the test set, and "
+                                        "data.loader=ffcv"):
+        check_config(config.resolve("demo", {"train.select_split": "test", "data.loader": "ffcv"}))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return all(torch.equal(x, y) for x, y in zip(a, b))

@@ -78,9 +78,11 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
 def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int | str = "auto",
               scale: str = "full", list_only: bool = False, out: str | None = None, gpus: str = "auto",
               sets: list[str] | None = None, model_dir: str | None = None, launcher: str = "local",
-              echo=print) -> int:
+              paper_selection: bool = False, echo=print) -> int:
     """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``launcher``
-    runs the trainings (``fastfair grid``'s registry: local, submitit)."""
+    runs the trainings (``fastfair grid``'s registry: local, submitit). ``paper_selection``: the rows recording the
+    paper's own checkpoint rule (``[paper] paper_selection``, e.g. ME's best PGD-20 on the test set) pick by it,
+    in their own folder, and the report says where they chose."""
     if list_only:
         listing(seeds, echo)
         return 0
@@ -90,9 +92,12 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     tab = tables.get(table)
     launch = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
     scale_spec = runs.SCALES.get(scale)
-    root = Path(out or f"runs/reproduce/{table}-{scale}")
+    if paper_selection and not any(r.paper_selection for r in tab.rows):
+        raise UserError(f"--paper-selection: no row of {table} records a checkpoint rule of its paper that fastfair's "
+                        "differs from; leave it out")
+    root = Path(out or f"runs/reproduce/{table}-{scale}{'-paper-selection' if paper_selection else ''}")
     user_sets = config.parse_set(sets or [])
-    planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets, model_dir)
+    planned = runs.plan(tab, seeds, scale, data_dir, root, user_sets, model_dir, paper_selection)
     # an authors' file not placed yet is pending at any scale; other rows are left out at a scale without their data
     pending = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned
                                  if p.missing and p.row.released))
@@ -149,7 +154,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
             _diagnose(planned, jobs, gpus, echo)
-            notes = _notes(tab, scale, user_sets) + not_run
+            notes = _notes(tab, scale, user_sets, paper_selection) + not_run
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
                                   scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
             echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
@@ -165,9 +170,12 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                 recs = records.get(row.preset, [])
                 comparisons += compare_row(row, recs, comparable, recs[0]["classes"] if recs else any_classes,
                                            runs_for[row.preset])
+            banner = (f"**Checkpoints selected on the test set** (--paper-selection: {_on_test(tab)}), as the paper "
+                      "did: the test images that give the numbers below also chose the checkpoint.\n"
+                      if paper_selection else "")
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
-                         runs=run_lines, user_sets=list(sets or []),
-                         notes=_notes(tab, scale, user_sets) + not_run)
+                         runs=run_lines, user_sets=list(sets or []), banner=banner,
+                         notes=_notes(tab, scale, user_sets, paper_selection) + not_run)
             echo(f"written: {path} and {root / 'reproduce.png'}")
     if failed:
         echo(f"{len(failed)} of {len(jobs) + len(evaluated)} runs did not finish:\n"
@@ -250,17 +258,30 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
     return records, run_lines, failed
 
 
-def _selected(train) -> str:
-    """How fastfair picks the row's checkpoint, as the notes say it."""
-    if train.select == "epoch":
-        return f"train.select = epoch, the model after epoch {train.select_epoch}"
-    return f"train.select = {train.select} on the validation split"
+def _selected(cfg) -> str:
+    """How fastfair picks the row's checkpoint, as the notes say it: the policy, the attack it scores and where."""
+    t = cfg.train
+    if t.select == "epoch":
+        return f"train.select = epoch, the model after epoch {t.select_epoch}"
+    if t.select == "last":
+        return "train.select = last, the last epoch's model"
+    if t.select_split == "test":
+        return (f"train.select = {t.select} by {t.val_attack} on the TEST set (train.select_split = test): the "
+                "checkpoint was selected on the test images it is evaluated on")
+    return (f"train.select = {t.select} by {t.val_attack} on a validation split of {cfg.data.val_per_class} training "
+            "images a class, held out of training")
 
 
-def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
+def _on_test(tab: tables.Table) -> str:
+    """The rows ``--paper-selection`` changes, with the keys it sets."""
+    return "; ".join(f"{r.preset}: " + ", ".join(f"{k} = {v}" for k, v in r.paper_selection.items())
+                     for r in tab.rows if r.paper_selection)
+
+
+def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool = False) -> list[str]:
     notes = []
     for row in tab.rows:
-        preset = config.resolve(row.preset)
+        preset = config.resolve(row.preset, sets=row.paper_selection if paper_selection else None)
         follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
         if row.released:
             notes.append(f"`{row.preset}` ({row.row}): the authors' released model ({row.released.url}), evaluated "
@@ -278,7 +299,7 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict) -> list[str]:
             continue
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
-                     f"fastfair: {_selected(preset.train)}"
+                     f"fastfair: {_selected(preset)}"
                      f"{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
                      f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")

@@ -15,6 +15,9 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     substitute = "tian-iclr-t2-standard"  # optional: that preset's run is the transfer: attacks' substitute
     pending = ["RST: ..."]           # optional: rows of the table fastfair does not run yet, and why
     robustbench = "Carmon2019Unlabeled"  # optional: the row is that RobustBench model, evaluated, not trained
+    paper_selection = {"train.select_split" = "test", "train.val_attack" = "pgd20"}
+                                     # optional: the keys that make fastfair pick the checkpoint by the paper's own
+                                     # rule where the preset's differs (reproduce --paper-selection runs them)
     released = {url = "...", file = "TRADES/model_cifar_wrn.pt", normalize = "none", sha256 = ""}
                                      # optional: the row is the authors' file (the URL their README gives) placed at
                                      # MODEL_DIR/released/<file>, a [model] architecture, evaluated, not trained;
@@ -131,6 +134,8 @@ class PaperRow:
     robustbench: str = ""  # the row is this released model (RobustBench's CIFAR-10 Linf name), evaluated only
     protocol: str = ""  # a study's section the row belongs to (no numbers: the study reports what it measures)
     released: Released | None = None  # the row is this authors' model file, evaluated only
+    # config keys -> values that pick the checkpoint by the paper's own rule (reproduce --paper-selection)
+    paper_selection: dict[str, Any] = field(default_factory=dict)
 
     @property
     def evaluated(self) -> bool:
@@ -180,7 +185,7 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending", "robustbench", "protocol", "released"}
+          "substitute", "pending", "robustbench", "protocol", "released", "paper_selection"}
 
 
 def _released(preset: str, spec: Any) -> Released | None:
@@ -222,6 +227,10 @@ def load(preset: str) -> PaperRow | None:
         raise UserError(f"preset {preset}: [paper] follows must be one of {', '.join(FOLLOWS)}")
     if text.get("robustbench") and text.get("released"):
         raise UserError(f"preset {preset}: [paper] names one released model: robustbench or released, not both")
+    chosen = text.get("paper_selection", {})
+    if not isinstance(chosen, dict) or not all(str(k).startswith("train.") for k in chosen):
+        raise UserError(f"preset {preset}: [paper] paper_selection must be a table of train.* keys, such as "
+                        "{\"train.select_split\" = \"test\", \"train.val_attack\" = \"pgd20\"}")
     for key in ("row", "selection"):
         if not isinstance(text.get(key), str) or not text[key]:
             raise UserError(f"preset {preset}: [paper] {key} must be a non-empty string")
@@ -232,4 +241,4 @@ def load(preset: str) -> PaperRow | None:
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
                     pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""),
-                    protocol=protocol, released=_released(preset, text.get("released")))
+                    protocol=protocol, released=_released(preset, text.get("released")), paper_selection=dict(chosen))

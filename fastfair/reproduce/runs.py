@@ -216,12 +216,13 @@ def _released_missing(row: PaperRow, model_dir: str | None) -> str:
 
 
 def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any],
-         model_dir: str | None = None) -> list[PlannedRun]:
+         model_dir: str | None = None, paper_selection: bool = False) -> list[PlannedRun]:
     """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides. A row that is
     a released model (``[paper] robustbench`` or ``released``) is evaluated, not trained: its runs take the data, seed,
     attacks and substitute keys only; without its weights it is left out at a scale that is not the paper's and
     refused at one that is, except an authors' file, which is placed by hand: its row is left out, pending, and
-    says where to put the file."""
+    says where to put the file. ``paper_selection``: the rows that record the paper's own checkpoint rule
+    (``[paper] paper_selection``) pick their checkpoint by it."""
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1; got {seeds}")
     spec = SCALES.get(scale)
@@ -258,6 +259,8 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
                                               .selected_checkpoint(base.train.select).resolve())
             if row.substitute:  # transfer attacks are made on the same seed's run of the row it names
                 sets["eval.substitute"] = str((out / "runs" / f"{row.substitute}-s{seed}").resolve())
+            if paper_selection:
+                sets.update(row.paper_selection)
             sets.update(user_sets)
             runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none", runs_for,
                                    missing))

@@ -195,15 +195,16 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
 
 
 def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: int,
-          runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str]) -> Path:
-    """``out/reproduce.md`` and ``out/reproduce.png``; ``runs`` holds (run folder, status, evaluated checkpoint)."""
+          runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str], banner: str = "") -> Path:
+    """``out/reproduce.md`` and ``out/reproduce.png``; ``runs`` holds (run folder, status, evaluated checkpoint);
+    ``banner``: a paragraph under the heading (where the checkpoints were chosen, when the test set chose them)."""
     figure(table, comparisons, out / FIGURE, scale)
     paper = PAPERS[table.source]
     counts = Counter(c.verdict for c in comparisons)
     comparable = scale == "full" and not user_sets
     md = [f"# Reproduce: {table.title}\n",
           f"Paper: {paper.cite}, *{paper.title}*, Table {table.number}. Scale: **{scale}** ({scale_doc}). "
-          f"Seeds: {seeds} per row.\n"]
+          f"Seeds: {seeds} per row.\n"] + ([banner] if banner else [])
     if not comparable:
         why = f"the {scale} scale" if scale != "full" else "--set " + " ".join(user_sets)
         md.append(f"**These numbers are not comparable to the paper** ({why} changes the runs); the verdicts say so. "

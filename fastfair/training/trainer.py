@@ -68,7 +68,8 @@ class Trainer:
         # steps of 10 points, which "worst" shows as jumps
         per_class = torch.bincount(sp["val"][1], minlength=self.bundle.num_classes)
         low, high = int(per_class.min()), int(per_class.max())
-        self.val_size = f"{low}/class" if low == high else f"{low}-{high}/class"
+        self.val_size = (f"{low}/class" if low == high else f"{low}-{high}/class") + \
+            (" of the TEST set" if cfg.train.select_split == "test" else "")  # the paper's rule chooses on it
         d = cfg.data
         if d.train_per_class or d.test_per_class:
             self.log(f"{data.subset_note(d.dataset, d.train_per_class, d.test_per_class)}: {len(y)} training, "
