@@ -185,3 +185,73 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# CFA Table 1 as the paper prints it (Best avg / worst, clean and AA; Last avg / worst, clean and AA), copied line by
+# line from its text: the presets' Best numbers and their `last` numbers must be these cells
+CFA_TABLE_1 = """\
+AT | 82.3 / 63.9 | 46.7 / 20.1 | 84.1 / 65.1 | 43.0 / 15.5 |
+AT + EMA | 81.9 / 61.6 | 49.6 / 21.3 | 84.8 / 67.7 | 44.3 / 18.1 |
+AT + CFA | 80.8 / 64.6 | 50.1 / 24.4 | 83.6 / 68.7 | 47.7 / 20.5 |
+TRADES | 82.3 / 67.8 | 48.3 / 21.7 | 83.9 / 66.9 | 46.9 / 18.5 |
+TRADES + EMA | 81.2 / 65.0 | 49.7 / 24.2 | 84.5 / 67.9 | 48.3 / 20.7 |
+TRADES + CFA | 80.4 / 66.2 | 50.1 / 26.5 | 83.0 / 68.1 | 49.3 / 21.5 |
+FAT | 84.6 / 69.2 | 45.7 / 17.2 | 85.4 / 70.8 | 42.1 / 14.8 |
+FAT + EMA | 85.2 / 66.7 | 48.6 / 18.3 | 85.7 / 71.2 | 43.2 / 15.7 |
+FAT + CFA | 82.1 / 64.7 | 49.6 / 20.9 | 84.3 / 69.4 | 45.1 / 16.7 |
+FRL | 82.8 / 71.4 | 45.9 / 25.4 | 82.8 / 72.9 | 44.7 / 23.1 |
+FRL + EMA | 83.6 / 69.5 | 46.1 / 25.6 | 81.9 / 74.2 | 44.9 / 24.5 |"""
+
+
+def test_cfa_table_1_records_its_last_columns_cell_for_cell():
+    printed = {}
+    for line in CFA_TABLE_1.splitlines():
+        name, *cells = [c.strip() for c in line.strip(" |").split("|")]
+        printed[name] = [tuple(float(v) for v in c.split(" / ")) for c in cells]
+    rows = [r for r in tables.get("cfa-t1").rows]
+    assert {r.row for r in rows} == set(printed) and len(rows) == 18  # -paper and -code rows hold the same numbers
+    for r in rows:
+        best_clean, best_aa, last_clean, last_aa = printed[r.row]
+        assert (r.numbers["clean"].avg, r.numbers["clean"].worst) == best_clean
+        assert (r.numbers["aa"].avg, r.numbers["aa"].worst) == best_aa
+        assert set(r.last) == {"clean", "aa"}, r.preset
+        assert (r.last["clean"].avg, r.last["clean"].worst) == last_clean
+        assert (r.last["aa"].avg, r.last["aa"].worst) == last_aa
+    assert sum(len(printed[name][2:]) * 2 for name in printed) == 44
+
+
+def test_the_last_epoch_s_numbers_are_compared_with_the_last_checkpoint_s_evaluation(tmp_path, monkeypatch):
+    """A row with `last` numbers evaluates its runs' last.pt (last_avg.pt where it averages) once, in its own table
+    only, and compares them beside the selected checkpoint's."""
+    evaluated = []
+
+    def fake_eval(path, **kw):
+        evaluated.append(path)
+        run = Path(path).parents[1]
+        (run / "eval").mkdir(exist_ok=True)
+        (run / "eval" / f"{Path(path).stem}-test.json").write_text('{"classes": ["a", "b"], "results": {}}')
+
+    monkeypatch.setattr(command, "evaluate_checkpoint", fake_eval)
+    run = tmp_path / "runs" / "cfa-t1-at-ema-paper-s0"
+    (run / "checkpoints").mkdir(parents=True)
+    monkeypatch.setattr(command, "read_state", lambda d: {"status": "done"})
+    monkeypatch.setattr(config, "load_saved_text", lambda text, where: config.resolve("cfa-t1-at-ema-paper"))
+    monkeypatch.setattr(command.RunDir, "read_config", lambda self: "")
+    row = load("cfa-t1-at-ema-paper")
+    planned = runs.PlannedRun(row, 0, run.name, {}, ("clean", "aa"), True, {})
+    job = type("Job", (), {"run_dir": str(run)})()
+    said = []
+    for _ in range(2):  # the second time reads the first's result
+        lasts = command._last_records([planned], [job], tables.get("cfa-t1"), "cpu", said.append)
+    assert evaluated == [run / "checkpoints" / "last_avg.pt"] and len(lasts["cfa-t1-at-ema-paper"]) == 1
+    assert command._last_records([planned], [job], tables.get("cfa-t3"), "cpu", said.append) == {}  # also_in: not
+
+
+def test_me_missing_rows_and_numbers_are_recorded():
+    trades_ls = load("me-table4-trades-ls")
+    assert trades_ls.table == "4" and "me-table4-trades-ls" in {r.preset for r in tables.get("me-t4").rows}
+    assert config.resolve("me-table4-trades-ls").method.smoothing == 0.1  # Table 1's alpha
+    assert [trades_ls.numbers[a].worst for a in ("clean", "pgd20", "cw20", "aa")] == [64.4, 25.7, 22.4, 20.8]
+    fig5 = load("me-fig5-binary-cat-dog-trades")  # the text: 23.4 natural and 44.0 PGD-10 error
+    assert (fig5.numbers["clean"].avg, fig5.numbers["pgd10"].avg) == (100 - 23.4, 100 - 44.0)
+    assert "pgd10" in config.resolve("me-fig5-binary-cat-dog-trades").eval.attacks

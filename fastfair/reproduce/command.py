@@ -9,6 +9,7 @@ averaged one.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from fastfair import config
@@ -16,6 +17,7 @@ from fastfair.attacks import autoattack, names
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.errors import UserError
 from fastfair.evaluation.foreign import evaluate_foreign, file_sha256
+from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
@@ -56,7 +58,9 @@ def _what_it_reports(row, table: tables.Table) -> str:
     if table.protocol:
         return "no paper numbers: a protocol"
     if row.numbers:
-        return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items())
+        last = (f"; last epoch: {', '.join(f'{a} {stats(n)}' for a, n in row.last.items())}"
+                if row.last and row.table == table.number else "")
+        return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items()) + last
     roles = {"transfer substitute" if r.substitute == row.preset else "fine-tuning base"
              for r in table.rows if row.preset in r.depends_on}
     return f"no numbers of its own: the {' and '.join(sorted(roles))} of the other rows"
@@ -150,6 +154,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                 except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
                     raise stopped(err, [(j.name, Path(j.run_dir)) for j in jobs]) from None
         records, run_lines, failed = _collect(planned, jobs)
+        lasts = _last_records(planned, jobs, tab, gpus, echo)
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
             _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
@@ -168,8 +173,12 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                 if row.preset not in runs_for:  # left out at this scale: the notes say why
                     continue
                 recs = records.get(row.preset, [])
-                comparisons += compare_row(row, recs, comparable, recs[0]["classes"] if recs else any_classes,
-                                           runs_for[row.preset])
+                classes = recs[0]["classes"] if recs else any_classes
+                comparisons += compare_row(row, recs, comparable, classes, runs_for[row.preset])
+                if row.last and row.table == tab.number:  # its own table prints the last epoch's numbers too
+                    last = dataclasses.replace(row, numbers=row.last, row=f"{row.row} (last epoch)")
+                    comparisons += compare_row(last, lasts.get(row.preset, []), comparable, classes,
+                                               runs_for[row.preset])
             banner = (f"**Checkpoints selected on the test set** (--paper-selection: {_on_test(tab)}), as the paper "
                       "did: the test images that give the numbers below also chose the checkpoint.\n"
                       if paper_selection else "")
@@ -222,6 +231,26 @@ def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gp
         return
     records.setdefault(p.row.preset, []).append(record)
     run_lines.append((str(run_dir), "done", f"{what} (sha256 {record['source']['sha256'][:12]})"))
+
+
+def _last_records(planned: list[runs.PlannedRun], jobs: list, tab: tables.Table, gpus: str, echo) -> dict:
+    """preset -> the evaluation records of its finished runs' last-epoch model (the averaged one where the row
+    averages), for the rows whose table prints it (CFA Table 1's Last columns); each evaluated once, then read."""
+    out: dict[str, list[dict]] = {}
+    for p, j in zip(planned, jobs):
+        if not (p.row.last and p.row.table == tab.number) or read_state(j.run_dir)["status"] != "done":
+            continue
+        run = RunDir(j.run_dir)
+        cfg = config.load_saved_text(run.read_config(), str(run.config))
+        ckpt = run.checkpoint("last", averaged=p.averaged)
+        done = run.eval_file(ckpt, cfg.eval.split)
+        if not done.is_file():
+            echo(f"evaluate {p.name}'s last epoch ({ckpt.name}) under {', '.join(p.attacks)}")
+            evaluate_checkpoint(ckpt, attacks=list(p.attacks), split=cfg.eval.split, quiet=True,
+                                device="cpu" if gpus == "cpu" else cfg.train.device,
+                                per_class=cfg.data.test_per_class or None)
+        out.setdefault(p.row.preset, []).append(read_json(done))
+    return out
 
 
 def _diagnose(planned: list[runs.PlannedRun], jobs: list, gpus: str, echo) -> None:

@@ -23,6 +23,7 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
                                      # MODEL_DIR/released/<file>, a [model] architecture, evaluated, not trained;
                                      # sha256 "" where nobody could compute it yet (fastfair prints the placed file's)
     baseline = "cfa-t1-trades-paper"   # optional: the row rho is measured against (DAFA and WAT report it)
+    last = {clean = {avg = 83.6, worst = 68.7}}  # optional: the same run's last-epoch model's numbers (CFA's Last)
     clean = {avg = 80.8, worst = 64.6}
     aa = {avg = 50.1, worst = 24.4, std_avg = 0.3}   # per_class = [...], classes = {cat = 7.0}
     pgd20 = {cv = 284.43, mcd = 52.8}                 # the class-wise spread alone (Tian et al. KDD Table 5)
@@ -134,6 +135,7 @@ class PaperRow:
     robustbench: str = ""  # the row is this released model (RobustBench's CIFAR-10 Linf name), evaluated only
     protocol: str = ""  # a study's section the row belongs to (no numbers: the study reports what it measures)
     released: Released | None = None  # the row is this authors' model file, evaluated only
+    last: dict[str, Number] = field(default_factory=dict)  # the numbers of the run's last-epoch model, where printed
     # config keys -> values that pick the checkpoint by the paper's own rule (reproduce --paper-selection)
     paper_selection: dict[str, Any] = field(default_factory=dict)
 
@@ -160,8 +162,9 @@ def _percent(preset: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def _number(preset: str, attack: str, spec: Any) -> Number:
-    where = f"[paper] {attack}"
+def _number(preset: str, attack: str, spec: Any, within: str = "") -> Number:
+    """One attack's numbers checked; ``within``: the table holding them (``last.``), as messages name it."""
+    where = f"[paper] {within}{attack}"
     if not isinstance(spec, dict):
         raise UserError(f"preset {preset}: {where} must be a table such as {{avg = 50.1, worst = 24.4}}")
     known = {*STATS, *(f"std_{s}" for s in STATS), "per_class", "classes", *SPREAD}
@@ -185,7 +188,7 @@ def _number(preset: str, attack: str, spec: Any) -> Number:
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending", "robustbench", "protocol", "released", "paper_selection"}
+          "substitute", "pending", "robustbench", "protocol", "released", "paper_selection", "last"}
 
 
 def _released(preset: str, spec: Any) -> Released | None:
@@ -227,6 +230,10 @@ def load(preset: str) -> PaperRow | None:
         raise UserError(f"preset {preset}: [paper] follows must be one of {', '.join(FOLLOWS)}")
     if text.get("robustbench") and text.get("released"):
         raise UserError(f"preset {preset}: [paper] names one released model: robustbench or released, not both")
+    last = text.get("last", {})
+    if not isinstance(last, dict):
+        raise UserError(f"preset {preset}: [paper] last holds the last epoch's numbers per attack, such as "
+                        "{clean = {avg = 83.6, worst = 68.7}}")
     chosen = text.get("paper_selection", {})
     if not isinstance(chosen, dict) or not all(str(k).startswith("train.") for k in chosen):
         raise UserError(f"preset {preset}: [paper] paper_selection must be a table of train.* keys, such as "
@@ -241,4 +248,5 @@ def load(preset: str) -> PaperRow | None:
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
                     pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""),
-                    protocol=protocol, released=_released(preset, text.get("released")), paper_selection=dict(chosen))
+                    protocol=protocol, released=_released(preset, text.get("released")), paper_selection=dict(chosen),
+                    last={a: _number(preset, a, n, "last.") for a, n in last.items()})

@@ -197,7 +197,7 @@ class PlannedRun:
 def paper_attacks(row: PaperRow, preset_attacks: list[str]) -> tuple[str, ...]:
     """The attacks the paper's numbers need, clean first (cheap, and every report shows it); a protocol row, which
     has no numbers, runs its preset's ``eval.attacks``."""
-    return tuple(dict.fromkeys(["clean", *(preset_attacks if row.protocol else row.numbers)]))
+    return tuple(dict.fromkeys(["clean", *(preset_attacks if row.protocol else [*row.numbers, *row.last])]))
 
 
 def _released_missing(row: PaperRow, model_dir: str | None) -> str:
