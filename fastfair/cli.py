@@ -23,7 +23,8 @@ app.add_typer(data_app, name="data")
 
 FAIRNESS = "fairness options (shorthands for --set keys)"
 SEED_HELP = "seed of every random start of the attacks (default: the run's eval.seed); recorded in the JSON"
-CHECKPOINT_HELP = ("in a run dir: last, or best_<policy> for a selection policy of `fastfair methods`; "
+CHECKPOINT_HELP = ("in a run dir: last, epoch (train.select=epoch's), or best_<policy> for a selection policy of "
+                   "`fastfair methods`; "
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
 SPLIT_HELP = "test | val"
 RB_PANEL = "a RobustBench model by name (rb:NAME)"
