@@ -168,7 +168,7 @@ CASES: dict[str, Case] = {
     "init": bad_set("attack.init=zeros", r"attack.init='zeros' is not one of"),
     "bn-mode": bad_set("attack.bn_mode=frozen", r"attack.bn_mode='frozen' is not one of eval, train"),
     "model-name": bad_set("model.name=resnet9000", r"model.name='resnet9000' is not one of .*resnet18"),
-    "select": bad_set("train.select=best", r"train.select='best' is not one of fair, last, pgd, worst"),
+    "select": bad_set("train.select=best", r"train.select='best' is not one of epoch, fair, last, pgd, worst"),
     "averaging": bad_set("train.averaging=swa", r"train.averaging='swa' is not one of .*ema"),
     "order": bad_set("data.order=shuffled", r"data.order='shuffled' is not one of"),
     "lr-not-a-number": bad_set("train.lr=fast", r"train.lr takes a float; got 'fast'"),
