@@ -13,7 +13,7 @@ from fastfair.methods import METHODS
 from fastfair.methods.absld import TEMPERATURES, soft_label_logits
 from fastfair.training.class_state import ClassState
 
-PRESET = "absld-code-resnet18-cifar10"
+PRESET = "trix-rebuttal-t1-absld"  # the preset that follows the code
 TAU_TOL = 1e-6  # float32 temperatures near 1, updated by steps of at most 0.1
 RISK_TOL = 1e-5  # sums of 2-40 float32 CE values (sums up to ~30, ulp 2e-6), added in another order
 
