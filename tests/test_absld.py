@@ -2,6 +2,7 @@
 mode, one error line before training for a missing or mismatched teacher, and the temperature rule's edges."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,3 +93,25 @@ def test_temperature_update_steps_against_the_gap_clips_and_keeps_equal_risks():
     # gap (0, 2, -2) over max |gap| 2: the riskiest class sharpens by the whole rate, clipped at 0.5 and 5
     assert torch.allclose(out, torch.tensor([1.0, 0.5, 5.0]))
     assert torch.equal(temperature_update(tau, torch.full((3,), 2.0), 0.1, 0.5, 5.0), tau)
+
+
+@pytest.mark.skipif(not rb.installed(), reason="the rb: teacher needs fastfair[robustbench] (CI installs it)")
+def test_reproduce_plans_the_absld_row_with_its_teacher_in_model_dir_or_leaves_it_out(tmp_path):
+    from fastfair.reproduce import runs, tables
+
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=np.zeros((40, 3, 8, 8), np.uint8), y_train=np.arange(40) % 10,
+             x_test=np.zeros((20, 3, 8, 8), np.uint8), y_test=np.arange(20) % 10)
+    models = tmp_path / "models"
+
+    def absld_run():
+        planned = runs.plan(tables.get("trix-rebuttal-t1"), 1, "subset", str(npz), tmp_path / "out", {},
+                            model_dir=str(models))
+        return next(r for r in planned if r.row.preset == "trix-rebuttal-t1-absld")
+
+    assert "its teacher: no weights for RobustBench's Zhang2019Theoretically" in absld_run().missing
+    weights = rb.model_file("Zhang2019Theoretically", model_dir=str(models))
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"")  # there: the run is planned, reading the teacher from --model-dir
+    run = absld_run()
+    assert run.missing == "" and run.sets["method.teacher_model_dir"] == str(models)
