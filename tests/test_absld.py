@@ -115,3 +115,25 @@ def test_reproduce_plans_the_absld_row_with_its_teacher_in_model_dir_or_leaves_i
     weights.write_bytes(b"")  # there: the run is planned, reading the teacher from --model-dir
     run = absld_run()
     assert run.missing == "" and run.sets["method.teacher_model_dir"] == str(models)
+
+
+def test_a_resumed_absld_run_keeps_its_temperatures_and_ends_as_an_uninterrupted_one(teacher_run, tmp_path):
+    from fastfair import config
+    from fastfair.rundir import load_checkpoint
+    from fastfair.training.trainer import Trainer
+
+    cfg = config.resolve("demo", {"method.name": "absld"}, [
+        f"method.teacher={teacher_run}", "train.epochs=3", "train.lr_milestones=[]", "model.width=4",
+        "attack.steps=1", "train.val_attack=fgsm", "eval.attacks=['clean']", "data.batch_size=256",
+        "train.progress=false"])
+    Trainer(cfg, tmp_path / "straight", quiet=True).fit()
+    killed = Trainer(cfg, tmp_path / "resumed", quiet=True)
+    killed.run_epoch(0)
+    killed.run_epoch(1)  # its checkpoint holds the temperatures the third epoch trains with
+    del killed
+    resumed = Trainer(cfg, tmp_path / "resumed", resume=True, quiet=True)
+    assert resumed.start_epoch == 2 and resumed.state["absld_temp_adv"].ne(1.0).any()
+    resumed.fit()
+    a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("straight", "resumed"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["class_state"][k], b["class_state"][k]) for k in ("absld_temp_adv", "absld_temp_nat"))
