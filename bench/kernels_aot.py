@@ -191,15 +191,17 @@ def launched_by_training(configs) -> tuple[dict, list[str]]:
                 try:
                     try:
                         trainer = _trainer(method, preset, settings, small, out / "run")
-                    except UserError as e:  # FRL fine-tunes: start it from a checkpoint of the same model
-                        if "--init-from" not in str(e):
+                    except UserError as e:  # FRL fine-tunes, ABSLD distils: a checkpoint of the same model
+                        key = next((k for k in ("train.init_from", "method.teacher")
+                                    if k in str(e) or (k == "train.init_from" and "--init-from" in str(e))), None)
+                        if key is None:
                             raise
                         same = {k: v for k, v in (config.read_preset(preset) if preset else {}).items()
                                 if k.startswith(("model.", "data.")) and k not in small}  # the model it must fit
                         start = _trainer("pgd-at", None, {**same, **settings}, small, out / "start")
                         torch.save(start._state(0), out / "start.pt")
-                        trainer = _trainer(method, preset, {**settings, "train.init_from": str(out / "start.pt")},
-                                           small, out / "run")
+                        trainer = _trainer(method, preset, {**settings, key: str(out / "start.pt")}, small,
+                                           out / "run")
                     trainer.method.begin_epoch(trainer.model, 0)
                     trainer.model.train()
                     x, y = next(iter(trainer.train_loader))

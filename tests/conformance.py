@@ -63,6 +63,15 @@ class Inputs:
         net.load_state_dict(self.state)
         return net.to(dtype).train(mode == "train")
 
+    def teacher(self) -> TinyNet:
+        """A distillation teacher (ABSLD): the fixed TinyNet in eval mode, its head's weights and bias times 3, so
+        its soft labels are sharper than the student's own predictions."""
+        net = self.model("eval")
+        with torch.no_grad():
+            net.fc.weight.mul_(3.0)
+            net.fc.bias.mul_(3.0)
+        return net
+
 
 def inputs_from(arrays) -> Inputs:
     state = {k[len("state."):]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("state.")}
@@ -204,24 +213,26 @@ def standin_grad(g):
     return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
 
 
-def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads) -> tuple[int, str]:
+def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads, reference=None) -> tuple[int, str]:
     """(unexplained elements, what the measured column adds) of one fastfair step (the attack ``one``, in its
     BN mode, on a fresh ``model_fn()``) from each of the code's iterates ``its[k]`` of the first ``len(its[0])``
-    images, compared with ``its[k + 1]`` under :func:`step_flips` with the code's gradients ``grads[k]``."""
+    images, compared with ``its[k + 1]`` under :func:`step_flips` with the code's gradients ``grads[k]``;
+    ``reference``: the kl objective's logits of those images (a teacher's), as :func:`descend` takes them."""
     n = its.shape[1]
     worst = flips = 0
     for k in range(len(grads)):
         model = model_fn()
         with attack_mode(model, one.bn_mode), torch.enable_grad():
-            ours = descend(one, model, x[:n], y[:n], eps_c, alpha_c, its[k])
+            ours = descend(one, model, x[:n], y[:n], eps_c, alpha_c, its[k],
+                           reference=None if reference is None else reference[:n])
         f, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
         flips, worst = flips + f, max(worst, unexplained)
     return worst, f"{flips} noise flips in {len(grads)} steps"
 
 
-def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha):
+def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha, reference=None):
     """:func:`one_steps` from a golden file kept by ``record.steps_record`` (iterates, gradient signs, noise)."""
-    return one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, g.t("step_iterates"), standin_grad(g))
+    return one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, g.t("step_iterates"), standin_grad(g), reference)
 
 
 def differing(a, b) -> float:

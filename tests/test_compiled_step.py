@@ -309,6 +309,11 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
         save_atomic({"model": start.model.state_dict()}, tmp_path / "start.pt")
         cfg = config.resolve(preset, {"method.name": method} if method else {},
                              small + [f"train.init_from={tmp_path / 'start.pt'}"])
+    if cfg.method.name == "absld":  # a distillation teacher: a checkpoint of the demo's model will do
+        start = Trainer(config.resolve("demo", {"method.name": "pgd-at"}, small), tmp_path / "start", quiet=True)
+        save_atomic(start._state(0), tmp_path / "teacher.pt")
+        cfg = config.resolve(preset, {"method.name": method} if method else {},
+                             small + [f"method.teacher={tmp_path / 'teacher.pt'}"])
     t = Trainer(cfg, tmp_path / "run", quiet=True)
     t.method.begin_epoch(t.model, 60)  # schedules past their warm-up (CCM/CCR begin, FAT's tau milestones)
     x, y = next(iter(t.train_loader))

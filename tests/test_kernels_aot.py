@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fastfair import config
 from fastfair.attacks.pgd import OBJECTIVES
@@ -106,9 +107,15 @@ def test_enumeration_covers_what_training_launches(aot, launched, tmp_path):
     for i, (method, sets) in enumerate(runs):
         if method.startswith("frl"):
             continue  # fine-tunes from a checkpoint; its term sets are TRADES' (the script covers it)
-        cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits", "model.name": "tiny-cnn"}, [
-            "train.kernels=triton", "train.compile=off", "train.progress=false", "attack.steps=1",
-            "data.batch_size=8", "model.width=4", *sets])
+        small = ["train.kernels=triton", "train.compile=off", "train.progress=false", "attack.steps=1",
+                 "data.batch_size=8", "model.width=4"]
+        if method == "absld":  # distils: a teacher of the same model, its weights as they start
+            start = Trainer(config.resolve("demo", {"method.name": "pgd-at", "model.name": "tiny-cnn"}, small),
+                            tmp_path / f"{i}-teacher", quiet=True)
+            torch.save(start._state(0), tmp_path / f"{i}-teacher.pt")
+            sets = [f"method.teacher={tmp_path / f'{i}-teacher.pt'}"]
+        cfg = config.resolve(None, {"method.name": method, "data.dataset": "digits", "model.name": "tiny-cnn"},
+                             [*small, *sets])
         trainer = Trainer(cfg, tmp_path / str(i), quiet=True)
         trainer.model.train()
         trainer.train_step(*next(iter(trainer.train_loader)))

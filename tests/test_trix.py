@@ -265,12 +265,37 @@ def test_rebuttal_presets_run_the_code_setup_and_record_its_table(row):
     assert (got.numbers["aa"].avg, got.numbers["aa"].worst, got.numbers["aa"].std["worst"]) == aa
 
 
-def test_reproduce_lists_the_rebuttal_table_with_its_four_rows():
+# Table 1's rows in other authors' code setups (the rebuttal gives none): (preset, method, row, clean, AA)
+REBUTTAL_T1_OTHERS = {
+    "trix-rebuttal-t1-absld": ("absld", "+ ABSLD", (80.03, 67.87), (49.00, 31.22)),
+    "trix-rebuttal-t1-trades-frl": ("frl", "+ FRL", (82.02, 70.27), (44.91, 27.60)),
+    "trix-rebuttal-t1-trades-cfa": ("trades", "+ CFA", (79.02, 64.01), (49.30, 27.21)),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(REBUTTAL_T1_OTHERS))
+def test_rebuttal_rows_of_other_methods_record_their_numbers_and_the_worst_class_rule(preset):
+    method, label, clean, aa = REBUTTAL_T1_OTHERS[preset]
+    cfg = config.resolve(preset)
+    check_config(cfg)
+    assert cfg.method.name == method and cfg.model.name == "resnet18" and cfg.train.select == "worst"
+    assert cfg.eval.eps == config.resolve("trix-rebuttal-t1-trades").eval.eps  # the table's rows evaluate alike
+    got = paper.load(preset)
+    assert (got.source, got.table, got.row, got.follows) == ("trix-rebuttal", "1", label, "code")
+    assert ((got.numbers["clean"].avg, got.numbers["clean"].worst), (got.numbers["aa"].avg, got.numbers["aa"].worst)) \
+        == (clean, aa)
+    assert got.init_from == ("trix-rebuttal-t1-trades" if method == "frl" else "")
+    if label == "+ CFA":
+        assert cfg.ccm.enabled and cfg.ccr.enabled and cfg.train.averaging == "fawa"
+
+
+def test_reproduce_lists_the_rebuttal_table_with_its_nine_rows():
     from fastfair.reproduce import tables
 
     table = tables.get("trix-rebuttal-t1")
-    assert "rebuttal" in table.title and len(table.rows) == 4
-    assert {r.row for r in table.rows} == {"TRADES", "+ DAFA", "+ WAT", "+ TRIX"}
+    assert "rebuttal" in table.title and len(table.rows) == 7
+    assert {r.row for r in table.rows} == {"TRADES", "+ FRL", "+ WAT", "+ CFA", "+ DAFA", "+ ABSLD", "+ TRIX"}
+    assert [p.split(" ")[1] for p in table.pending] == ["BAT", "FAIR-TAT"]  # pending, each with why
 
 
 def test_component_grid_switches_the_targeted_split_and_the_dafa_weights(tmp_path):

@@ -2,7 +2,8 @@
 
 Objectives: ``ce`` (PGD-AT, PGD-k eval), ``kl`` (TRADES-PGD: KL(p(x) || p(x'))), ``cw``
 (CW-inf margin), ``ce`` with ``temperature`` (Temperature-PGD, Tian et al.); per sample, a
-``toward`` mask instead descends CE to a ``target`` class (TRIX's targeted rows). FGSM is one step
+``toward`` mask instead descends CE to a ``target`` class (TRIX's targeted rows). The ``kl`` objective's first
+distribution is the model's own on x unless the caller hands ``reference`` logits (a teacher's, ABSLD). FGSM is one step
 with ``alpha = eps``. ``eps`` and ``alpha`` are per-class ``(C,)`` tensors gathered by label
 (per-class budgets of CFA/FRL), so changing them never recompiles. During the attack the
 model's parameters are frozen (no weight gradients are computed) and only
@@ -82,13 +83,15 @@ class StopRule(Protocol):
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
             x_adv: torch.Tensor, target: torch.Tensor | None = None,
             toward: torch.Tensor | None = None, noise: torch.Tensor | None = None,
-            origin: torch.Tensor | None = None) -> torch.Tensor:
+            reference: torch.Tensor | None = None, origin: torch.Tensor | None = None) -> torch.Tensor:
     """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
 
     With ``target`` and the bool mask ``toward`` (both (N,)), the rows where ``toward`` holds ascend
     -CE(f(x'), target), i.e. step towards the target class (a targeted PGD), and the others ascend
     the attack's objective: one loss, selected per row with ``torch.where``, so no host sync.
     ``noise`` ((K, *x.shape), drawn by the caller) is added to step k before the projection (FAT's omega).
+    ``reference`` ((N, C) logits) replaces the model's clean logits as p in the ``kl`` objective KL(p || p(x'))
+    (ABSLD: the teacher's temperature-scaled logits).
 
     The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
     the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
@@ -103,8 +106,11 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
     o = attack.ops
     z_nat = None
     if attack.objective == "kl":
-        with torch.no_grad():
-            z_nat = model(x).detach()
+        if reference is not None:
+            z_nat = reference.detach()
+        else:
+            with torch.no_grad():
+                z_nat = model(x).detach()
     rule = attack.stop.start(y) if attack.stop else None
     if origin is None:
         origin = grad_origin(x)
@@ -215,7 +221,7 @@ class PGD:
         for name, (key, typ, rule) in CHECKED.items():
             rules.check(key, getattr(self, name), typ, rule)
 
-    def _run(self, model, x, y, eps_c, alpha_c, targeting):
+    def _run(self, model, x, y, eps_c, alpha_c, targeting, reference):
         # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
         # descent then sees the same start as an eager one, and --resume stays exact (Inductor
         # draws random numbers its own way).
@@ -225,21 +231,25 @@ class PGD:
         if self.noise:
             noise = self.noise * torch.randn((self.steps, *x.shape), device=x.device, dtype=x.dtype)
         target, toward = targeting or (None, None)
-        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, target, toward, noise)
+        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, target, toward, noise, reference)
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
-                 target: torch.Tensor | None = None, toward: torch.Tensor | None = None) -> torch.Tensor:
+                 target: torch.Tensor | None = None, toward: torch.Tensor | None = None,
+                 reference: torch.Tensor | None = None) -> torch.Tensor:
         """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``; rows where the
-        bool mask ``toward`` holds step towards ``target`` instead (see :func:`descend`)."""
+        bool mask ``toward`` holds step towards ``target`` instead; ``reference``: the ``kl`` objective's first
+        distribution's logits instead of the model's on x (see :func:`descend`)."""
         if (target is None) != (toward is None):
             raise UserError("a targeted PGD needs both target and toward (or neither)")
+        if reference is not None and self.objective != "kl":
+            raise UserError(f"reference logits are read by the kl objective only; this attack's is {self.objective}")
         targeting = () if target is None else (target, toward)
         with attack_mode(model, self.bn_mode), torch.enable_grad():
-            best = self._run(model, x, y, eps_c, alpha_c, targeting)
+            best = self._run(model, x, y, eps_c, alpha_c, targeting, reference)
             for _ in range(self.restarts - 1):
                 with torch.no_grad():
                     robust = model(best).argmax(1) == y
-                cand = self._run(model, x, y, eps_c, alpha_c, targeting)
+                cand = self._run(model, x, y, eps_c, alpha_c, targeting, reference)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best
 

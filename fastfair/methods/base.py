@@ -22,7 +22,7 @@ from fastfair.attacks.pgd import PGD, descend
 from fastfair.methods.options import OPTIONS
 from fastfair.registry import Registry
 from fastfair.schema import Key
-from fastfair.training.class_state import ClassState
+from fastfair.training.class_state import ClassState, counted
 
 if TYPE_CHECKING:
     from fastfair.config import Config
@@ -132,7 +132,8 @@ class Method:
 
     def loss(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
              state: ClassState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-sample loss rows (N,), logits whose per-class accuracy is counted as train robust accuracy)."""
+        """(per-sample loss rows (N,), logits whose per-class accuracy is counted as train robust accuracy, or a
+        dict of named logits holding them as "adv" beside others a statistic reads: ABSLD's "nat")."""
         raise NotImplementedError
 
     def objective(self, model: nn.Module, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
@@ -145,7 +146,7 @@ class Method:
         rows, logits = self.loss(model, x, x_adv, y, state)
         out = (rows * state["loss_weight"][y]).mean()
         for option in self.options:  # batch-level terms (the inter-class cosine regulariser)
-            term = option.objective_term(logits, y)
+            term = option.objective_term(counted(logits), y)
             out = out if term is None else out + term
         return out, logits
 

@@ -245,6 +245,12 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
             # an authors' file is placed by hand: its row waits, pending, beside the re-trained one
             if spec.comparable and not row.released:
                 raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
+        teacher = flat.get("method.teacher", "")  # a distillation row's RobustBench teacher (ABSLD), in --model-dir
+        if teacher.startswith(rb.PREFIX) and not missing and (
+                missing := _robustbench_missing(teacher[len(rb.PREFIX):], model_dir)):
+            missing = f"its teacher: {missing}"
+            if spec.comparable:
+                raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
         runs_for = {a: spec.attack(a) for a in paper_attacks(row, flat["eval.attacks"])}
         attacks = tuple(dict.fromkeys(runs_for.values()))
         for seed in range(seeds):
@@ -253,6 +259,8 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
             if architectures and trains:
                 trains = {**trains, **spec.architecture(flat["model.name"])}
             sets = {**data, **trains, "train.seed": seed, "eval.attacks": list(attacks)}
+            if teacher.startswith(rb.PREFIX) and model_dir:
+                sets["method.teacher_model_dir"] = model_dir
             if row.init_from:  # FRL fine-tunes the same seed's run of the row it names, its selected checkpoint
                 base = config.resolve(row.init_from)
                 sets["train.init_from"] = str(RunDir(out / "runs" / f"{row.init_from}-s{seed}")

@@ -18,7 +18,10 @@ from fastfair.registry import Registry
 class Statistic:
     """An on-device accumulator over one epoch: :meth:`update` each step, :meth:`value` once at the end.
 
-    Its state is a few sum tensors (:attr:`sums`), which is what lets torchrun add them over ranks."""
+    Its state is a few sum tensors (:attr:`sums`), which is what lets torchrun add them over ranks. It reads the
+    step's counted logits (``reads = "adv"``), or another of the logits a method's loss names (ABSLD's "nat")."""
+
+    reads = "adv"
 
     def __init__(self, num_classes: int, device: torch.device):
         self.num_classes = num_classes
@@ -35,6 +38,11 @@ class Statistic:
 STATISTICS: Registry[type[Statistic]] = Registry("per-class statistic")
 
 
+def counted(logits: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logits a step's accuracy is counted from: the tensor a method's loss returns, or its dict's "adv"."""
+    return logits["adv"] if isinstance(logits, dict) else logits
+
+
 @STATISTICS.register("softmax_by_class", "(C, C): row k is the mean softmax over class k's training adversarial "
                                          "examples (the class-wise similarity of DAFA, Lee et al. 2024)")
 class SoftmaxByClass(Statistic):
@@ -49,6 +57,32 @@ class SoftmaxByClass(Statistic):
 
     def value(self, sums):
         return sums["p"] / sums["n"].clamp(min=1)[:, None]
+
+
+class CESumByClass(Statistic):
+    """(C,): the sum over the epoch of CE(logits, y) over class k's training examples (ABSLD code: the
+    per-class error risk its temperatures follow, class_labels_total_loss_adv / _nat)."""
+
+    def __init__(self, num_classes, device):
+        super().__init__(num_classes, device)
+        self.sums = {"ce": torch.zeros(num_classes, device=device)}
+
+    def update(self, logits, y):
+        ce = torch.nn.functional.cross_entropy(logits.detach().float(), y, reduction="none")
+        self.sums["ce"].index_add_(0, y, ce)
+
+    def value(self, sums):
+        return sums["ce"].clone()  # on a CPU .cpu() is the sum itself, which read() zeroes next
+
+
+STATISTICS.register("ce_sum_adv", "(C,): sum of CE over class k's training adversarial examples, from the "
+                                  "forward that fed the loss (ABSLD's adversarial error risk)")(CESumByClass)
+
+
+@STATISTICS.register("ce_sum_nat", "(C,): sum of CE over class k's clean training examples, from the forward "
+                                   "that fed the loss (ABSLD's natural error risk)")
+class CESumNatByClass(CESumByClass):
+    reads = "nat"
 
 
 class ClassState:
@@ -126,12 +160,15 @@ class ClassState:
             t for s in self.statistics.values() for t in s.sums.values()]
 
     @torch.no_grad()
-    def count(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
+    def count(self, logits: torch.Tensor | dict[str, torch.Tensor], y: torch.Tensor, loss: torch.Tensor) -> None:
+        """One step's counts from its logits: a tensor (the adversarial logits), or a method's named logits, whose
+        "adv" entry is counted (:func:`counted`) and each statistic reads the one it names."""
+        named = logits if isinstance(logits, dict) else {"adv": logits}
         self.total.index_add_(0, y, torch.ones_like(y))
-        self.correct.index_add_(0, y, (logits.argmax(1) == y).long())
+        self.correct.index_add_(0, y, (counted(logits).argmax(1) == y).long())
         self.loss_sum += loss.detach().float()
         for statistic in self.statistics.values():
-            statistic.update(logits, y)
+            statistic.update(named[statistic.reads], y)
         self.steps += 1
 
     def read(self) -> dict:

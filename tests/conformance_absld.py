@@ -1,0 +1,114 @@
+"""ABSLD against zhaoshiji123/ABSLD: the epoch loop's soft labels, per-class error risks and temperatures over six
+epochs through the first rate decay (made-up logits), and on the fixed images the attack step by step, the K-step
+attack, the loss and its weight gradient, the error risks and the temperatures after the epoch. fastfair's method
+comes from the preset that follows the code, with ``Inputs.teacher()`` as its teacher."""
+import dataclasses
+
+import torch
+
+from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
+                         max_diff, rel_diff, steps_from_code, weight_grad)
+from fastfair import config
+from fastfair.methods import METHODS
+from fastfair.methods.absld import TEMPERATURES, soft_label_logits
+from fastfair.training.class_state import ClassState
+
+PRESET = "trix-rebuttal-t1-absld"  # the preset that follows the code
+TAU_TOL = 1e-6  # float32 temperatures near 1, updated by steps of at most 0.1
+RISK_TOL = 1e-5  # sums of 2-40 float32 CE values (sums up to ~30, ulp 2e-6), added in another order
+
+differs("ABSLD", "loss value: the code's log(q + 1e-5) in the teacher's entropy term adds a constant of the student "
+                 "(the gradient is the same); fastfair's loss is below the code's by it (at most 1e-5)", "(no key)")
+differs("ABSLD", "the code's two temperature vectors divide one tensor in place under two names, so both terms see "
+                 "z_T / tau_adv / tau_nat (fastfair's default); separate: each term over its own temperature",
+        "method.teacher_scaling")
+differs("ABSLD", "a class temperature update where every class has the same error risk: the code divides 0 by 0 "
+                 "(NaN temperatures); fastfair leaves the temperatures as they were", "(no key)")
+
+
+def absld_method(teacher=None):
+    """(ABSLD from the code-following preset with the conformance teacher, its 10-class ClassState), CPU."""
+    cfg = config.resolve(PRESET, {"method.teacher": "the conformance teacher"}, [])
+    m = METHODS.get("absld")(cfg)
+    m.teacher = inputs().teacher() if teacher is None else teacher
+    state = ClassState(10, "cpu")
+    m.setup(state)
+    return m, state
+
+
+def set_temperatures(state, tau):
+    for (vector, _), t in zip(TEMPERATURES, tau):
+        state.set(vector, t)
+
+
+@case("absld-loop")
+def temperatures():
+    g = golden("absld_loop")
+    ref = g.ref()
+    m, state = absld_method(teacher=torch.nn.Identity())
+    y, order = g.t("labels"), g.t("batch_order")
+    start, batch = g.meta["loop"]["start_epochs"], g.meta["loop"]["batch_size"]
+    risks, taus, soft = [], [], []
+    for e in range(len(g.t("tau_adv"))):
+        logits = {k: g.t(f"{k}_logits")[e] for k in ("teacher", "nat", "adv")}
+        q_adv, _ = soft_label_logits(logits["teacher"][order], state["absld_temp_adv"][y[order]],
+                                     state["absld_temp_nat"][y[order]], m.cfg.method.teacher_scaling)
+        soft.append(max_diff(q_adv, g.t("q_logits")[e]))
+        for idx in order.split(batch):
+            state.count({"adv": logits["adv"][idx], "nat": logits["nat"][idx]}, y[idx], torch.zeros(()))
+        stats = state.read()
+        risks.append(max(max_diff(stats["statistics"]["ce_sum_adv"], g.t("risk_adv")[e]),
+                         max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat")[e])))
+        m.end_epoch(state, start + e, stats)  # 0-based epoch start + e is the code's 1-based start + e + 1
+        taus.append(max(max_diff(state["absld_temp_adv"], g.t("tau_adv")[e]),
+                        max_diff(state["absld_temp_nat"], g.t("tau_nat")[e])))
+    epochs = f"{len(taus)} epochs, {start + 1}-{start + len(taus)}, the rate's decay after {start + 3}"
+    return [
+        Check("ABSLD", f"soft-label logits z_T / tau_adv[y] / tau_nat[y] handed to the attack ({epochs})", ref,
+              max(soft), 1e-6),
+        Check("ABSLD", f"per-class error risks: sums of CE on x' and on x ({epochs})", ref, max(risks), RISK_TOL),
+        Check("ABSLD", f"class temperatures tau_adv, tau_nat after each epoch's update ({epochs})", ref, max(taus),
+              TAU_TOL),
+    ]
+
+
+@case("absld-step")
+def step():
+    g = golden("absld")
+    ref = g.ref()
+    m, state = absld_method()
+    set_temperatures(state, g.t("tau"))
+    inp, n = inputs(), g.t("x_adv").shape[0]
+    x, y = inp.x[:n], inp.y[:n]
+    q_adv, q_nat = m.distil_from(x, y, state)
+    one = dataclasses.replace(m.attack, steps=1)
+    worst, detail = steps_from_code(g, lambda: inp.model("train"), one, x, y, state["eps"], state["alpha"],
+                                    m.cfg.attack.alpha, reference=q_adv)
+    with fixed_start(m, g.t("x_start")):
+        x_adv = m.perturb(inp.model("train"), x, y, state)
+    model = inp.model("train")
+    loss, logits = m.objective(model, x, g.t("x_adv"), y, state)
+    # the code's loss adds sum q log(1 + 1e-5 / q) / C per row and term (its log(q + 1e-5)): no gradient
+    a = m.cfg.method.adv_weight
+    offset = sum(w * (q * (torch.log(q + 1e-5) - torch.log(q))).mean()
+                 for w, q in ((a, q_adv.softmax(1)), (1 - a, q_nat.softmax(1))))
+    state.count(logits, y, loss.detach())
+    stats = state.read()
+    m.end_epoch(state, 0, stats)
+    return [
+        Check("ABSLD", "soft-label logits of the teacher's clean forward (both terms)", g.ref("soft labels"),
+              max(max_diff(q_adv, g.t("q_adv_logits")), max_diff(q_nat, g.t("q_nat_logits"))), 1e-6),
+        Check("ABSLD", "one attack step (KL to the soft labels) from each of the code's x_k", ref, worst, 0, STEPS,
+              detail),
+        Check("ABSLD", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
+        Check("ABSLD", "loss on the code's x_adv, plus the code's 1e-5 constant", g.ref("loss"),
+              max_diff(loss.detach() + offset, g.t("loss")), 1e-6, detail=f"the constant: {float(offset):.1e}"),
+        Check("ABSLD", "weight gradient on the code's x_adv", g.ref("loss"),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+        Check("ABSLD", "per-class error risks of the step's train-mode forwards", g.ref("risk"),
+              max(max_diff(stats["statistics"]["ce_sum_adv"], g.t("risk_adv")),
+                  max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat"))), RISK_TOL),
+        Check("ABSLD", "class temperatures after the epoch's update", g.ref("temperatures"),
+              max(max_diff(state["absld_temp_adv"], g.t("tau_after")[0]),
+                  max_diff(state["absld_temp_nat"], g.t("tau_after")[1])), TAU_TOL),
+    ]
