@@ -206,7 +206,12 @@ def _released_missing(row: PaperRow, model_dir: str | None) -> str:
     if row.released:
         placed = row.released.path(model_dir).is_file()
         return "" if placed else f"the authors' released model is not there yet: {row.released.place(model_dir)}"
-    name = row.robustbench
+    return _robustbench_missing(row.robustbench, model_dir)
+
+
+def _robustbench_missing(name: str, model_dir: str | None) -> str:
+    """Why RobustBench's model ``name`` (a row's, or a distillation row's teacher) cannot be used here ('' when it
+    can): the package or the weights."""
     if not rb.installed():
         return "it is RobustBench's model and needs fastfair[robustbench] (pip install 'fastfair[robustbench]')"
     path = rb.model_file(name, model_dir=model_dir)
