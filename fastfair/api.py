@@ -23,6 +23,7 @@ from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir
 from fastfair.scaleout import distributed
 from fastfair.suggest import hint
+from fastfair.training import teacher
 from fastfair.training.class_state import ClassState
 from fastfair.training.trainer import Trainer, final_evaluation
 
@@ -170,6 +171,7 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
     dev = device if isinstance(device, torch.device) else build.device_named(device)  # as --device is read
     m = METHODS.get(cfg.method.name)(cfg)
     state = ClassState(num_classes, dev, train_counts=train_counts)
+    teacher.attach(m, num_classes, dev)  # a distilling method's teacher (method.teacher)
     m.setup(state)
     return m, state
 

@@ -9,6 +9,7 @@ import torch
 from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
                          max_diff, rel_diff, steps_from_code, weight_grad)
 from fastfair import config
+from fastfair.training import optim
 from fastfair.methods import METHODS
 from fastfair.methods.absld import TEMPERATURES, soft_label_logits
 from fastfair.training.class_state import ClassState
@@ -59,7 +60,8 @@ def temperatures():
         stats = state.read()
         risks.append(max(max_diff(stats["statistics"]["ce_sum_adv"], g.t("risk_adv")[e]),
                          max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat")[e])))
-        m.end_epoch(state, start + e, stats)  # 0-based epoch start + e is the code's 1-based start + e + 1
+        # 0-based epoch start + e is the code's 1-based start + e + 1; the trainer hands the next epoch's lr
+        m.end_epoch(state, start + e, {**stats, "lr_next": optim.schedule(m.cfg.train)(start + e + 1, 0.0)})
         taus.append(max(max_diff(state["absld_temp_adv"], g.t("tau_adv")[e]),
                         max_diff(state["absld_temp_nat"], g.t("tau_nat")[e])))
     epochs = f"{len(taus)} epochs, {start + 1}-{start + len(taus)}, the rate's decay after {start + 3}"
@@ -94,7 +96,7 @@ def step():
                  for w, q in ((a, q_adv.softmax(1)), (1 - a, q_nat.softmax(1))))
     state.count(logits, y, loss.detach())
     stats = state.read()
-    m.end_epoch(state, 0, stats)
+    m.end_epoch(state, 0, {**stats, "lr_next": optim.schedule(m.cfg.train)(1, 0.0)})
     return [
         Check("ABSLD", "soft-label logits of the teacher's clean forward (both terms)", g.ref("soft labels"),
               max(max_diff(q_adv, g.t("q_adv_logits")), max_diff(q_nat, g.t("q_nat_logits"))), 1e-6),

@@ -11,7 +11,7 @@ from fastfair import cli
 from fastfair.errors import UserError
 from fastfair.evaluation import robustbench as rb
 from fastfair.methods.absld import temperature_update
-from fastfair.methods.teacher import load_teacher
+from fastfair.training.teacher import load_teacher
 
 from helpers import NPZ_TRAIN, demo_train, small_npz, trained_demo
 

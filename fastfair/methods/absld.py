@@ -67,6 +67,7 @@ def soft_label_logits(z_teacher: torch.Tensor, tau_adv: torch.Tensor, tau_nat: t
 class ABSLD(Method):
     """(a KL(q_adv || p(x')) + (1 - a) KL(q_nat || p(x))) / C with class-wise teacher temperatures (ABSLD code)."""
 
+    distils = True
     keys = {
         **teacher.KEYS,
         "adv_weight": Key(5 / 6, "ABSLD: weight a of the adversarial KL term; the natural term has 1 - a (code: "
@@ -107,11 +108,9 @@ class ABSLD(Method):
         super().setup(state)
         for vector, _ in TEMPERATURES:
             state.add_vector(vector, 1.0)  # the code's torch.ones(10) before the first epoch
-        m = self.cfg.method
-        if self.teacher is None:  # a loop of your own may hand its teacher module instead (m.teacher = net)
-            self.teacher = teacher.load_teacher(m.teacher, dataset=self.cfg.data.dataset,
-                                                num_classes=state.num_classes, device=state.device,
-                                                model_dir=m.teacher_model_dir)
+        if self.teacher is None:
+            raise UserError("absld has no teacher module: fastfair.method and the trainer load method.teacher before "
+                            "setup (fastfair.training.teacher.attach); or set m.teacher = net before m.setup(state)")
         self.teacher_forward = self.compile(self.teacher)
 
     def distil_from(self, x: torch.Tensor, y: torch.Tensor, state) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,16 +138,13 @@ class ABSLD(Method):
                 + self.ops.row_loss(q_nat, z_nat, y, kl=(1.0 - a) / classes))
         return rows, {"adv": z_adv, "nat": z_nat}
 
-    def temperature_rate(self, epoch: int) -> float:
-        """r after 0-based ``epoch``: temp_rate x lr(next epoch) / train.lr (the code decays both together)."""
-        from fastfair.training import optim  # here: optim imports config, which imports every method
-
-        t = self.cfg.train
-        return self.cfg.method.temp_rate * optim.schedule(t)(epoch + 1, 0.0) / t.lr
+    def temperature_rate(self, lr_next: float) -> float:
+        """r for the next epoch: temp_rate x lr_next / train.lr (the code decays both together)."""
+        return self.cfg.method.temp_rate * lr_next / self.cfg.train.lr
 
     def end_epoch(self, state, epoch, stats):
         super().end_epoch(state, epoch, stats)
-        m, rate = self.cfg.method, self.temperature_rate(epoch)
+        m, rate = self.cfg.method, self.temperature_rate(stats["lr_next"])
         for vector, statistic in TEMPERATURES:
             tau = temperature_update(state[vector].cpu(), stats["statistics"][statistic], rate, m.temp_min,
                                      m.temp_max)

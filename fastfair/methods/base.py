@@ -41,6 +41,8 @@ class Method:
     needs_initial_validation: ClassVar[bool] = False  # FRL: update from validation before the first epoch
     uses_ce_logits: ClassVar[bool] = False  # its CE terms go through ce_logits (where HE subtracts its margin)
     adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
+    # distils a teacher (method.teacher): the trainer loads it into ``self.teacher`` before setup
+    distils: ClassVar[bool] = False
 
     def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend,
                  compile_: Callable[[Callable], Callable] | None = None):

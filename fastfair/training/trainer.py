@@ -23,7 +23,7 @@ import torch
 
 from fastfair import build, config, data, ops, stopping
 from fastfair.checks import check_config
-from fastfair.training import averaging, fallback, optim
+from fastfair.training import averaging, fallback, optim, teacher
 from fastfair.scaleout import distributed
 from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend, descent_capture
 from fastfair.training.class_state import ClassState
@@ -105,6 +105,7 @@ class Trainer:
                       if self.ways else self._one_step)
         self.state = ClassState(self.bundle.num_classes, self.dev,
                                 train_counts=torch.bincount(y, minlength=self.bundle.num_classes))
+        teacher.attach(self.method, self.bundle.num_classes, self.dev)
         self.method.setup(self.state)
         warnings = warnings + self.method.setup_warnings()  # what the options know once they saw the class counts
         self.method.use_loader(self.train_loader, self.state)  # before a resume loads the state the loader reads
@@ -318,7 +319,9 @@ class Trainer:
         va = val[self.cfg.train.val_attack]["summary"]
         # the method's own pass over the validation split (WAT's per-class loss); {} for most methods
         val_method = self.method.validation_pass(self.attack_net, self.val_loader, self.state, epoch)
-        self.method.end_epoch(self.state, epoch, {**stats, "val": val, "val_method": val_method})
+        # lr_next: the rate the next epoch starts at, for a method whose update decays with it (ABSLD's temperatures)
+        self.method.end_epoch(self.state, epoch, {**stats, "val": val, "val_method": val_method,
+                                                  "lr_next": self.rate(epoch + 1, 0.0)})
         # before anything of the epoch is written: weights, optimiser and per-class state all finite
         self._stop_if_diverged(epoch, nonfinite_tensors(self._state(epoch)))
         record = {
