@@ -446,8 +446,8 @@ def grid(
 def reproduce(
     table: Annotated[Text, typer.Argument(metavar="TABLE", help="paper table, e.g. cfa-t1 or me-t2 (--list shows "
                                                                 "them)")] = None,
-    list_: Annotated[bool, typer.Option("--list", help="every table with its runs and an estimate of GPU hours, "
-                                                       "and the scales")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="every table (or TABLE alone) with its runs and an estimate "
+                                                       "of GPU hours, and the scales")] = False,
     seeds: Annotated[int, typer.Option(help="seeds per row (0..N-1); reported as mean ± std")] = 1,
     data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
                                                "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "

@@ -119,6 +119,16 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
     assert "tian-kdd-t5-cifar100-madry       CIFAR-100, adversarial training [pgd20 cv/mcd; follows paper]" in out
 
 
+def test_list_with_a_table_shows_that_table_alone_and_an_unknown_one_is_one_line(capsys):
+    assert cli.main(["reproduce", "trix-rebuttal-t1", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^[a-z][\w-]*: ", out, re.M) == ["trix-rebuttal-t1: "] and out.startswith("scales (--scale):")
+    # the rebuttal's nine rows: seven that run and BAT and FAIR-TAT pending, each with its reason
+    assert re.search(r"7 rows x 1 seed\(s\) = 7 runs", out) and out.count("  not run yet: + ") == 2
+    assert cli.main(["reproduce", "me-t99", "--list"]) == 2
+    assert capsys.readouterr().err.count("fastfair: error:") == 1
+
+
 def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
     table = tables.get("tian-iclr-t2")
     assert table.ordered()[0].preset == "tian-iclr-t2-standard"

@@ -30,13 +30,14 @@ from fastfair.scaleout import per_gpu as runs_per_gpu
 from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 
-def listing(seeds: int, echo=print) -> None:
-    """Every table with its rows and runs, and what it costs."""
+def listing(seeds: int, echo=print, only: str | None = None) -> None:
+    """Every table (or ``only`` that one) with its rows and runs, and what it costs."""
+    chosen = {only: tables.get(only)} if only else tables.tables()  # an unknown name: one line naming the tables
     speeds = cost.gpu_images_per_s()
     echo("scales (--scale):")
     for name in runs.SCALES:
         echo(f"  {name}: {runs.SCALES.doc(name)}")
-    for key, table in tables.tables().items():
+    for key, table in chosen.items():
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
         for row in table.rows:
@@ -88,7 +89,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     paper's own checkpoint rule (``[paper] paper_selection``, e.g. ME's best PGD-20 on the test set) pick by it,
     in their own folder, and the report says where they chose."""
     if list_only:
-        listing(seeds, echo)
+        listing(seeds, echo, only=table)
         return 0
     if not table:
         raise UserError("name a table (fastfair reproduce TABLE), or list them: fastfair reproduce --list")
