@@ -45,7 +45,7 @@ def test_compiled_step_matches_eager_without_graph_breaks(tmp_path, method):
     # the update from the same adversarial batch: loss, logits and every weight gradient
     (l_e, z_e, g_e), (l_c, z_c, g_c) = (loss_and_grads(t, x, advs[0], y) for t in (eager, compiled))
     torch.testing.assert_close(l_c, l_e, rtol=1e-4, atol=1e-5)
-    for a, b in ((z_e, z_c) if torch.is_tensor(z_e) else zip(z_e.values(), z_c.values())):  # absld: adv and nat
+    for a, b in ([(z_e, z_c)] if torch.is_tensor(z_e) else zip(z_e.values(), z_c.values())):  # absld: adv and nat
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     for a, b in zip(g_e, g_c):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
