@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fastfair import cli, config
+from fastfair.checks import check_config
 from fastfair.errors import UserError
 from fastfair.reproduce import command, runs, tables
 from fastfair.reproduce.paper import load
@@ -153,8 +154,12 @@ def test_the_paper_s_rule_selects_on_the_test_set_and_the_report_says_so(tmp_pat
     table = tables.get("me-t3")
     planned = runs.plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "out", {}, paper_selection=True)
     assert all(p.sets["train.select_split"] == "test" and p.sets["train.val_attack"] == "pgd20" for p in planned)
-    assert not any("train.select_split" in p.sets for p in runs.plan(table, 1, "subset", str(CIFAR_SUBSET),
-                                                                     tmp_path / "out", {}))
+    # the subset scale's validation size goes with the split it sizes: no run warns that it does nothing
+    assert not any("data.val_per_class" in p.sets for p in planned)
+    assert not [w for p in planned for w in check_config(config.resolve(p.row.preset, None, p.sets))
+                if "val_per_class" in w]
+    usual = runs.plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "out", {})
+    assert not any("train.select_split" in p.sets for p in usual) and all("data.val_per_class" in p.sets for p in usual)
     notes = command._notes(table, "subset", {}, paper_selection=True)
     assert sum("by pgd20 on the TEST set (train.select_split = test): the checkpoint was selected on the test images "
                "it is evaluated on" in n for n in notes) == 4
@@ -166,7 +171,6 @@ def test_the_paper_s_rule_selects_on_the_test_set_and_the_report_says_so(tmp_pat
 
 def test_select_split_test_scores_on_the_test_set_and_trains_on_every_image():
     from fastfair import build
-    from fastfair.checks import check_config
 
     on_test = config.resolve("demo", {"train.select_split": "test"})
     bundle, sp = build.splits(on_test)
