@@ -33,6 +33,18 @@ def test_tian_iclr_rows_keep_the_75th_epoch_model(preset):
     assert cfg.eval.alpha == (0.007 if "-t5-" in preset else 0.003)
 
 
+def test_the_notes_say_which_epoch_a_shorter_scale_keeps():
+    full, subset = ([n for n in command._notes(tables.get("tian-iclr-t5"), scale, {}) if "train.select = epoch" in n]
+                    for scale in ("full", "subset"))
+    assert len(full) == len(subset) == 4
+    assert all("the model after epoch 75. " in n for n in full)
+    # the epoch the subset scale's runs keep (runs.plan sets it from the same changes)
+    kept = {runs.SCALES.get("subset").changes(config.flatten(config.resolve(p).to_dict()), {})["train.select_epoch"]
+            for p in T5}
+    assert len(kept) == 1 and min(kept) < 75
+    assert all(f"the model after epoch 75 (epoch {min(kept)} at this scale)" in n for n in subset)
+
+
 def test_table_2_evaluates_the_released_trades_and_mart_beside_the_retrained_ones():
     rows = {r.preset: r for r in tables.get("tian-iclr-t2").rows}
     for preset, url in RELEASED.items():

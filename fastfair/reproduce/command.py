@@ -288,11 +288,13 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
     return records, run_lines, failed
 
 
-def _selected(cfg) -> str:
-    """How fastfair picks the row's checkpoint, as the notes say it: the policy, the attack it scores and where."""
+def _selected(cfg, scaled_epoch: int | None = None) -> str:
+    """How fastfair picks the row's checkpoint, as the notes say it: the policy, the attack it scores and where;
+    ``scaled_epoch``: the epoch a shorter scale keeps instead of the preset's."""
     t = cfg.train
     if t.select == "epoch":
-        return f"train.select = epoch, the model after epoch {t.select_epoch}"
+        shrunk = f" (epoch {scaled_epoch} at this scale)" if scaled_epoch not in (None, t.select_epoch) else ""
+        return f"train.select = epoch, the model after epoch {t.select_epoch}{shrunk}"
     if t.select == "last":
         return "train.select = last, the last epoch's model"
     if t.select_split == "test":
@@ -327,9 +329,11 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool
                          f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}"
                          f". Preset: {preset.preset}")
             continue
+        spec = runs.SCALES.get(scale)  # a scale that shrinks the run shrinks the epoch it keeps too
+        scaled = {} if spec.comparable else spec.changes(config.flatten(preset.to_dict()), user_sets)
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
-                     f"fastfair: {_selected(preset)}"
+                     f"fastfair: {_selected(preset, scaled.get('train.select_epoch'))}"
                      f"{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
                      f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")
