@@ -78,7 +78,8 @@ def _stats(number: Number, classes: list[str]) -> list[tuple[str, float, int | N
     return out + [(s, v, None, s) for s in SPREAD if (v := getattr(number, s)) is not None]
 
 
-def _tolerance(kind: str, paper: float) -> float:
+def tolerance(kind: str, paper: float) -> float:
+    """The default tolerance of a number of ``kind`` (avg, worst, class, cv, mcd) whose paper value is ``paper``."""
     return max(CV_TOLERANCE * paper, 1.0) if kind == "cv" else DEFAULT_TOLERANCE[kind]
 
 
@@ -93,7 +94,7 @@ def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: l
             std = number.std.get(kind) if kind in ("avg", "worst") else None
             ours = [_ours(rec, ran, label, k) for rec in records if ran in rec["results"]]
             out.append(Comparison(row.preset, row.row, attack, label, paper, ours,
-                                  std if std is not None else _tolerance(kind, paper),
+                                  std if std is not None else tolerance(kind, paper),
                                   "paper std" if std is not None else "default", comparable))
     return out
 

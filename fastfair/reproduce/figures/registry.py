@@ -1,0 +1,130 @@
+"""Paper figures (and tables that need more than per-row accuracies) as ``fastfair reproduce`` targets.
+
+A figure is a target like a table: its rows are the presets whose ``[paper]`` section names it
+(``figure = "3(b)"``: Fig. 3, key ``me-f3``) plus the presets its registration reuses (``rows``: a table's
+runs, e.g. Tian et al.'s Madry row for the class-wise curves over training). ``reproduce`` plans, runs and
+resumes them as a table's, compares each row's own ``[paper]`` numbers as a table does, then calls the
+figure's drawer. The drawer reads the finished runs through :class:`FigureRuns`, draws the paper's plot (same
+axes, same classes, same kind of plot) into ``runs.png(...)``, and returns every other number the paper's
+text or plot states beside ours (:meth:`FigureRuns.number`), which get the tables' verdicts.
+
+Each paper's module (``me.py``, ``cfa.py``, ...) registers its figures with :func:`figure`, what cannot run
+here with :func:`pending` (the reason and the exact route to run it), and its whole list of tables and
+figures with numbers or plots of measured results with :func:`inventory`, from which ``coverage`` writes
+docs/reproduce.md's coverage table.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from fastfair.reproduce.verdict import Comparison, tolerance as default_tolerance
+
+ITEM = re.compile(r"(Table|Fig\.) (\d+)")  # how an inventory names a paper's table or figure
+
+
+def item_key(source: str, item: str) -> str:
+    """``("me", "Fig. 3")`` -> ``me-f3``; ``("tian-kdd", "Table 4")`` -> ``tian-kdd-t4``."""
+    m = ITEM.fullmatch(item)
+    if not m:
+        raise ValueError(f"{source}: an item is 'Table N' or 'Fig. N'; got {item!r}")
+    return f"{source}-{'t' if m[1] == 'Table' else 'f'}{m[2]}"
+
+
+def figure_number(figure: str) -> str:
+    """A preset's ``figure = "3(b)"`` -> ``"3"``: a panel belongs to its figure's target."""
+    m = re.match(r"\d+", figure)
+    if not m:
+        raise ValueError(f"a figure is numbered as the paper numbers it ('3', '3(b)'); got {figure!r}")
+    return m[0]
+
+
+@dataclass
+class FigureRuns:
+    """What a drawer reads and where it writes: the finished runs of the figure's rows, by preset, in seed order."""
+
+    key: str
+    out: Path  # the target's folder (reproduce's --out)
+    scale: str
+    comparable: bool  # False at a scale that is not the paper's or with --set: verdicts say "not comparable"
+    classes: list[str]
+    runs: dict[str, list[Path]]  # preset -> the run folders that finished, seed order
+    records: dict[str, list[dict]]  # preset -> their evaluation records (eval/<checkpoint>-test.json)
+    gpus: str = "auto"  # for a drawer that runs more work (an attack, a diagnosis) on the finished runs
+    echo: Callable[[str], None] = print
+    pngs: list[Path] = field(default_factory=list)  # what png() handed out, for the report
+
+    def png(self, panel: str = "") -> Path:
+        """The path of the figure's PNG (``<key>.png``, or ``<key>-<panel>.png``), recorded for the report."""
+        path = self.out / f"{self.key}{'-' + panel if panel else ''}.png"
+        self.pngs.append(path)
+        return path
+
+    def history(self, preset: str) -> list[list[dict]]:
+        """Each finished seed's ``metrics.jsonl``: one dict per epoch (lr, loss, per-class val accuracies, ...)."""
+        return [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+                for run in self.runs.get(preset, [])]
+
+    def number(self, what: str, stat: str, paper: float, ours: list[float], kind: str = "class",
+               tolerance: float | None = None) -> Comparison:
+        """One number the paper states (``what``: where, e.g. "Sec. 2.2, cat under PGD-10"; ``stat``: its label)
+        beside ours, one value per seed; the tables' tolerance for ``kind`` (avg, worst, class, cv, mcd) unless
+        the drawer gives one and says why in its docstring."""
+        tol = default_tolerance(kind, paper) if tolerance is None else tolerance
+        return Comparison(self.key, what, "", stat, paper, list(ours), tol,
+                          "default" if tolerance is None else "figure", self.comparable)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    source: str  # a key of fastfair.reproduce.paper.PAPERS
+    item: str  # "Fig. 3" (or "Table 4" for a table whose numbers are not per-row accuracies)
+    caption: str  # what the paper's figure shows, in a line
+    draw: Callable[[FigureRuns], list[Comparison]] | None = None
+    rows: tuple[str, ...] = ()  # presets reused from other targets (their runs; their own numbers stay there)
+    partial: str = ""  # what of the paper's item this target does not reproduce, and why ("" when nothing)
+    pending: str = ""  # the item cannot run here: why, and the exact route to run it
+
+    @property
+    def key(self) -> str:
+        return item_key(self.source, self.item)
+
+
+FIGURES: dict[str, FigureSpec] = {}
+INVENTORY: dict[str, tuple[str, ...]] = {}  # paper -> every table and figure with numbers or a plot of results
+
+
+def _add(spec: FigureSpec) -> FigureSpec:
+    if spec.key in FIGURES:
+        raise ValueError(f"{spec.key} is registered twice")
+    FIGURES[spec.key] = spec
+    return spec
+
+
+def figure(source: str, item: str, caption: str, *, rows: tuple[str, ...] = (), partial: str = ""):
+    """Register the decorated ``draw(runs: FigureRuns) -> list[Comparison]`` as ``item``'s drawer."""
+    def register(draw: Callable[[FigureRuns], list[Comparison]]):
+        _add(FigureSpec(source, item, caption, draw, tuple(rows), partial))
+        return draw
+    return register
+
+
+def pending(source: str, item: str, caption: str, why: str) -> None:
+    """``item`` cannot run here: ``why`` says what is missing and the exact route to run it."""
+    if not why:
+        raise ValueError(f"{source} {item}: a pending item says why and how to run it")
+    _add(FigureSpec(source, item, caption, pending=why))
+
+
+def inventory(source: str, items: list[str]) -> None:
+    """Every table and figure of ``source`` with numbers or a plot of measured results, in the paper's order."""
+    for item in items:
+        item_key(source, item)
+    INVENTORY[source] = tuple(items)
+
+
+__all__ = ["FIGURES", "INVENTORY", "FigureRuns", "FigureSpec", "figure", "figure_number",
+           "inventory", "item_key", "pending"]
