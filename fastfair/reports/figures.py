@@ -465,3 +465,63 @@ def models_by_class(matrix, models: list[str], classes: list[str], averages: lis
     ax.set_xlabel("class (red box: the model's worst class)")
     _title(ax, title, width - 1.5)
     return _save(fig, path)
+
+
+def _panel_grid(n: int, ncols: int, width: float, height: float):
+    """``n`` panels in rows of ``ncols`` (all in one row when 0), unused cells hidden; the axes in reading order."""
+    cols = min(n, ncols or n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols + 1.6, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def class_lines(panels: dict[str, dict], title: str, path: Path, ncols: int = 0) -> Path:
+    """Values per class as lines with markers, a panel per measurement (in rows of ``ncols``; 0: one row), each on
+    its own y scale (ME paper Figs. 1, 2, 4, 5, 6, 8, 9: class-wise errors, inter-class similarity, intra-class
+    variance). ``panels``: panel title -> {``classes``: the x axis in its order, ``series``: name -> one value per
+    class along it, ``ylabel``, and optionally ``right``: (name, values, label), one more line in green on a y axis
+    of its own at the right (Fig. 5's similarity to the cat in standard training)}."""
+    width = max(4.4, 0.42 * max(len(p["classes"]) for p in panels.values()) + 1.6)
+    fig, axes = _panel_grid(len(panels), ncols, width, 3.8)
+    for ax, (name, panel) in zip(axes, panels.items()):
+        x = np.arange(len(panel["classes"]))
+        handles = [ax.plot(x, np.asarray(v, dtype=float), color=f"C{i % 10}", marker="o", ms=4, label=s)[0]
+                   for i, (s, v) in enumerate(panel["series"].items())]
+        if panel.get("right"):
+            label, values, ylabel = panel["right"]
+            twin = ax.twinx()
+            handles += twin.plot(x, np.asarray(values, dtype=float), color="C2", marker="s", ms=4, ls="--",
+                                 label=label)
+            twin.set_ylabel(ylabel, color="C2")
+        _class_axis(ax, panel["classes"])
+        ax.set_xlim(-0.5, len(x) - 0.5)
+        ax.set_ylabel(panel["ylabel"])
+        ax.grid(alpha=0.3)
+        ax.set_title(name, fontsize=10)
+        ax.legend(handles=handles, fontsize=7.5, loc="best", frameon=False)
+    fig.suptitle(title, fontsize=_title_size(title, width * min(len(panels), ncols or len(panels))))
+    return _save(fig, path)
+
+
+def feature_scatter(panels: dict[str, tuple], classes: list[str], title: str, path: Path, ncols: int = 0) -> Path:
+    """2-D penultimate features, a point per test image coloured by its class, a panel per model (in rows of
+    ``ncols``; 0: one row) (ME paper Figs. 3 and 8, bottom: a ResNet-18 whose penultimate layer outputs 2-D
+    features); ``panels``: panel title -> (features (N, 2), labels (N,))."""
+    fig, axes = _panel_grid(len(panels), ncols, 4.2, 4.0)
+    cmap = plt.get_cmap("tab10")
+    for ax, (name, (feats, labels)) in zip(axes, panels.items()):
+        feats, labels = np.asarray(feats, dtype=float), np.asarray(labels)
+        for k, cname in enumerate(classes):
+            sel = labels == k
+            ax.scatter(feats[sel, 0], feats[sel, 1], s=4, color=cmap(k % 10), label=cname, alpha=0.7)
+        ax.axhline(0, color="0.6", lw=0.5)
+        ax.axvline(0, color="0.6", lw=0.5)
+        ax.set_xlabel("feature 1")
+        ax.set_ylabel("feature 2")
+        ax.set_title(name, fontsize=10)
+    axes[min(len(axes), ncols or len(axes)) - 1].legend(fontsize=7, markerscale=2.5, loc="upper left",
+                                                        bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(title, fontsize=_title_size(title, 4.2 * min(len(panels), ncols or len(panels))))
+    return _save(fig, path)
