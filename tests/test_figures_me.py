@@ -2,6 +2,7 @@
 entries, the 2-D feature model its single-AT rows train, and one figure end to end on the real subset."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from fastfair import build, config, models
+from fastfair.evaluation import per_class
 from fastfair.preset_files import preset_names
 from fastfair.reports import figures
 from fastfair.reproduce.figures import me, registry
@@ -51,6 +53,9 @@ def test_inventory_lists_every_table_and_figure_with_results_in_the_papers_order
     assert registry.INVENTORY["me"] == ("Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6", "Table 1",
                                         "Fig. 7", "Table 2", "Table 3", "Table 4", "Fig. 8", "Fig. 9", "Table 5")
     assert registry.WITHIN[("me", "Table 1")] == "me-t4"
+    tables = {"Table 2", "Table 3", "Table 4"}  # me-t2, me-t3, me-t4 run them
+    for item in set(registry.INVENTORY["me"]) - tables - {"Table 1"}:
+        assert registry.item_key("me", item) in registry.FIGURES, item
     t5 = registry.FIGURES["me-t5"]
     assert t5.draw is None and "500k" in t5.pending and "rb:NAME" in t5.pending
     assert "Gowal2020Uncovering_28_10_extra" in t5.pending
@@ -82,8 +87,8 @@ def test_fig1_draws_errors_and_each_classs_share_of_the_accuracy_drop(drawn):
 
 def test_a_figure_without_its_runs_draws_nothing(drawn):
     runs, _, _ = drawn
-    for draw in (me.draw_fig1, me.draw_fig2, me.draw_fig3, me.draw_fig4, me.draw_fig5, me.draw_fig6, me.draw_fig8,
-                 me.draw_fig9):
+    for draw in (me.draw_fig1, me.draw_fig2, me.draw_fig3, me.draw_fig4, me.draw_fig5, me.draw_fig6, me.draw_fig7,
+                 me.draw_fig8, me.draw_fig9):
         assert draw(runs) == []
     assert runs.pngs == []
 
@@ -181,3 +186,38 @@ def test_a_2d_feature_model_has_two_features_and_a_bias_free_head():
     spec = build.model_spec(cfg, type("B", (), {"num_classes": 10, "shape": (3, 32, 32), "classes": CIFAR10,
                                                "mean_std": lambda self: ([0.5] * 3, [0.25] * 3)})())
     assert spec["feature_dim"] == 2  # a checkpoint rebuilds the 2-D model
+
+
+def test_evaluation_records_the_mean_prediction_entropy_fig7_draws():
+    """Uniform predictions over C classes have entropy ln C; certain ones 0 (ME paper Fig. 7's quantity)."""
+    x, y = torch.rand(6, 3, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    for bias, want in (([0.0, 0.0, 0.0], np.log(3)), ([60.0, 0.0, 0.0], 0.0)):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3))
+        torch.nn.init.zeros_(model[1].weight)
+        model[1].bias.data = torch.tensor(bias)
+        out = per_class.evaluate(model, [(x[:4], y[:4]), (x[4:], y[4:])], ["clean", "pgd2"], eps=8 / 255,
+                                 alpha=2 / 255, classes=["a", "b", "c"])
+        for attack in ("clean", "pgd2"):
+            assert out[attack]["entropy"] == pytest.approx(want, abs=1e-6)
+
+
+def test_fig7_draws_each_epochs_entropy_clean_and_adversarial_from_the_runs_metrics(drawn, tmp_path):
+    runs, _, _ = drawn
+    curves, draw = [], figures.curves
+    for preset, clean in ((me.PGD_AT, 0.3), (me.TRADES, 0.6)):
+        run = tmp_path / "runs" / preset
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
+        (run / "metrics.jsonl").write_text("".join(json.dumps(
+            {"epoch": e, "val": {"clean": {"entropy": clean * e}, "pgd10": {"entropy": clean * e + 0.1}}}) + "\n"
+            for e in (1, 2, 3)))
+        runs.runs[preset] = [run]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(me.figures, "curves", lambda *a, **k: curves.append(a) or draw(*a, **k))
+        assert me.draw_fig7(runs) == []
+    epochs, lines, title = curves[0][:3]
+    assert epochs == [1, 2, 3] and "validation split" in title
+    np.testing.assert_allclose(lines["TRADES (lambda = 6), adversarial (pgd10)"][0], [0.7, 1.3, 1.9])
+    np.testing.assert_allclose(lines["PGD-AT, clean"][0], [0.3, 0.6, 0.9])
+    np.testing.assert_allclose(lines["ln 10, the largest entropy of 10 classes"][0], np.log(10))
+    assert runs.pngs[0].is_file()

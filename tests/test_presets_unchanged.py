@@ -106,7 +106,8 @@ CHANGED["me-fig5-binary-cat-dog-trades"] = {"preset": (
 for _p in CFA_CODE_PRESETS:
     CHANGED[_p] = {**CHANGED.get(_p, {}), **_CFA_SETUP}
 # ME paper App. A.1: the single-AT models have 2-D penultimate features and a bias-free fc layer (issue 41, Fig. 3)
-for _p, _what in (("me-fig3-single-at-car", "3(a) single AT of class 1 (automobile) (target: car nat 98.4, PGD-10 72.2)"),
+for _p, _what in (("me-fig3-single-at-car",
+                   "3(a) single AT of class 1 (automobile) (target: car nat 98.4, PGD-10 72.2)"),
                   ("me-fig3-single-at-cat", "3(b) single AT of class 3 (cat) (target: cat nat 7.03, PGD-10 0)")):
     CHANGED[_p] = {"model.feature_dim": (2, "2-D features (ME paper App. A.1; issue 41)"),
                    "model.head": ("linear-nobias", "the fc layer without bias (ME paper App. A.1; issue 41)"),

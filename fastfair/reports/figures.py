@@ -518,6 +518,7 @@ def feature_scatter(panels: dict[str, tuple], classes: list[str], title: str, pa
             ax.scatter(feats[sel, 0], feats[sel, 1], s=4, color=cmap(k % 10), label=cname, alpha=0.7)
         ax.axhline(0, color="0.6", lw=0.5)
         ax.axvline(0, color="0.6", lw=0.5)
+        ax.set_aspect("equal", adjustable="datalim")  # the angle between two classes is their similarity: kept true
         ax.set_xlabel("feature 1")
         ax.set_ylabel("feature 2")
         ax.set_title(name, fontsize=10)

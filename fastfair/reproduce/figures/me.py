@@ -24,6 +24,7 @@ from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.verdict import Comparison
+from fastfair.rundir import RunDir
 
 SOURCE = "me"
 ST, ST_2D = "me-fig1-standard", "me-fig4-standard-2d"
@@ -223,6 +224,30 @@ def draw_fig6(runs: FigureRuns) -> list[Comparison]:
     if panels:
         figures.class_lines(panels, "ME paper Fig. 6: LS and ME against inter-class similarity and intra-class "
                             "variance", runs.png(), ncols=2)
+    return []
+
+
+@registry.figure(SOURCE, "Fig. 7", "mean prediction entropy of PGD-AT and TRADES after each epoch, clean and "
+                 "adversarial", rows=(PGD_AT, TRADES),
+                 partial="the paper measures the test set; the rows score their validation split each epoch (the "
+                         "test set itself with --paper-selection, their train.select_split = test)")
+def draw_fig7(runs: FigureRuns) -> list[Comparison]:
+    """Each epoch's mean prediction entropy (nats) on the split the run scores each epoch (``metrics.jsonl``'s
+    ``val``), on clean images and under its ``train.val_attack``, the seeds averaged. The text's 2.3 is the largest
+    entropy of 10 classes (ln 10), drawn as a line, not a measurement. No number is stated."""
+    got = {p: hs for p in (PGD_AT, TRADES)
+           if (hs := [h for h in runs.history(p) if h and "entropy" in h[0]["val"]["clean"]])}
+    if not got:  # no run, or runs trained before fastfair recorded the entropy
+        return []
+    n = min(len(h) for hs in got.values() for h in hs)
+    cfg = config.load_saved_text(RunDir(runs.runs[next(iter(got))][0]).read_config())
+    attack = cfg.train.val_attack
+    lines = {f"{_label(p)}, {name}": (np.mean([[e["val"][tag]["entropy"] for e in h[:n]] for h in hs], axis=0), None)
+             for p, hs in got.items() for tag, name in (("clean", "clean"), (attack, f"adversarial ({attack})"))}
+    lines["ln 10, the largest entropy of 10 classes"] = (np.full(n, np.log(10)), None)
+    split = "test set" if cfg.train.select_split == "test" else "validation split"
+    figures.curves(list(range(1, n + 1)), lines, f"ME paper Fig. 7: prediction entropy on the {split}",
+                       runs.png(), ylabel="mean entropy (nats)")
     return []
 
 
