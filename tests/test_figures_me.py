@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastfair import build, config, models
+from fastfair import build, cli, config, models
 from fastfair.evaluation import per_class
 from fastfair.preset_files import preset_names
 from fastfair.reports import figures
@@ -17,7 +17,7 @@ from fastfair.reproduce.figures import me, registry
 from fastfair.reproduce.figures.registry import FigureRuns, figure_number
 from fastfair.reproduce.paper import load
 
-from helpers import CIFAR10
+from helpers import CIFAR10, real_data
 
 C = len(CIFAR10)
 
@@ -221,3 +221,24 @@ def test_fig7_draws_each_epochs_entropy_clean_and_adversarial_from_the_runs_metr
     np.testing.assert_allclose(lines["PGD-AT, clean"][0], [0.3, 0.6, 0.9])
     np.testing.assert_allclose(lines["ln 10, the largest entropy of 10 classes"][0], np.log(10))
     assert runs.pngs[0].is_file()
+
+
+def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path):
+    """The CI smoke of the ME figures: me-f3's two single-AT rows trained (one epoch, a 4-channel tiny-cnn), their
+    numbers compared, then the drawer measures both checkpoints and draws the errors and the 2-D features."""
+    data = real_data()
+    out = tmp_path / "f3"
+    assert cli.main(["reproduce", "me-f3", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
+                     "--gpus", "cpu", "--per-gpu", "2", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+    md = (out / "reproduce.md").read_text()
+    for panel in ("errors", "features"):
+        assert f"(me-f3-{panel}.png)" in md and (out / f"me-f3-{panel}.png").stat().st_size > 10_000
+    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md
+    run = out / "runs" / "me-fig3-single-at-cat-s0"
+    (got,) = me.measured(FigureRuns("me-f3", out, "subset", False, CIFAR10, {"x": [run]}, {}, gpus="cpu"), "x")
+    assert got.features.shape == (500, 2) and got.classes == CIFAR10  # 50 test images a class, 2-D features
+    record = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    np.testing.assert_allclose(got.natural, record["results"]["clean"]["per_class"])
+    # the attack's starts are seeded as eval seeds them; the measurement runs fp32 NCHW as diagnose does, the run's
+    # own evaluation its training's layout and precision: a point-blank image or two a class may land otherwise
+    assert np.abs(got.pgd10 - record["results"]["pgd10"]["per_class"]).max() <= 4.0
