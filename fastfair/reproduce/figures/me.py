@@ -53,7 +53,7 @@ class Measured:
     cosine: np.ndarray  # (C, C) cosine of the class means of clean features
     similarity: np.ndarray  # each class's largest cosine to another class (Fig. 2a)
     variance: np.ndarray  # each class's feature variance (Fig. 2b)
-    features: np.ndarray  # (N, D) clean features, for the 2-D scatter of Figs. 3 and 8
+    features: np.ndarray  # (N, 2) clean features for the scatter of Figs. 3 and 8; (N, 0) where D > 2 (not drawn)
     labels: np.ndarray
 
 
@@ -72,7 +72,8 @@ def _measure_checkpoint(path: str, mtime_ns: int, device: str) -> Measured:
     return Measured(list(bundle.classes), accuracy["clean"], accuracy["adv"],
                     measures.class_mean_cosine(d["feat_clean"], y, c),
                     measures.inter_class_similarity(d["feat_clean"], y, c)[0],
-                    measures.intra_class_variance(d["feat_clean"], y, c), d["feat_clean"], y)
+                    measures.intra_class_variance(d["feat_clean"], y, c),
+                    d["feat_clean"] if d["feat_clean"].shape[1] == 2 else d["feat_clean"][:, :0], y)
 
 
 def measured(runs: FigureRuns, preset: str) -> list[Measured]:
