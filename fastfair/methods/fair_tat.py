@@ -67,10 +67,15 @@ def redraw_distribution(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return q / q.sum(1, keepdim=True)
 
 
+def target_probs(scores: torch.Tensor) -> torch.Tensor:
+    """p = softmax(scores), the distribution targets are drawn from (code train_epoch: torch.softmax(cw_scaling))."""
+    return scores.float().softmax(0)
+
+
 def confusion_targets(y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """Targets from p = softmax(scores), redrawn where they equal the label unless exactly one does (code
+    """Targets from p = :func:`target_probs`, redrawn where they equal the label unless exactly one does (code
     train_epoch, the ``else`` branch of ``epoch == 0``; see the module docstring)."""
-    p = scores.float().softmax(0)
+    p = target_probs(scores)
     first = pick(p, torch.rand(y.shape, device=y.device))
     hit = first == y
     redo = hit & (hit.sum() != 1)
