@@ -91,7 +91,7 @@ class FAIRTAT(PGDAT):
 
     keys = {
         "targets": Key("confusion", "FAIR-TAT targets: confusion = from softmax(fp_scale F) of the last epoch's "
-                                    "false positives (code default) | uniform = a uniformly drawn other class "
+                                    "false positives (code default); uniform = a uniformly drawn other class "
                                     "every epoch (code --random_target)"),
         "fp_scale": Key(2.0, "FAIR-TAT: the target draw's softmax scores are fp_scale x F_c, F_c the class's share "
                              "of the last epoch's training adversarial misclassifications (code: "
