@@ -136,7 +136,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-trades-cfa",
                *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
                  for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),
                "tian-kdd-fig5-madry-mnist-background", "me-table4-trades-ls",
-               *(n for n in preset_names() if n.startswith("benz-"))}
+               *(n for n in preset_names() if n.startswith(("benz-", "cfa-f")))}
 
 
 def test_every_shipped_preset_is_covered():
