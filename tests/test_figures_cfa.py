@@ -81,6 +81,7 @@ def test_paper_window_keeps_its_share_of_a_shorter_run():
     assert cfa._window(v, *cfa.LAST)[0, 0] == 4.0  # 181-200 -> epoch 5
     long = np.arange(200, dtype=float)[None, :, None] * np.ones((1, 200, 1))
     assert cfa._window(long, *cfa.BEST)[0, 0] == np.mean(np.arange(100, 120))  # epochs 101..120 exactly
+    assert cfa._window_text(long, *cfa.BEST) == "epochs 101-120"
 
 
 def test_fig2_draws_overall_robustness_by_eps_and_class_wise_windows(tmp_path, drawn):
@@ -92,6 +93,8 @@ def test_fig2_draws_overall_robustness_by_eps_and_class_wise_windows(tmp_path, d
     assert helper == "curves" and epochs == [1, 2, 3, 4, 5]
     assert list(lines) == [f"eps {k}/255" for k in range(4, 12)] and lines["eps 7/255"][0] == [7.0] * 5
     assert [b[0] for b in bars] == ["per_class_bars"] * 2 and bars[0][1][1]["eps 11/255"][0] == [11.0] * 10
+    assert [b[1][2].split("mean of ")[1] for b in bars] == ["epoch 3 of 5 (the paper's 101-120)",
+                                                          "epoch 5 of 5 (the paper's 181-200)"]
 
 
 def test_fig3_draws_robust_then_clean_class_wise_accuracy_by_beta(tmp_path, drawn):

@@ -36,12 +36,21 @@ def _val(runs: FigureRuns, preset: str, attack: str = VAL, averaged: bool = Fals
     return np.asarray([s[-n:] for s in seeds], dtype=float)
 
 
-def _window(v: np.ndarray, first: int, last: int, of: int = 200) -> np.ndarray:
-    """(seeds, classes): the mean over epochs ``first``..``last`` of the paper's ``of``, scaled to the run's length
-    (the epochs e with (first - 1) / of < e / n <= last / of; at 5 epochs 101-120 is epoch 3, 181-200 epoch 5)."""
-    n = v.shape[1]
-    keep = [e - 1 for e in range(1, n + 1) if (first - 1) * n / of < e <= last * n / of] or [n - 1]
-    return v[:, keep].mean(axis=1)
+def _kept(n: int, first: int, last: int, of: int = 200) -> list[int]:
+    """The epochs (1-based) of an ``n``-epoch run standing for the paper's ``first``..``last`` of ``of``: those with
+    (first - 1) / of < e / n <= last / of (at 5 epochs 101-120 is epoch 3, 181-200 epoch 5), at least the last."""
+    return [e for e in range(1, n + 1) if (first - 1) * n / of < e <= last * n / of] or [n]
+
+
+def _window(v: np.ndarray, first: int, last: int) -> np.ndarray:
+    """(seeds, classes): the mean over the epochs :func:`_kept` keeps for the paper's ``first``..``last``."""
+    return v[:, [e - 1 for e in _kept(v.shape[1], first, last)]].mean(axis=1)
+
+
+def _window_text(v: np.ndarray, first: int, last: int) -> str:
+    kept = _kept(v.shape[1], first, last)
+    ours = f"epoch {kept[0]}" if len(kept) == 1 else f"epochs {kept[0]}-{kept[-1]}"
+    return ours if (kept[0], kept[-1]) == (first, last) else f"{ours} of {v.shape[1]} (the paper's {first}-{last})"
 
 
 def _series(v: np.ndarray) -> tuple[list[float], list[float] | None]:
@@ -104,7 +113,8 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
                    ylabel="PGD-10 accuracy (%), validation split", paired=False)
     for panel, (first, last) in (("b", BEST), ("c", LAST)):
         figures.per_class_bars(runs.classes, {f"eps {k}/255": _series(_window(x, first, last)) for k, x in v.items()},
-                               f"CFA Fig. 2({panel}): class-wise robustness, mean of epochs {first}-{last} of 200",
+                               f"CFA Fig. 2({panel}): class-wise robustness, mean of "
+                               f"{_window_text(next(iter(v.values())), first, last)}",
                                runs.png(panel), ylabel="PGD-10 accuracy (%), validation split")
     return []
 
@@ -118,10 +128,10 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
     """Sec. 3.2 states no number; the text's epoch window was lost, and fastfair averages Sec. 3.1's 101-120 (the
     presets say so)."""
     for panel, attack, what in (("a", VAL, "robust"), ("b", "clean", "clean")):
-        v = {b: _window(_val(runs, preset, attack), *BEST) for b, preset in F3.items()}
-        figures.per_class_bars(runs.classes, {f"beta {b}": _series(x) for b, x in v.items()},
-                               f"CFA Fig. 3({panel}): TRADES by beta, class-wise {what} accuracy, mean of epochs "
-                               f"{BEST[0]}-{BEST[1]} of 200", runs.png(panel),
+        v = {b: _val(runs, preset, attack) for b, preset in F3.items()}
+        figures.per_class_bars(runs.classes, {f"beta {b}": _series(_window(x, *BEST)) for b, x in v.items()},
+                               f"CFA Fig. 3({panel}): TRADES by beta, class-wise {what} accuracy, mean of "
+                               f"{_window_text(next(iter(v.values())), *BEST)}", runs.png(panel),
                                ylabel=f"{'PGD-10' if attack == VAL else 'clean'} accuracy (%), validation split")
     return []
 
