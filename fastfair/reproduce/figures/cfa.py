@@ -63,20 +63,15 @@ def _epochs(*arrays: np.ndarray) -> list[int]:
 
 
 def _robust(runs: FigureRuns, preset: str, attack: str) -> np.ndarray:
-    """(seeds, classes) test accuracy of each seed's selected checkpoint under ``attack`` (the scale's stand-in for
-    the paper's), evaluated now where the row's record lacks it."""
+    """(seeds, classes) test accuracy of each seed's selected checkpoint under ``attack`` (the paper's: AutoAttack
+    and PGD-10 run as they are at every scale), evaluated now where the row's record lacks it."""
     out = []
     for rec in runs.records[preset]:
         if attack not in rec["results"]:
-            rec = evaluate_checkpoint(rec["checkpoint"], attacks=[attack], device=runs.gpus, quiet=True)
+            rec = evaluate_checkpoint(rec["checkpoint"], attacks=[attack], quiet=True,
+                                      device="cpu" if runs.gpus == "cpu" else "auto")  # as reproduce's own evaluations
         out.append(rec["results"][attack]["per_class"])
     return np.asarray(out, dtype=float)
-
-
-def _paper_attack(runs: FigureRuns, name: str) -> str:
-    """The attack a scale runs for the paper's ``name`` (AutoAttack stays AutoAttack at every scale today)."""
-    from fastfair.reproduce.runs import SCALES  # runs imports the table machinery, which lists the figures
-    return SCALES.get(runs.scale).attack(name)
 
 
 registry.pending(
@@ -201,7 +196,7 @@ F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2
                  rows=("cfa-t1-at", "cfa-t2-at-ccm"))
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Sec. 5.3.1 states no number (0.5 performs best; the hard classes 2-5 train below 8/255): two panels."""
-    _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), _paper_attack(runs, "aa"), "AT + CCM",
+    _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), "aa", "AT + CCM",
                   "CFA Fig. 5(a): AT + CCM by base budget lambda_1")
     _vector_curves(runs, "cfa-t2-at-ccm", "eps", 255.0, "CFA Fig. 5(b): AT + CCM (lambda_1 0.5), class-wise eps_k",
                    "eps_k (/255)")
@@ -220,7 +215,7 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
     """App. C.2's two numbers, the spread of class-wise robustness: CFA 0.15, EMA 0.17. The text does not say which
     base method the figure shows; fastfair draws AT's (the base of Sec. 5.3's figures). Tolerance 0.02: the
     paper's values have two decimals and one class moving 10 points moves the spread by about 0.01."""
-    attack = _paper_attack(runs, "aa")
+    attack = "aa"
     ema, cfa = _robust(runs, "cfa-t1-at-ema-paper", attack), _robust(runs, "cfa-t1-at-cfa-paper", attack)
     figures.per_class_bars(runs.classes, {"AT + EMA": _series(ema), "AT + CFA": _series(cfa)},
                            "CFA Fig. 6: class-wise robustness, CFA against EMA", runs.png(),
@@ -240,7 +235,7 @@ F7 = {0.3: "cfa-f7-trades-ccm-ccr-lambda03", 0.4: "cfa-f7-trades-ccm-ccr-lambda0
 def fig7(runs: FigureRuns) -> list[Comparison]:
     """App. C.3 states no number (the worst class beats TRADES at every lambda_2, the average at 0.4-0.6; hard
     classes train with beta_k below beta): two panels."""
-    _budget_sweep(runs, F7, ("TRADES", "cfa-t1-trades-paper"), _paper_attack(runs, "pgd10"), "TRADES + CCM + CCR",
+    _budget_sweep(runs, F7, ("TRADES", "cfa-t1-trades-paper"), "pgd10", "TRADES + CCM + CCR",
                   "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2")
     _vector_curves(runs, "cfa-t2-trades-ccm-ccr-paper", "kl_weight", 1.0,
                    "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k")
