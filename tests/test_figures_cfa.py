@@ -1,15 +1,16 @@
 """CFA (Wei et al. 2023) and Benz et al. 2021 figures: each drawer against hand-made runs (synthetic metrics.jsonl
-and evaluation records), the numbers it returns and the panels it draws."""
+and evaluation records), the numbers it returns and the panels it draws; one figure end to end through the CLI."""
 import json
 
 import numpy as np
 import pytest
 
+from fastfair import cli
 from fastfair.reports import figures
 from fastfair.reproduce.figures import benz, cfa
 from fastfair.reproduce.figures.registry import FIGURES, INVENTORY, FigureRuns
 
-from helpers import CIFAR10
+from helpers import CIFAR10, real_data
 
 EPOCHS = 5
 
@@ -196,3 +197,15 @@ def test_benz_figures_draw_the_2x2_discrepancy_grid_of_their_protocol_run(tmp_pa
     (clean, pgd), = series.values()
     assert helper == "discrepancy_grid" and classes == CIFAR10 and robust == "pgd20"
     assert clean[1] == 15.0 and pgd[9] == 50.0
+
+
+def test_benz_fig1_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
+    """The CI smoke of these modules: one protocol run (standard training, one epoch) and its drawer, via the CLI."""
+    data = real_data()
+    out = tmp_path / "benz-f1"
+    assert cli.main(["reproduce", "benz-f1", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
+                     "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+    md = (out / "reproduce.md").read_text()
+    assert "![Fig. 1, benz-f1](benz-f1.png)" in md and "| done | last.pt |" in md
+    assert (out / "benz-f1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.rstrip().endswith(f"written: {out / 'reproduce.md'}, {out / 'benz-f1.png'}")

@@ -31,7 +31,7 @@ def _discrepancy(runs: FigureRuns, preset: str, name: str, title: str) -> list[C
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """All four panels from benz-s31-datasets-cifar10-standard (standard training, the last epoch's model)."""
     return _discrepancy(runs, "benz-s31-datasets-cifar10-standard", "standard training",
-                        "Benz et al. Fig. 1: inter-class discrepancy, standard ResNet-18 on CIFAR-10")
+                        "Benz et al. Fig. 1: inter-class discrepancy, standard training on CIFAR-10")
 
 
 @registry.figure("benz", "Fig. 2", f"inter-class discrepancy of an adversarially trained ResNet-18 on CIFAR-10: "
@@ -39,4 +39,4 @@ def fig1(runs: FigureRuns) -> list[Comparison]:
 def fig2(runs: FigureRuns) -> list[Comparison]:
     """All four panels from benz-s31-datasets-cifar10-at (PGD-AT, the last epoch's model)."""
     return _discrepancy(runs, "benz-s31-datasets-cifar10-at", "adversarial training (PGD-AT)",
-                        "Benz et al. Fig. 2: inter-class discrepancy, adversarially trained ResNet-18 on CIFAR-10")
+                        "Benz et al. Fig. 2: inter-class discrepancy, adversarial training on CIFAR-10")
