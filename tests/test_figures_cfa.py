@@ -7,6 +7,7 @@ import pytest
 
 from fastfair import cli
 from fastfair.reports import figures
+from fastfair.reproduce import tables
 from fastfair.reproduce.figures import benz, cfa
 from fastfair.reproduce.figures.registry import FIGURES, INVENTORY, FigureRuns
 
@@ -209,3 +210,10 @@ def test_benz_fig1_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
     assert "![Fig. 1, benz-f1](benz-f1.png)" in md and "| done | last.pt |" in md
     assert (out / "benz-f1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.rstrip().endswith(f"written: {out / 'reproduce.md'}, {out / 'benz-f1.png'}")
+
+
+def test_a_figure_lacks_only_what_its_own_rows_lack_and_lists_its_plotted_rows(capsys):
+    known = tables.tables()
+    assert known["benz-s31-datasets"].pending and known["benz-f1"].pending == []  # ImageNet is Sec. 3.1's gap
+    assert cli.main(["reproduce", "cfa-f2", "--list"]) == 0
+    assert capsys.readouterr().out.count("[no numbers of its own: the figure plots its runs; follows paper]") == 8
