@@ -127,6 +127,15 @@ def test_fig4_compares_sec_3_3_numbers_at_the_best_and_the_fairer_epoch(tmp_path
     assert fawa_epochs == [3, 4, 5] and fawa_lines["worst class"][0] == [45.0, 40.0, 47.0]
 
 
+def test_fig4_says_when_no_epoch_passed_fawas_threshold(tmp_path, drawn):
+    pgd = np.array([[30] * 9 + [0]] * EPOCHS, dtype=float)  # the worst class never above 0.2: nothing averaged
+    runs = {"cfa-t1-at": [_run(tmp_path, "at", {"pgd10": pgd})],
+            "cfa-t3-at-fawa-paper": [_run(tmp_path, "fawa", {"pgd10": pgd + 1}, averaged={"pgd10": [None] * 5})]}
+    cfa.fig4(_figure_runs(tmp_path, "cfa-f4", runs))
+    (_, (epochs, lines, title, *_)) = drawn[1]
+    assert "no epoch passed FAWA's threshold" in title and lines["overall"][0] == [28.0] * EPOCHS
+
+
 def _sweep_runs(tmp_path, sweep, base, attack, vector):
     """Each budget's run with robustness rising with lambda, and the plain method's below them."""
     runs, records = {}, {}

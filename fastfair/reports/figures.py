@@ -240,7 +240,7 @@ def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | 
     """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
     the worst class dashed (``paired=False``: a colour per line, all solid); a shaded band shows +- std over seeds;
     ``selected`` = (epoch, checkpoint name) draws a vertical line at the epoch whose weights were evaluated. A later
-    pair is drawn thinner, so a line hidden beneath it (two worst classes at 0 %) still shows at its edges.
+    pair (or line) is drawn thinner, so a line hidden beneath it (two worst classes at 0 %) still shows at its edges.
     ``xlabel`` other than epoch: the x values are a hyper-parameter's (CFA Figs. 5(a), 7(a)); ``baselines``:
     ``name -> value``, horizontal grey lines (the method without the hyper-parameter), dash-dot then dotted."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -249,7 +249,8 @@ def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | 
         mean = np.asarray(mean, dtype=float)
         color = f"C{(i // 2 if paired else i) % 10}"
         ax.plot(ep, mean, color=color, ls="--" if paired and i % 2 else "-",
-                lw=1.0 + (len(lines) - 1 - i) // 2 if paired else 1.5, marker="o" if len(ep) < 15 else None, ms=3,
+                lw=1.0 + ((len(lines) - 1 - i) // 2 if paired else 1.6 * (len(lines) - 1 - i) / max(1, len(lines) - 1)),
+                marker="o" if len(ep) < 15 else None, ms=3,
                 label=name)
         if std is not None:
             ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=color, alpha=0.15)
