@@ -146,7 +146,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebu
                "tian-kdd-fig5-madry-mnist-background", "me-table4-trades-ls",
                *(n for n in preset_names() if n.startswith(("me-fig1-", "me-fig4-", "me-fig8-", "me-fig9-"))),
                *(n for n in preset_names() if n.startswith("me-fig5-") and "cat-dog" not in n),
-               *(n for n in preset_names() if n.startswith("benz-"))}
+               *(n for n in preset_names() if n.startswith(("benz-", "cfa-f")))}
 
 
 def test_every_shipped_preset_is_covered():

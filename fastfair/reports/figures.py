@@ -235,23 +235,34 @@ def image_grid(columns, column_titles: list[str], row_titles: list[str], title: 
 
 
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
-           ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
+           ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None, paired: bool = True,
+           xlabel: str = "epoch", baselines: dict[str, float] | None = None) -> Path:
     """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
-    the worst class dashed; a shaded band shows +- std over seeds; ``selected`` = (epoch, checkpoint name)
-    draws a vertical line at the epoch whose weights were evaluated. A later pair is drawn thinner, so a
-    line hidden beneath it (two worst classes at 0 %) still shows at its edges."""
+    the worst class dashed (``paired=False``: a colour per line, all solid); a shaded band shows +- std over seeds;
+    ``selected`` = (epoch, checkpoint name) draws a vertical line at the epoch whose weights were evaluated. A later
+    pair (or line) is drawn thinner, so a line hidden beneath it (two worst classes at 0 %) still shows at its edges.
+    ``xlabel`` other than epoch: the x values are a hyper-parameter's (CFA Figs. 5(a), 7(a)); ``baselines``:
+    ``name -> value``, horizontal grey lines (the method without the hyper-parameter), dash-dot then dotted."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ep = np.asarray(epochs)  # 1-based, as every file fastfair writes numbers them
     for i, (name, (mean, std)) in enumerate(lines.items()):
         mean = np.asarray(mean, dtype=float)
-        ax.plot(ep, mean, color=f"C{i // 2 % 10}", ls="--" if i % 2 else "-", lw=1.0 + (len(lines) - 1 - i) // 2,
-                marker="o" if len(ep) < 15 else None, ms=3, label=name)
+        color = f"C{(i // 2 if paired else i) % 10}"
+        ax.plot(ep, mean, color=color, ls="--" if paired and i % 2 else "-",
+                lw=1.0 + ((len(lines) - 1 - i) // 2 if paired else 1.6 * (len(lines) - 1 - i) / max(1, len(lines) - 1)),
+                marker="o" if len(ep) < 15 else None, ms=3,
+                label=name)
         if std is not None:
-            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=f"C{i // 2 % 10}", alpha=0.15)
+            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=color, alpha=0.15)
+    for i, (name, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, color="0.35", ls=":" if i % 2 else "-.", lw=1.2, label=name)
     if selected is not None:
         ax.axvline(selected[0], color="0.2", ls=":", lw=1.2, label=f"selected: {selected[1]} (epoch {selected[0]})")
-    ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    if xlabel == "epoch":
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    else:
+        ax.set_xticks(ep)
     ax.set_ylabel(ylabel)
     _title(ax, title, 5.6)
     ax.grid(alpha=0.3)
