@@ -7,8 +7,8 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, golden, inputs, max_diff, rel_diff,
-                         step_flips, weight_grad)
+from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, golden, inputs, max_diff,
+                         rel_diff, step_flips, weight_grad)
 from conformance_fat import code_grad, decode
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
@@ -19,6 +19,10 @@ PRESET = "trix-rebuttal-t1-bat"  # the preset that follows the code
 # golden trace name -> (the method's attribute holding that attack, what it makes)
 ATTACKS = {"lastclean": ("last_clean_attack", "last clean example"),
            "firstadv": ("attack", "first adversarial example")}
+
+differs("BAT", "row order: the code returns each attack's stopped rows first (the first adversarial example's then "
+               "shuffled) and trains on them in that order; fastfair keeps the batch's order (the loss is a mean, BN "
+               "statistics do not depend on the order)", "(no key)")
 
 
 def bat_method():
