@@ -12,6 +12,7 @@ from fastfair.attacks.pgd import PGD, descend
 from fastfair.errors import UserError
 from fastfair.methods.bat import LastClean
 from fastfair.methods.fat import EarlyStop
+from fastfair.ops import steps
 
 from helpers import SMALL_RUN, cifar_subset_npz
 
@@ -62,3 +63,14 @@ def test_a_negative_setting_is_one_error_line(tmp_path, capsys, key, value):
     assert not (tmp_path / "run").exists()
     with pytest.raises(UserError, match=key):  # the Python API checks what the CLI checks
         fastfair.method("bat", num_classes=10, sets={key: value})
+
+
+def test_the_clipped_normal_start_is_the_normal_one_clipped_to_images():
+    """BAT's code clamps x + 0.001 N(0, I) to [0, 1] before its first check (TRADES's start is left unclipped)."""
+    x, y, eps = torch.tensor([0.0, 0.5, 1.0]).repeat(100).view(100, 3, 1, 1), torch.zeros(100, dtype=torch.long), None
+    torch.manual_seed(0)
+    normal = steps.random_start(x, y, eps, "normal")
+    torch.manual_seed(0)
+    clipped = steps.random_start(x, y, eps, "normal_clipped")
+    assert normal.min() < 0 and normal.max() > 1
+    assert torch.equal(clipped, normal.clamp(0.0, 1.0))
