@@ -134,7 +134,8 @@ def test_preset_resolves_to_the_same_run(preset):
 
 
 # Presets added after issue 11 have no pre-issue-11 form to compare with.
-ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebuttal-t1-bat", "trix-rebuttal-t1-trades-cfa",
+ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebuttal-t1-bat",
+               "trix-rebuttal-t1-trades-cfa",
                "trix-rebuttal-t1-trades-frl", "dafa-t1-trades", "dafa-t1-trades-dafa", "dafa-t1-trades-wat",
                "trix-rebuttal-t1-trades",
                "trix-rebuttal-t1-trades-dafa", "trix-rebuttal-t1-trades-trix", "trix-rebuttal-t1-trades-wat",
