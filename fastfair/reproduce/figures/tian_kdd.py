@@ -40,6 +40,7 @@ BASE, ADJUSTED = "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4c-trades-beta5-0
 WITHOUT_DOG = "tian-kdd-fig4-trades-without-5"
 FIG5 = "tian-kdd-fig5-madry-mnist-background"
 CAT, DOG = 3, 5  # CIFAR-10's class 3 (cat), Sec. 6's most vulnerable class, and its confound class 5 (dog)
+HOMING_ATTACK = "pgd20"  # Fig. 4(a) repeats Fig. 2(b) (PGD-20) in counts; configs/grids/tian-kdd-fig4-homing.toml's
 TPGD = "tpgd20@t0.2"  # Temperature-PGD-20 at 1/T = 5: Table 3's TRADES row, whose cat (26.2) is Table 4's line 4
 TABLE1 = {"Madry": "tian-kdd-t1-madry", "TRADES": "tian-kdd-t1-trades", "MART": "tian-kdd-t1-mart",
           "HE": "tian-kdd-t1-he"}
@@ -196,7 +197,7 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
     1000 test cats sent to dog (as % of the test cats: 20.0) and the 119 of them that home (as % of those: 59.5)."""
     sent, home, mats = [], [], []
     for seed, (base, without) in enumerate(zip(runs.runs.get(BASE, []), runs.runs.get(WITHOUT_DOG, []))):
-        homing.homing([str(base), str(without)], attack="pgd20", out=str(runs.out / f"{runs.key}-homing-s{seed}"),
+        homing.homing([str(base), str(without)], attack=HOMING_ATTACK, out=str(runs.out / f"{runs.key}-homing-s{seed}"),
                       device=_device(runs), quiet=True)
         rec = read_json(runs.out / f"{runs.key}-homing-s{seed}" / "homing.json")
         mis, hom = np.asarray(rec["misclassified"], dtype=float), np.asarray(rec["homing"], dtype=float)
@@ -207,7 +208,7 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
     out = []
     if mats:
         figures.homing_heatmaps(np.mean([m for m, _ in mats], axis=0), np.mean([h for _, h in mats], axis=0),
-                                runs.classes, f"pgd20, {len(mats)} seed(s), re-trained without dog only",
+                                runs.classes, f"{HOMING_ATTACK}, {len(mats)} seed(s), re-trained without dog only",
                                 runs.png("ab"))
         out += [runs.number("Sec. 6.1, Fig. 4(a): test cats the attack sends to dog (200 of 1000)", "% of cats",
                             20.0, sent),
