@@ -136,6 +136,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-trades-cfa",
                *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
                  for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),
                "tian-kdd-fig5-madry-mnist-background", "me-table4-trades-ls",
+               "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4-trades-without-5",
                *(n for n in preset_names() if n.startswith("benz-"))}
 
 
