@@ -11,6 +11,8 @@ from fastfair import cli
 from fastfair.reproduce.figures import registry, tian_kdd
 from fastfair.reproduce.figures.registry import FigureRuns
 
+from helpers import real_data
+
 # the demo preset (scikit-learn digits, 10 classes) cut to seconds, as tests/test_tian_sec6.py trains it
 FAST = ["--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
         "--set", "eval.attacks=['clean', 'fgsm']", "--set", "data.batch_size=256", "--device", "cpu"]
@@ -163,3 +165,20 @@ def test_fig5_draws_the_images_and_both_confusion_matrices(demo_runs, tmp_path):
     assert tian_kdd.fig5(fr) == []
     assert [p.name for p in fr.pngs] == ["tian-kdd-f5-a.png", "tian-kdd-f5-b.png", "tian-kdd-f5-c.png"]
     assert all(p.is_file() for p in fr.pngs)
+
+
+# ---- end to end, the CLI on the real CIFAR-10 subset --------------------------------------------------------
+
+def test_fig2_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
+    folder = tmp_path / "data"  # the CIFAR-10 subset alone: Fig. 2's other data sets are left out, and said so
+    folder.mkdir()
+    (folder / "cifar10-subset.npz").symlink_to(real_data())
+    out = tmp_path / "f2"
+    assert cli.main(["reproduce", "tian-kdd-f2", "--scale", "subset", "--data-dir", str(folder), "--out", str(out),
+                     "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+    said = capsys.readouterr().out
+    assert "not run at this scale: tian-kdd-t5-mnist-madry" in said
+    md = (out / "reproduce.md").read_text()
+    assert md.startswith("# Reproduce: Tian et al. 2021 (KDD), Fig. 2\n")
+    assert "](tian-kdd-f2-b-cifar-10.png)" in md and (out / "tian-kdd-f2-b-cifar-10.png").stat().st_size > 0
+    assert list(out.glob("tian-kdd-f2-*.png")) == [out / "tian-kdd-f2-b-cifar-10.png"]
