@@ -160,11 +160,18 @@ def test_fig3_draws_the_cvc_of_each_defense_and_marts_output_after_each_number_o
     assert all(p.is_file() for p in fr.pngs)
 
 
-def test_fig5_draws_the_images_and_both_confusion_matrices(demo_runs, tmp_path):
+def test_fig5_draws_the_images_and_both_confusion_matrices_under_the_presets_attack(demo_runs, tmp_path,
+                                                                                    monkeypatch):
+    titles = []
+    heatmap = tian_kdd.figures.heatmap
+    monkeypatch.setattr(tian_kdd.figures, "heatmap", lambda m, c, title, path, **kw: titles.append(title) or
+                        heatmap(m, c, title, path, **kw))
     fr = _figure_runs(tmp_path, "tian-kdd-f5", {tian_kdd.FIG5: [demo_runs["base"]]})
     assert tian_kdd.fig5(fr) == []
     assert [p.name for p in fr.pngs] == ["tian-kdd-f5-a.png", "tian-kdd-f5-b.png", "tian-kdd-f5-c.png"]
     assert all(p.is_file() for p in fr.pngs)
+    # PGD-40, the preset's test attack, though the run evaluated only what reproduce asked of it (here fgsm)
+    assert "natural images" in titles[0] and "pgd40 images" in titles[1]
 
 
 # ---- end to end, the CLI on the real CIFAR-10 subset --------------------------------------------------------
