@@ -310,10 +310,11 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         return []
     bundle = data.load(cfg.data.dataset, cfg.data.data_dir)
     y = bundle.y_test.numpy()
-    columns = [[(bundle.x_test[int(np.flatnonzero(y == k)[0])].numpy(), [(name, True)])]
-               for k, name in enumerate(bundle.classes)]
-    figures.image_grid(columns, [f"class {name}" for name in bundle.classes], ["test image"],
-                       "Tian et al. KDD 2021 Fig. 5(a): MNIST with a background colour per class", runs.png("a"))
+    half = -(-len(bundle.classes) // 2)  # two rows of digits: a readable page, not one long strip
+    columns = [[(bundle.x_test[int(np.flatnonzero(y == k)[0])].numpy(), [(f"class {bundle.classes[k]}", True)])
+                for k in (j, j + half) if k < len(bundle.classes)] for j in range(half)]
+    figures.image_grid(columns, [""] * half, ["", ""], "Tian et al. KDD 2021 Fig. 5(a): a test image of each "
+                       "class with its background colour", runs.png("a"))
     for letter, what, label in (("b", "clean", "natural images"), ("c", "adversarial", f"{attack} images")):
         figures.heatmap(np.mean(mats[what], axis=0), bundle.classes, f"Tian et al. KDD 2021 Fig. 5({letter}): "
                         f"confusion matrix, {label}", runs.png(letter), cbar="% of the true class's images")
