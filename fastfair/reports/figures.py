@@ -86,11 +86,12 @@ def _zero_marks(ax, xs: np.ndarray, heights: np.ndarray, color, bar_pt: float) -
 
 
 def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,
-                   path: Path, ylabel: str = "accuracy (%)") -> Path:
+                   path: Path, ylabel: str = "accuracy (%)", percent: bool = True) -> Path:
     """Grouped bars per class, one bar per series ``name -> (means, stds or None)``, dashed line at each
     series' mean over classes (its legend entry gives the value). A bar of height 0 gets a short thick
     line at 0 in its colour, so "0 %" is told from "not drawn". With more than :data:`MANY_CLASSES`
-    classes, points replace bars and the classes are sorted by their mean over the series."""
+    classes, points replace bars and the classes are sorted by their mean over the series. ``percent``: the
+    values are percentages (y from 0 to 100, error bars kept within); else the y scale follows the values."""
     many = len(classes) > MANY_CLASSES
     means = np.asarray([m for m, _ in series.values()], dtype=float)
     order = np.argsort(means.mean(0), kind="stable") if many else np.arange(len(classes))
@@ -112,17 +113,19 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
                 ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
         else:
             xs = x + (i - (len(series) - 1) / 2) * width
-            yerr = None if std is None else [np.minimum(std, mean), np.minimum(std, 100 - mean)]  # within 0..100
+            yerr = None if std is None else [np.minimum(std, mean), np.minimum(std, 100 - mean) if percent else std]
             handle = ax.bar(xs, mean, width, yerr=yerr, capsize=2, color=color, label=label,
                             error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
-            _zero_marks(ax, xs, mean, color, bar_pt)
+            if percent:  # a 0 % bar is told from "not drawn"; on another scale small values are not zeros
+                _zero_marks(ax, xs, mean, color, bar_pt)
         ax.axhline(float(mean.mean()), color=color, ls="--", lw=1)
         handles.append(handle)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
     _class_axis(ax, [classes[k] for k in order])
     ax.set_xlim(-0.6, len(classes) - 0.4)
     ax.set_xlabel("class, sorted by the mean over the series" if many else "class")
-    ax.set_ylim(-2, 102)  # accuracies; the margin below 0 keeps a 0 % marker clear of the axis line
+    if percent:
+        ax.set_ylim(-2, 102)  # accuracies; the margin below 0 keeps a 0 % marker clear of the axis line
     ax.set_ylabel(ylabel)
     _title(ax, title, width_in, pad=_legend_above(ax, handles, width_in))
     ax.grid(axis="y", alpha=0.3)
@@ -303,13 +306,18 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
 
 
 def per_class_accuracy_curves(epochs: list[int], panels: dict[str, np.ndarray], classes: list[str], title: str,
-                              path: Path, selected: int | None = None) -> Path:
+                              path: Path, selected: int | None = None, gap: bool = False) -> Path:
     """Per-class validation accuracy over epochs, a panel per evaluation (``name -> (epochs, C)``), side by side
     on one y scale (Benz et al. 2021, Sec. 3.1: does the vulnerable class change during training?);
-    ``selected`` marks the evaluated checkpoint's epoch with a dotted line."""
+    ``selected`` marks the evaluated checkpoint's epoch with a dotted line; ``gap`` shades each epoch's span from
+    the lowest to the highest class (Tian et al. KDD 2021, Fig. 1: the robustness gap between classes)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.4, 3.8), sharey=True, squeeze=False)
     for ax, (name, v) in zip(axes[0], panels.items()):
-        _class_lines(ax, epochs, np.asarray(v, dtype=float), classes, "accuracy (%)" if ax is axes[0][0] else "")
+        v = np.asarray(v, dtype=float)
+        if gap:
+            ax.fill_between(epochs, v.min(axis=1), v.max(axis=1), color="0.5", alpha=0.15, lw=0,
+                            label="gap between classes")
+        _class_lines(ax, epochs, v, classes, "accuracy (%)" if ax is axes[0][0] else "")
         if selected is not None:
             ax.axvline(selected, color="0.2", ls=":", lw=1.2)
         ax.set_title(name, fontsize=10)
