@@ -59,7 +59,7 @@ def _plotted(panel: str, values: np.ndarray, classes: list[str]) -> tuple[np.nda
 def _panels(runs: FigureRuns, rows: dict[str, str]) -> dict[str, str]:
     """The panels whose row has finished runs here (a data set with no subset file is left out at subset scale)."""
     done = {p: row for p, row in rows.items() if runs.runs.get(row)}
-    for p in rows.keys() - done.keys():
+    for p in sorted(rows.keys() - done.keys()):
         runs.echo(f"{runs.key}: panel ({p}) {PANELS[p][0]} not drawn: {rows[p]} has no finished run at this scale")
     return done
 
@@ -169,7 +169,7 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
 
 @registry.figure(SOURCE, "Fig. 3", "CIFAR-10: (a) misclassified confusion matrix (counts, diagonal hidden), "
                  "(b) homing confusion matrix (re-trained without each confound class)",
-                 rows=(HOMING_BASE, *HOMING_WITHOUT))
+                 rows=(HOMING_BASE,))  # the re-trainings are its own rows (their [paper] names Fig. 3(b))
 def fig3(runs: FigureRuns) -> list[Comparison]:
     """Fig. 3 through ``fastfair homing`` (:func:`fastfair.evaluation.homing.homing`) per seed: the CIFAR-10 model
     and its re-trainings without one class each, all attacked with PGD-20 on the same test images. The text's
@@ -240,14 +240,14 @@ def _row_name(preset: str) -> str:
 def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, bool]:
     """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat after each of
     :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random start for
-    all, so step n is the n-th iterate of one attack. The image is test image ``index`` when it is a cat, else the
+    all, so each is one attack stopped after n iterations. The image is test image ``index`` when it is a cat, else the
     test set's first cat (a subset keeps other images); returns (probabilities (steps, C), the image, the paper's)."""
     ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(_checkpoint(run), split="test", device_name="auto",
                                                                 data_dir=None, batch_size=None, channels_last_ok=False)
     same = index < len(y) and int(y[index]) == CAT
     i = index if same else int(torch.nonzero(y == CAT)[0])
     model.eval()
-    xi, yi = x[i: i + 1].to(dev), y[i: i + 1].to(dev)
+    xi, yi = next(iter(build.eval_loader(cfg, (x[i: i + 1], y[i: i + 1]), dev, False)))  # scaled as eval scales
     c = bundle.num_classes
     eps, alpha = per_class(cfg.eval.eps, c, dev, "eval.eps"), per_class(cfg.eval.alpha, c, dev, "eval.alpha")
     probs = []
@@ -262,7 +262,7 @@ def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, b
 
 @registry.figure(SOURCE, "Fig. 5", "(a), (e): class-wise variance of the predicted probability (Madry, TRADES, "
                  "MART; Madry, HE, HE-LIS, HE-CMP); (b)-(d), (f)-(h): one cat's predicted distribution after 1, 10 "
-                 "and 20 PGD iterations", rows=tuple(dict.fromkeys((*CVC_MODELS["a"], *CVC_MODELS["e"]))),
+                 "and 20 PGD iterations", rows=(*CVC_MODELS["a"], *CVC_MODELS["e"]),
                  partial="TRADES and MART are fastfair's re-trained rows (the paper's are the authors' released "
                          "models: tian-iclr-t2-*-released, evaluated by tian-iclr-t2)")
 def fig5(runs: FigureRuns) -> list[Comparison]:
