@@ -442,12 +442,13 @@ def grid(
                         data_dir=data_dir, sets=sets or [])
 
 
-@app.command(help="re-run a paper's table and print it beside the paper's numbers, with a verdict per row")
+@app.command(help="re-run a paper's table or figure and print it beside the paper's numbers, with verdicts")
 def reproduce(
-    table: Annotated[Text, typer.Argument(metavar="TABLE", help="paper table, e.g. cfa-t1 or me-t2 (--list shows "
-                                                                "them)")] = None,
-    list_: Annotated[bool, typer.Option("--list", help="every table (or TABLE alone) with its runs and an estimate "
-                                                       "of GPU hours, and the scales")] = False,
+    table: Annotated[Text, typer.Argument(metavar="TARGET", help="paper table or figure, e.g. cfa-t1, me-t2 or "
+                                                                 "me-f3 (--list shows them)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="every table and figure (or TARGET alone) with its runs and an "
+                                                       "estimate of GPU hours, the pending ones with their routes, "
+                                                       "and the scales")] = False,
     seeds: Annotated[int, typer.Option(help="seeds per row (0..N-1); reported as mean ± std")] = 1,
     data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
                                                "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "
@@ -457,8 +458,9 @@ def reproduce(
     scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
                                             "| subset (a few images per class of FILE.npz, a tiny model, 5 epochs: "
                                             "a quick look, not comparable); --list says exactly")] = "full",
-    out: Annotated[Text, typer.Option(help="folder for the runs, reproduce.md and reproduce.png "
-                                           "(default runs/reproduce/TABLE-SCALE)")] = None,
+    out: Annotated[Text, typer.Option(help="folder for the runs, reproduce.md and its PNGs (default "
+                                           "runs/reproduce/TARGET-SCALE; a table's --out lets a figure reuse its "
+                                           "runs)")] = None,
     set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(
         "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
     model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "

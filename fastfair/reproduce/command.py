@@ -20,6 +20,7 @@ from fastfair.evaluation.foreign import evaluate_foreign, file_sha256
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
+from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import write, write_protocol
@@ -31,8 +32,13 @@ from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 
 def listing(seeds: int, echo=print, only: str | None = None) -> None:
-    """Every table (or ``only`` that one) with its rows and runs, and what it costs."""
-    chosen = {only: tables.get(only)} if only else tables.tables()  # an unknown name: one line naming the tables
+    """Every table and figure (or ``only`` that one) with its rows and runs and what it costs, then the pending
+    ones with their routes."""
+    waiting = tables.pending()
+    if only in waiting:
+        chosen, waiting = {}, {only: waiting[only]}
+    else:  # an unknown name: one line naming the targets
+        chosen, waiting = ({only: tables.get(only)}, {}) if only else (tables.tables(), waiting)
     speeds = cost.gpu_images_per_s()
     echo("scales (--scale):")
     for name in runs.SCALES:
@@ -40,6 +46,10 @@ def listing(seeds: int, echo=print, only: str | None = None) -> None:
     for key, table in chosen.items():
         echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
              f"{len(table.rows) * seeds} runs")
+        if table.spec:
+            echo(f"  draws: {table.spec.caption}" + (f" (partial: {table.spec.partial})" if table.spec.partial else ""))
+        elif table.figure:
+            echo("  draws: nothing yet (no drawer registered): the rows' numbers only")
         for row in table.rows:
             released = (f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else
                         f"; the authors' released model, evaluated, not trained: {row.released.place(None)} (or "
@@ -48,6 +58,8 @@ def listing(seeds: int, echo=print, only: str | None = None) -> None:
         for pending in table.pending:
             echo(f"  not run yet: {pending}")
         echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
+    for key, spec in waiting.items():
+        echo(f"{key}: {PAPERS[spec.source].cite}, {spec.item}: {spec.caption}; pending: {spec.pending}")
 
 
 def _what_it_reports(row, table: tables.Table) -> str:
@@ -58,6 +70,8 @@ def _what_it_reports(row, table: tables.Table) -> str:
 
     if table.protocol:
         return "no paper numbers: a protocol"
+    if row.numbers and not table.own(row):
+        return f"its runs (its numbers are {row.where}'s)"
     if row.numbers:
         last = (f"; last epoch: {', '.join(f'{a} {stats(n)}' for a, n in row.last.items())}"
                 if row.last and row.table == table.number else "")
@@ -92,7 +106,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         listing(seeds, echo, only=table)
         return 0
     if not table:
-        raise UserError("name a table (fastfair reproduce TABLE), or list them: fastfair reproduce --list")
+        raise UserError("name a table or figure (fastfair reproduce TARGET), or list them: fastfair reproduce --list")
     per_gpu = runs_per_gpu.parse(per_gpu)
     tab = tables.get(table)
     launch = LAUNCHERS.get(launcher)  # an unknown launcher fails before any work
@@ -154,10 +168,10 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                     launch(todo, gpus=gpus, per_gpu=per_gpu, options={}, folder=root / f".{launcher}", echo=echo)
                 except KeyboardInterrupt as err:  # a stop signal: the children saved and stopped; say what each kept
                     raise stopped(err, [(j.name, Path(j.run_dir)) for j in jobs]) from None
-        records, run_lines, failed = _collect(planned, jobs)
+        records, folders, run_lines, failed = _collect(planned, jobs)
         lasts = _last_records(planned, jobs, tab, gpus, echo)
         for p in evaluated:  # after the trained rows: a transfer attack needs its substitute's run
-            _evaluate_released(p, root, model_dir, gpus, records, run_lines, failed, echo)
+            _evaluate_released(p, root, model_dir, gpus, records, folders, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
             _diagnose(planned, jobs, gpus, echo)
             notes = _notes(tab, scale, user_sets, paper_selection) + not_run
@@ -171,8 +185,8 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             any_classes = next(recs[0]["classes"] for recs in records.values())
             comparisons = []
             for row in tab.ordered():
-                if row.preset not in runs_for:  # left out at this scale: the notes say why
-                    continue
+                if row.preset not in runs_for or not tab.own(row):  # left out at this scale (the notes say why),
+                    continue  # or a row a figure reuses: its numbers are its own table's
                 recs = records.get(row.preset, [])
                 classes = recs[0]["classes"] if recs else any_classes
                 comparisons += compare_row(row, recs, comparable, classes, runs_for[row.preset])
@@ -183,10 +197,17 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             banner = (f"**Checkpoints selected on the test set** (--paper-selection: {_on_test(tab)}), as the paper "
                       "did: the test images that give the numbers below also chose the checkpoint.\n"
                       if paper_selection else "")
+            notes = _notes(tab, scale, user_sets, paper_selection) + not_run
+            drawn = None
+            if tab.spec or tab.figure:
+                drawn, numbers, why = _draw(tab, root, planned + evaluated, records, folders, scale, comparable,
+                                            gpus, echo)
+                comparisons += numbers
+                notes += [why] if why else []
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
-                         runs=run_lines, user_sets=list(sets or []), banner=banner,
-                         notes=_notes(tab, scale, user_sets, paper_selection) + not_run)
-            echo(f"written: {path} and {root / 'reproduce.png'}")
+                         runs=run_lines, user_sets=list(sets or []), banner=banner, notes=notes, drawn=drawn)
+            pngs = drawn if drawn is not None else [root / "reproduce.png"]
+            echo(f"written: {path}" + "".join(f", {p}" for p in pngs))
     if failed:
         echo(f"{len(failed)} of {len(jobs) + len(evaluated)} runs did not finish:\n"
              + "\n".join(f"  {line}" for line in failed)
@@ -195,8 +216,25 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     return 0
 
 
+def _draw(tab: tables.Table, root: Path, planned: list[runs.PlannedRun], records: dict[str, list[dict]],
+          folders: dict[str, list[Path]], scale: str, comparable: bool, gpus: str,
+          echo) -> tuple[list[Path], list, str]:
+    """A figure's drawer on the finished runs: (the PNGs it drew, the numbers it compared, why it drew nothing or
+    '' when it drew). It draws once every row has a finished seed: a plot missing a row would look complete."""
+    if tab.spec is None:
+        return [], [], f"No drawer is registered for {tab.key}: the rows' numbers above are all it reports yet."
+    missing = sorted({p.row.preset for p in planned} - set(records))
+    if missing:
+        return [], [], (f"{tab.where} not drawn: no finished run of {', '.join(missing)} yet (run the same command "
+                        "again)")
+    fig = FigureRuns(tab.key, root, scale, comparable, next(iter(records.values()))[0]["classes"], folders, records,
+                     gpus, echo)
+    numbers = tab.spec.draw(fig)
+    return fig.pngs, numbers, ""
+
+
 def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gpus: str, records: dict,
-                       run_lines: list, failed: list, echo) -> None:
+                       folders: dict, run_lines: list, failed: list, echo) -> None:
     """A released model's row (RobustBench's, or the authors' own file): evaluated per class under the row's attacks
     and eval settings, the result in the row's own run folder (fingerprinted: a second invocation reuses it). The
     authors' file's SHA-256 is printed, and checked where the preset records one."""
@@ -231,6 +269,7 @@ def _evaluate_released(p: runs.PlannedRun, root: Path, model_dir: str | None, gp
         run_lines.append((str(run_dir), "failed", what))
         return
     records.setdefault(p.row.preset, []).append(record)
+    folders.setdefault(p.row.preset, []).append(run_dir)
     run_lines.append((str(run_dir), "done", f"{what} (sha256 {record['source']['sha256'][:12]})"))
 
 
@@ -270,10 +309,12 @@ def _diagnose(planned: list[runs.PlannedRun], jobs: list, gpus: str, echo) -> No
                             quiet=True)
 
 
-def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], list, list[str]]:
-    """(preset -> the evaluation records of its finished seeds, (run folder, status, checkpoint) per run,
-    the runs that did not finish, with their logs)."""
+def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list[dict]], dict[str, list[Path]], list,
+                                                                   list[str]]:
+    """(preset -> the evaluation records of its finished seeds, preset -> their run folders, (run folder, status,
+    checkpoint) per run, the runs that did not finish, with their logs)."""
     records: dict[str, list[dict]] = {}
+    folders: dict[str, list[Path]] = {}
     run_lines, failed = [], []
     for p, j in zip(planned, jobs):
         state = read_state(j.run_dir)["status"]
@@ -284,8 +325,9 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
             failed.append(f"{j.name}: finished without a test result (log: {RunDir(j.run_dir).train_log})")
         else:
             records.setdefault(p.row.preset, []).append(rec)
+            folders.setdefault(p.row.preset, []).append(Path(j.run_dir))
         run_lines.append((str(j.run_dir), state, ckpt))
-    return records, run_lines, failed
+    return records, folders, run_lines, failed
 
 
 def _selected(cfg, scaled_epoch: int | None = None) -> str:

@@ -195,20 +195,32 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
 
 
 def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: int,
-          runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str], banner: str = "") -> Path:
-    """``out/reproduce.md`` and ``out/reproduce.png``; ``runs`` holds (run folder, status, evaluated checkpoint);
-    ``banner``: a paragraph under the heading (where the checkpoints were chosen, when the test set chose them)."""
-    figure(table, comparisons, out / FIGURE, scale)
+          runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str], banner: str = "",
+          drawn: list[Path] | None = None) -> Path:
+    """``out/reproduce.md`` and, for a table, ``out/reproduce.png`` (every number, paper vs ours); ``runs`` holds
+    (run folder, status, evaluated checkpoint); ``banner``: a paragraph under the heading (where the checkpoints
+    were chosen, when the test set chose them); ``drawn``: the PNGs a figure's drawer made, shown in place of
+    the numbers' plot (its numbers are not all accuracies on one axis)."""
+    if drawn is None:
+        figure(table, comparisons, out / FIGURE, scale)
     paper = PAPERS[table.source]
     counts = Counter(c.verdict for c in comparisons)
     comparable = scale == "full" and not user_sets
     md = [f"# Reproduce: {table.title}\n",
-          f"Paper: {paper.cite}, *{paper.title}*, Table {table.number}. Scale: **{scale}** ({scale_doc}). "
+          f"Paper: {paper.cite}, *{paper.title}*, {table.where}"
+          f"{': ' + table.spec.caption if table.spec else ''}. Scale: **{scale}** ({scale_doc}). "
           f"Seeds: {seeds} per row.\n"] + ([banner] if banner else [])
     if not comparable:
         why = f"the {scale} scale" if scale != "full" else "--set " + " ".join(user_sets)
         md.append(f"**These numbers are not comparable to the paper** ({why} changes the runs); the verdicts say so. "
-                  "They show the table runs end to end.\n")
+                  f"They show the {'figure' if table.figure else 'table'} runs end to end.\n")
+    if drawn:
+        md += ["## The figure\n"] + [f"![{table.where}, {p.stem}]({p.name})\n" for p in drawn]
+        if table.spec and table.spec.partial:
+            md.append(f"Not reproduced here: {table.spec.partial}\n")
+    if not comparisons:
+        md += ["## Protocol and differences from the paper\n"]
+        return _finish(md, notes, runs, out)
     md += ["## Numbers\n", numbers_table(comparisons) + "\n",
            "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ".\n",
            "ours: share of test images correct (the papers' accuracy) for averages; worst class and per class from "
@@ -217,7 +229,7 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
            f"±{DEFAULT_TOLERANCE['avg']:g} points for averages and ±{DEFAULT_TOLERANCE['worst']:g} for worst-class "
            f"and single-class numbers, ±{CV_TOLERANCE:.0%} of the paper's CV and ±{DEFAULT_TOLERANCE['mcd']:g} points "
            "of MCD (CV, MCD: from the per-class accuracies; docs/reproduce.md says why).\n",
-           f"![paper vs fastfair, every number]({FIGURE})\n"]
+           *([] if drawn is not None else [f"![paper vs fastfair, every number]({FIGURE})\n"])]
     rhos = rho_table(table, comparisons)
     if rhos:
         md += ["## rho against the baseline row\n", rhos + "\n",

@@ -1,0 +1,134 @@
+"""Figures as ``fastfair reproduce`` targets: grouping, pending items, the listing, the coverage table the docs hold,
+and one figure end to end at the subset scale with a drawer registered by the test (the papers' own drawers are
+tested in tests/test_figures_*.py)."""
+import dataclasses
+
+import pytest
+
+from fastfair.errors import UserError
+from fastfair.reproduce import coverage, tables
+from fastfair.reproduce.command import listing, reproduce
+from fastfair.reproduce.figures import registry
+from fastfair.reproduce.figures.registry import FigureSpec
+
+from helpers import CIFAR_SUBSET, real_data
+
+
+def test_keys_of_items_and_panels():
+    assert registry.item_key("tian-kdd", "Table 4") == "tian-kdd-t4"
+    assert registry.item_key("me", "Fig. 3") == "me-f3"
+    assert registry.figure_number("4(c)") == "4"
+    for bad in ("Figure 3", "Table IV", "3"):
+        with pytest.raises(ValueError, match="'Table N' or 'Fig. N'"):
+            registry.item_key("me", bad)
+
+
+def test_a_panels_preset_belongs_to_its_figure_and_keeps_its_own_numbers():
+    fig = tables.get("me-f3")  # configs/me-fig3-single-at-{cat,car}: Fig. 3(b) and 3(a)
+    assert fig.figure and fig.where == "Fig. 3" and fig.title.endswith(", Fig. 3")
+    assert {r.preset for r in fig.rows} >= {"me-fig3-single-at-cat", "me-fig3-single-at-car"}
+    assert all(fig.own(r) for r in fig.rows if r.figure)
+    table = tables.get("me-t2")
+    assert not table.figure and all(table.own(r) for r in table.rows)
+    assert not any(fig.own(r) for r in table.rows)
+
+
+def test_a_figure_reusing_a_tables_rows_compares_only_its_own(monkeypatch):
+    spec = FigureSpec("me", "Fig. 42", "a test figure", draw=lambda runs: [], rows=("me-table3-pgd-at",))
+    monkeypatch.setitem(registry.FIGURES, spec.key, spec)
+    fig = tables.get("me-f42")
+    assert [r.preset for r in fig.rows] == ["me-table3-pgd-at"] and not fig.own(fig.rows[0])
+    assert fig.spec is spec
+    said = []
+    listing(1, said.append, only="me-f42")
+    assert any("draws: a test figure" in s for s in said)
+    assert any("me-table3-pgd-at" in s and "its runs (its numbers are Table 3's)" in s for s in said)
+
+
+def test_a_drawer_without_rows_and_a_reused_preset_without_paper_are_refused(monkeypatch):
+    monkeypatch.setitem(registry.FIGURES, "me-f43", FigureSpec("me", "Fig. 43", "nothing", draw=lambda runs: []))
+    with pytest.raises(UserError, match="me-f43 is registered with a drawer but has no rows"):
+        tables.tables()
+    monkeypatch.setitem(registry.FIGURES, "me-f43", FigureSpec("me", "Fig. 43", "x", draw=lambda r: [], rows=("demo",)))
+    with pytest.raises(UserError, match="reuses preset demo, which has no \\[paper\\] section"):
+        tables.tables()
+
+
+def test_a_pending_item_is_listed_with_its_route_and_refused_by_name(monkeypatch):
+    monkeypatch.setattr(registry, "FIGURES", dict(registry.FIGURES))  # what the test registers goes with it
+    registry.pending("me", "Table 41", "a test table", "needs what is not here; run: fastfair x")
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.pending("me", "Table 41", "again", "why")
+    with pytest.raises(ValueError, match="says why"):
+        registry.pending("me", "Table 44", "x", "")
+    line = ("me-t41: ME-AT/ME-TRADES (ICLR 2022 submission), Table 41: a test table; pending: needs what is not "
+            "here; run: fastfair x")
+    said = []
+    listing(1, said.append)
+    assert line in said and "me-t41" not in tables.tables()
+    said.clear()
+    listing(1, said.append, only="me-t41")
+    assert said[-1] == line and not any(s.startswith("me-t2") for s in said)
+    with pytest.raises(UserError, match=r"me-t41 \(.*Table 41: a test table\) is pending: needs what is not here"):
+        reproduce("me-t41", scale="subset", data_dir=str(CIFAR_SUBSET))
+
+
+def test_coverage_statuses(monkeypatch):
+    monkeypatch.setattr(registry, "INVENTORY", {"me": ("Table 1", "Table 2", "Fig. 3", "Fig. 42", "Fig. 5", "Fig. 9")})
+    monkeypatch.setattr(registry, "WITHIN", {("me", "Table 1"): "me-t4"})
+    figures = {k: v for k, v in registry.FIGURES.items() if not k.startswith("me-")}
+    figures["me-f42"] = FigureSpec("me", "Fig. 42", "x", draw=lambda r: [], rows=("me-table3-pgd-at",),
+                                   partial="panel (b) needs ImageNet")
+    figures["me-f9"] = FigureSpec("me", "Fig. 9", "x", pending="no data here; run: y")
+    monkeypatch.setattr(registry, "FIGURES", figures)
+    got = {e.item: e for e in coverage.coverage()["me"]}
+    assert (got["Table 1"].key, got["Table 1"].status) == ("me-t4", "covered")
+    assert "rows of me-t4" in got["Table 1"].note
+    assert got["Table 2"].status == "covered"
+    assert got["Fig. 3"].status == "partial" and "no drawer" in got["Fig. 3"].note  # presets, no drawer here
+    assert (got["Fig. 42"].status, got["Fig. 42"].note) == ("partial", "panel (b) needs ImageNet")
+    assert (got["Fig. 9"].status, got["Fig. 9"].note) == ("pending", "no data here; run: y")
+    monkeypatch.setitem(figures, "me-f5", FigureSpec("me", "Fig. 5", "x"))  # neither drawn nor pending: no target
+    monkeypatch.setattr(registry, "FIGURES", {k: v for k, v in figures.items() if k != "me-f5"})
+    assert {e.item: e.status for e in coverage.coverage()["me"]}["Fig. 5"] == "partial"
+    monkeypatch.setattr(registry, "INVENTORY", {"me": ("Table 2",)})
+    assert "me-t3" in coverage.unlisted()  # an inventory that leaves out a target of its paper
+
+
+def test_the_docs_coverage_table_is_the_generated_one():
+    text = coverage.DOC.read_text()
+    assert coverage.rewrite(text) == text, "run: python -m fastfair.reproduce.coverage --write"
+    assert coverage.unlisted() == [], "each paper's inventory lists every table and figure fastfair runs of it"
+
+
+def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypatch):
+    real_data()
+    seen = {}
+
+    def draw(runs):
+        seen.update(presets=sorted(runs.runs), seeds=[len(v) for v in runs.runs.values()], classes=runs.classes,
+                    history=len(runs.history("me-fig3-single-at-cat")[0]))
+        runs.png("a").write_bytes(b"\x89PNG")
+        cat = runs.records["me-fig3-single-at-cat"][0]["results"]["clean"]["per_class"][3]
+        return [runs.number("Sec. 2.2, cat", "cat", 7.03, [cat])]
+
+    monkeypatch.setitem(registry.FIGURES, "me-f3", FigureSpec("me", "Fig. 3", "features of single-class AT", draw))
+    out, said = tmp_path / "f3", []
+    args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=2,
+                sets=["train.epochs=1", "model.width=4"], echo=said.append)
+    assert reproduce("me-f3", **args) == 0
+    assert seen["presets"] == ["me-fig3-single-at-car", "me-fig3-single-at-cat"] and seen["seeds"] == [1, 1]
+    assert seen["classes"][3] == "cat" and seen["history"] == 1
+    md = (out / "reproduce.md").read_text()
+    assert md.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 3\n")
+    assert "*, Fig. 3: features of single-class AT. Scale: **subset**" in md
+    assert "![Fig. 3, me-f3-a](me-f3-a.png)" in md and not (out / "reproduce.png").exists()
+    assert "| Sec. 2.2, cat | `me-f3` |  | cat | 7.03 |" in md  # the drawer's number
+    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md  # the row's own
+    assert said[-1] == f"written: {out / 'reproduce.md'}, {out / 'me-f3-a.png'}"
+    # a drawer is called once every row has a finished run; none registered: the numbers alone, and a note
+    monkeypatch.setitem(registry.FIGURES, "me-f3", dataclasses.replace(registry.FIGURES["me-f3"], draw=None))
+    monkeypatch.delitem(registry.FIGURES, "me-f3")
+    assert reproduce("me-f3", **args) == 0
+    md = (out / "reproduce.md").read_text()
+    assert "No drawer is registered for me-f3" in md and "## The figure" not in md
