@@ -11,8 +11,11 @@ import pytest
 from PIL import Image
 
 from fastfair.reports import figures
+from fastfair.reproduce.command import reproduce
 from fastfair.reproduce.figures import registry, tian_iclr
 from fastfair.reproduce.figures.registry import FigureRuns
+
+from helpers import CIFAR_SUBSET, real_data
 
 C10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 DIGITS = [str(k) for k in range(10)]
@@ -225,3 +228,17 @@ def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):
     runs = figure_runs(tmp_path, "tian-iclr-f8", {tian_iclr.HOMING_BASE: [record(C10, {})]})
     registry.FIGURES["tian-iclr-f8"].draw(runs)
     assert drawn["tian-iclr-f8.png"][1:] == ["clean", "adversarial (pgd20)"]
+
+
+def test_fig8_end_to_end_at_subset_scale(tmp_path):
+    """`fastfair reproduce tian-iclr-f8` on the real CIFAR-10 subset: the row trains (one epoch, a narrow CNN), is
+    evaluated every epoch on the test set, diagnosed once, and the figure lands in reproduce.md."""
+    real_data()
+    out, said = tmp_path / "f8", []
+    assert reproduce("tian-iclr-f8", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=1,
+                     sets=["train.epochs=1", "model.width=4"], echo=said.append) == 0
+    run = out / "runs" / f"{tian_iclr.HOMING_BASE}-s0"
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["val"]["pgd20"]["per_class"]  # Fig. 1's
+    assert list((run / "diagnostics").glob("*-test-pgd20.json"))
+    md = (out / "reproduce.md").read_text()
+    assert "![Fig. 8, tian-iclr-f8](tian-iclr-f8.png)" in md and Image.open(out / "tian-iclr-f8.png").size[0] > 600

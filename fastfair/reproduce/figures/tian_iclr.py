@@ -262,7 +262,8 @@ def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, b
 
 @registry.figure(SOURCE, "Fig. 5", "(a), (e): class-wise variance of the predicted probability (Madry, TRADES, "
                  "MART; Madry, HE, HE-LIS, HE-CMP); (b)-(d), (f)-(h): one cat's predicted distribution after 1, 10 "
-                 "and 20 PGD iterations", rows=(*CVC_MODELS["a"], *CVC_MODELS["e"]),
+                 "and 20 PGD iterations", rows=(*CVC_MODELS["a"], "tian-iclr-t2-standard", *CVC_MODELS["e"]),  # Table 2's rows need
+                 # their transfer attack's substitute
                  partial="TRADES and MART are fastfair's re-trained rows (the paper's are the authors' released "
                          "models: tian-iclr-t2-*-released, evaluated by tian-iclr-t2)")
 def fig5(runs: FigureRuns) -> list[Comparison]:
