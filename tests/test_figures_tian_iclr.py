@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastfair import config
+from fastfair.checks import check_config
 from fastfair.reports import figures
+from fastfair.reproduce import tables
 from fastfair.reproduce.command import reproduce
 from fastfair.reproduce.figures import registry, tian_iclr
 from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.runs import plan
 
 from helpers import CIFAR_SUBSET, real_data
 
@@ -125,6 +129,25 @@ def test_fig2_draws_each_finished_row_in_percent(tmp_path, drawn, monkeypatch):
     assert m[3, 3] == pytest.approx(50.0) and m[3, 4] == pytest.approx(50.0)  # two seeds' confusions summed
 
 
+def test_a_row_evaluated_clean_alone_gets_the_figures_attack_from_its_checkpoint(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(tian_iclr, "_checkpoint", lambda run: run / "checkpoints" / "epoch.pt")
+    monkeypatch.setattr(tian_iclr, "evaluate_checkpoint", lambda ck, attacks, quiet, device: asked.append(
+        (ck.parent.parent.name, attacks)) or record(C10, {"clean": [90.0] * 10, "pgd20": [40.0] * 10}))
+    runs = figure_runs(tmp_path, "tian-iclr-f7", {"tian-iclr-fig1-cifar10-madry": [
+        record(C10, {"clean": [90.0] * 10}), record(C10, {"clean": [90.0] * 10, "pgd20": [30.0] * 10})]})
+    assert tian_iclr._per_class(runs, "tian-iclr-fig1-cifar10-madry", "pgd20")[:, 0].tolist() == [40.0, 30.0]
+    assert asked == [("tian-iclr-fig1-cifar10-madry-s0", ["pgd20"])]  # the seed that had it is not attacked again
+
+
+def test_the_subset_scale_holds_out_nothing_for_a_row_scoring_every_epoch_on_the_test_set(tmp_path):
+    real_data()
+    planned = plan(tables.get("tian-iclr-f8"), 1, "subset", str(CIFAR_SUBSET), tmp_path / "out", {})
+    assert planned and not any("data.val_per_class" in p.sets for p in planned)
+    assert not [w for p in planned for w in check_config(config.resolve(p.row.preset, None, p.sets))
+                if "val_per_class" in w]
+
+
 def homing_record(mis91: int, home91: int) -> dict:
     mis, home = np.zeros((10, 10), dtype=int), np.full((10, 10), None, dtype=object)
     mis[9, :9] = [49, mis91, 15, 30, 7, 15, 23, 21, 73]
@@ -143,7 +166,7 @@ def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monke
         (Path(out) / "homing.json").write_text(json.dumps(next(made)))
         return Path(out) / "homing.md"
     monkeypatch.setattr(tian_iclr, "homing", fake_homing)
-    base = [record(C10, {"pgd20": [50.0] * 10}, n=1000)] * 2
+    base = [record(C10, {"clean": [50.0] * 10}, n=1000)] * 2
     runs = figure_runs(tmp_path, "tian-iclr-f3", {tian_iclr.HOMING_BASE: base,
                                                    tian_iclr.HOMING_WITHOUT[1]: [{}, {}],
                                                    tian_iclr.HOMING_WITHOUT[3]: [{}, {}]})

@@ -20,6 +20,7 @@ from fastfair.data.superclasses import superclass_order
 from fastfair.evaluation import measures, seeds
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.evaluation.homing import homing
+from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
@@ -64,9 +65,22 @@ def _panels(runs: FigureRuns, rows: dict[str, str]) -> dict[str, str]:
     return done
 
 
+def _results(runs: FigureRuns, row: str, attack: str) -> list[dict]:
+    """Each finished seed's result under ``attack`` on the test set (per_class, confusion): its evaluation record's,
+    else ``fastfair eval``'s of its checkpoint, which adds it to that record (a row without numbers of its own,
+    as Fig. 1's, is evaluated clean alone by ``reproduce``)."""
+    out = []
+    for run, rec in zip(runs.runs[row], runs.records[row]):
+        if attack not in rec["results"]:
+            rec = evaluate_checkpoint(_checkpoint(run), attacks=[attack], quiet=True,
+                                      device="cpu" if runs.gpus == "cpu" else "auto")
+        out.append(rec["results"][attack])
+    return out
+
+
 def _per_class(runs: FigureRuns, row: str, attack: str) -> np.ndarray:
     """(seeds, C): the row's per-class accuracy under ``attack`` on the test set, one line per finished seed."""
-    return np.asarray([rec["results"][attack]["per_class"] for rec in runs.records[row]], dtype=float)
+    return np.asarray([r["per_class"] for r in _results(runs, row, attack)], dtype=float)
 
 
 def _classes(runs: FigureRuns, row: str) -> list[str]:
@@ -158,7 +172,7 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
     ImageNet's 1000 classes by index. The text states no number of it."""
     for p, row in _panels(runs, {p: row for p, (_, row, _) in PANELS.items()}).items():
         name, _, attack = PANELS[p]
-        conf = np.sum([rec["results"][attack]["confusion"] for rec in runs.records[row]], axis=0)
+        conf = np.sum([r["confusion"] for r in _results(runs, row, attack)], axis=0)
         classes = _classes(runs, row)
         coarse = _by_superclass(conf, classes) if p == "c" else None
         m, names = coarse if coarse else (conf, classes)
@@ -193,7 +207,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
                             f"CIFAR-10, PGD-20 on {records[0]['images']} test images"
                             + (f", mean of {len(records)} seeds" if len(records) > 1 else ""),
                             runs.png(), cite="Tian et al. ICLR 2021 submission, Fig. 3")
-    trucks = sum(runs.records[HOMING_BASE][0]["results"]["pgd20"]["confusion"][9])  # the test set's, every seed's
+    trucks = sum(runs.records[HOMING_BASE][0]["results"]["clean"]["confusion"][9])  # the test set's, every seed's
     out = [runs.number(f"Fig. 3(a): trucks sent to {name} ({n} of 1,000 in the paper)", "% of trucks", n / 10,
                        [100 * r["misclassified"][9][j] / trucks for r in records])
            for j, (name, n) in enumerate(zip(records[0]["classes"], (49, 147, 15, 30, 7, 15, 23, 21, 73)))]
@@ -262,8 +276,8 @@ def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, b
 
 @registry.figure(SOURCE, "Fig. 5", "(a), (e): class-wise variance of the predicted probability (Madry, TRADES, "
                  "MART; Madry, HE, HE-LIS, HE-CMP); (b)-(d), (f)-(h): one cat's predicted distribution after 1, 10 "
-                 "and 20 PGD iterations", rows=(*CVC_MODELS["a"], "tian-iclr-t2-standard", *CVC_MODELS["e"]),  # Table 2's rows need
-                 # their transfer attack's substitute
+                 "and 20 PGD iterations",  # Table 2's rows come with the substitute of their transfer attack
+                 rows=(*CVC_MODELS["a"], "tian-iclr-t2-standard", *CVC_MODELS["e"]),
                  partial="TRADES and MART are fastfair's re-trained rows (the paper's are the authors' released "
                          "models: tian-iclr-t2-*-released, evaluated by tian-iclr-t2)")
 def fig5(runs: FigureRuns) -> list[Comparison]:
