@@ -253,6 +253,7 @@ def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):
     assert drawn["tian-iclr-f8.png"][1:] == ["clean", "adversarial (pgd20)"]
 
 
+@pytest.mark.slow  # about 60 CPU seconds: a training run, its diagnosis and a t-SNE
 def test_fig8_end_to_end_at_subset_scale(tmp_path):
     """`fastfair reproduce tian-iclr-f8` on the real CIFAR-10 subset: the row trains (one epoch, a narrow CNN), is
     evaluated every epoch on the test set, diagnosed once, and the figure lands in reproduce.md."""
