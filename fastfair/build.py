@@ -96,13 +96,15 @@ def model_spec(cfg: Config, bundle: data.DataBundle) -> dict:
 def _spec(cfg: Config, bundle: data.DataBundle, mean: list[float], std: list[float]) -> dict:
     return {"name": cfg.model.name, "norm": cfg.model.norm, "width": cfg.model.width,
             "num_classes": bundle.num_classes, "in_channels": bundle.shape[0], "mean": mean, "std": std,
-            "classes": list(bundle.classes), "head": cfg.model.head, "head_scale": cfg.model.head_scale}
+            "classes": list(bundle.classes), "head": cfg.model.head, "head_scale": cfg.model.head_scale,
+            "feature_dim": cfg.model.feature_dim}
 
 
 def _build_model(spec: dict) -> models.Classifier:
     return models.build(spec["name"], num_classes=spec["num_classes"], in_channels=spec["in_channels"],
                         mean=spec["mean"], std=spec["std"], norm=spec["norm"], width=spec["width"],
-                        head=spec.get("head", "linear"), head_scale=spec.get("head_scale", 15.0))
+                        head=spec.get("head", "linear"), head_scale=spec.get("head_scale", 15.0),
+                        feature_dim=spec.get("feature_dim", 0))
 
 
 def model_from_spec(spec: dict, dev: torch.device, cl: bool) -> models.Classifier:

@@ -55,7 +55,7 @@ RANGES: dict[str, Range] = {
     "train.select_begin": at_least(0), "train.select_epoch": at_least(0),
     "data.batch_size": at_least(1), "data.eval_batch_size": at_least(1), "data.val_per_class": at_least(1),
     "data.crop_padding": at_least(0), "data.image_size": at_least(16), "data.workers": at_least(0),
-    "model.width": at_least(0), "model.head_scale": ABOVE_0,
+    "model.width": at_least(0), "model.feature_dim": at_least(0), "model.head_scale": ABOVE_0,
     "he.pmax_epoch": at_least(1),
     "data.classes": _DISTINCT, "data.drop_classes": _DISTINCT,
 }

@@ -80,8 +80,12 @@ class ModelConfig:
     norm: str = "bn"
     width: int = 0  # 0: the paper's width; smaller for quick experiments
     channels_last: str = "auto"  # auto (on for CUDA and CPUs, where measured faster) | on | off
-    head: str = "linear"  # linear | cosine (HE, Pang et al. 2020: normalised features and class weights)
+    # linear | linear-nobias (ME paper App. A.1) | cosine (HE, Pang et al. 2020: normalised features and class weights)
+    head: str = "linear"
     head_scale: float = 15.0  # HE scale s (1/T in Tian et al.); the start value when a schedule moves it
+    # 0: the architecture's own penultimate features; N: a linear layer to N features between the body and the head
+    # (ME paper App. A.1: 2, to plot the features, with model.head = linear-nobias)
+    feature_dim: int = 0
 
 
 @dataclass

@@ -109,10 +109,12 @@ class Resumed:
         return self.rule.update(state, logits, y)
 
 
-def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y, unit=None) -> list[Check]:
+def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y, unit=None,
+                  targets=(None, None)) -> list[Check]:
     """One step of fastfair's attack from each of the code's x_k (its stop rule replayed over the code's own
     iterates up to k), and the K steps from the code's start, against a golden trace. ``unit``: the code's
-    N(0, I) step-noise draws (K, *x.shape), which fastfair's attack scales by its omega."""
+    N(0, I) step-noise draws (K, *x.shape), which fastfair's attack scales by its omega; ``targets``: the code's
+    (target, toward) of a targeted attack, which the caller also makes ``m.perturb`` use."""
     alpha = m.cfg.attack.alpha
     noise = None if unit is None else m.attack.noise * unit
     its = decode(g.arrays, prefix, x, alpha, noise)
@@ -124,7 +126,7 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
         one = dataclasses.replace(attack, steps=1, stop=Resumed(attack.stop, rule) if attack.stop else None)
         model = model_fn()
         with attack_mode(model, one.bn_mode), torch.enable_grad():
-            ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k], None, None,
+            ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k], *targets,
                            None if noise is None else noise[k:k + 1])
         n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha)
         flips, worst = flips + n, max(worst, unexplained)

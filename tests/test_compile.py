@@ -28,7 +28,7 @@ def loss_and_grads(t, x, x_adv, y):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["trades", "me-trades", "absld"])
+@pytest.mark.parametrize("method", ["trades", "me-trades", "absld", "bat"])
 def test_compiled_step_matches_eager_without_graph_breaks(tmp_path, method):
     torch._dynamo.reset()
     counters.clear()
@@ -43,6 +43,8 @@ def test_compiled_step_matches_eager_without_graph_breaks(tmp_path, method):
     assert (advs[0] == advs[1]).float().mean() > 0.99
 
     # the update from the same adversarial batch: loss, logits and every weight gradient
+    if method == "bat":  # and the same last clean examples, which its loss reads beside the batch
+        compiled.method.x_last_clean = eager.method.x_last_clean
     (l_e, z_e, g_e), (l_c, z_c, g_c) = (loss_and_grads(t, x, advs[0], y) for t in (eager, compiled))
     torch.testing.assert_close(l_c, l_e, rtol=1e-4, atol=1e-5)
     for a, b in ([(z_e, z_c)] if torch.is_tensor(z_e) else zip(z_e.values(), z_c.values())):  # absld: adv and nat

@@ -98,7 +98,8 @@ def test_the_placed_file_is_evaluated_and_its_sha256_printed_or_checked(tmp_path
 
     monkeypatch.setattr(command, "evaluate_foreign", evaluated)
     said, records, run_lines, failed = [], {}, [], []
-    command._evaluate_released(planned, tmp_path / "out", str(models), "cpu", records, run_lines, failed, said.append)
+    command._evaluate_released(planned, tmp_path / "out", str(models), "cpu", records, {}, run_lines, failed,
+                               said.append)
     assert not failed and records["tian-iclr-t2-mart-released"]
     file, kw = calls[0]
     assert file == path and (kw["model"], kw["normalize"], kw["eps"], kw["alpha"]) == ("wrn-34-10", "none", 0.031,
@@ -108,7 +109,7 @@ def test_the_placed_file_is_evaluated_and_its_sha256_printed_or_checked(tmp_path
     # a recorded SHA-256 the placed file does not have: the row fails with one line, nothing is evaluated
     other = dataclasses.replace(planned, row=dataclasses.replace(
         planned.row, released=dataclasses.replace(planned.row.released, sha256="0" * 64)))
-    command._evaluate_released(other, tmp_path / "out", str(models), "cpu", records, run_lines, failed, said.append)
+    command._evaluate_released(other, tmp_path / "out", str(models), "cpu", records, {}, run_lines, failed, said.append)
     assert len(calls) == 1 and len(failed) == 1 and f"has SHA-256 {sha}, not the {'0' * 64}" in failed[0]
 
 

@@ -160,7 +160,7 @@ def test_a_reproduce_row_that_is_a_released_model_is_evaluated_in_its_own_run_fo
                                {k: v for k, v in missing.sets.items() if k != "eval.substitute"},
                                ("clean", "pgd2"), False, {"clean": "clean", "pgd2": "pgd2"})
     records, lines, failed = {}, [], []
-    command._evaluate_released(stand_in, tmp_path / "out", str(model_dir), "cpu", records, lines, failed,
+    command._evaluate_released(stand_in, tmp_path / "out", str(model_dir), "cpu", records, {}, lines, failed,
                                lambda line: None)
     assert not failed and lines[0][1] == "done" and NAME in lines[0][2]
     (record,) = records[rst.preset]

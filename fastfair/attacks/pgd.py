@@ -80,6 +80,13 @@ class StopRule(Protocol):
         """(bool mask of samples that take this step, the new state), from this step's logits."""
 
 
+def steps_back(stop: StopRule | None) -> bool:
+    """Whether a sample ``stop`` halts returns to the point its last step left (the last one checked correct: BAT's
+    last clean example, :mod:`fastfair.methods.bat`) instead of keeping the checked point; a rule says so with a
+    true ``back`` attribute."""
+    return bool(getattr(stop, "back", False))
+
+
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
             x_adv: torch.Tensor, target: torch.Tensor | None = None,
             toward: torch.Tensor | None = None, noise: torch.Tensor | None = None,
@@ -112,9 +119,11 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
             with torch.no_grad():
                 z_nat = model(x).detach()
     rule = attack.stop.start(y) if attack.stop else None
+    back = steps_back(attack.stop)
     if origin is None:
         origin = grad_origin(x)
     x_adv = x_adv.detach()
+    x_from = x_adv  # the point each sample's last step left: where a ``back`` rule returns a sample it halts
     for k in range(attack.steps):
         x_in = x_adv + origin
         z_adv = model(x_in)
@@ -126,7 +135,10 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
         stepped = o.pgd_step(base, grad, x, y, eps_c, alpha_c)
         if attack.stop:
             moves, rule = attack.stop.update(rule, z_adv.detach(), y)
-            stepped = torch.where(moves.view((-1,) + (1,) * (x.dim() - 1)), stepped, x_adv)
+            moving = moves.view((-1,) + (1,) * (x.dim() - 1))
+            stepped = torch.where(moving, stepped, x_from if back else x_adv)
+            if back:  # a halted sample's point is now its own start, so it stays there at later checks
+                x_from = torch.where(moving, x_adv, stepped)
         x_adv = stepped
     return x_adv
 

@@ -31,8 +31,10 @@ from fastfair.scaleout import distributed
 
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
-              amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None) -> torch.Tensor:
-    """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``.
+              amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None,
+              entropy: torch.Tensor | None = None) -> torch.Tensor:
+    """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``. ``entropy``
+    (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7).
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
@@ -48,8 +50,12 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
             with cast, seeds.seeded(seed, attack.seed_name, i, device=dev):
                 x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
                 with torch.no_grad():
-                    pred = model(x_adv).argmax(1)
+                    logits = model(x_adv)
+            pred = logits.argmax(1)
             conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
+            if entropy is not None:
+                p = logits.float().softmax(1)
+                entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
         if progress is not None:
             progress()
     return conf.view(num_classes, num_classes)
@@ -131,7 +137,8 @@ def aa_backend_for(attack_names: list[str], backend: str) -> str:
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
              log=None, clip_start: bool = True, substitute=None) -> dict[str, dict]:
-    """{attack: {per_class, summary, confusion}} with accuracies in percent.
+    """{attack: {per_class, summary, confusion, entropy}} with accuracies in percent and the mean prediction
+    entropy in nats (not for AutoAttack, whose final predictions are its own).
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
@@ -153,10 +160,14 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                 backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
         else:
             attack = parse_attack(name, cw_kappa, clip_start)
-            conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute)
+            entropy = torch.zeros(c, device=dev)
+            conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute, entropy)
+            entropy = distributed.all_reduce_sum(entropy)
             if attack.per_class:
                 extra["images"] = int(conf.sum())
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
+        if name != autoattack.NAME:  # the mean prediction entropy over the images, in nats (ME paper Fig. 7)
+            extra["entropy"] = float(entropy.sum()) / max(1, int(conf.sum()))
         out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
                      "seed": seed, **extra}
@@ -166,6 +177,7 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
         conf = sum(torch.tensor(out[m]["confusion"]) for m in group)
         out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
+                     "entropy": sum(out[m]["entropy"] for m in group) / len(group),  # each saw the same images
                      **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
     return out
 

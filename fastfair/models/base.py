@@ -40,9 +40,13 @@ class Classifier(nn.Module):
 
 
 def build(name: str, *, num_classes: int, in_channels: int, mean, std, norm: str = "bn",
-          width: int = 0, head: str = "linear", head_scale: float = 15.0) -> Classifier:
-    """Build a registered model; ``width`` 0 keeps the paper's width; ``head`` from :data:`HEADS`."""
+          width: int = 0, head: str = "linear", head_scale: float = 15.0, feature_dim: int = 0) -> Classifier:
+    """Build a registered model; ``width`` 0 keeps the paper's width; ``head`` from :data:`HEADS`; ``feature_dim``
+    N > 0 adds a linear layer from the body's features to N (ME paper App. A.1's 512x2 layer), whose output
+    ``forward_features`` returns."""
     body, dim = MODELS.get(name)(in_channels=in_channels, norm=NORMS.get(norm), width=width)
+    if feature_dim:
+        body, dim = nn.Sequential(body, nn.Linear(dim, feature_dim)), feature_dim
     return Classifier(body, dim, num_classes, mean, std, head=head, head_scale=head_scale)
 
 

@@ -57,5 +57,8 @@ class CosineHead(nn.Module):
 
 HEADS.register("linear", "fully connected layer with bias (every paper's default)")(
     lambda feature_dim, num_classes, scale: nn.Linear(feature_dim, num_classes))
+HEADS.register("linear-nobias", "fully connected layer without bias: classes told apart by the angle of the "
+               "features alone (ME paper App. A.1, with model.feature_dim = 2)")(
+    lambda feature_dim, num_classes, scale: nn.Linear(feature_dim, num_classes, bias=False))
 HEADS.register("cosine", "HE: s * cos(class weight, feature), both L2-normalised, no bias (Pang et al. 2020)")(
     CosineHead)

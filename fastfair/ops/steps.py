@@ -9,7 +9,7 @@ import torch
 
 from fastfair.errors import UserError
 
-INITS = ("uniform", "uniform_unclipped", "normal", "none")
+INITS = ("uniform", "uniform_unclipped", "normal", "normal_clipped", "none")
 
 
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
@@ -26,13 +26,16 @@ def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
 def random_start(x, y, eps_c, kind: str):
     """PGD init: x + U(-eps_y, eps_y) clipped to [0,1] (Madry), the same unclipped (``uniform_unclipped``:
     the PGD-20 evaluation of the TRADES and MART code, whose first gradient is taken there), or
-    x + 0.001 N(0, I) (TRADES code)."""
+    x + 0.001 N(0, I) (TRADES code), the same clipped to [0,1] (``normal_clipped``: BAT code,
+    ``train_mode/stop_to_*.py`` line 21-22)."""
     if kind in ("uniform", "uniform_unclipped"):
         eps = eps_c[y].view((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
         start = x + (torch.rand_like(x) * 2 - 1) * eps
         return start.clamp(0.0, 1.0) if kind == "uniform" else start
     if kind == "normal":
         return x + 0.001 * torch.randn_like(x)
+    if kind == "normal_clipped":
+        return (x + 0.001 * torch.randn_like(x)).clamp(0.0, 1.0)
     if kind == "none":
         return x.clone()
     raise UserError(f"unknown PGD init {kind!r}; known: {', '.join(INITS)}")

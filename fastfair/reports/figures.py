@@ -243,23 +243,34 @@ def image_grid(columns, column_titles: list[str], row_titles: list[str], title: 
 
 
 def curves(epochs: list[int], lines: dict[str, tuple[list[float], list[float] | None]], title: str, path: Path,
-           ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None) -> Path:
+           ylabel: str = "accuracy (%)", selected: tuple[int, str] | None = None, paired: bool = True,
+           xlabel: str = "epoch", baselines: dict[str, float] | None = None) -> Path:
     """Lines over epochs, ``name -> (means, stds or None)``, in pairs (average, worst class) of one colour,
-    the worst class dashed; a shaded band shows +- std over seeds; ``selected`` = (epoch, checkpoint name)
-    draws a vertical line at the epoch whose weights were evaluated. A later pair is drawn thinner, so a
-    line hidden beneath it (two worst classes at 0 %) still shows at its edges."""
+    the worst class dashed (``paired=False``: a colour per line, all solid); a shaded band shows +- std over seeds;
+    ``selected`` = (epoch, checkpoint name) draws a vertical line at the epoch whose weights were evaluated. A later
+    pair (or line) is drawn thinner, so a line hidden beneath it (two worst classes at 0 %) still shows at its edges.
+    ``xlabel`` other than epoch: the x values are a hyper-parameter's (CFA Figs. 5(a), 7(a)); ``baselines``:
+    ``name -> value``, horizontal grey lines (the method without the hyper-parameter), dash-dot then dotted."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ep = np.asarray(epochs)  # 1-based, as every file fastfair writes numbers them
     for i, (name, (mean, std)) in enumerate(lines.items()):
         mean = np.asarray(mean, dtype=float)
-        ax.plot(ep, mean, color=f"C{i // 2 % 10}", ls="--" if i % 2 else "-", lw=1.0 + (len(lines) - 1 - i) // 2,
-                marker="o" if len(ep) < 15 else None, ms=3, label=name)
+        color = f"C{(i // 2 if paired else i) % 10}"
+        ax.plot(ep, mean, color=color, ls="--" if paired and i % 2 else "-",
+                lw=1.0 + ((len(lines) - 1 - i) // 2 if paired else 1.6 * (len(lines) - 1 - i) / max(1, len(lines) - 1)),
+                marker="o" if len(ep) < 15 else None, ms=3,
+                label=name)
         if std is not None:
-            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=f"C{i // 2 % 10}", alpha=0.15)
+            ax.fill_between(ep, mean - np.asarray(std), mean + np.asarray(std), color=color, alpha=0.15)
+    for i, (name, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, color="0.35", ls=":" if i % 2 else "-.", lw=1.2, label=name)
     if selected is not None:
         ax.axvline(selected[0], color="0.2", ls=":", lw=1.2, label=f"selected: {selected[1]} (epoch {selected[0]})")
-    ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    if xlabel == "epoch":
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    else:
+        ax.set_xticks(ep)
     ax.set_ylabel(ylabel)
     _title(ax, title, 5.6)
     ax.grid(alpha=0.3)
@@ -512,4 +523,65 @@ def models_by_class(matrix, models: list[str], classes: list[str], averages: lis
     right.set_ylabel("mean (%)")
     ax.set_xlabel("class (red box: the model's worst class)")
     _title(ax, title, width - 1.5)
+    return _save(fig, path)
+
+
+def _panel_grid(n: int, ncols: int, width: float, height: float):
+    """``n`` panels in rows of ``ncols`` (all in one row when 0), unused cells hidden; the axes in reading order."""
+    cols = min(n, ncols or n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols + 1.6, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def class_lines(panels: dict[str, dict], title: str, path: Path, ncols: int = 0) -> Path:
+    """Values per class as lines with markers, a panel per measurement (in rows of ``ncols``; 0: one row), each on
+    its own y scale (ME paper Figs. 1, 2, 4, 5, 6, 8, 9: class-wise errors, inter-class similarity, intra-class
+    variance). ``panels``: panel title -> {``classes``: the x axis in its order, ``series``: name -> one value per
+    class along it, ``ylabel``, and optionally ``right``: (name, values, label), one more line in green on a y axis
+    of its own at the right (Fig. 5's similarity to the cat in standard training)}."""
+    width = max(4.4, 0.42 * max(len(p["classes"]) for p in panels.values()) + 1.6)
+    fig, axes = _panel_grid(len(panels), ncols, width, 3.8)
+    for ax, (name, panel) in zip(axes, panels.items()):
+        x = np.arange(len(panel["classes"]))
+        handles = [ax.plot(x, np.asarray(v, dtype=float), color=f"C{i % 10}", marker="o", ms=4, label=s)[0]
+                   for i, (s, v) in enumerate(panel["series"].items())]
+        if panel.get("right"):
+            label, values, ylabel = panel["right"]
+            twin = ax.twinx()
+            handles += twin.plot(x, np.asarray(values, dtype=float), color="C2", marker="s", ms=4, ls="--",
+                                 label=label)
+            twin.set_ylabel(ylabel, color="C2")
+        _class_axis(ax, panel["classes"])
+        ax.set_xlim(-0.5, len(x) - 0.5)
+        ax.set_ylabel(panel["ylabel"])
+        ax.grid(alpha=0.3)
+        ax.set_title(name, fontsize=10)
+        ax.legend(handles=handles, fontsize=7.5, loc="best", frameon=False)
+    fig.suptitle(title, fontsize=_title_size(title, width * min(len(panels), ncols or len(panels))))
+    return _save(fig, path)
+
+
+def feature_scatter(panels: dict[str, tuple], classes: list[str], title: str, path: Path, ncols: int = 0) -> Path:
+    """2-D penultimate features, a point per test image coloured by its class, a panel per model (in rows of
+    ``ncols``; 0: one row) (ME paper Figs. 3 and 8, bottom: a ResNet-18 whose penultimate layer outputs 2-D
+    features); ``panels``: panel title -> (features (N, 2), labels (N,))."""
+    fig, axes = _panel_grid(len(panels), ncols, 4.2, 4.0)
+    cmap = plt.get_cmap("tab10")
+    for ax, (name, (feats, labels)) in zip(axes, panels.items()):
+        feats, labels = np.asarray(feats, dtype=float), np.asarray(labels)
+        for k, cname in enumerate(classes):
+            sel = labels == k
+            ax.scatter(feats[sel, 0], feats[sel, 1], s=4, color=cmap(k % 10), label=cname, alpha=0.7)
+        ax.axhline(0, color="0.6", lw=0.5)
+        ax.axvline(0, color="0.6", lw=0.5)
+        ax.set_aspect("equal", adjustable="datalim")  # the angle between two classes is their similarity: kept true
+        ax.set_xlabel("feature 1")
+        ax.set_ylabel("feature 2")
+        ax.set_title(name, fontsize=10)
+    axes[min(len(axes), ncols or len(axes)) - 1].legend(fontsize=7, markerscale=2.5, loc="upper left",
+                                                        bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(title, fontsize=_title_size(title, 4.2 * min(len(panels), ncols or len(panels))))
     return _save(fig, path)

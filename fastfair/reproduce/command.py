@@ -78,6 +78,8 @@ def _what_it_reports(row, table: tables.Table) -> str:
         return ", ".join(f"{a} {stats(n)}" for a, n in row.numbers.items()) + last
     roles = {"transfer substitute" if r.substitute == row.preset else "fine-tuning base"
              for r in table.rows if row.preset in r.depends_on}
+    if not roles:  # a figure's run the paper plots without a number in its text (CFA Fig. 2's eight margins)
+        return "no numbers of its own: the figure plots its runs"
     return f"no numbers of its own: the {' and '.join(sorted(roles))} of the other rows"
 
 

@@ -47,9 +47,10 @@ def _entry(source: str, item: str, targets: dict[str, tables.Table]) -> Entry:
 
 
 def coverage() -> dict[str, list[Entry]]:
-    """Each paper with an inventory: its items in the paper's order."""
+    """Each paper with an inventory (in :data:`PAPERS`' order): its items in the paper's order."""
     targets = tables.tables()
-    return {source: [_entry(source, item, targets) for item in items] for source, items in registry.INVENTORY.items()}
+    return {source: [_entry(source, item, targets) for item in registry.INVENTORY[source]] for source in PAPERS
+            if source in registry.INVENTORY}
 
 
 def unlisted() -> list[str]:

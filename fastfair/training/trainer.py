@@ -327,8 +327,8 @@ class Trainer:
         record = {
             "epoch": epoch + 1, "lr": lr, "loss": stats["loss"], "train_robust_acc": stats["train_acc"],
             "train_robust_acc_per_class": stats["train_acc_per_class"],
-            "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")}}
-                    for k, v in val.items()},
+            "val": {k: {"per_class": v["per_class"], **{s: v["summary"][s] for s in ("avg", "worst", "cv", "mcd")},
+                        "entropy": v["entropy"]} for k, v in val.items()},
             "vectors": stats["vectors"], "epoch_time_s": seconds,
             "images_per_s": (steps - done) * batch / seconds,
         }

@@ -1,0 +1,244 @@
+"""The ME paper's figures (fastfair/reproduce/figures/me.py): each drawer on hand-made measurements, the registry's
+entries, the 2-D feature model its single-AT rows train, and one figure end to end on the real subset."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fastfair import build, cli, config, models
+from fastfair.evaluation import per_class
+from fastfair.preset_files import preset_names
+from fastfair.reports import figures
+from fastfair.reproduce.figures import me, registry
+from fastfair.reproduce.figures.registry import FigureRuns, figure_number
+from fastfair.reproduce.paper import load
+
+from helpers import CIFAR10, real_data
+
+C = len(CIFAR10)
+
+
+def fake(seed: int = 0, classes=CIFAR10, natural=None, pgd10=None, dim: int = 2) -> me.Measured:
+    """A measurement with known numbers: class k's accuracy 50 + k, its similarity k / 10, its variance k."""
+    rng = np.random.default_rng(seed)
+    n = len(classes)
+    nat = np.arange(n) + 50.0 if natural is None else np.asarray(natural, dtype=float)
+    cos = np.full((n, n), 0.1) + np.diag(np.full(n, 0.9))
+    return me.Measured(list(classes), nat, nat - 40 if pgd10 is None else np.asarray(pgd10, dtype=float), cos,
+                       np.arange(n) / 10, np.arange(n, dtype=float), rng.normal(size=(20 * n, dim)),
+                       np.repeat(np.arange(n), 20))
+
+
+@pytest.fixture
+def drawn(monkeypatch, tmp_path):
+    """(FigureRuns over ``tmp_path`` whose presets are measured by ``measures[preset]``, the panels each
+    class_lines call drew)."""
+    measures: dict[str, list[me.Measured]] = {}
+    monkeypatch.setattr(me, "measured", lambda runs, preset: measures.get(preset, []))
+    panels, draw = [], figures.class_lines
+
+    def class_lines(p, title, path, ncols=0):
+        panels.append(p)
+        return draw(p, title, path, ncols)
+    monkeypatch.setattr(me.figures, "class_lines", class_lines)
+    runs = FigureRuns("me-fx", tmp_path, "subset", False, CIFAR10, {}, {})
+    return runs, measures, panels
+
+
+def test_inventory_lists_every_table_and_figure_with_results_in_the_papers_order():
+    assert registry.INVENTORY["me"] == ("Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6", "Table 1",
+                                        "Fig. 7", "Table 2", "Table 3", "Table 4", "Fig. 8", "Fig. 9", "Table 5")
+    assert registry.WITHIN[("me", "Table 1")] == "me-t4"
+    tables = {"Table 2", "Table 3", "Table 4"}  # me-t2, me-t3, me-t4 run them
+    for item in set(registry.INVENTORY["me"]) - tables - {"Table 1"}:
+        assert registry.item_key("me", item) in registry.FIGURES, item
+    t5 = registry.FIGURES["me-t5"]
+    assert t5.draw is None and "500k" in t5.pending and "rb:NAME" in t5.pending
+    assert "Gowal2020Uncovering_28_10_extra" in t5.pending
+
+
+def test_every_row_a_figure_reuses_is_a_preset_and_every_figure_preset_has_its_target():
+    names = set(preset_names())
+    for key, spec in registry.FIGURES.items():
+        if spec.source == "me":
+            assert set(spec.rows) <= names, key
+    own = {registry.item_key("me", f"Fig. {figure_number(r.figure)}") for n in names
+           if (r := load(n)) and r.source == "me" and r.figure}
+    assert own <= set(registry.FIGURES)
+
+
+def test_fig1_draws_errors_and_each_classs_share_of_the_accuracy_drop(drawn):
+    runs, measures, panels = drawn
+    measures[me.ST] = [fake(natural=np.full(C, 95.0))]
+    drop = np.array([2, 2, 8, 10, 2, 4, 2, 2, 4, 4], dtype=float)  # 40 points in all: cat 25 %, bird 20 %
+    measures[me.PGD_AT] = [fake(natural=95 - drop)]
+    assert me.draw_fig1(runs) == []
+    assert [p.name for p in runs.pngs] == ["me-fx-ab.png", "me-fx-c.png"] and all(p.is_file() for p in runs.pngs)
+    (ab,) = panels
+    assert list(ab) == ["(a) standard training", "(b) PGD-AT"]
+    np.testing.assert_allclose(ab["(b) PGD-AT"]["series"]["natural error"], 5 + drop)
+    np.testing.assert_allclose(ab["(b) PGD-AT"]["series"]["PGD-10 error"], 45 + drop)
+    np.testing.assert_allclose(me.drop_share(np.full(C, 95.0), 95 - drop), 100 * drop / 40)
+
+
+def test_a_figure_without_its_runs_draws_nothing(drawn):
+    runs, _, _ = drawn
+    for draw in (me.draw_fig1, me.draw_fig2, me.draw_fig3, me.draw_fig4, me.draw_fig5, me.draw_fig6, me.draw_fig7,
+                 me.draw_fig8, me.draw_fig9):
+        assert draw(runs) == []
+    assert runs.pngs == []
+
+
+def test_fig2_6_9_draw_similarity_and_variance_a_line_per_model_the_seeds_averaged(drawn):
+    runs, measures, panels = drawn
+    for p in (me.ST, me.PGD_AT, me.TRADES, me.PGD_AT_LS, me.ME_AT, me.TRADES_LS, me.ME_TRADES, me.TRADES_L1,
+              me.TRADES_L12):
+        measures[p] = [fake(0), fake(1)]
+    measures[me.TRADES] = [fake(0), replace(fake(1), similarity=np.arange(C) / 10 + 0.2)]
+    me.draw_fig2(runs)
+    me.draw_fig6(runs)
+    me.draw_fig9(runs)
+    fig2, fig6, fig9 = panels
+    assert list(fig2) == ["(a) inter-class similarity", "(b) intra-class variance"]
+    assert list(fig2["(a) inter-class similarity"]["series"]) == ["standard training (ST)", "PGD-AT",
+                                                                  "TRADES (lambda = 6)"]
+    np.testing.assert_allclose(fig2["(a) inter-class similarity"]["series"]["TRADES (lambda = 6)"],
+                               np.arange(C) / 10 + 0.1)  # the mean of the two seeds
+    np.testing.assert_allclose(fig2["(b) intra-class variance"]["series"]["PGD-AT"], np.arange(C))
+    assert list(fig6) == ["(a) similarity in PGD-AT", "(b) variance in PGD-AT", "(c) similarity in TRADES",
+                          "(d) variance in TRADES"]
+    assert len(fig6["(c) similarity in TRADES"]["series"]) == 3
+    assert list(fig9["(a) inter-class similarity"]["series"]) == ["PGD-AT", "TRADES (lambda = 12)",
+                                                                  "TRADES (lambda = 6)", "TRADES (lambda = 1)"]
+    assert [p.name for p in runs.pngs] == ["me-fx.png"] * 3 and all(p.is_file() for p in runs.pngs)
+
+
+def test_fig3_and_fig8_draw_each_single_at_models_errors_and_2d_features(drawn):
+    runs, measures, panels = drawn
+    for k, preset in me.SINGLE_AT.items():
+        measures[preset] = [fake(k)]
+    me.draw_fig3(runs)
+    me.draw_fig8(runs)
+    fig3, fig8 = panels
+    assert list(fig3) == ["(a) single AT of class 1 (automobile)", "(b) single AT of class 3 (cat)"]
+    assert list(fig8)[1] == "(b) single AT of class 2 (bird)" and len(fig8) == 8
+    assert [p.name for p in runs.pngs] == ["me-fx-errors.png", "me-fx-features.png"] * 2
+    assert all(p.is_file() for p in runs.pngs)
+
+
+def test_fig4_puts_each_class_in_its_own_single_at_model_beside_standard_training(drawn):
+    runs, measures, panels = drawn
+    for k, preset in me.SINGLE_AT.items():  # class k's similarity in the model single-AT-trained on k: 0.5 + k/100
+        sim = np.zeros(C)
+        sim[k] = 0.5 + k / 100
+        measures[preset] = [replace(fake(k), similarity=sim)]
+    measures[me.ST_2D] = [fake()]
+    me.draw_fig4(runs)
+    (series,) = [p["series"] for p in panels[0].values()]
+    np.testing.assert_allclose(series["single AT (each class in its own model)"], 0.5 + np.arange(C) / 100)
+    np.testing.assert_allclose(series["standard training"], np.arange(C) / 10)
+
+
+def test_fig5_sorts_the_pairs_by_their_similarity_to_the_cat_in_standard_training(drawn):
+    runs, measures, panels = drawn
+    st = fake()
+    cos = np.eye(C)
+    cos[me.CAT] = [0.9, 0.1, 0.5, 1.0, 0.3, 0.8, 0.4, 0.6, 0.7, 0.2]  # car least, dog most similar
+    measures[me.ST] = [replace(st, cosine=cos)]
+    for method in ("pgd-at", "trades"):
+        for preset in me.BINARY[method]:
+            k = config.resolve(preset).data.classes[1]
+            measures[preset] = [fake(classes=["cat", CIFAR10[k]], natural=[100 - k, 100 - k], pgd10=[90 - k, 80 - k])]
+    me.draw_fig5(runs)
+    (fig5,) = panels
+    a = fig5["(a) PGD-AT"]
+    assert a["classes"] == ["automobile", "truck", "deer", "frog", "bird", "horse", "ship", "dog", "airplane"]
+    np.testing.assert_allclose(a["series"]["natural error"], [1, 9, 4, 6, 2, 7, 8, 5, 0])
+    np.testing.assert_allclose(a["series"]["PGD-10 error"], [16, 24, 19, 21, 17, 22, 23, 20, 15])
+    np.testing.assert_allclose(a["right"][1], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    assert fig5["(b) TRADES"]["classes"] == a["classes"]
+    assert runs.pngs[0].is_file()
+
+
+def test_the_text_numbers_of_fig5_are_its_rows_own():
+    """Sec. 2.2: cat vs dog 49.7 (PGD-AT) and 23.4 / 44.0 (TRADES) error, cat vs car 4.6 / 11.0."""
+    assert load("me-fig5-binary-cat-dog-pgd-at").numbers["clean"].avg == 50.3
+    assert load("me-fig5-binary-cat-car-pgd-at").numbers["clean"].avg == 95.4
+    assert load("me-fig5-binary-cat-car-pgd-at").numbers["pgd10"].avg == 89.0
+    assert not load("me-fig5-binary-cat-car-trades").numbers
+
+
+def test_a_2d_feature_model_has_two_features_and_a_bias_free_head():
+    """ME paper App. A.1: a 512x2 linear layer before a 2x10 fc layer without bias."""
+    cfg = config.resolve("me-fig3-single-at-cat")
+    assert (cfg.model.feature_dim, cfg.model.head) == (2, "linear-nobias")
+    m = models.build("tiny-cnn", num_classes=10, in_channels=3, mean=[0.5] * 3, std=[0.25] * 3, width=4,
+                     head="linear-nobias", feature_dim=2)
+    x = torch.rand(3, 3, 32, 32)
+    assert m.forward_features(x).shape == (3, 2) and m(x).shape == (3, 10)
+    assert m.head.bias is None and m.head.weight.shape == (10, 2)
+    plain = models.build("tiny-cnn", num_classes=10, in_channels=3, mean=[0.5] * 3, std=[0.25] * 3, width=4)
+    assert plain.forward_features(x).shape[1] > 2 and plain.head.bias is not None
+    spec = build.model_spec(cfg, type("B", (), {"num_classes": 10, "shape": (3, 32, 32), "classes": CIFAR10,
+                                               "mean_std": lambda self: ([0.5] * 3, [0.25] * 3)})())
+    assert spec["feature_dim"] == 2  # a checkpoint rebuilds the 2-D model
+
+
+def test_evaluation_records_the_mean_prediction_entropy_fig7_draws():
+    """Uniform predictions over C classes have entropy ln C; certain ones 0 (ME paper Fig. 7's quantity)."""
+    x, y = torch.rand(6, 3, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    for bias, want in (([0.0, 0.0, 0.0], np.log(3)), ([60.0, 0.0, 0.0], 0.0)):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3))
+        torch.nn.init.zeros_(model[1].weight)
+        model[1].bias.data = torch.tensor(bias)
+        out = per_class.evaluate(model, [(x[:4], y[:4]), (x[4:], y[4:])], ["clean", "pgd2"], eps=8 / 255,
+                                 alpha=2 / 255, classes=["a", "b", "c"])
+        for attack in ("clean", "pgd2"):
+            assert out[attack]["entropy"] == pytest.approx(want, abs=1e-6)
+
+
+def test_fig7_draws_each_epochs_entropy_clean_and_adversarial_from_the_runs_metrics(drawn, tmp_path):
+    runs, _, _ = drawn
+    curves, draw = [], figures.curves
+    for preset, clean in ((me.PGD_AT, 0.3), (me.TRADES, 0.6)):
+        run = tmp_path / "runs" / preset
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
+        (run / "metrics.jsonl").write_text("".join(json.dumps(
+            {"epoch": e, "val": {"clean": {"entropy": clean * e}, "pgd10": {"entropy": clean * e + 0.1}}}) + "\n"
+            for e in (1, 2, 3)))
+        runs.runs[preset] = [run]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(me.figures, "curves", lambda *a, **k: curves.append(a) or draw(*a, **k))
+        assert me.draw_fig7(runs) == []
+    epochs, lines, title = curves[0][:3]
+    assert epochs == [1, 2, 3] and "validation split" in title
+    np.testing.assert_allclose(lines["TRADES (lambda = 6), adversarial (pgd10)"][0], [0.7, 1.3, 1.9])
+    np.testing.assert_allclose(lines["PGD-AT, clean"][0], [0.3, 0.6, 0.9])
+    np.testing.assert_allclose(lines["ln 10, the largest entropy of 10 classes"][0], np.log(10))
+    assert runs.pngs[0].is_file()
+
+
+def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path):
+    """The CI smoke of the ME figures: me-f3's two single-AT rows trained (one epoch, a 4-channel tiny-cnn), their
+    numbers compared, then the drawer measures both checkpoints and draws the errors and the 2-D features."""
+    data = real_data()
+    out = tmp_path / "f3"
+    assert cli.main(["reproduce", "me-f3", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
+                     "--gpus", "cpu", "--per-gpu", "2", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+    md = (out / "reproduce.md").read_text()
+    for panel in ("errors", "features"):
+        assert f"(me-f3-{panel}.png)" in md and (out / f"me-f3-{panel}.png").stat().st_size > 10_000
+    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md
+    run = out / "runs" / "me-fig3-single-at-cat-s0"
+    (got,) = me.measured(FigureRuns("me-f3", out, "subset", False, CIFAR10, {"x": [run]}, {}, gpus="cpu"), "x")
+    assert got.features.shape == (500, 2) and got.classes == CIFAR10  # 50 test images a class, 2-D features
+    record = json.loads((run / "eval" / "best_pgd-test.json").read_text())
+    np.testing.assert_allclose(got.natural, record["results"]["clean"]["per_class"])
+    # the attack's starts are seeded as eval seeds them; the measurement runs fp32 NCHW as diagnose does, the run's
+    # own evaluation its training's layout and precision: a point-blank image or two a class may land otherwise
+    assert np.abs(got.pgd10 - record["results"]["pgd10"]["per_class"]).max() <= 4.0
