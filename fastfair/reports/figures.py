@@ -35,6 +35,7 @@ def save_figure(fig, path: Path) -> Path:
 
 
 MANY_CLASSES = 20  # past this, bars per class are too thin to read: points, classes sorted (CIFAR-100)
+MANY_INDEXED = 100  # past this, a class x class matrix's axes show class indices, not names (ImageNet)
 ZERO_GID = "zero-bar"  # the marker drawn where a bar has height 0 (tests find it by this id)
 
 
@@ -164,18 +165,25 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
             for j in range(n):
                 ax.text(j, i, fmt.format(m[i, j]), ha="center", va="center", fontsize=7,
                         color="white" if top and m[i, j] > 0.6 * top else "black")
-    _class_axis(ax, classes)
-    ax.set_yticks(range(n))
-    ax.set_yticklabels(classes, fontsize=6 if n > MANY_CLASSES else None)
+    if n > MANY_INDEXED:  # a thousand names are a blot: indices every few hundred, as Tian et al.'s ImageNet panel
+        ticks = list(range(0, n, 200))
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
+    else:
+        _class_axis(ax, classes)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels(classes, fontsize=6 if n > MANY_CLASSES else None)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     _title(ax, title, side - 1.5)
     return _save(fig, path)
 
 
-def homing_heatmaps(misclassified, homing, classes: list[str], subtitle: str, path: Path) -> Path:
-    """Tian et al. (KDD 2021, Sec. 6.1) Fig. 4(a) and 4(b) side by side; the diagonal and columns without a
-    re-training (NaN in ``homing``) are blank, every other cell has its count written in."""
+def homing_heatmaps(misclassified, homing, classes: list[str], subtitle: str, path: Path,
+                    cite: str = "Tian et al. 2021, Fig. 4") -> Path:
+    """Tian et al. (KDD 2021, Sec. 6.1) Fig. 4(a) and 4(b) side by side (``cite``: the paper's figure, which the
+    ICLR submission numbers Fig. 3); the diagonal and columns without a re-training (NaN in ``homing``) are blank,
+    every other cell has its count written in."""
     n = len(classes)
     side = min(0.5 * n + 2.2, 9.0)
     fig, axes = plt.subplots(1, 2, figsize=(2 * side + 0.6, side))
@@ -201,7 +209,7 @@ def homing_heatmaps(misclassified, homing, classes: list[str], subtitle: str, pa
         ax.set_xlabel(xlabel)
         ax.set_ylabel("true class i")
         ax.set_title(title, fontsize=10)
-    fig.suptitle(f"Homing property (Tian et al. 2021, Fig. 4): {subtitle}", fontsize=11)
+    fig.suptitle(f"Homing property ({cite}): {subtitle}", fontsize=11)
     return _save(fig, path)
 
 
@@ -325,6 +333,46 @@ def per_class_accuracy_curves(epochs: list[int], panels: dict[str, np.ndarray], 
     if len(classes) <= 10:
         _legend_beside(axes[0][-1])
     fig.suptitle(title, fontsize=_title_size(title, 4.6 * len(panels)))
+    return _save(fig, path)
+
+
+def class_gap_curves(epochs: list[int], values, classes: list[str], overall, title: str, path: Path,
+                     ylabel: str) -> Path:
+    """Each class's line over epochs, the overall one dashed black, and the band between the lowest and the highest
+    class shaded (Tian et al. ICLR 2021 submission, Fig. 1: the class-wise gap at each epoch); up to 20 classes."""
+    v = np.asarray(values, dtype=float)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.fill_between(epochs, v.min(axis=1), v.max(axis=1), color="0.85", lw=0, label="gap between classes")
+    marker = "o" if len(epochs) < 15 else None
+    for k, name in enumerate(classes):
+        ax.plot(epochs, v[:, k], color=plt.get_cmap("tab20" if len(classes) > 10 else "tab10")(k), lw=1.0,
+                marker=marker, ms=3, label=name)
+    ax.plot(epochs, overall, color="black", ls="--", lw=2.0, label="overall")
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_ylim(-2, 102)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    _title(ax, title, 5.6)
+    _legend_beside(ax)
+    return _save(fig, path)
+
+
+def interval_counts(counts: dict[str, list[int]], intervals: list[str], title: str, path: Path,
+                    xlabel: str) -> Path:
+    """How many classes fall in each interval, a panel per series side by side (Tian et al. ICLR 2021 submission,
+    Fig. 6: CIFAR-100's and ImageNet's classes per robustness interval)."""
+    fig, axes = plt.subplots(1, len(counts), figsize=(5.2 * len(counts), 3.8), squeeze=False)
+    for ax, (name, n) in zip(axes[0], counts.items()):
+        ax.bar(range(len(intervals)), n, color="C0")
+        for x, c in enumerate(n):
+            ax.annotate(str(c), (x, c), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+        _class_axis(ax, intervals)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("number of classes")
+        ax.set_title(name, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=_title_size(title, 5.2 * len(counts)))
     return _save(fig, path)
 
 

@@ -274,8 +274,9 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
                 sets["eval.substitute"] = str((out / "runs" / f"{row.substitute}-s{seed}").resolve())
             if paper_selection:
                 sets.update(row.paper_selection)
-                if row.paper_selection.get("train.select_split") == "test":  # nothing is held out: the scale's
-                    sets.pop("data.val_per_class", None)  # validation size would only draw a does-nothing warning
+            if sets.get("train.select_split", flat["train.select_split"]) == "test":  # nothing is held out (the
+                sets.pop("data.val_per_class", None)  # paper's rule, or a preset scoring every epoch on the test
+                # set: Tian et al.'s Fig. 1): the scale's validation size would only draw a does-nothing warning
             sets.update(user_sets)
             runs.append(PlannedRun(row, seed, name, sets, attacks, flat["train.averaging"] != "none", runs_for,
                                    missing))
