@@ -314,17 +314,13 @@ def per_class_curves(epochs: list[int], values, classes: list[str], title: str, 
 
 
 def per_class_accuracy_curves(epochs: list[int], panels: dict[str, np.ndarray], classes: list[str], title: str,
-                              path: Path, selected: int | None = None, gap: bool = False) -> Path:
+                              path: Path, selected: int | None = None) -> Path:
     """Per-class validation accuracy over epochs, a panel per evaluation (``name -> (epochs, C)``), side by side
     on one y scale (Benz et al. 2021, Sec. 3.1: does the vulnerable class change during training?);
-    ``selected`` marks the evaluated checkpoint's epoch with a dotted line; ``gap`` shades each epoch's span from
-    the lowest to the highest class (Tian et al. KDD 2021, Fig. 1: the robustness gap between classes)."""
+    ``selected`` marks the evaluated checkpoint's epoch with a dotted line."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.4, 3.8), sharey=True, squeeze=False)
     for ax, (name, v) in zip(axes[0], panels.items()):
         v = np.asarray(v, dtype=float)
-        if gap:
-            ax.fill_between(epochs, v.min(axis=1), v.max(axis=1), color="0.5", alpha=0.15, lw=0,
-                            label="gap between classes")
         _class_lines(ax, epochs, v, classes, "accuracy (%)" if ax is axes[0][0] else "")
         if selected is not None:
             ax.axvline(selected, color="0.2", ls=":", lw=1.2)
@@ -339,7 +335,8 @@ def per_class_accuracy_curves(epochs: list[int], panels: dict[str, np.ndarray], 
 def class_gap_curves(epochs: list[int], values, classes: list[str], overall, title: str, path: Path,
                      ylabel: str) -> Path:
     """Each class's line over epochs, the overall one dashed black, and the band between the lowest and the highest
-    class shaded (Tian et al. ICLR 2021 submission, Fig. 1: the class-wise gap at each epoch); up to 20 classes."""
+    class shaded (Tian et al.'s Fig. 1, ICLR 2021 submission and KDD 2021: the class-wise gap at each epoch); up to
+    20 classes."""
     v = np.asarray(values, dtype=float)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ax.fill_between(epochs, v.min(axis=1), v.max(axis=1), color="0.85", lw=0, label="gap between classes")

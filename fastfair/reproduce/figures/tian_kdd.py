@@ -95,10 +95,10 @@ def fig1(runs: FigureRuns) -> list[Comparison]:
         epochs, v, attack = robust_history(runs, preset)
         classes = runs.records[preset][0]["classes"]
         keep = _shown(classes)
-        figures.per_class_accuracy_curves(
-            epochs, {f"({letter}) {name}": v[:, keep]}, [classes[k] for k in keep],
+        figures.class_gap_curves(  # the ICLR submission's Fig. 1 is the same figure: one way to draw both
+            epochs, v[:, keep], [classes[k] for k in keep], v.mean(axis=1),
             f"Tian et al. KDD 2021 Fig. 1({letter}): {name}, per-class {attack} accuracy on the validation split",
-            runs.png(f"{letter}-{name.lower()}"), gap=True)
+            runs.png(f"{letter}-{name.lower()}"), f"{attack} accuracy (%)")
         paper, when, tol = GAPS[letter]
         per_seed = [np.asarray([e["val"][attack]["per_class"] for e in h], dtype=float)[:, keep]
                     for h in runs.history(preset)]
