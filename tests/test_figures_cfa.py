@@ -226,3 +226,23 @@ def test_a_figure_lacks_only_what_its_own_rows_lack_and_lists_its_plotted_rows(c
     assert known["benz-s31-datasets"].pending and known["benz-f1"].pending == []  # ImageNet is Sec. 3.1's gap
     assert cli.main(["reproduce", "cfa-f2", "--list"]) == 0
     assert capsys.readouterr().out.count("[no numbers of its own: the figure plots its runs; follows paper]") == 8
+
+
+
+def test_cfa_fig4_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
+    """CFA's CI smoke: Fig. 4's two rows (AT and AT + FAWA; two epochs, a narrow CNN, evaluated clean only, since
+    AutoAttack on CPU would take minutes and the figure reads the per-epoch curves), drawn via the CLI."""
+    data = real_data()
+    out = tmp_path / "cfa-f4"
+    assert cli.main(["reproduce", "cfa-f4", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
+                     "--gpus", "cpu", "--set", "train.epochs=2", "--set", "model.width=4",
+                     "--set", 'eval.attacks=["clean"]']) == 0
+    md = (out / "reproduce.md").read_text()
+    assert md.count("| done |") == 2
+    for panel in "ab":
+        assert f"![Fig. 4, cfa-f4-{panel}](cfa-f4-{panel}.png)" in md
+        assert (out / f"cfa-f4-{panel}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the text's four numbers beside ours (Sec. 3.3), and the rows' AutoAttack ones with no result (not evaluated)
+    assert md.count("| `cfa-f4` |") == 4 and "| 53.20 |" in md and "| 28.10 |" in md
+    assert "| AT | `cfa-t1-at` |" not in md  # a reused row's numbers stay in its own table
+    assert capsys.readouterr().out.rstrip().endswith(f"{out / 'cfa-f4-b.png'}")
