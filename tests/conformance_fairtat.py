@@ -20,7 +20,7 @@ P_TOL = 1e-6  # softmax of float32 scores against the code's float64
 # P(target | label) has a standard error of at most 0.0035 (0.0066 the largest difference measured); a changed
 # rule moves it further: scores F instead of 2 F by 0.064, uniform targets by 0.11.
 DRAW_TOL = 2e-2
-DRAW = "max abs diff of P(target | label), the code's counted"
+DRAW = "max abs diff of P(target given label), the code's counted"
 
 differs("FAIR-TAT", "per-class accuracy A_k of CCM's eps: fastfair counts correct_k / n_k, the code K tp_k / N (equal "
                     "on a class-balanced split, as the code's 4,900 training images a class)", "(no key)")
@@ -135,9 +135,9 @@ def draws():
     return [
         Check("FAIR-TAT", "target distribution p of the draw (softmax of the made-up scores)", ref,
               max_diff(p, g.t("probs")), P_TOL),
-        Check("FAIR-TAT", "P(target | label) in the second epoch: fastfair's exact, the code's over 200,000 draws",
+        Check("FAIR-TAT", "P(target given label) in the second epoch: fastfair's exact, the code's over 200,000 draws",
               ref, max_diff(ours, conditional(g.t("counts_epoch1"))), DRAW_TOL, DRAW),
-        Check("FAIR-TAT", "P(target | label) in the first epoch (uniform over the other classes): the code's "
+        Check("FAIR-TAT", "P(target given label) in the first epoch (uniform over the other classes): the code's "
                           "get_rand_target over 200,000 draws", ref,
               max_diff(uniform_p, conditional(g.t("counts_epoch0"))), DRAW_TOL, DRAW),
         Check("FAIR-TAT", "a batch whose first draw hits its label once keeps it (the code's 0-dim squeeze)", ref,

@@ -148,7 +148,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebu
                "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4-trades-without-5",
                *(n for n in preset_names() if n.startswith(("me-fig1-", "me-fig4-", "me-fig8-", "me-fig9-"))),
                *(n for n in preset_names() if n.startswith("me-fig5-") and "cat-dog" not in n),
-               *(n for n in preset_names() if n.startswith(("benz-", "cfa-f")))}
+               *(n for n in preset_names() if n.startswith(("benz-", "cfa-f", "tian-iclr-fig")))}
 
 
 def test_every_shipped_preset_is_covered():
