@@ -13,6 +13,8 @@ this module is the one place that names its files::
                                                       -first<N> before .json: eval --per-class N
     RUN/eval/previous/<checkpoint>-<split>-<hash>.json  earlier results of other weights, data or settings
     RUN/diagnostics/<checkpoint>-<split>-<attack>.json
+    RUN/diagnostics/<checkpoint>-<split>-<attack>.npz  a figure's per-class measures and 2-D features of the
+                                                      checkpoint, reused while it and the settings are unchanged
     RUN/history.jsonl                                 one JSON line per start or resume (and what --resume changed)
     RUN/.lock                                         held (flock) by the one process writing the run
     RUN/train.log, RUN/grid-state.json                a grid run's output and its done/failed state
@@ -167,6 +169,9 @@ class RunDir:
 
     def diagnostics_file(self, checkpoint: Path, split: str, attack: str) -> Path:
         return self.path / "diagnostics" / f"{Path(checkpoint).stem}-{split}-{attack}.json"
+
+    def measures_file(self, checkpoint: Path, split: str, attack: str) -> Path:
+        return self.path / "diagnostics" / f"{Path(checkpoint).stem}-{split}-{attack}.npz"
 
     def diagnostics_files(self) -> list[Path]:
         return sorted((self.path / "diagnostics").glob("*.json"))

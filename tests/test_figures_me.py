@@ -3,21 +3,25 @@ entries, the 2-D feature model its single-AT rows train, and one figure end to e
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import os
+import shutil
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
 import torch
 
 from fastfair import build, cli, config, models
-from fastfair.evaluation import per_class
+from fastfair.errors import WriteError
+from fastfair.evaluation import diagnose, per_class
 from fastfair.preset_files import preset_names
 from fastfair.reports import figures
 from fastfair.reproduce.figures import me, registry
 from fastfair.reproduce.figures.registry import FigureRuns, figure_number
 from fastfair.reproduce.paper import load
+from fastfair.rundir import load_checkpoint, save_atomic
 
-from helpers import CIFAR10, real_data
+from helpers import CIFAR10, NPZ_TRAIN, demo_train, real_data, small_npz
 
 C = len(CIFAR10)
 
@@ -242,3 +246,73 @@ def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path):
     # the attack's starts are seeded as eval seeds them; the measurement runs fp32 NCHW as diagnose does, the run's
     # own evaluation its training's layout and precision: a point-blank image or two a class may land otherwise
     assert np.abs(got.pgd10 - record["results"]["pgd10"]["per_class"]).max() <= 4.0
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """A one-epoch cut-down demo run on 40 test images of 8x8 pixels: a measurement of it takes a moment."""
+    tmp = tmp_path_factory.mktemp("trained")
+    small_npz(tmp)
+    assert cli.main(demo_train(tmp / "run", *[a.format(tmp=tmp) for a in NPZ_TRAIN])) == 0
+    return tmp / "run"
+
+
+def _counted(monkeypatch, tmp_path, demo_run):
+    """(FigureRuns over a copy of the demo run as preset "x", the diagnose.collect calls, the lines echoed)."""
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    calls, echoed, collect = [], [], diagnose.collect
+    monkeypatch.setattr(me.diagnose, "collect", lambda *a, **k: calls.append(a) or collect(*a, **k))
+    return FigureRuns("me-fx", tmp_path, "subset", False, [], {"x": [run]}, {}, gpus="cpu", echo=echoed.append), \
+        calls, echoed
+
+
+def test_a_measurement_is_kept_beside_its_run_and_reused_until_its_checkpoint_or_settings_change(
+        monkeypatch, tmp_path, demo_run):
+    runs, calls, echoed = _counted(monkeypatch, tmp_path, demo_run)
+    (first,) = me.measured(runs, "x")
+    ck = build.checkpoint_path(runs.runs["x"][0])
+    store = ck.parents[1] / "diagnostics" / f"{ck.stem}-test-pgd10.npz"
+    assert len(calls) == 1 and store.is_file() and len(echoed) == 1 and ck.name in echoed[0]
+    assert first.labels.size == 40
+    (again,) = me.measured(runs, "x")  # as a second reproduce would: nothing measured, the same numbers
+    assert len(calls) == 1 and len(echoed) == 1
+    for f in fields(me.Measured):
+        np.testing.assert_array_equal(getattr(again, f.name), getattr(first, f.name))
+    assert again.classes == first.classes and isinstance(again.classes[0], str)
+    stamp = ck.stat().st_mtime_ns
+    os.utime(ck, ns=(stamp, stamp + 10**9))  # the checkpoint rewritten: a longer run's new best
+    me.measured(runs, "x")
+    assert len(calls) == 2
+    ckpt = load_checkpoint(ck)  # other attack settings in the same file, its mtime kept: still measured again
+    cfg = config.load_saved_text(ckpt["config"])
+    ckpt["config"] = config.apply(cfg, {"eval.eps": cfg.eval.eps / 2}, "the test").to_toml()
+    save_atomic(ckpt, ck)
+    os.utime(ck, ns=(stamp, stamp + 10**9))
+    me.measured(runs, "x")
+    assert len(calls) == 3
+
+
+def test_a_damaged_stored_measurement_is_measured_again_not_a_crash(monkeypatch, tmp_path, demo_run, capsys):
+    runs, calls, _ = _counted(monkeypatch, tmp_path, demo_run)
+    (first,) = me.measured(runs, "x")
+    ck = build.checkpoint_path(runs.runs["x"][0])
+    store = ck.parents[1] / "diagnostics" / f"{ck.stem}-test-pgd10.npz"
+    whole = store.read_bytes()
+    other = tmp_path / "other.npz"  # an npz, but not of a measurement
+    np.savez(other, x=np.zeros(3))
+    for n, damaged in enumerate([whole[: len(whole) // 2], b"not an npz", other.read_bytes()], start=2):
+        store.write_bytes(damaged)  # cut short by a copy or a full disk, or another file
+        (again,) = me.measured(runs, "x")
+        assert len(calls) == n
+        np.testing.assert_array_equal(again.pgd10, first.pgd10)
+    me.measured(runs, "x")  # the new one was written whole
+    assert len(calls) == 4
+
+    def full(arrays, path):
+        raise WriteError(f"cannot write {path}: no space left on the device")
+    monkeypatch.setattr(me, "write_npz_atomic", full)  # a full disk, runs copied read-only: drawn all the same
+    store.unlink()
+    (again,) = me.measured(runs, "x")
+    np.testing.assert_array_equal(again.natural, first.natural)
+    assert "fastfair: warning: cannot write" in capsys.readouterr().err and len(calls) == 5

@@ -13,18 +13,21 @@ are in their row presets' ``[paper]`` sections, which reproduce compares; the re
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+import json
+import zipfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
 from fastfair import build, config
+from fastfair.errors import WriteError
 from fastfair.evaluation import diagnose, measures
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.verdict import Comparison
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, load_checkpoint, notice, write_npz_atomic
 
 SOURCE = "me"
 ST, ST_2D = "me-fig1-standard", "me-fig4-standard-2d"
@@ -37,6 +40,7 @@ SINGLE_AT = {1: "me-fig3-single-at-car", 3: "me-fig3-single-at-cat",
 PAIRS = ("airplane", "car", "bird", "deer", "dog", "frog", "horse", "ship", "truck")  # Fig. 5: cat vs each
 BINARY = {m: tuple(f"me-fig5-binary-cat-{k}-{m}" for k in PAIRS) for m in ("pgd-at", "trades")}
 CAT = 3  # CIFAR-10's cat, the class Fig. 5 pairs with every other
+ATTACK = "pgd10"  # the robust errors of every figure (Sec. 1: PGD-10)
 
 registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6", "Table 1", "Fig. 7",
                             "Table 2", "Table 3", "Table 4", "Fig. 8", "Fig. 9", "Table 5"],
@@ -57,13 +61,19 @@ class Measured:
     labels: np.ndarray
 
 
-@functools.lru_cache(maxsize=64)
-def _measure_checkpoint(path: str, mtime_ns: int, device: str) -> Measured:
-    """``mtime_ns`` keys the cache: a checkpoint rewritten by a longer run is measured again."""
+def _settings(cfg) -> dict:
+    """What a measurement depends on besides the checkpoint's weights: the attack, its settings and the test set."""
+    return {"attack": ATTACK, "split": "test", "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "seed": cfg.eval.seed,
+            "cw_kappa": cfg.eval.cw_kappa, "clip_start": cfg.eval.clip_start, "dataset": cfg.data.dataset,
+            "data_dir": cfg.data.data_dir, "test_per_class": cfg.data.test_per_class}
+
+
+def _measure(path: Path, device: str) -> Measured:
+    """The checkpoint's per-class natural and PGD-10 accuracy and its clean features' measures on the test split."""
     _, cfg, dev, model, bundle, data = build.from_checkpoint(path, split="test", device_name=device, data_dir=None,
                                                              batch_size=None, channels_last_ok=False)
     c = bundle.num_classes
-    d = diagnose.collect(model, build.eval_loader(cfg, data, dev, False), "pgd10", eps=cfg.eval.eps,
+    d = diagnose.collect(model, build.eval_loader(cfg, data, dev, False), ATTACK, eps=cfg.eval.eps,
                          alpha=cfg.eval.alpha, num_classes=c, cw_kappa=cfg.eval.cw_kappa, seed=cfg.eval.seed,
                          clip_start=cfg.eval.clip_start)
     y = d["y"]
@@ -76,12 +86,42 @@ def _measure_checkpoint(path: str, mtime_ns: int, device: str) -> Measured:
                     d["feat_clean"] if d["feat_clean"].shape[1] == 2 else d["feat_clean"][:, :0], y)
 
 
+def _stored(path: Path, key: str) -> Measured | None:
+    """The measurement in ``path`` if it was made under ``key``; None when there is none, it is of another key, or
+    the file is damaged (cut short by a full disk or a copy: measured again, not a crash)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["key"]) != key:
+                return None
+            return Measured(**{k.name: f[k.name] for k in fields(Measured)} | {"classes": f["classes"].tolist()})
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+def _measured_checkpoint(path: Path, device: str, echo) -> Measured:
+    """:func:`_measure` of the checkpoint, kept beside its run (``diagnostics/<checkpoint>-test-pgd10.npz``) and
+    reused while the checkpoint (its path and mtime) and the settings (:func:`_settings`) are those it was made
+    with: at full scale a measurement is PGD-10 over 10,000 test images, and Figs. 2, 6 and 9 share runs."""
+    store = RunDir.of_checkpoint(path).measures_file(path, "test", ATTACK)
+    mtime_ns = path.stat().st_mtime_ns  # before reading: a checkpoint rewritten meanwhile is measured again next time
+    cfg = config.load_saved_text(load_checkpoint(path, needs=("config",))["config"])
+    key = json.dumps({"checkpoint": str(path), "mtime_ns": mtime_ns, **_settings(cfg)}, sort_keys=True)
+    got = _stored(store, key)
+    if got is None:
+        echo(f"measure {store.parent.parent.name}'s {path.name} on the test set (clean, {ATTACK}, features)")
+        got = _measure(path, device)
+        try:
+            write_npz_atomic({"key": np.array(key), **asdict(got), "classes": np.array(got.classes)}, store)
+        except WriteError as err:  # runs copied read-only, a full disk: the figure is still drawn
+            notice(f"warning: {err.what}; the figure is drawn, and its next drawing measures this run again")
+    return got
+
+
 def measured(runs: FigureRuns, preset: str) -> list[Measured]:
     """Each finished seed of ``preset``, its selected checkpoint (``train.select``) measured (on the GPU where
-    there is one unless ``--gpus cpu``, as reproduce's diagnoses)."""
-    paths = [build.checkpoint_path(run) for run in runs.runs.get(preset, [])]
+    there is one unless ``--gpus cpu``, as reproduce's diagnoses), or its stored measurement reused."""
     device = "cpu" if runs.gpus == "cpu" else "auto"
-    return [_measure_checkpoint(str(path), path.stat().st_mtime_ns, device) for path in paths]
+    return [_measured_checkpoint(build.checkpoint_path(run), device, runs.echo) for run in runs.runs.get(preset, [])]
 
 
 def mean(ms: list[Measured], what: str) -> np.ndarray:
