@@ -147,16 +147,21 @@ def test_fig4_puts_each_class_in_its_own_single_at_model_beside_standard_trainin
     np.testing.assert_allclose(series["standard training"], np.arange(C) / 10)
 
 
-def test_fig5_sorts_the_pairs_by_their_similarity_to_the_cat_in_standard_training(drawn):
-    runs, measures, panels = drawn
-    st = fake()
+def _fig5_runs(measures: dict) -> None:
+    """Fig. 5's rows measured: the car least similar to the cat in standard training, the dog most; the binary model
+    of the cat and class k has natural error k and PGD-10 error 15 + k."""
     cos = np.eye(C)
-    cos[me.CAT] = [0.9, 0.1, 0.5, 1.0, 0.3, 0.8, 0.4, 0.6, 0.7, 0.2]  # car least, dog most similar
-    measures[me.ST] = [replace(st, cosine=cos)]
+    cos[me.CAT] = [0.9, 0.1, 0.5, 1.0, 0.3, 0.8, 0.4, 0.6, 0.7, 0.2]
+    measures[me.ST] = [replace(fake(), cosine=cos)]
     for method in ("pgd-at", "trades"):
         for preset in me.BINARY[method]:
             k = config.resolve(preset).data.classes[1]
             measures[preset] = [fake(classes=["cat", CIFAR10[k]], natural=[100 - k, 100 - k], pgd10=[90 - k, 80 - k])]
+
+
+def test_fig5_sorts_the_pairs_by_their_similarity_to_the_cat_in_standard_training(drawn):
+    runs, measures, panels = drawn
+    _fig5_runs(measures)
     me.draw_fig5(runs)
     (fig5,) = panels
     a = fig5["(a) PGD-AT"]
@@ -166,6 +171,23 @@ def test_fig5_sorts_the_pairs_by_their_similarity_to_the_cat_in_standard_trainin
     np.testing.assert_allclose(a["right"][1], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     assert fig5["(b) TRADES"]["classes"] == a["classes"]
     assert runs.pngs[0].is_file()
+
+
+def test_fig5_says_how_its_classes_are_sorted_and_its_legend_covers_no_line(drawn, monkeypatch):
+    """The x axis is in the order of the green line (the paper's text says so; the plot named no order), and the
+    legend sits above each panel: placed "best" inside, it weighed the error lines only and could cover the green."""
+    runs, measures, _ = drawn
+    _fig5_runs(measures)
+    saved = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.append(fig) or path)
+    me.draw_fig5(runs)
+    (fig,) = saved
+    assert fig._suptitle.get_text().endswith("the classes sorted by their similarity to the cat in standard training")
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.get_legend()]
+    assert len(panels) == 2
+    for ax in panels:
+        assert ax.get_legend().get_window_extent().y0 >= ax.get_window_extent().y1 - 1
 
 
 def test_the_text_numbers_of_fig5_are_its_rows_own():

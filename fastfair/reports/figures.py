@@ -563,8 +563,11 @@ def class_lines(panels: dict[str, dict], title: str, path: Path, ncols: int = 0)
         ax.set_xlim(-0.5, len(x) - 0.5)
         ax.set_ylabel(panel["ylabel"])
         ax.grid(alpha=0.3)
-        ax.set_title(name, fontsize=10)
-        ax.legend(handles=handles, fontsize=7.5, loc="best", frameon=False)
+        if panel.get("right"):  # above the axes: loc="best" avoids the left axis' lines only, not the right one
+            ax.set_title(name, fontsize=10, pad=_legend_above(ax, handles, width))
+        else:
+            ax.legend(handles=handles, fontsize=7.5, loc="best", frameon=False)
+            ax.set_title(name, fontsize=10)
     fig.suptitle(title, fontsize=_title_size(title, width * min(len(panels), ncols or len(panels))))
     return _save(fig, path)
 

@@ -247,8 +247,8 @@ def draw_fig5(runs: FigureRuns) -> list[Comparison]:
                          "series": {"natural error": [100 - mean(got[k], "natural").mean() for k in order],
                                     "PGD-10 error": [100 - mean(got[k], "pgd10").mean() for k in order]},
                          "right": ("similarity to cat (standard training)", cos[order], "cosine similarity")}
-    figures.class_lines(panels, "ME paper Fig. 5: binary classification of the cat against each class",
-                        runs.png())
+    figures.class_lines(panels, "ME paper Fig. 5: binary classification of the cat against each class, the "
+                        "classes sorted by their similarity to the cat in standard training", runs.png())
     return []
 
 
