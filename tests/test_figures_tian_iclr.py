@@ -160,8 +160,9 @@ def homing_record(mis91: int, home91: int) -> dict:
 def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monkeypatch):
     made = iter([homing_record(147, 116), homing_record(100, 50)])
 
-    def fake_homing(targets, *, attack, out, quiet):
+    def fake_homing(targets, *, attack, out, device, quiet):
         assert attack == "pgd20" and len(targets) == 1 + 2  # the base run and the re-trained ones of its seed
+        assert device == "cpu"  # --gpus cpu: the attacks run where the trainings ran
         Path(out).mkdir(parents=True)
         (Path(out) / "homing.json").write_text(json.dumps(next(made)))
         return Path(out) / "homing.md"
@@ -170,6 +171,7 @@ def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monke
     runs = figure_runs(tmp_path, "tian-iclr-f3", {tian_iclr.HOMING_BASE: base,
                                                    tian_iclr.HOMING_WITHOUT[1]: [{}, {}],
                                                    tian_iclr.HOMING_WITHOUT[3]: [{}, {}]})
+    runs.gpus = "cpu"
     got = {c.stat + "|" + c.row.split(":")[1].split("(")[0].strip(): c for c in
            registry.FIGURES["tian-iclr-f3"].draw(runs)}
     assert got["% of trucks|trucks sent to automobile"].paper == pytest.approx(14.7)
@@ -204,7 +206,7 @@ def test_fig5_scales_cvc_and_draws_each_iteration_panel(tmp_path, drawn, monkeyp
     monkeypatch.setattr(tian_iclr, "_diagnosis", lambda run, attack, runs, tsne_points=0: {
         "cvc": {"clean": [0.09] * 5 + [0.045] * 5}})
     probs = np.full((3, 10), 0.1)
-    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t: (probs, 7, False))
+    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t, device: (probs, 7, False))
     rows = {r: [record(C10, {})] for r in ("tian-iclr-t2-madry", "tian-iclr-t2-mart", "tian-iclr-t5-he")}
     bars = {}
     real = figures.per_class_bars

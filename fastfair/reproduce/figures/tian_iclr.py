@@ -92,6 +92,11 @@ def _checkpoint(run: Path) -> Path:
     return rd.selected_checkpoint(config.load_saved_text(rd.read_config()).train.select)
 
 
+def _device(runs: FigureRuns) -> str:
+    """Where a drawer's own work (an attack, a diagnosis) runs: the CPU under ``--gpus cpu``, as the runs did."""
+    return "cpu" if runs.gpus == "cpu" else "auto"
+
+
 def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -> dict:
     """``fastfair diagnose``'s record of the run's checkpoint under ``attack`` on the test set: the one it wrote
     already when it is of this checkpoint and newer, else a new one (weight norms, CVC, t-SNE, ...)."""
@@ -101,8 +106,7 @@ def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -
         rec = read_json(path)
         if rec.get("checkpoint") == str(ck) and ("tsne" in rec or not tsne_points):
             return rec
-    return diagnose_checkpoint(ck, attack=attack, device="cpu" if runs.gpus == "cpu" else "auto",
-                               tsne_points=tsne_points, quiet=True)
+    return diagnose_checkpoint(ck, attack=attack, device=_device(runs), tsne_points=tsne_points, quiet=True)
 
 
 def _ranged(runs: FigureRuns, what: str, stat: str, low: float, high: float, ours: list[float],
@@ -196,7 +200,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
         if not without:
             continue
         md = homing([str(base), *map(str, without)], attack="pgd20", out=str(runs.out / f"homing-s{seed}"),
-                    quiet=True)
+                    device=_device(runs), quiet=True)
         records.append(read_json(md.with_suffix(".json")))
     if not records:
         runs.echo(f"{runs.key}: not drawn: no finished seed of {HOMING_BASE} with a re-trained run beside it")
@@ -251,12 +255,12 @@ def _row_name(preset: str) -> str:
     return preset.removeprefix("tian-iclr-t2-").removeprefix("tian-iclr-t5-").upper().replace("MADRY", "Madry")
 
 
-def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, bool]:
+def _trajectory(run: Path, index: int, inv_t: float, device: str) -> tuple[np.ndarray, int, bool]:
     """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat after each of
     :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random start for
     all, so each is one attack stopped after n iterations. The image is test image ``index`` when it is a cat, else the
     test set's first cat (a subset keeps other images); returns (probabilities (steps, C), the image, the paper's)."""
-    ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(_checkpoint(run), split="test", device_name="auto",
+    ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(_checkpoint(run), split="test", device_name=device,
                                                                 data_dir=None, batch_size=None, channels_last_ok=False)
     same = index < len(y) and int(y[index]) == CAT
     i = index if same else int(torch.nonzero(y == CAT)[0])
@@ -302,7 +306,7 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         found = {label: (runs.runs[row][0], inv_t) for label, (row, inv_t) in models.items() if runs.runs.get(row)}
         if not found:
             continue
-        done = {label: _trajectory(run, index, inv_t) for label, (run, inv_t) in found.items()}
+        done = {label: _trajectory(run, index, inv_t, _device(runs)) for label, (run, inv_t) in found.items()}
         _, image, same = next(iter(done.values()))
         which = f"test image {image}" + ("" if same else f" (the paper's {index} is not a cat in this test set)")
         classes = _classes(runs, models[next(iter(found))][0])
