@@ -12,6 +12,7 @@ from PIL import Image
 
 from fastfair import config
 from fastfair.checks import check_config
+from fastfair.errors import UserError
 from fastfair.reports import figures
 from fastfair.reproduce import tables
 from fastfair.reproduce.command import reproduce
@@ -121,11 +122,12 @@ def test_fig2_sums_cifar100_into_its_super_classes():
 
 def test_fig2_draws_each_finished_row_in_percent(tmp_path, drawn, monkeypatch):
     shown = {}
-    monkeypatch.setattr(figures, "heatmap", lambda m, names, title, path, **kw: shown.setdefault(path.name, m))
+    monkeypatch.setattr(figures, "heatmap", lambda m, names, title, path, **kw: shown.setdefault(path.name, (m, title)))
     runs = figure_runs(tmp_path, "tian-iclr-f2", {"tian-iclr-fig1-cifar10-madry": [
         record(C10, {"pgd20": [60.0] * 10}), record(C10, {"pgd20": [40.0] * 10})]})
     assert registry.FIGURES["tian-iclr-f2"].draw(runs) == []
-    m = shown["tian-iclr-f2-b.png"]
+    m, title = shown["tian-iclr-f2-b.png"]
+    assert title == "Fig. 2(b) CIFAR-10: confusion matrix of robustness, pgd20 on the test set"  # says what it draws
     assert m[3, 3] == pytest.approx(50.0) and m[3, 4] == pytest.approx(50.0)  # two seeds' confusions summed
 
 
@@ -231,6 +233,19 @@ def test_fig6_counts_classes_per_robustness_interval(tmp_path, drawn, monkeypatc
     registry.FIGURES["tian-iclr-f6"].draw(runs)
     assert counted["labels"][0] == "[0,10]" and counted["labels"][-1] == "(90,100]"
     assert counted["counts"] == {"(a) CIFAR-100 (pgd20)": [40, 20, 0, 0, 0, 20, 0, 0, 0, 20]}
+
+
+def test_fig6_at_subset_scale_without_its_files_names_the_folder_it_takes(tmp_path):
+    """Fig. 6 is CIFAR-100 and ImageNet alone: without their subset files nothing runs, and the fix named is a
+    folder holding them (one .npz is refused for a target over two data sets), never FILE.npz."""
+    (tmp_path / "data").mkdir()
+    with pytest.raises(UserError) as err:
+        reproduce("tian-iclr-f6", scale="subset", data_dir=str(tmp_path / "data"), out=str(tmp_path / "out"),
+                  gpus="cpu")
+    said = str(err.value)
+    assert "no cifar100-subset.npz" in said and "no imagenet-subset.npz" in said
+    assert "FILE.npz" not in said and "a folder holding the files named" in said and "--scale full" in said
+    assert not (tmp_path / "out").exists()  # refused before any work
 
 
 def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn):
