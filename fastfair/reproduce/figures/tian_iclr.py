@@ -180,8 +180,9 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
         classes = _classes(runs, row)
         coarse = _by_superclass(conf, classes) if p == "c" else None
         m, names = coarse if coarse else (conf, classes)
-        figures.heatmap(measures.confusion_percent(m), names, f"Fig. 2({p}) {name}: {attack} on the test set"
-                        + (" by super-class" if coarse else ""), runs.png(p), cbar="% of the true class's images")
+        figures.heatmap(measures.confusion_percent(m), names, f"Fig. 2({p}) {name}: confusion matrix of robustness, "
+                        f"{attack} on the test set" + (", by super-class" if coarse else ""), runs.png(p),
+                        cbar="% of the true class's images")
     return []
 
 
