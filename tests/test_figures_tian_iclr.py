@@ -248,7 +248,10 @@ def test_fig6_at_subset_scale_without_its_files_names_the_folder_it_takes(tmp_pa
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
-def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn):
+def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn, monkeypatch):
+    legends, real = {}, figures.per_class_bars
+    monkeypatch.setattr(figures, "per_class_bars", lambda names, series, title, path, **kw: legends.setdefault(
+        path.name, list(series)) and real(names, series, title, path, **kw))
     robust = [80.0, 90.0, 50.0, 30.0, 40.0, 40.0, 60.0, 70.0, 80.0, 70.0]
     runs = figure_runs(tmp_path, "tian-iclr-f7", {
         "tian-iclr-fig1-cifar10-madry": [record(C10, {"pgd20": robust})],
@@ -259,6 +262,10 @@ def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn):
     assert got["gap pgd20"].paper == 52.8 and got["gap pgd20"].ours == [60.0]
     assert len(got) == 2  # MNIST's gaps are illegible in the paper: drawn, not compared
     assert sorted(drawn) == ["tian-iclr-f7-a.png", "tian-iclr-f7-b.png"]
+    # the paper's legend names each panel's largest gap and its two classes ("52.8%(Class 1-Class 3)")
+    assert legends["tian-iclr-f7-b.png"] == ["standard training: clean, largest gap 10.0 = airplane - truck",
+                                             "adversarial training: pgd20, largest gap 60.0 = automobile - cat"]
+    assert legends["tian-iclr-f7-a.png"] == ["adversarial training: pgd40, no gap between classes"]
 
 
 def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):
