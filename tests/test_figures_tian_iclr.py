@@ -153,6 +153,20 @@ def test_the_subset_scale_holds_out_nothing_for_a_row_scoring_every_epoch_on_the
                 if "val_per_class" in w]
 
 
+def test_fig5_with_the_evaluation_cut_to_clean_plans_no_idle_transfer_substitute(tmp_path):
+    """Fig. 5 reads no attack of Table 2's rows: ``--set eval.attacks=["clean"]`` shortens their runs, and their
+    transfer substitute, with no transfer attack left, is not set (the run's checks refuse an idle one)."""
+    real_data()
+    table = tables.get("tian-iclr-f5")
+    kept = {p.name: p for p in plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "a", {})}
+    assert kept["tian-iclr-t2-madry-s0"].sets["eval.substitute"].endswith("tian-iclr-t2-standard-s0")
+    cut = {p.name: p for p in plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "b",
+                                   {"eval.attacks": ["clean"]})}
+    madry = cut["tian-iclr-t2-madry-s0"]
+    assert "eval.substitute" not in madry.sets
+    check_config(config.resolve(madry.row.preset, None, madry.sets))  # raised "eval.substitute is used only by ..."
+
+
 def homing_record(mis91: int, home91: int) -> dict:
     mis, home = np.zeros((10, 10), dtype=int), np.full((10, 10), None, dtype=object)
     mis[9, :9] = [49, mis91, 15, 30, 7, 15, 23, 21, 73]
