@@ -280,8 +280,9 @@ def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn, monkeypatc
     assert len(got) == 2  # MNIST's gaps are illegible in the paper: drawn, not compared
     assert sorted(drawn) == ["tian-iclr-f7-a.png", "tian-iclr-f7-b.png"]
     # the paper's legend names each panel's largest gap and its two classes ("52.8%(Class 1-Class 3)")
-    assert legends["tian-iclr-f7-b.png"] == ["standard training: clean, largest gap 10.0 = airplane - truck",
-                                             "adversarial training: pgd20, largest gap 60.0 = automobile - cat"]
+    assert legends["tian-iclr-f7-b.png"] == [
+        "standard training: clean, largest gap 10.0 between airplane and truck",
+        "adversarial training: pgd20, largest gap 60.0 between automobile and cat"]
     assert legends["tian-iclr-f7-a.png"] == ["adversarial training: pgd40, no gap between classes"]
 
 

@@ -324,7 +324,8 @@ def _gap(values: np.ndarray, names: list[str]) -> str:
     mean = values.mean(0)
     if not np.ptp(mean):  # every class alike (an untrained model's 0 %): no pair of classes to name
         return "no gap between classes"
-    return f"largest gap {np.ptp(mean):.1f} = {names[int(mean.argmax())]} - {names[int(mean.argmin())]}"
+    # "between A and B": MNIST's classes are digits, and "0 - 3" would read as a subtraction
+    return f"largest gap {np.ptp(mean):.1f} between {names[int(mean.argmax())]} and {names[int(mean.argmin())]}"
 
 
 @registry.figure(SOURCE, "Fig. 7", "class-wise clean accuracy of standard training beside class-wise robustness of "
