@@ -279,7 +279,7 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         if series:
             figures.per_class_bars(_classes(runs, rows[0]), series, f"Fig. 5({p}): class-wise variance of the "
                                    "predicted probability, natural test images", runs.png(p),
-                                   ylabel="variance, % of (C-1)/C^2")
+                                   ylabel="variance, % of (C-1)/C^2", percent=False)  # its own scale: a few %
     for panels, (index, models) in TRAJECTORIES.items():
         found = {label: (runs.runs[row][0], inv_t) for label, (row, inv_t) in models.items() if runs.runs.get(row)}
         if not found:
