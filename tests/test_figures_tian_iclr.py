@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from fastfair import config
@@ -225,7 +226,7 @@ def test_fig5_scales_cvc_and_draws_each_iteration_panel(tmp_path, drawn, monkeyp
     monkeypatch.setattr(tian_iclr, "_diagnosis", lambda run, attack, runs, tsne_points=0: {
         "cvc": {"clean": [0.09] * 5 + [0.045] * 5}})
     probs = np.full((3, 10), 0.1)
-    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t, device: (probs, 7, False))
+    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t, device, full: (probs, 7, False))
     rows = {r: [record(C10, {})] for r in ("tian-iclr-t2-madry", "tian-iclr-t2-mart", "tian-iclr-t5-he")}
     bars = {}
     real = figures.per_class_bars
@@ -239,7 +240,16 @@ def test_fig5_scales_cvc_and_draws_each_iteration_panel(tmp_path, drawn, monkeyp
     assert list(bars["tian-iclr-f5-e.png"][0]) == ["HE"]
     assert sorted(p for p in bars if p[-5] in "bcdfgh") == [f"tian-iclr-f5-{p}.png" for p in "bcdfgh"]
     assert list(bars["tian-iclr-f5-h.png"][0]) == ["HE: 1/T=1", "HE: 1/T=10"]
-    assert "test image 7 (the paper's 46 is not a cat" in bars["tian-iclr-f5-h.png"][1]
+    assert "test image 7 of this test set (not the paper's 46)" in bars["tian-iclr-f5-h.png"][1]
+
+
+def test_fig5_follows_the_papers_cat_only_in_the_papers_test_set():
+    """A subset renumbers the test images: its image 127 is another image, even where it is a cat."""
+    y = torch.tensor([0, 3, 5, 3, 1])
+    assert tian_iclr._cat(y, 3, full=True) == (3, True)
+    assert tian_iclr._cat(y, 3, full=False) == (1, False)  # the subset's first cat, not called the paper's
+    assert tian_iclr._cat(y, 2, full=True) == (1, False)  # not a cat here
+    assert tian_iclr._cat(y, 127, full=True) == (1, False)
 
 
 def test_fig6_counts_classes_per_robustness_interval(tmp_path, drawn, monkeypatch):

@@ -232,16 +232,23 @@ def _row_name(preset: str) -> str:
     return preset.removeprefix("tian-iclr-t2-").removeprefix("tian-iclr-t5-").upper().replace("MADRY", "Madry")
 
 
-def _trajectory(run: Path, index: int, inv_t: float, device: str) -> tuple[np.ndarray, int, bool]:
-    """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat after each of
-    :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random start for
-    all, so each is one attack stopped after n iterations. The image is test image ``index`` when it is a cat, else the
-    test set's first cat (a subset keeps other images); returns (probabilities (steps, C), the image, the paper's)."""
+def _cat(y: torch.Tensor, index: int, full: bool) -> tuple[int, bool]:
+    """The test image Fig. 5 follows: the paper's ``index`` where the test set is the paper's (``full``: the whole
+    official one, in its order) and that image is a cat, else the set's first cat (a subset renumbers its images:
+    its image 127 is another one); returns (its index, whether it is the paper's image)."""
+    same = full and index < len(y) and int(y[index]) == CAT
+    return (index if same else int(torch.nonzero(y == CAT)[0])), same
+
+
+def _trajectory(run: Path, index: int, inv_t: float, device: str, full: bool) -> tuple[np.ndarray, int, bool]:
+    """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat (:func:`_cat`)
+    after each of :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random
+    start for all, so each is one attack stopped after n iterations; returns (probabilities (steps, C), the image,
+    whether it is the paper's)."""
     ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(build.checkpoint_path(run), split="test",
                                                                 device_name=device, data_dir=None, batch_size=None,
                                                                 channels_last_ok=False)
-    same = index < len(y) and int(y[index]) == CAT
-    i = index if same else int(torch.nonzero(y == CAT)[0])
+    i, same = _cat(y, index, full)
     model.eval()
     xi, yi = next(iter(build.eval_loader(cfg, (x[i: i + 1], y[i: i + 1]), dev, False)))  # scaled as eval scales
     c = bundle.num_classes
@@ -284,9 +291,10 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         found = {label: (runs.runs[row][0], inv_t) for label, (row, inv_t) in models.items() if runs.runs.get(row)}
         if not found:
             continue
-        done = {label: _trajectory(run, index, inv_t, _device(runs)) for label, (run, inv_t) in found.items()}
+        done = {label: _trajectory(run, index, inv_t, _device(runs), runs.scale == "full")
+                for label, (run, inv_t) in found.items()}
         _, image, same = next(iter(done.values()))
-        which = f"test image {image}" + ("" if same else f" (the paper's {index} is not a cat in this test set)")
+        which = f"test image {image}" + ("" if same else f" of this test set (not the paper's {index})")
         classes = _classes(runs, models[next(iter(found))][0])
         for k, (panel, n) in enumerate(zip(panels, STEPS)):
             figures.per_class_bars(classes, {label: (100 * probs[k], None) for label, (probs, _, _) in done.items()},
