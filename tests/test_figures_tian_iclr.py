@@ -202,6 +202,20 @@ def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monke
     assert "Fig. 3" in drawn["tian-iclr-f3.png"][0]
 
 
+def test_fig3_says_why_the_homing_share_has_no_value_when_no_truck_went_to_automobile(tmp_path, drawn, monkeypatch):
+    def fake_homing(targets, *, attack, out, device, quiet):
+        Path(out).mkdir(parents=True)
+        (Path(out) / "homing.json").write_text(json.dumps(homing_record(0, 0)))
+        return Path(out) / "homing.md"
+    monkeypatch.setattr(tian_iclr, "homing", fake_homing)
+    said = []
+    runs = figure_runs(tmp_path, "tian-iclr-f3", {tian_iclr.HOMING_BASE: [record(C10, {"clean": [50.0] * 10})],
+                                                   tian_iclr.HOMING_WITHOUT[1]: [{}]}, echo=said)
+    homed = registry.FIGURES["tian-iclr-f3"].draw(runs)[-1]
+    assert homed.stat == "% homing" and homed.ours == []  # the table's "no result"
+    assert any("no seed's attack sent a truck to automobile" in s for s in said)
+
+
 def test_fig4_normalises_robustness_and_weight_norms_by_their_largest_class(tmp_path, drawn, monkeypatch):
     bars = {}
     monkeypatch.setattr(tian_iclr, "_diagnosis", lambda run, attack, runs, tsne_points=0: {
