@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from fastfair import config
 from fastfair.checks import check_config
+from fastfair.errors import UserError
 from fastfair.reports import figures
 from fastfair.reproduce import tables
 from fastfair.reproduce.command import reproduce
@@ -121,11 +123,12 @@ def test_fig2_sums_cifar100_into_its_super_classes():
 
 def test_fig2_draws_each_finished_row_in_percent(tmp_path, drawn, monkeypatch):
     shown = {}
-    monkeypatch.setattr(figures, "heatmap", lambda m, names, title, path, **kw: shown.setdefault(path.name, m))
+    monkeypatch.setattr(figures, "heatmap", lambda m, names, title, path, **kw: shown.setdefault(path.name, (m, title)))
     runs = figure_runs(tmp_path, "tian-iclr-f2", {"tian-iclr-fig1-cifar10-madry": [
         record(C10, {"pgd20": [60.0] * 10}), record(C10, {"pgd20": [40.0] * 10})]})
     assert registry.FIGURES["tian-iclr-f2"].draw(runs) == []
-    m = shown["tian-iclr-f2-b.png"]
+    m, title = shown["tian-iclr-f2-b.png"]
+    assert title == "Fig. 2(b) CIFAR-10: confusion matrix of robustness, pgd20 on the test set"  # says what it draws
     assert m[3, 3] == pytest.approx(50.0) and m[3, 4] == pytest.approx(50.0)  # two seeds' confusions summed
 
 
@@ -151,6 +154,20 @@ def test_the_subset_scale_holds_out_nothing_for_a_row_scoring_every_epoch_on_the
                 if "val_per_class" in w]
 
 
+def test_fig5_with_the_evaluation_cut_to_clean_plans_no_idle_transfer_substitute(tmp_path):
+    """Fig. 5 reads no attack of Table 2's rows: ``--set eval.attacks=["clean"]`` shortens their runs, and their
+    transfer substitute, with no transfer attack left, is not set (the run's checks refuse an idle one)."""
+    real_data()
+    table = tables.get("tian-iclr-f5")
+    kept = {p.name: p for p in plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "a", {})}
+    assert kept["tian-iclr-t2-madry-s0"].sets["eval.substitute"].endswith("tian-iclr-t2-standard-s0")
+    cut = {p.name: p for p in plan(table, 1, "subset", str(CIFAR_SUBSET), tmp_path / "b",
+                                   {"eval.attacks": ["clean"]})}
+    madry = cut["tian-iclr-t2-madry-s0"]
+    assert "eval.substitute" not in madry.sets
+    check_config(config.resolve(madry.row.preset, None, madry.sets))  # raised "eval.substitute is used only by ..."
+
+
 def homing_record(mis91: int, home91: int) -> dict:
     mis, home = np.zeros((10, 10), dtype=int), np.full((10, 10), None, dtype=object)
     mis[9, :9] = [49, mis91, 15, 30, 7, 15, 23, 21, 73]
@@ -163,8 +180,9 @@ def homing_record(mis91: int, home91: int) -> dict:
 def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monkeypatch):
     made = iter([homing_record(147, 116), homing_record(100, 50)])
 
-    def fake_homing(targets, *, attack, out, quiet):
+    def fake_homing(targets, *, attack, out, device, quiet):
         assert attack == "pgd20" and len(targets) == 1 + 2  # the base run and the re-trained ones of its seed
+        assert device == "cpu"  # --gpus cpu: the attacks run where the trainings ran
         Path(out).mkdir(parents=True)
         (Path(out) / "homing.json").write_text(json.dumps(next(made)))
         return Path(out) / "homing.md"
@@ -173,6 +191,7 @@ def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monke
     runs = figure_runs(tmp_path, "tian-iclr-f3", {tian_iclr.HOMING_BASE: base,
                                                    tian_iclr.HOMING_WITHOUT[1]: [{}, {}],
                                                    tian_iclr.HOMING_WITHOUT[3]: [{}, {}]})
+    runs.gpus = "cpu"
     got = {c.stat + "|" + c.row.split(":")[1].split("(")[0].strip(): c for c in
            registry.FIGURES["tian-iclr-f3"].draw(runs)}
     assert got["% of trucks|trucks sent to automobile"].paper == pytest.approx(14.7)
@@ -181,6 +200,20 @@ def test_fig3_compares_the_truck_row_and_its_homing_share(tmp_path, drawn, monke
     assert got["% homing|trucks sent to automobile that home without it"].ours == [pytest.approx(100 * 116 / 147),
                                                                                    50.0]
     assert "Fig. 3" in drawn["tian-iclr-f3.png"][0]
+
+
+def test_fig3_says_why_the_homing_share_has_no_value_when_no_truck_went_to_automobile(tmp_path, drawn, monkeypatch):
+    def fake_homing(targets, *, attack, out, device, quiet):
+        Path(out).mkdir(parents=True)
+        (Path(out) / "homing.json").write_text(json.dumps(homing_record(0, 0)))
+        return Path(out) / "homing.md"
+    monkeypatch.setattr(tian_iclr, "homing", fake_homing)
+    said = []
+    runs = figure_runs(tmp_path, "tian-iclr-f3", {tian_iclr.HOMING_BASE: [record(C10, {"clean": [50.0] * 10})],
+                                                   tian_iclr.HOMING_WITHOUT[1]: [{}]}, echo=said)
+    homed = registry.FIGURES["tian-iclr-f3"].draw(runs)[-1]
+    assert homed.stat == "% homing" and homed.ours == []  # the table's "no result"
+    assert any("no seed's attack sent a truck to automobile" in s for s in said)
 
 
 def test_fig4_normalises_robustness_and_weight_norms_by_their_largest_class(tmp_path, drawn, monkeypatch):
@@ -207,19 +240,30 @@ def test_fig5_scales_cvc_and_draws_each_iteration_panel(tmp_path, drawn, monkeyp
     monkeypatch.setattr(tian_iclr, "_diagnosis", lambda run, attack, runs, tsne_points=0: {
         "cvc": {"clean": [0.09] * 5 + [0.045] * 5}})
     probs = np.full((3, 10), 0.1)
-    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t: (probs, 7, False))
+    monkeypatch.setattr(tian_iclr, "_trajectory", lambda run, index, inv_t, device, full: (probs, 7, False))
     rows = {r: [record(C10, {})] for r in ("tian-iclr-t2-madry", "tian-iclr-t2-mart", "tian-iclr-t5-he")}
     bars = {}
     real = figures.per_class_bars
     monkeypatch.setattr(figures, "per_class_bars", lambda names, series, title, path, **kw: bars.setdefault(
-        path.name, (series, title)) and real(names, series, title, path, **kw))
+        path.name, (series, title, kw)) and real(names, series, title, path, **kw))
     assert registry.FIGURES["tian-iclr-f5"].draw(figure_runs(tmp_path, "tian-iclr-f5", rows)) == []
+    # variances are a few % of their bound on real runs: their axis follows them, not 0-100
+    assert bars["tian-iclr-f5-a.png"][2]["percent"] is False and bars["tian-iclr-f5-e.png"][2]["percent"] is False
     assert list(bars["tian-iclr-f5-a.png"][0]) == ["Madry", "MART"]  # TRADES did not run
     assert list(bars["tian-iclr-f5-a.png"][0]["Madry"][0]) == [100.0] * 5 + [50.0] * 5  # of (C-1)/C^2 = 0.09
     assert list(bars["tian-iclr-f5-e.png"][0]) == ["HE"]
     assert sorted(p for p in bars if p[-5] in "bcdfgh") == [f"tian-iclr-f5-{p}.png" for p in "bcdfgh"]
     assert list(bars["tian-iclr-f5-h.png"][0]) == ["HE: 1/T=1", "HE: 1/T=10"]
-    assert "test image 7 (the paper's 46 is not a cat" in bars["tian-iclr-f5-h.png"][1]
+    assert "test image 7 of this test set (not the paper's 46)" in bars["tian-iclr-f5-h.png"][1]
+
+
+def test_fig5_follows_the_papers_cat_only_in_the_papers_test_set():
+    """A subset renumbers the test images: its image 127 is another image, even where it is a cat."""
+    y = torch.tensor([0, 3, 5, 3, 1])
+    assert tian_iclr._cat(y, 3, full=True) == (3, True)
+    assert tian_iclr._cat(y, 3, full=False) == (1, False)  # the subset's first cat, not called the paper's
+    assert tian_iclr._cat(y, 2, full=True) == (1, False)  # not a cat here
+    assert tian_iclr._cat(y, 127, full=True) == (1, False)
 
 
 def test_fig6_counts_classes_per_robustness_interval(tmp_path, drawn, monkeypatch):
@@ -234,7 +278,23 @@ def test_fig6_counts_classes_per_robustness_interval(tmp_path, drawn, monkeypatc
     assert counted["counts"] == {"(a) CIFAR-100 (pgd20)": [40, 20, 0, 0, 0, 20, 0, 0, 0, 20]}
 
 
-def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn):
+def test_fig6_at_subset_scale_without_its_files_names_the_folder_it_takes(tmp_path):
+    """Fig. 6 is CIFAR-100 and ImageNet alone: without their subset files nothing runs, and the fix named is a
+    folder holding them (one .npz is refused for a target over two data sets), never FILE.npz."""
+    (tmp_path / "data").mkdir()
+    with pytest.raises(UserError) as err:
+        reproduce("tian-iclr-f6", scale="subset", data_dir=str(tmp_path / "data"), out=str(tmp_path / "out"),
+                  gpus="cpu")
+    said = str(err.value)
+    assert "no cifar100-subset.npz" in said and "no imagenet-subset.npz" in said
+    assert "FILE.npz" not in said and "a folder holding the files named" in said and "--scale full" in said
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn, monkeypatch):
+    legends, real = {}, figures.per_class_bars
+    monkeypatch.setattr(figures, "per_class_bars", lambda names, series, title, path, **kw: legends.setdefault(
+        path.name, list(series)) and real(names, series, title, path, **kw))
     robust = [80.0, 90.0, 50.0, 30.0, 40.0, 40.0, 60.0, 70.0, 80.0, 70.0]
     runs = figure_runs(tmp_path, "tian-iclr-f7", {
         "tian-iclr-fig1-cifar10-madry": [record(C10, {"pgd20": robust})],
@@ -245,6 +305,11 @@ def test_fig7_compares_standard_and_adversarial_gaps(tmp_path, drawn):
     assert got["gap pgd20"].paper == 52.8 and got["gap pgd20"].ours == [60.0]
     assert len(got) == 2  # MNIST's gaps are illegible in the paper: drawn, not compared
     assert sorted(drawn) == ["tian-iclr-f7-a.png", "tian-iclr-f7-b.png"]
+    # the paper's legend names each panel's largest gap and its two classes ("52.8%(Class 1-Class 3)")
+    assert legends["tian-iclr-f7-b.png"] == [
+        "standard training: clean, largest gap 10.0 between airplane and truck",
+        "adversarial training: pgd20, largest gap 60.0 between automobile and cat"]
+    assert legends["tian-iclr-f7-a.png"] == ["adversarial training: pgd40, no gap between classes"]
 
 
 def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):

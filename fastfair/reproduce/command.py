@@ -124,10 +124,13 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
                                  if p.missing and p.row.released))
     left_out = list(dict.fromkeys(f"{p.row.preset} ({p.row.row}): {p.missing}" for p in planned
                                   if p.missing and not p.row.released))
-    planned = [p for p in planned if not p.missing]
-    if not planned:
+    if all(p.missing for p in planned):
+        # a target over several data sets refuses one .npz (runs.plan): name what it takes, not FILE.npz
+        several = len({config.resolve(p.row.preset).data.dataset for p in planned}) > 1
         raise UserError(f"no row of {table} has its data at --scale {scale} ({'; '.join(left_out)}): pass --data-dir "
-                        "FILE.npz, or a folder of <dataset>-subset.npz files")
+                        + ("a folder holding the files named" if several else "FILE.npz, or a folder holding the file "
+                           "named") + ", or run it at --scale full")
+    planned = [p for p in planned if not p.missing]
     if runs.needs_autoattack(planned):
         autoattack.default_backend()  # a missing AutoAttack package stops here, before any training
     evaluated = [p for p in planned if p.row.evaluated]  # released models: evaluated once the others are done

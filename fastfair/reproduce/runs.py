@@ -270,7 +270,9 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
                 base = config.resolve(row.init_from)
                 sets["train.init_from"] = str(RunDir(out / "runs" / f"{row.init_from}-s{seed}")
                                               .selected_checkpoint(base.train.select).resolve())
-            if row.substitute:  # transfer attacks are made on the same seed's run of the row it names
+            # transfer attacks are made on the same seed's run of the row it names; none left by the user's
+            # eval.attacks (a figure that reads no attack of the row): no substitute, which would be refused as idle
+            if row.substitute and any(map(names.is_transfer, user_sets.get("eval.attacks", attacks))):
                 sets["eval.substitute"] = str((out / "runs" / f"{row.substitute}-s{seed}").resolve())
             if paper_selection:
                 sets.update(row.paper_selection)

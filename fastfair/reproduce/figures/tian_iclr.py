@@ -68,6 +68,11 @@ def _classes(runs: FigureRuns, row: str) -> list[str]:
     return runs.records[row][0]["classes"]
 
 
+def _device(runs: FigureRuns) -> str:
+    """Where a drawer's own work (an attack, a diagnosis) runs: the CPU under ``--gpus cpu``, as the runs did."""
+    return "cpu" if runs.gpus == "cpu" else "auto"
+
+
 def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -> dict:
     """``fastfair diagnose``'s record of the run's checkpoint under ``attack`` on the test set: the one it wrote
     already when it is of this checkpoint and newer, else a new one (weight norms, CVC, t-SNE, ...)."""
@@ -77,8 +82,7 @@ def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -
         rec = read_json(path)
         if rec.get("checkpoint") == str(ck) and ("tsne" in rec or not tsne_points):
             return rec
-    return diagnose_checkpoint(ck, attack=attack, device="cpu" if runs.gpus == "cpu" else "auto",
-                               tsne_points=tsne_points, quiet=True)
+    return diagnose_checkpoint(ck, attack=attack, device=_device(runs), tsne_points=tsne_points, quiet=True)
 
 
 def _ranged(runs: FigureRuns, what: str, stat: str, low: float, high: float, ours: list[float],
@@ -152,8 +156,9 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
         classes = _classes(runs, row)
         coarse = _by_superclass(conf, classes) if p == "c" else None
         m, names = coarse if coarse else (conf, classes)
-        figures.heatmap(measures.confusion_percent(m), names, f"Fig. 2({p}) {name}: {attack} on the test set"
-                        + (" by super-class" if coarse else ""), runs.png(p), cbar="% of the true class's images")
+        figures.heatmap(measures.confusion_percent(m), names, f"Fig. 2({p}) {name}: confusion matrix of robustness, "
+                        f"{attack} on the test set" + (", by super-class" if coarse else ""), runs.png(p),
+                        cbar="% of the true class's images")
     return []
 
 
@@ -172,7 +177,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
         if not without:
             continue
         md = homing([str(base), *map(str, without)], attack="pgd20", out=str(runs.out / f"homing-s{seed}"),
-                    quiet=True)
+                    device=_device(runs), quiet=True)
         records.append(read_json(md.with_suffix(".json")))
     if not records:
         runs.echo(f"{runs.key}: not drawn: no finished seed of {HOMING_BASE} with a re-trained run beside it")
@@ -189,6 +194,9 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
            for j, (name, n) in enumerate(zip(records[0]["classes"], (49, 147, 15, 30, 7, 15, 23, 21, 73)))]
     shares = [100 * r["homing"][9][1] / r["misclassified"][9][1] for r in records
               if r["homing"][9][1] is not None and r["misclassified"][9][1]]
+    if not shares:  # the verdict below reads "no result": say it is no failure
+        runs.echo(f"{runs.key}: no seed's attack sent a truck to automobile (or none was re-trained without it): "
+                  "Sec. 3.1's homing share (116 of 147) has nothing to count here")
     out.append(runs.number("Sec. 3.1, Fig. 3(b): trucks sent to automobile that home without it (116 of 147)",
                            "% homing", 100 * 116 / 147, shares))
     return out
@@ -227,16 +235,23 @@ def _row_name(preset: str) -> str:
     return preset.removeprefix("tian-iclr-t2-").removeprefix("tian-iclr-t5-").upper().replace("MADRY", "Madry")
 
 
-def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, bool]:
-    """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat after each of
-    :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random start for
-    all, so each is one attack stopped after n iterations. The image is test image ``index`` when it is a cat, else the
-    test set's first cat (a subset keeps other images); returns (probabilities (steps, C), the image, the paper's)."""
+def _cat(y: torch.Tensor, index: int, full: bool) -> tuple[int, bool]:
+    """The test image Fig. 5 follows: the paper's ``index`` where the test set is the paper's (``full``: the whole
+    official one, in its order) and that image is a cat, else the set's first cat (a subset renumbers its images:
+    its image 127 is another one); returns (its index, whether it is the paper's image)."""
+    same = full and index < len(y) and int(y[index]) == CAT
+    return (index if same else int(torch.nonzero(y == CAT)[0])), same
+
+
+def _trajectory(run: Path, index: int, inv_t: float, device: str, full: bool) -> tuple[np.ndarray, int, bool]:
+    """The softmax output (at temperature ``1 / inv_t``, as Eq. 1 of Temperature-PGD) on one test cat (:func:`_cat`)
+    after each of :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random
+    start for all, so each is one attack stopped after n iterations; returns (probabilities (steps, C), the image,
+    whether it is the paper's)."""
     ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(build.checkpoint_path(run), split="test",
-                                                                device_name="auto", data_dir=None, batch_size=None,
+                                                                device_name=device, data_dir=None, batch_size=None,
                                                                 channels_last_ok=False)
-    same = index < len(y) and int(y[index]) == CAT
-    i = index if same else int(torch.nonzero(y == CAT)[0])
+    i, same = _cat(y, index, full)
     model.eval()
     xi, yi = next(iter(build.eval_loader(cfg, (x[i: i + 1], y[i: i + 1]), dev, False)))  # scaled as eval scales
     c = bundle.num_classes
@@ -274,14 +289,15 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         if series:
             figures.per_class_bars(_classes(runs, rows[0]), series, f"Fig. 5({p}): class-wise variance of the "
                                    "predicted probability, natural test images", runs.png(p),
-                                   ylabel="variance, % of (C-1)/C^2")
+                                   ylabel="variance, % of (C-1)/C^2", percent=False)  # its own scale: a few %
     for panels, (index, models) in TRAJECTORIES.items():
         found = {label: (runs.runs[row][0], inv_t) for label, (row, inv_t) in models.items() if runs.runs.get(row)}
         if not found:
             continue
-        done = {label: _trajectory(run, index, inv_t) for label, (run, inv_t) in found.items()}
+        done = {label: _trajectory(run, index, inv_t, _device(runs), runs.scale == "full")
+                for label, (run, inv_t) in found.items()}
         _, image, same = next(iter(done.values()))
-        which = f"test image {image}" + ("" if same else f" (the paper's {index} is not a cat in this test set)")
+        which = f"test image {image}" + ("" if same else f" of this test set (not the paper's {index})")
         classes = _classes(runs, models[next(iter(found))][0])
         for k, (panel, n) in enumerate(zip(panels, STEPS)):
             figures.per_class_bars(classes, {label: (100 * probs[k], None) for label, (probs, _, _) in done.items()},
@@ -313,6 +329,16 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
 GAPS = {"b": (10.7, 52.8), "c": (30.0, 47.0), "d": (5.4, 37.0), "e": (36.1, 51.0)}
 
 
+def _gap(values: np.ndarray, names: list[str]) -> str:
+    """Fig. 7's legend note (App. C): the largest gap between the plotted classes of the seeds' mean, and its highest
+    and lowest class (the paper's "52.8%(Class 1-Class 3)")."""
+    mean = values.mean(0)
+    if not np.ptp(mean):  # every class alike (an untrained model's 0 %): no pair of classes to name
+        return "no gap between classes"
+    # "between A and B": MNIST's classes are digits, and "0 - 3" would read as a subtraction
+    return f"largest gap {np.ptp(mean):.1f} between {names[int(mean.argmax())]} and {names[int(mean.argmin())]}"
+
+
 @registry.figure(SOURCE, "Fig. 7", "class-wise clean accuracy of standard training beside class-wise robustness of "
                  "adversarial training, per data set", rows=(*ROBUST, *STANDARD.values()),
                  partial="the standard rows are KDD Table 5's, kept at their last epoch (the robust rows at the "
@@ -329,12 +355,13 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
         name, _, attack = PANELS[p]
         classes = _classes(runs, row)
         robust, names = _plotted(p, runs.per_class(row, attack), classes)
-        series = {f"adversarial training: {attack}": (robust.mean(0), robust.std(0) if len(robust) > 1 else None)}
+        series = {f"adversarial training: {attack}, {_gap(robust, names)}": (
+            robust.mean(0), robust.std(0) if len(robust) > 1 else None)}
         standard = _plotted(p, runs.per_class(STANDARD[p], "clean"), classes)[0] if runs.runs.get(
             STANDARD[p]) else None
         if standard is not None:
-            series = {"standard training: clean": (standard.mean(0), standard.std(0) if len(standard) > 1 else None),
-                      **series}
+            series = {f"standard training: clean, {_gap(standard, names)}": (
+                standard.mean(0), standard.std(0) if len(standard) > 1 else None), **series}
         figures.per_class_bars(names, series, f"Fig. 7({p}) {name}: standard accuracy and adversarial robustness",
                                runs.png(p))
         if p in GAPS:
