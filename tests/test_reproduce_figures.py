@@ -10,6 +10,7 @@ from fastfair.reproduce import coverage, tables
 from fastfair.reproduce.command import listing, reproduce
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureSpec
+from fastfair.reproduce.runs import SUBSET_VAL_PER_CLASS
 
 from helpers import CIFAR_SUBSET, real_data
 
@@ -131,18 +132,27 @@ def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypat
     monkeypatch.chdir(elsewhere)
     args["out"] = str(out)
     asked.append("pgd3")
+    (out / "reproduce.md").write_text("# Reproduce: another target, Fig. 1\n")  # a target sharing this --out
+    said.clear()
     assert reproduce("me-f3", **args) == 0
+    assert said[1] == (f"fastfair: warning: {out / 'reproduce.md'} is the report of another target, Fig. 1; this "
+                       "target's replaces it (the runs stay, and that target's command with this --out redraws it in "
+                       "seconds; an --out per target keeps both)")
     assert len(evaluated) == 2 and [r.shape for r in seen["robust"]] == [(1, 10), (1, 10)]
     md = (out / "reproduce.md").read_text()
     assert md.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 3\n")
     assert "*, Fig. 3: features of single-class AT. Scale: **subset**" in md
     assert "![Fig. 3, me-f3-a](me-f3-a.png)" in md and not (out / "reproduce.png").exists()
     assert "| Sec. 2.2, cat | `me-f3` |  | cat | 7.03 |" in md  # the drawer's number
+    # the protocol says what the runs held out at this scale, not the preset's full-scale validation split
+    assert md.count(f"validation split of {SUBSET_VAL_PER_CLASS} training images a class") == 2
     assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md  # the row's own
     assert said[-1] == f"written: {out / 'reproduce.md'}, {out / 'me-f3-a.png'}"
     # a drawer is called once every row has a finished run; none registered: the numbers alone, and a note
     monkeypatch.setitem(registry.FIGURES, "me-f3", dataclasses.replace(registry.FIGURES["me-f3"], draw=None))
     monkeypatch.delitem(registry.FIGURES, "me-f3")
+    said.clear()
     assert reproduce("me-f3", **args) == 0
+    assert not any("warning" in line for line in said)  # its own earlier report: replaced without a word
     md = (out / "reproduce.md").read_text()
     assert "No drawer is registered for me-f3" in md and "## The figure" not in md

@@ -23,7 +23,7 @@ from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
-from fastfair.reproduce.write import write, write_protocol
+from fastfair.reproduce.write import other_report, write, write_protocol
 from fastfair.rundir import RunDir, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state, stopped
@@ -152,10 +152,16 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     echo(f"reproduce {tab.title} at scale {scale}: {len(jobs)} runs in {root}, "
          f"{sum(s == 'done' for s in status.values())} done" +
          (f"; then {len(evaluated)} evaluations of released models" if evaluated else ""))
+    earlier = other_report(root, tab)
+    if earlier:  # said before the runs, so the user may stop and pick another --out
+        echo(f"fastfair: warning: {root / 'reproduce.md'} is the report of {earlier}; this target's replaces it "
+             f"(the runs stay, and that target's command with this --out redraws it in seconds; an --out per target "
+             f"keeps both)")
     for r in left_out:
         echo(f"  not run at this scale: {r}")
     for r in pending:
         echo(f"  pending: {r}")
+    ran = {p.row.preset: p.sets for p in planned}
     not_run = [f"Not run at this scale: {r}" for r in left_out] + [f"Pending: {r}" for r in pending]
     todo = [cfg for j, cfg in zip(jobs, configs) if status[j.name] != "done"]
     if todo:
@@ -179,7 +185,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             _evaluate_released(p, root, model_dir, gpus, records, folders, run_lines, failed, echo)
         if records and tab.protocol:  # a study without numbers: what its protocol measures, and the study's figures
             _diagnose(planned, jobs, gpus, echo)
-            notes = _notes(tab, scale, user_sets, paper_selection) + not_run
+            notes = _notes(tab, scale, user_sets, paper_selection, ran) + not_run
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
                                   scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
             echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
@@ -202,7 +208,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             banner = (f"**Checkpoints selected on the test set** (--paper-selection: {_on_test(tab)}), as the paper "
                       "did: the test images that give the numbers below also chose the checkpoint.\n"
                       if paper_selection else "")
-            notes = _notes(tab, scale, user_sets, paper_selection) + not_run
+            notes = _notes(tab, scale, user_sets, paper_selection, ran) + not_run
             drawn = None
             if tab.spec or tab.figure:
                 drawn, numbers, why = _draw(tab, root, planned + evaluated, records, folders, scale, comparable,
@@ -335,9 +341,10 @@ def _collect(planned: list[runs.PlannedRun], jobs: list) -> tuple[dict[str, list
     return records, folders, run_lines, failed
 
 
-def _selected(cfg, scaled_epoch: int | None = None) -> str:
+def _selected(cfg, scaled_epoch: int | None = None, val_per_class: int | None = None) -> str:
     """How fastfair picks the row's checkpoint, as the notes say it: the policy, the attack it scores and where;
-    ``scaled_epoch``: the epoch a shorter scale keeps instead of the preset's."""
+    ``scaled_epoch``, ``val_per_class``: the epoch a shorter scale keeps and the validation split it holds out,
+    where they are not the preset's."""
     t = cfg.train
     if t.select == "epoch":
         shrunk = f" (epoch {scaled_epoch} at this scale)" if scaled_epoch not in (None, t.select_epoch) else ""
@@ -347,8 +354,9 @@ def _selected(cfg, scaled_epoch: int | None = None) -> str:
     if t.select_split == "test":
         return (f"train.select = {t.select} by {t.val_attack} on the TEST set (train.select_split = test): the "
                 "checkpoint was selected on the test images it is evaluated on")
-    return (f"train.select = {t.select} by {t.val_attack} on a validation split of {cfg.data.val_per_class} training "
-            "images a class, held out of training")
+    held = cfg.data.val_per_class if val_per_class is None else val_per_class
+    return (f"train.select = {t.select} by {t.val_attack} on a validation split of {held} training images a class, "
+            "held out of training")
 
 
 def _on_test(tab: tables.Table) -> str:
@@ -357,7 +365,9 @@ def _on_test(tab: tables.Table) -> str:
                      for r in tab.rows if r.paper_selection)
 
 
-def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool = False) -> list[str]:
+def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool = False,
+           ran: dict[str, dict] | None = None) -> list[str]:
+    """The report's protocol notes, a line per row; ``ran``: preset -> the sets its runs got (a scale's data)."""
     notes = []
     for row in tab.rows:
         preset = config.resolve(row.preset, sets=row.paper_selection if paper_selection else None)
@@ -378,9 +388,10 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool
             continue
         spec = runs.SCALES.get(scale)  # a scale that shrinks the run shrinks the epoch it keeps too
         scaled = {} if spec.comparable else spec.changes(config.flatten(preset.to_dict()), user_sets)
+        held = (ran or {}).get(row.preset, {}).get("data.val_per_class")  # the subset scale holds out fewer
         notes.append(f"`{row.preset}` ({row.row}): follows the {follows}; "
                      f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
-                     f"fastfair: {_selected(preset, scaled.get('train.select_epoch'))}"
+                     f"fastfair: {_selected(preset, scaled.get('train.select_epoch'), held)}"
                      f"{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
                      f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
                      f"Preset: {preset.preset}")

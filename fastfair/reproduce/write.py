@@ -240,6 +240,18 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
     return _finish(md, notes, runs, out)
 
 
+def other_report(out: Path, table: Table) -> str:
+    """The title of another target whose report ``out/reproduce.md`` holds ("" when none): targets sharing an
+    ``--out`` share its runs, and the last one's report replaces the one before."""
+    path = out / "reproduce.md"
+    if not path.is_file():
+        return ""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        first = f.readline().rstrip("\n")
+    heading = "# Reproduce: "
+    return first[len(heading):] if first.startswith(heading) and first != heading + table.title else ""
+
+
 def _finish(md: list[str], notes: list[str], runs: list[tuple[str, str, str]], out: Path) -> Path:
     """The notes and the runs table after ``md``, written as ``out/reproduce.md``."""
     md += [f"- {n}" for n in notes]
