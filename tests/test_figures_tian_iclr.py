@@ -16,7 +16,7 @@ from fastfair.checks import check_config
 from fastfair.errors import UserError
 from fastfair.reports import figures
 from fastfair.reproduce import tables
-from fastfair.reproduce.command import reproduce
+from fastfair.reproduce.command import _notes, reproduce
 from fastfair.reproduce.figures import registry, tian_iclr
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.runs import plan
@@ -166,6 +166,11 @@ def test_fig5_with_the_evaluation_cut_to_clean_plans_no_idle_transfer_substitute
     madry = cut["tian-iclr-t2-madry-s0"]
     assert "eval.substitute" not in madry.sets
     check_config(config.resolve(madry.row.preset, None, madry.sets))  # raised "eval.substitute is used only by ..."
+    # and the report's protocol notes say transfer attacks were made on a substitute only where they were
+    said = {ran: " ".join(_notes(table, "subset", {}, ran={p.row.preset: p.sets for p in planned.values()}))
+            for ran, planned in (("kept", kept), ("cut", cut))}
+    assert "transfer attacks made on tian-iclr-t2-standard" in said["kept"]
+    assert "transfer attacks made on" not in said["cut"]
 
 
 def homing_record(mis91: int, home91: int) -> dict:

@@ -161,7 +161,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
         echo(f"  not run at this scale: {r}")
     for r in pending:
         echo(f"  pending: {r}")
-    ran = {p.row.preset: p.sets for p in planned}
+    ran = {p.row.preset: p.sets for p in planned + evaluated}
     not_run = [f"Not run at this scale: {r}" for r in left_out] + [f"Pending: {r}" for r in pending]
     todo = [cfg for j, cfg in zip(jobs, configs) if status[j.name] != "done"]
     if todo:
@@ -372,18 +372,20 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool
     for row in tab.rows:
         preset = config.resolve(row.preset, sets=row.paper_selection if paper_selection else None)
         follows = "paper and the authors' code (they agree)" if row.follows == "both" else row.follows
+        # a row's runs get a substitute only while their attacks keep a transfer attack (runs.plan)
+        made_on = row.substitute and (ran is None or "eval.substitute" in ran.get(row.preset, {}))
         if row.released:
             notes.append(f"`{row.preset}` ({row.row}): the authors' released model ({row.released.url}), evaluated "
                          f"(not trained) at eps {preset.eval.eps:g}, step {preset.eval.alpha:g}, as "
                          f"{preset.model.name} with inputs scaled '{row.released.normalize}'; SHA-256 "
                          f"{row.released.sha256 or 'not recorded (the run line prints the placed file’s)'}"
-                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}"
+                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if made_on else ''}"
                          f". Preset: {preset.preset}")
             continue
         if row.robustbench:
             notes.append(f"`{row.preset}` ({row.row}): the released model, RobustBench's {row.robustbench}, "
                          f"evaluated (not trained) at eps {preset.eval.eps:g}, step {preset.eval.alpha:g}"
-                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}"
+                         f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if made_on else ''}"
                          f". Preset: {preset.preset}")
             continue
         spec = runs.SCALES.get(scale)  # a scale that shrinks the run shrinks the epoch it keeps too
@@ -393,7 +395,7 @@ def _notes(tab: tables.Table, scale: str, user_sets: dict, paper_selection: bool
                      f"{'the study' if tab.protocol else 'paper'}'s checkpoint: {row.selection}; "
                      f"fastfair: {_selected(preset, scaled.get('train.select_epoch'), held)}"
                      f"{'; fine-tunes ' + row.init_from + ' (same seed)' if row.init_from else ''}"
-                     f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if row.substitute else ''}. "
+                     f"{'; transfer attacks made on ' + row.substitute + ' (same seed)' if made_on else ''}. "
                      f"Preset: {preset.preset}")
     notes += [f"Not run by fastfair yet: {p}" for p in tab.pending]
     if scale != "full":
