@@ -120,8 +120,8 @@ def _measured_checkpoint(path: Path, device: str, echo) -> Measured:
 def measured(runs: FigureRuns, preset: str) -> list[Measured]:
     """Each finished seed of ``preset``, its selected checkpoint (``train.select``) measured (on the GPU where
     there is one unless ``--gpus cpu``, as reproduce's diagnoses), or its stored measurement reused."""
-    device = "cpu" if runs.gpus == "cpu" else "auto"
-    return [_measured_checkpoint(build.checkpoint_path(run), device, runs.echo) for run in runs.runs.get(preset, [])]
+    return [_measured_checkpoint(build.checkpoint_path(run), runs.device, runs.echo)
+            for run in runs.runs.get(preset, [])]
 
 
 def mean(ms: list[Measured], what: str) -> np.ndarray:

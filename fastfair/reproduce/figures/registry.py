@@ -60,6 +60,11 @@ class FigureRuns:
     echo: Callable[[str], None] = print
     pngs: list[Path] = field(default_factory=list)  # what png() handed out, for the report
 
+    @property
+    def device(self) -> str:
+        """Where a drawer's own work (an attack, a diagnosis) runs: the CPU under ``--gpus cpu``, as the runs did."""
+        return "cpu" if self.gpus == "cpu" else "auto"
+
     def png(self, panel: str = "") -> Path:
         """The path of the figure's PNG (``<key>.png``, or ``<key>-<panel>.png``), recorded for the report."""
         path = self.out / f"{self.key}{'-' + panel if panel else ''}.png"
@@ -85,7 +90,7 @@ class FigureRuns:
                 raise ValueError(f"{self.key}: {preset} has no {attack} result and no checkpoint of its own to "
                                  f"evaluate ({rec['checkpoint']}); name {attack} in the row's attacks")
             records[k] = evaluate_checkpoint(ckpt, attacks=[attack], split=rec["split"], quiet=True,
-                                             device="cpu" if self.gpus == "cpu" else "auto")
+                                             device=self.device)
         return [rec["results"][attack] for rec in records]
 
     def per_class(self, preset: str, attack: str) -> np.ndarray:

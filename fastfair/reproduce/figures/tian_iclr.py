@@ -68,11 +68,6 @@ def _classes(runs: FigureRuns, row: str) -> list[str]:
     return runs.records[row][0]["classes"]
 
 
-def _device(runs: FigureRuns) -> str:
-    """Where a drawer's own work (an attack, a diagnosis) runs: the CPU under ``--gpus cpu``, as the runs did."""
-    return "cpu" if runs.gpus == "cpu" else "auto"
-
-
 def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -> dict:
     """``fastfair diagnose``'s record of the run's checkpoint under ``attack`` on the test set: the one it wrote
     already when it is of this checkpoint and newer, else a new one (weight norms, CVC, t-SNE, ...)."""
@@ -82,7 +77,7 @@ def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -
         rec = read_json(path)
         if rec.get("checkpoint") == str(ck) and ("tsne" in rec or not tsne_points):
             return rec
-    return diagnose_checkpoint(ck, attack=attack, device=_device(runs), tsne_points=tsne_points, quiet=True)
+    return diagnose_checkpoint(ck, attack=attack, device=runs.device, tsne_points=tsne_points, quiet=True)
 
 
 def _ranged(runs: FigureRuns, what: str, stat: str, low: float, high: float, ours: list[float],
@@ -177,7 +172,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
         if not without:
             continue
         md = homing([str(base), *map(str, without)], attack="pgd20", out=str(runs.out / f"homing-s{seed}"),
-                    device=_device(runs), quiet=True)
+                    device=runs.device, quiet=True)
         records.append(read_json(md.with_suffix(".json")))
     if not records:
         runs.echo(f"{runs.key}: not drawn: no finished seed of {HOMING_BASE} with a re-trained run beside it")
@@ -294,7 +289,7 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         found = {label: (runs.runs[row][0], inv_t) for label, (row, inv_t) in models.items() if runs.runs.get(row)}
         if not found:
             continue
-        done = {label: _trajectory(run, index, inv_t, _device(runs), runs.scale == "full")
+        done = {label: _trajectory(run, index, inv_t, runs.device, runs.scale == "full")
                 for label, (run, inv_t) in found.items()}
         _, image, same = next(iter(done.values()))
         which = f"test image {image}" + ("" if same else f" of this test set (not the paper's {index})")

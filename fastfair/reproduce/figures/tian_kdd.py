@@ -45,10 +45,6 @@ TABLE1 = {"Madry": "tian-kdd-t1-madry", "TRADES": "tian-kdd-t1-trades", "MART": 
           "HE": "tian-kdd-t1-he"}
 
 
-def _device(runs: FigureRuns) -> str:
-    return "cpu" if runs.gpus == "cpu" else "auto"
-
-
 def _config(run: Path):
     return config.load_saved_text((run / "config.toml").read_text())
 
@@ -159,7 +155,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
     transfer attack's substitute there), as bars per class; (b)-(d): MART's softmax output for one cat after 1, 10
     and 20 steps of PGD (step 0.003, Table 1's) and of Temperature-PGD at 1/T = 5 (Sec. 5). The text states no
     number: its claims are orders (cat's and deer's CVC lowest), which the plot shows."""
-    dev = _device(runs)
+    dev = runs.device
     cvc = {name: np.mean([_cvc(run, dev) for run in runs.runs[preset]], axis=0) * 1e3
            for name, preset in TABLE1.items() if runs.runs.get(preset)}
     classes = runs.classes
@@ -198,7 +194,7 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
     sent, home, mats = [], [], []
     for seed, (base, without) in enumerate(zip(runs.runs.get(BASE, []), runs.runs.get(WITHOUT_DOG, []))):
         homing.homing([str(base), str(without)], attack=HOMING_ATTACK, out=str(runs.out / f"{runs.key}-homing-s{seed}"),
-                      device=_device(runs), quiet=True)
+                      device=runs.device, quiet=True)
         rec = read_json(runs.out / f"{runs.key}-homing-s{seed}" / "homing.json")
         mis, hom = np.asarray(rec["misclassified"], dtype=float), np.asarray(rec["homing"], dtype=float)
         cats = rec["images"] / len(rec["classes"])  # CIFAR-10's test set (and its subsets) is balanced
@@ -259,7 +255,7 @@ def background(runs: FigureRuns, examples: int) -> list[dict]:
         mask = _masks(base, data.load(cfg.data.dataset, cfg.data.data_dir))
         out.append(background_counts(ck, cls=str(CAT), mask=str(mask), attacks=["clean", TPGD],
                                      adjusted=build.checkpoint_path(adjusted), examples=examples,
-                                     device=_device(runs), quiet=True))
+                                     device=runs.device, quiet=True))
     return out
 
 
