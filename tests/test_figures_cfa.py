@@ -49,13 +49,13 @@ def _figure_runs(tmp_path, key, runs, records=None):
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """What each plotting helper was asked to draw: (helper, title, its series or lines)."""
+    """What each plotting helper was asked to draw: (helper, its arguments and, last, its keyword arguments)."""
     calls = []
     for name in ("curves", "per_class_bars", "per_class_curves", "discrepancy_grid"):
         real = getattr(figures, name)
 
         def spy(*args, _real=real, _name=name, **kw):
-            calls.append((_name, args))
+            calls.append((_name, (*args, kw)))
             return _real(*args, **kw)
         monkeypatch.setattr(figures, name, spy)
     return calls
@@ -153,8 +153,9 @@ def test_fig5_sweeps_lambda_1_against_at_and_draws_eps_k_in_255ths(tmp_path, dra
     fr = _figure_runs(tmp_path, "cfa-f5", runs, records)
     assert cfa.fig5(fr) == []
     _pngs_ok(fr, ["a", "b"])
-    (_, (xs, lines, *_)), (helper, (epochs, values, classes, *_)) = drawn
+    (_, (xs, lines, *_, kw)), (helper, (epochs, values, classes, *_)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and lines["AT + CCM, worst class"][0] == pytest.approx([3, 4, 5, 6, 7])
+    assert kw["xlabel"] == "base perturbation budget lambda_1"
     assert lines["AT + CCM, average"][0] == pytest.approx([27.3, 36.4, 45.5, 54.6, 63.7])
     assert helper == "per_class_curves" and values[-1][0] == pytest.approx(1.5 * 255) and classes == CIFAR10
 
@@ -171,8 +172,9 @@ def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(t
     fr = _figure_runs(tmp_path, "cfa-f7", runs, records)
     assert cfa.fig7(fr) == []
     assert asked == [("trades/best_fair.pt", ["pgd10"])]
-    (_, (xs, lines, title, path, *_)), (_, (epochs, values, *_)) = drawn
+    (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and values[0][0] == pytest.approx(0.5)  # beta_k as the run logged it
+    assert kw["xlabel"] == "base regularization budget lambda_2"  # not Fig. 5's perturbation budget
     _pngs_ok(fr, ["a", "b"])
 
 

@@ -174,14 +174,14 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
 
 
 def _budget_sweep(runs: FigureRuns, sweep: dict[float, str], base: tuple[str, str], attack: str, name: str,
-                  title: str) -> None:
+                  title: str, xlabel: str) -> None:
     """Average and worst-class robustness of each base budget's run, the method without calibration beside them."""
     rob = {lam: _robust(runs, preset, attack) for lam, preset in sweep.items()}
     lines = {f"{name}, average": _series(np.asarray([r.mean(1) for r in rob.values()]).T),
              f"{name}, worst class": _series(np.asarray([r.min(1) for r in rob.values()]).T)}
     plain = _robust(runs, base[1], attack)
     figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{attack} accuracy (%), test set",
-                   xlabel="base budget lambda", baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
+                   xlabel=xlabel, baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
                                                            f"{base[0]}, worst class": float(plain.min(1).mean())})
 
 
@@ -202,7 +202,7 @@ F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Sec. 5.3.1 states no number (0.5 performs best; the hard classes 2-5 train below 8/255): two panels."""
     _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), "aa", "AT + CCM",
-                  "CFA Fig. 5(a): AT + CCM by base budget lambda_1")
+                  "CFA Fig. 5(a): AT + CCM by base budget lambda_1", "base perturbation budget lambda_1")
     _vector_curves(runs, "cfa-t2-at-ccm", "eps", 255.0, "CFA Fig. 5(b): AT + CCM (lambda_1 0.5), class-wise eps_k",
                    "eps_k (/255)")
     return []
@@ -241,7 +241,8 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
     """App. C.3 states no number (the worst class beats TRADES at every lambda_2, the average at 0.4-0.6; hard
     classes train with beta_k below beta): two panels."""
     _budget_sweep(runs, F7, ("TRADES", "cfa-t1-trades-paper"), "pgd10", "TRADES + CCM + CCR",
-                  "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2")
+                  "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2",
+                  "base regularization budget lambda_2")
     _vector_curves(runs, "cfa-t2-trades-ccm-ccr-paper", "kl_weight", 1.0,
                    "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k")
     return []
