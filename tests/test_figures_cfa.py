@@ -155,7 +155,7 @@ def test_fig5_sweeps_lambda_1_against_at_and_draws_eps_k_in_255ths(tmp_path, dra
     _pngs_ok(fr, ["a", "b"])
     (_, (xs, lines, *_, kw)), (helper, (epochs, values, classes, *_)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and lines["AT + CCM, worst class"][0] == pytest.approx([3, 4, 5, 6, 7])
-    assert kw["xlabel"] == "base perturbation budget lambda_1"
+    assert (kw["xlabel"], kw["ylabel"]) == ("base perturbation budget lambda_1", "AutoAttack accuracy (%), test set")
     assert lines["AT + CCM, average"][0] == pytest.approx([27.3, 36.4, 45.5, 54.6, 63.7])
     assert helper == "per_class_curves" and values[-1][0] == pytest.approx(1.5 * 255) and classes == CIFAR10
 
@@ -175,6 +175,7 @@ def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(t
     (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and values[0][0] == pytest.approx(0.5)  # beta_k as the run logged it
     assert kw["xlabel"] == "base regularization budget lambda_2"  # not Fig. 5's perturbation budget
+    assert kw["ylabel"] == "PGD-10 accuracy (%), test set"  # the paper's name of the attack, not fastfair's
     _pngs_ok(fr, ["a", "b"])
 
 
@@ -189,8 +190,9 @@ def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
     got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.tolerance) for c in cfa.fig6(fr)}
     assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02), "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02)}
     _pngs_ok(fr, [""])
-    (_, (classes, series, *_)), = drawn
+    (_, (classes, series, *_, kw)), = drawn
     assert classes == CIFAR10 and list(series) == ["AT + EMA", "AT + CFA"] and series["AT + EMA"][0] == ema
+    assert kw["ylabel"] == "AutoAttack accuracy (%), test set"
 
 
 @pytest.mark.parametrize("draw, preset", [(benz.fig1, "benz-s31-datasets-cifar10-standard"),

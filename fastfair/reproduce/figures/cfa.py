@@ -20,6 +20,7 @@ registry.inventory("cfa", ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 1", "T
                            "Table 4", "Fig. 6", "Fig. 7"])
 
 VAL = "pgd10"  # the robustness Secs. 3.1-3.3 plot, and every CFA preset's train.val_attack
+SHOWN = {"aa": "AutoAttack", VAL: "PGD-10", "clean": "clean"}  # an attack as the paper names it on an axis
 BEST, LAST = (101, 120), (181, 200)  # Sec. 3.1's windows of the 200 epochs: the best robustness, the last epochs
 
 
@@ -127,7 +128,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
         figures.per_class_bars(runs.classes, {f"beta {b}": _series(_window(x, *BEST)) for b, x in v.items()},
                                f"CFA Fig. 3({panel}): TRADES by beta, class-wise {what} accuracy, mean of "
                                f"{_window_text(next(iter(v.values())), *BEST)}", runs.png(panel),
-                               ylabel=f"{'PGD-10' if attack == VAL else 'clean'} accuracy (%), validation split")
+                               ylabel=f"{SHOWN[attack]} accuracy (%), validation split")
     return []
 
 
@@ -180,7 +181,7 @@ def _budget_sweep(runs: FigureRuns, sweep: dict[float, str], base: tuple[str, st
     lines = {f"{name}, average": _series(np.asarray([r.mean(1) for r in rob.values()]).T),
              f"{name}, worst class": _series(np.asarray([r.min(1) for r in rob.values()]).T)}
     plain = _robust(runs, base[1], attack)
-    figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{attack} accuracy (%), test set",
+    figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{SHOWN[attack]} accuracy (%), test set",
                    xlabel=xlabel, baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
                                                            f"{base[0]}, worst class": float(plain.min(1).mean())})
 
@@ -224,7 +225,7 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
     ema, cfa = _robust(runs, "cfa-t1-at-ema-paper", attack), _robust(runs, "cfa-t1-at-cfa-paper", attack)
     figures.per_class_bars(runs.classes, {"AT + EMA": _series(ema), "AT + CFA": _series(cfa)},
                            "CFA Fig. 6: class-wise robustness, CFA against EMA", runs.png(),
-                           ylabel=f"{attack} accuracy (%), test set")
+                           ylabel=f"{SHOWN[attack]} accuracy (%), test set")
     where = f"App. C.2, {attack}: spread of class-wise robustness (std of accuracies in [0, 1])"
     return [runs.number(f"{where}, AT + CFA", "std", 0.15, _std(cfa), tolerance=0.02),
             runs.number(f"{where}, AT + EMA", "std", 0.17, _std(ema), tolerance=0.02)]
