@@ -8,7 +8,7 @@ import pytest
 from fastfair import cli
 from fastfair.reports import figures
 from fastfair.reproduce import tables
-from fastfair.reproduce.figures import benz, cfa
+from fastfair.reproduce.figures import benz, cfa, registry
 from fastfair.reproduce.figures.registry import FIGURES, INVENTORY, FigureRuns
 
 from helpers import CIFAR10, real_data
@@ -162,16 +162,21 @@ def test_fig5_sweeps_lambda_1_against_at_and_draws_eps_k_in_255ths(tmp_path, dra
 
 def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(tmp_path, drawn, monkeypatch):
     runs, records = _sweep_runs(tmp_path, cfa.F7, "cfa-t1-trades-paper", "pgd10", "kl_weight")
-    records["cfa-t1-trades-paper"] = [{"checkpoint": "trades/best_fair.pt", "results": {"aa": {"per_class": [0] * 10}}}]
+    # Table 1's TRADES row, evaluated under AutoAttack only, its record naming the checkpoint as its run was started
+    records["cfa-t1-trades-paper"] = [{"checkpoint": "elsewhere/best_fair.pt", "split": "test",
+                                       "results": {"aa": {"per_class": [0] * 10}}}]
+    ckpt = runs["cfa-t1-trades-paper"][0] / "checkpoints" / "best_fair.pt"
+    ckpt.parent.mkdir()
+    ckpt.touch()
     asked = []
 
-    def evaluate(path, attacks, **kw):  # Table 1's TRADES row evaluated AutoAttack only: PGD-10 is added to it
+    def evaluate(path, attacks, **kw):  # PGD-10 is added to the run's record
         asked.append((path, attacks))
-        return {"results": {"pgd10": {"per_class": [50.0] * 10}}}
-    monkeypatch.setattr(cfa, "evaluate_checkpoint", evaluate)
+        return {"results": {"aa": {"per_class": [0] * 10}, "pgd10": {"per_class": [50.0] * 10}}}
+    monkeypatch.setattr(registry, "evaluate_checkpoint", evaluate)
     fr = _figure_runs(tmp_path, "cfa-f7", runs, records)
     assert cfa.fig7(fr) == []
-    assert asked == [("trades/best_fair.pt", ["pgd10"])]
+    assert asked == [(ckpt, ["pgd10"])] and "pgd10" in fr.records["cfa-t1-trades-paper"][0]["results"]
     (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and values[0][0] == pytest.approx(0.5)  # beta_k as the run logged it
     assert kw["xlabel"] == "base regularization budget lambda_2"  # not Fig. 5's perturbation budget

@@ -131,12 +131,15 @@ def test_fig2_draws_each_finished_row_in_percent(tmp_path, drawn, monkeypatch):
 
 def test_a_row_evaluated_clean_alone_gets_the_figures_attack_from_its_checkpoint(tmp_path, monkeypatch):
     asked = []
-    monkeypatch.setattr(tian_iclr, "_checkpoint", lambda run: run / "checkpoints" / "epoch.pt")
-    monkeypatch.setattr(tian_iclr, "evaluate_checkpoint", lambda ck, attacks, quiet, device: asked.append(
+    monkeypatch.setattr(registry, "evaluate_checkpoint", lambda ck, attacks, **kw: asked.append(
         (ck.parent.parent.name, attacks)) or record(C10, {"clean": [90.0] * 10, "pgd20": [40.0] * 10}))
-    runs = figure_runs(tmp_path, "tian-iclr-f7", {"tian-iclr-fig1-cifar10-madry": [
-        record(C10, {"clean": [90.0] * 10}), record(C10, {"clean": [90.0] * 10, "pgd20": [30.0] * 10})]})
-    assert tian_iclr._per_class(runs, "tian-iclr-fig1-cifar10-madry", "pgd20")[:, 0].tolist() == [40.0, 30.0]
+    row = "tian-iclr-fig1-cifar10-madry"
+    recs = [{**record(C10, {"clean": [90.0] * 10}), "checkpoint": "epoch.pt", "split": "test"},
+            record(C10, {"clean": [90.0] * 10, "pgd20": [30.0] * 10})]
+    runs = figure_runs(tmp_path, "tian-iclr-f7", {row: recs})
+    (runs.runs[row][0] / "checkpoints").mkdir()
+    (runs.runs[row][0] / "checkpoints" / "epoch.pt").touch()
+    assert runs.per_class(row, "pgd20")[:, 0].tolist() == [40.0, 30.0]
     assert asked == [("tian-iclr-fig1-cifar10-madry-s0", ["pgd20"])]  # the seed that had it is not attacked again
 
 

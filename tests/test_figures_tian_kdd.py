@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastfair import cli
+from fastfair import build, cli
 from fastfair.reproduce.figures import registry, tian_kdd
 from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.rundir import RunDir, read_json
 
 from helpers import real_data
 
@@ -166,12 +167,16 @@ def test_fig5_draws_the_images_and_both_confusion_matrices_under_the_presets_att
     heatmap = tian_kdd.figures.heatmap
     monkeypatch.setattr(tian_kdd.figures, "heatmap", lambda m, c, title, path, **kw: titles.append(title) or
                         heatmap(m, c, title, path, **kw))
-    fr = _figure_runs(tmp_path, "tian-kdd-f5", {tian_kdd.FIG5: [demo_runs["base"]]})
+    run = demo_runs["base"]
+    record = read_json(RunDir(run).eval_file(build.checkpoint_path(run), "test"))  # what reproduce hands a drawer
+    assert "pgd40" not in record["results"]
+    fr = _figure_runs(tmp_path, "tian-kdd-f5", {tian_kdd.FIG5: [run]}, {tian_kdd.FIG5: [record]})
     assert tian_kdd.fig5(fr) == []
     assert [p.name for p in fr.pngs] == ["tian-kdd-f5-a.png", "tian-kdd-f5-b.png", "tian-kdd-f5-c.png"]
     assert all(p.is_file() for p in fr.pngs)
-    # PGD-40, the preset's test attack, though the run evaluated only what reproduce asked of it (here fgsm)
+    # PGD-40, the preset's test attack, though the run evaluated only what reproduce asked of it
     assert "natural images" in titles[0] and "pgd40 images" in titles[1]
+    assert "pgd40" in fr.records[tian_kdd.FIG5][0]["results"]
 
 
 # ---- end to end, the CLI on the real CIFAR-10 subset --------------------------------------------------------

@@ -103,22 +103,36 @@ def test_the_docs_coverage_table_is_the_generated_one():
 
 def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypatch):
     real_data()
-    seen = {}
+    seen, evaluated, asked = {}, [], ["fgsm"]  # attacks the row was not evaluated under
+    spy = registry.evaluate_checkpoint
+    monkeypatch.setattr(registry, "evaluate_checkpoint", lambda ck, **kw: evaluated.append(ck) or spy(ck, **kw))
 
     def draw(runs):
         seen.update(presets=sorted(runs.runs), seeds=[len(v) for v in runs.runs.values()], classes=runs.classes,
-                    history=len(runs.history("me-fig3-single-at-cat")[0]))
+                    history=len(runs.history("me-fig3-single-at-cat")[0]),
+                    robust=[runs.per_class("me-fig3-single-at-cat", a) for a in asked])
         runs.png("a").write_bytes(b"\x89PNG")
         cat = runs.records["me-fig3-single-at-cat"][0]["results"]["clean"]["per_class"][3]
         return [runs.number("Sec. 2.2, cat", "cat", 7.03, [cat])]
 
     monkeypatch.setitem(registry.FIGURES, "me-f3", FigureSpec("me", "Fig. 3", "features of single-class AT", draw))
+    monkeypatch.chdir(tmp_path)
     out, said = tmp_path / "f3", []
-    args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=2,
+    args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out="f3", gpus="cpu", per_gpu=2,
                 sets=["train.epochs=1", "model.width=4"], echo=said.append)
     assert reproduce("me-f3", **args) == 0
     assert seen["presets"] == ["me-fig3-single-at-car", "me-fig3-single-at-cat"] and seen["seeds"] == [1, 1]
     assert seen["classes"][3] == "cat" and seen["history"] == 1
+    assert seen["robust"][0].shape == (1, 10) and len(evaluated) == 1 and evaluated[0].name.endswith(".pt")
+    # drawn again from another directory (the run folders' records name their checkpoints as the runs were started,
+    # relative to tmp_path): FGSM joined the record, nothing evaluates it again; PGD-3 finds its checkpoint
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    args["out"] = str(out)
+    asked.append("pgd3")
+    assert reproduce("me-f3", **args) == 0
+    assert len(evaluated) == 2 and [r.shape for r in seen["robust"]] == [(1, 10), (1, 10)]
     md = (out / "reproduce.md").read_text()
     assert md.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 3\n")
     assert "*, Fig. 3: features of single-class AT. Scale: **subset**" in md

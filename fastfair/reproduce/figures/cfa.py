@@ -4,13 +4,12 @@ Secs. 3.1-3.3 plot every epoch's PGD-10 robustness, which a run logs per class o
 (``metrics.jsonl``, ``train.val_attack``); the paper's curves are on its test set, so ours are labelled "validation
 split". A paper window of epochs ("101-120 of 200") keeps its share of a shorter run (epoch 3 of 5). Sec. 5.3 and
 App. C plot the selected checkpoint's test robustness under the attack the paper names; a row whose evaluation
-lacks it is evaluated here (``evaluate_checkpoint`` adds it to the run's record).
+lacks it is evaluated here (``FigureRuns.results`` adds it to the run's record).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
@@ -61,18 +60,6 @@ def _series(v: np.ndarray) -> tuple[list[float], list[float] | None]:
 
 def _epochs(*arrays: np.ndarray) -> list[int]:
     return list(range(1, min(a.shape[1] for a in arrays) + 1))
-
-
-def _robust(runs: FigureRuns, preset: str, attack: str) -> np.ndarray:
-    """(seeds, classes) test accuracy of each seed's selected checkpoint under ``attack`` (the paper's: AutoAttack
-    and PGD-10 run as they are at every scale), evaluated now where the row's record lacks it."""
-    out = []
-    for rec in runs.records[preset]:
-        if attack not in rec["results"]:
-            rec = evaluate_checkpoint(rec["checkpoint"], attacks=[attack], quiet=True,
-                                      device="cpu" if runs.gpus == "cpu" else "auto")  # as reproduce's own evaluations
-        out.append(rec["results"][attack]["per_class"])
-    return np.asarray(out, dtype=float)
 
 
 registry.pending(
@@ -177,13 +164,13 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
 def _budget_sweep(runs: FigureRuns, sweep: dict[float, str], base: tuple[str, str], attack: str, name: str,
                   title: str, xlabel: str) -> None:
     """Average and worst-class robustness of each base budget's run, the method without calibration beside them."""
-    rob = {lam: _robust(runs, preset, attack) for lam, preset in sweep.items()}
+    rob = {lam: runs.per_class(preset, attack) for lam, preset in sweep.items()}
     lines = {f"{name}, average": _series(np.asarray([r.mean(1) for r in rob.values()]).T),
              f"{name}, worst class": _series(np.asarray([r.min(1) for r in rob.values()]).T)}
-    plain = _robust(runs, base[1], attack)
+    plain = runs.per_class(base[1], attack)
     figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{SHOWN[attack]} accuracy (%), test set",
                    xlabel=xlabel, baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
-                                                           f"{base[0]}, worst class": float(plain.min(1).mean())})
+                                             f"{base[0]}, worst class": float(plain.min(1).mean())})
 
 
 def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, title: str, ylabel: str) -> None:
@@ -222,7 +209,7 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
     base method the figure shows; fastfair draws AT's (the base of Sec. 5.3's figures). Tolerance 0.02: the
     paper's values have two decimals and one class moving 10 points moves the spread by about 0.01."""
     attack = "aa"
-    ema, cfa = _robust(runs, "cfa-t1-at-ema-paper", attack), _robust(runs, "cfa-t1-at-cfa-paper", attack)
+    ema, cfa = runs.per_class("cfa-t1-at-ema-paper", attack), runs.per_class("cfa-t1-at-cfa-paper", attack)
     figures.per_class_bars(runs.classes, {"AT + EMA": _series(ema), "AT + CFA": _series(cfa)},
                            "CFA Fig. 6: class-wise robustness, CFA against EMA", runs.png(),
                            ylabel=f"{SHOWN[attack]} accuracy (%), test set")

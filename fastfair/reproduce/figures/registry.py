@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reproduce.verdict import Comparison, tolerance as default_tolerance
 
 ITEM = re.compile(r"(Table|Fig\.) (\d+)")  # how an inventory names a paper's table or figure
@@ -67,6 +70,27 @@ class FigureRuns:
         """Each finished seed's ``metrics.jsonl``: one dict per epoch (lr, loss, per-class val accuracies, ...)."""
         return [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
                 for run in self.runs.get(preset, [])]
+
+    def results(self, preset: str, attack: str) -> list[dict]:
+        """Each finished seed's result under ``attack`` (per_class, confusion, ...): its evaluation record's, else
+        ``fastfair eval``'s of the checkpoint that record is of, which adds it to the run's record for the next
+        drawing (``reproduce`` runs only the attacks a row's own numbers need; a figure may plot another)."""
+        records = self.records[preset]
+        for k, (run, rec) in enumerate(zip(self.runs[preset], records)):
+            if attack in rec["results"]:
+                continue
+            # by name in the run folder: the record's path is as the run was started, maybe relative to elsewhere
+            ckpt = run / "checkpoints" / Path(rec["checkpoint"]).name
+            if not ckpt.is_file():  # a released model's row: reproduce evaluates it under the row's attacks only
+                raise ValueError(f"{self.key}: {preset} has no {attack} result and no checkpoint of its own to "
+                                 f"evaluate ({rec['checkpoint']}); name {attack} in the row's attacks")
+            records[k] = evaluate_checkpoint(ckpt, attacks=[attack], split=rec["split"], quiet=True,
+                                             device="cpu" if self.gpus == "cpu" else "auto")
+        return [rec["results"][attack] for rec in records]
+
+    def per_class(self, preset: str, attack: str) -> np.ndarray:
+        """(seeds, classes): each finished seed's per-class accuracy under ``attack``, % (:meth:`results`)."""
+        return np.asarray([r["per_class"] for r in self.results(preset, attack)], dtype=float)
 
     def number(self, what: str, stat: str, paper: float, ours: list[float], kind: str = "class",
                tolerance: float | None = None) -> Comparison:

@@ -14,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastfair import build, config
+from fastfair import build
 from fastfair.attacks import parse_attack, per_class
 from fastfair.data.superclasses import superclass_order
 from fastfair.evaluation import measures, seeds
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.evaluation.homing import homing
-from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
@@ -65,37 +64,14 @@ def _panels(runs: FigureRuns, rows: dict[str, str]) -> dict[str, str]:
     return done
 
 
-def _results(runs: FigureRuns, row: str, attack: str) -> list[dict]:
-    """Each finished seed's result under ``attack`` on the test set (per_class, confusion): its evaluation record's,
-    else ``fastfair eval``'s of its checkpoint, which adds it to that record (a row without numbers of its own,
-    as Fig. 1's, is evaluated clean alone by ``reproduce``)."""
-    out = []
-    for run, rec in zip(runs.runs[row], runs.records[row]):
-        if attack not in rec["results"]:
-            rec = evaluate_checkpoint(_checkpoint(run), attacks=[attack], quiet=True,
-                                      device="cpu" if runs.gpus == "cpu" else "auto")
-        out.append(rec["results"][attack])
-    return out
-
-
-def _per_class(runs: FigureRuns, row: str, attack: str) -> np.ndarray:
-    """(seeds, C): the row's per-class accuracy under ``attack`` on the test set, one line per finished seed."""
-    return np.asarray([r["per_class"] for r in _results(runs, row, attack)], dtype=float)
-
-
 def _classes(runs: FigureRuns, row: str) -> list[str]:
     return runs.records[row][0]["classes"]
-
-
-def _checkpoint(run: Path) -> Path:
-    rd = RunDir(run)
-    return rd.selected_checkpoint(config.load_saved_text(rd.read_config()).train.select)
 
 
 def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -> dict:
     """``fastfair diagnose``'s record of the run's checkpoint under ``attack`` on the test set: the one it wrote
     already when it is of this checkpoint and newer, else a new one (weight norms, CVC, t-SNE, ...)."""
-    ck = _checkpoint(run)
+    ck = build.checkpoint_path(run)
     path = RunDir(run).diagnostics_file(ck, "test", attack)
     if path.is_file() and path.stat().st_mtime >= ck.stat().st_mtime:
         rec = read_json(path)
@@ -141,7 +117,7 @@ def fig1(runs: FigureRuns) -> list[Comparison]:
         where = f"Sec. 1, Fig. 1({p}) {name}"
         if p == "a":
             out.append(_ranged(runs, f"{where}: overall {attack} robustness (more than 95 %)", "avg", 95.0, 100.0,
-                               [float(v.mean()) for v in _per_class(runs, row, attack)], "avg"))
+                               [float(v.mean()) for v in runs.per_class(row, attack)], "avg"))
             out.append(runs.number(f"{where}: largest class gap over the epochs", "gap", 6.0, gaps, "mcd"))
         elif p == "f":
             out.append(runs.number(f"{where}: largest class gap over the epochs (up to 80 %)", "gap", 80.0, gaps,
@@ -172,7 +148,7 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
     ImageNet's 1000 classes by index. The text states no number of it."""
     for p, row in _panels(runs, {p: row for p, (_, row, _) in PANELS.items()}).items():
         name, _, attack = PANELS[p]
-        conf = np.sum([r["confusion"] for r in _results(runs, row, attack)], axis=0)
+        conf = np.sum([r["confusion"] for r in runs.results(row, attack)], axis=0)
         classes = _classes(runs, row)
         coarse = _by_superclass(conf, classes) if p == "c" else None
         m, names = coarse if coarse else (conf, classes)
@@ -256,8 +232,9 @@ def _trajectory(run: Path, index: int, inv_t: float) -> tuple[np.ndarray, int, b
     :data:`STEPS` PGD iterations (``tpgd`` at 1/T = ``inv_t``, the run's eval eps and step): one random start for
     all, so each is one attack stopped after n iterations. The image is test image ``index`` when it is a cat, else the
     test set's first cat (a subset keeps other images); returns (probabilities (steps, C), the image, the paper's)."""
-    ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(_checkpoint(run), split="test", device_name="auto",
-                                                                data_dir=None, batch_size=None, channels_last_ok=False)
+    ck, cfg, dev, model, bundle, (x, y) = build.from_checkpoint(build.checkpoint_path(run), split="test",
+                                                                device_name="auto", data_dir=None, batch_size=None,
+                                                                channels_last_ok=False)
     same = index < len(y) and int(y[index]) == CAT
     i = index if same else int(torch.nonzero(y == CAT)[0])
     model.eval()
@@ -323,7 +300,7 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
     counts = {}
     for p, row in _panels(runs, {"c": PANELS["c"][1], "f": PANELS["f"][1]}).items():
         name, _, attack = PANELS[p]
-        acc = _per_class(runs, row, attack).mean(axis=0)
+        acc = runs.per_class(row, attack).mean(axis=0)
         bins = np.clip(np.ceil(acc / 10).astype(int) - 1, 0, 9)  # (a, a + 10], with 0 in the first
         counts[f"({'ab'[p == 'f']}) {name} ({attack})"] = np.bincount(bins, minlength=10).tolist()
     if counts:
@@ -351,9 +328,9 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
     for p, row in _panels(runs, {p: row for p, (_, row, _) in PANELS.items()}).items():
         name, _, attack = PANELS[p]
         classes = _classes(runs, row)
-        robust, names = _plotted(p, _per_class(runs, row, attack), classes)
+        robust, names = _plotted(p, runs.per_class(row, attack), classes)
         series = {f"adversarial training: {attack}": (robust.mean(0), robust.std(0) if len(robust) > 1 else None)}
-        standard = _plotted(p, _per_class(runs, STANDARD[p], "clean"), classes)[0] if runs.runs.get(
+        standard = _plotted(p, runs.per_class(STANDARD[p], "clean"), classes)[0] if runs.runs.get(
             STANDARD[p]) else None
         if standard is not None:
             series = {"standard training: clean": (standard.mean(0), standard.std(0) if len(standard) > 1 else None),

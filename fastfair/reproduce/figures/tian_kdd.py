@@ -18,7 +18,6 @@ from fastfair import build, config, data
 from fastfair.data.background import border_masks
 from fastfair.evaluation import homing, measures
 from fastfair.evaluation.background import background_counts
-from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
@@ -297,17 +296,13 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
     """Fig. 5(a): a test image of each class; (b), (c): the test set's confusion matrices, natural and under the
     preset's PGD-40 (``fastfair eval`` of the run's checkpoint), in % of the true class, averaged over seeds. The
     text states no number."""
-    mats: dict[str, list[np.ndarray]] = {"clean": [], "adversarial": []}
+    if not runs.runs.get(FIG5):
+        return []
     # the preset's: reproduce runs only the attacks a row's [paper] numbers need, and this row has none
     attack = next(a for a in config.resolve(FIG5).eval.attacks if a != "clean")
-    for run in runs.runs.get(FIG5, []):
-        cfg = _config(run)
-        rec = evaluate_checkpoint(build.checkpoint_path(run), attacks=["clean", attack], device=_device(runs),
-                                  quiet=True)
-        mats["clean"].append(_percent(rec["results"]["clean"]["confusion"]))
-        mats["adversarial"].append(_percent(rec["results"][attack]["confusion"]))
-    if not mats["clean"]:
-        return []
+    mats = {what: [_percent(r["confusion"]) for r in runs.results(FIG5, name)]
+            for what, name in (("clean", "clean"), ("adversarial", attack))}
+    cfg = _config(runs.runs[FIG5][-1])
     bundle = data.load(cfg.data.dataset, cfg.data.data_dir)
     y = bundle.y_test.numpy()
     half = -(-len(bundle.classes) // 2)  # two rows of digits: a readable page, not one long strip
