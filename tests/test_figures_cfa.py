@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fastfair import cli
+from fastfair import cli, config
 from fastfair.reports import figures
 from fastfair.reproduce import tables
 from fastfair.reproduce.figures import benz, cfa, registry
@@ -137,11 +137,13 @@ def test_fig4_says_when_no_epoch_passed_fawas_threshold(tmp_path, drawn):
 
 
 def _sweep_runs(tmp_path, sweep, base, attack, vector):
-    """Each budget's run with robustness rising with lambda, and the plain method's below them."""
+    """Each budget's run with robustness rising with lambda (its preset's config saved), and the plain method's below
+    them."""
     runs, records = {}, {}
     for lam, preset in sweep.items():
         run = _run(tmp_path, preset, {"pgd10": _flat(40)}, vectors={vector: np.linspace(0.5, 1.5, EPOCHS)[:, None]
                                                                     * np.ones((1, 10))})
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
         runs[preset], records[preset] = [run], [_record(run, {attack: [100 * lam] * 9 + [10 * lam]})]
     run = _run(tmp_path, base, {"pgd10": _flat(40)})
     runs[base], records[base] = [run], [_record(run, {attack: [30.0] * 9 + [2.0]})]
@@ -153,11 +155,13 @@ def test_fig5_sweeps_lambda_1_against_at_and_draws_eps_k_in_255ths(tmp_path, dra
     fr = _figure_runs(tmp_path, "cfa-f5", runs, records)
     assert cfa.fig5(fr) == []
     _pngs_ok(fr, ["a", "b"])
-    (_, (xs, lines, *_, kw)), (helper, (epochs, values, classes, *_)) = drawn
+    (_, (xs, lines, *_, kw)), (helper, (epochs, values, classes, *_, vector_kw)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and lines["AT + CCM, worst class"][0] == pytest.approx([3, 4, 5, 6, 7])
     assert (kw["xlabel"], kw["ylabel"]) == ("base perturbation budget lambda_1", "AutoAttack accuracy (%), test set")
     assert lines["AT + CCM, average"][0] == pytest.approx([27.3, 36.4, 45.5, 54.6, 63.7])
     assert helper == "per_class_curves" and values[-1][0] == pytest.approx(1.5 * 255) and classes == CIFAR10
+    # the text reads eps_k against the uncalibrated eps (hard classes train below 8/255): a line at it
+    assert vector_kw["baselines"] == {"eps = 8, uncalibrated": pytest.approx(8.0)}
 
 
 def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(tmp_path, drawn, monkeypatch):
@@ -177,10 +181,11 @@ def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(t
     fr = _figure_runs(tmp_path, "cfa-f7", runs, records)
     assert cfa.fig7(fr) == []
     assert asked == [(ckpt, ["pgd10"])] and "pgd10" in fr.records["cfa-t1-trades-paper"][0]["results"]
-    (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_)) = drawn
+    (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_, vector_kw)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and values[0][0] == pytest.approx(0.5)  # beta_k as the run logged it
     assert kw["xlabel"] == "base regularization budget lambda_2"  # not Fig. 5's perturbation budget
     assert kw["ylabel"] == "PGD-10 accuracy (%), test set"  # the paper's name of the attack, not fastfair's
+    assert vector_kw["baselines"] == {"beta = 6, uncalibrated": 6.0}  # TRADES' beta, beside its beta_k
     _pngs_ok(fr, ["a", "b"])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastfair import config
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
@@ -173,11 +174,17 @@ def _budget_sweep(runs: FigureRuns, sweep: dict[float, str], base: tuple[str, st
                                              f"{base[0]}, worst class": float(plain.min(1).mean())})
 
 
-def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, title: str, ylabel: str) -> None:
-    """A per-class vector the run logged each epoch (CCM's eps_k, CCR's beta_k), first seed, one line per class."""
+def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, title: str, ylabel: str,
+                   base: tuple[str, str]) -> None:
+    """A per-class vector the run logged each epoch (CCM's eps_k, CCR's beta_k), first seed, one line per class,
+    beside ``base`` = (its name, the config key of the value every class had before calibration): the text reads the
+    panel against it (hard classes train below it)."""
     history = runs.history(preset)[0]
     values = np.asarray([e["vectors"][vector] for e in history], dtype=float) * scale
-    figures.per_class_curves([e["epoch"] for e in history], values, runs.classes, title, runs.png("b"), ylabel)
+    cfg = config.load_saved_text((runs.runs[preset][0] / "config.toml").read_text())
+    value = config.value_of(cfg, base[1]) * scale
+    figures.per_class_curves([e["epoch"] for e in history], values, runs.classes, title, runs.png("b"), ylabel,
+                             baselines={f"{base[0]} = {value:g}, uncalibrated": value})
 
 
 F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2-at-ccm",
@@ -192,7 +199,7 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
     _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), "aa", "AT + CCM",
                   "CFA Fig. 5(a): AT + CCM by base budget lambda_1", "base perturbation budget lambda_1")
     _vector_curves(runs, "cfa-t2-at-ccm", "eps", 255.0, "CFA Fig. 5(b): AT + CCM (lambda_1 0.5), class-wise eps_k",
-                   "eps_k (/255)")
+                   "eps_k (/255)", ("eps", "attack.eps"))
     return []
 
 
@@ -232,5 +239,6 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
                   "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2",
                   "base regularization budget lambda_2")
     _vector_curves(runs, "cfa-t2-trades-ccm-ccr-paper", "kl_weight", 1.0,
-                   "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k")
+                   "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k",
+                   ("beta", "method.kl_weight"))
     return []
