@@ -189,20 +189,37 @@ def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(t
     _pngs_ok(fr, ["a", "b"])
 
 
-def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
-    ema = [70.0] * 5 + [30.0] * 5  # std of [0.7 x5, 0.3 x5] = 0.2
-    cfa_acc = [60.0] * 5 + [40.0] * 5  # 0.1
+def _fig6_runs(tmp_path, ema, cfa_acc, cfa_checkpoint="best_fair_avg.pt"):
+    """Fig. 6's two rows with their presets' configs; each record of its averaged model unless ``cfa_checkpoint``."""
     runs, records = {}, {}
     for preset, acc in (("cfa-t1-at-ema-paper", ema), ("cfa-t1-at-cfa-paper", cfa_acc)):
         run = _run(tmp_path, preset, {"pgd10": _flat(40)})
-        runs[preset], records[preset] = [run], [_record(run, {"aa": acc, "clean": [80.0] * 10})]
-    fr = _figure_runs(tmp_path, "cfa-f6", runs, records)
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
+        rec = _record(run, {"aa": acc, "clean": [80.0] * 10})
+        rec["checkpoint"] = str(run / "checkpoints" / ("best_fair_avg.pt" if preset.endswith("ema-paper")
+                                                       else cfa_checkpoint))
+        runs[preset], records[preset] = [run], [rec]
+    return _figure_runs(tmp_path, "cfa-f6", runs, records)
+
+
+def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
+    ema = [70.0] * 5 + [30.0] * 5  # std of [0.7 x5, 0.3 x5] = 0.2
+    cfa_acc = [60.0] * 5 + [40.0] * 5  # 0.1
+    fr = _fig6_runs(tmp_path, ema, cfa_acc)
     got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.tolerance) for c in cfa.fig6(fr)}
     assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02), "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02)}
     _pngs_ok(fr, [""])
     (_, (classes, series, *_, kw)), = drawn
     assert classes == CIFAR10 and list(series) == ["AT + EMA", "AT + CFA"] and series["AT + EMA"][0] == ema
     assert kw["ylabel"] == "AutoAttack accuracy (%), test set"
+
+
+def test_fig6_says_when_cfas_row_is_not_averaged(tmp_path, drawn):
+    """A short run whose worst class never passed FAWA's threshold is evaluated on its own weights (reproduce's
+    runs table says so); the legend must too, or the bars read as CFA's averaged model."""
+    cfa.fig6(_fig6_runs(tmp_path, [50.0] * 10, [50.0] * 10, cfa_checkpoint="best_fair.pt"))
+    (_, (_, series, *_)), = drawn
+    assert list(series) == ["AT + EMA", "AT + CFA, not averaged (no epoch passed FAWA's threshold)"]
 
 
 @pytest.mark.parametrize("draw, preset", [(benz.fig1, "benz-s31-datasets-cifar10-standard"),
