@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fastfair import cli
+from fastfair import cli, config
 from fastfair.reports import figures
 from fastfair.reproduce import tables
 from fastfair.reproduce.figures import benz, cfa, registry
@@ -49,13 +49,13 @@ def _figure_runs(tmp_path, key, runs, records=None):
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """What each plotting helper was asked to draw: (helper, title, its series or lines)."""
+    """What each plotting helper was asked to draw: (helper, its arguments and, last, its keyword arguments)."""
     calls = []
     for name in ("curves", "per_class_bars", "per_class_curves", "discrepancy_grid"):
         real = getattr(figures, name)
 
         def spy(*args, _real=real, _name=name, **kw):
-            calls.append((_name, args))
+            calls.append((_name, (*args, kw)))
             return _real(*args, **kw)
         monkeypatch.setattr(figures, name, spy)
     return calls
@@ -137,11 +137,13 @@ def test_fig4_says_when_no_epoch_passed_fawas_threshold(tmp_path, drawn):
 
 
 def _sweep_runs(tmp_path, sweep, base, attack, vector):
-    """Each budget's run with robustness rising with lambda, and the plain method's below them."""
+    """Each budget's run with robustness rising with lambda (its preset's config saved), and the plain method's below
+    them."""
     runs, records = {}, {}
     for lam, preset in sweep.items():
         run = _run(tmp_path, preset, {"pgd10": _flat(40)}, vectors={vector: np.linspace(0.5, 1.5, EPOCHS)[:, None]
                                                                     * np.ones((1, 10))})
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
         runs[preset], records[preset] = [run], [_record(run, {attack: [100 * lam] * 9 + [10 * lam]})]
     run = _run(tmp_path, base, {"pgd10": _flat(40)})
     runs[base], records[base] = [run], [_record(run, {attack: [30.0] * 9 + [2.0]})]
@@ -153,10 +155,13 @@ def test_fig5_sweeps_lambda_1_against_at_and_draws_eps_k_in_255ths(tmp_path, dra
     fr = _figure_runs(tmp_path, "cfa-f5", runs, records)
     assert cfa.fig5(fr) == []
     _pngs_ok(fr, ["a", "b"])
-    (_, (xs, lines, *_)), (helper, (epochs, values, classes, *_)) = drawn
+    (_, (xs, lines, *_, kw)), (helper, (epochs, values, classes, *_, vector_kw)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and lines["AT + CCM, worst class"][0] == pytest.approx([3, 4, 5, 6, 7])
+    assert (kw["xlabel"], kw["ylabel"]) == ("base perturbation budget lambda_1", "AutoAttack accuracy (%), test set")
     assert lines["AT + CCM, average"][0] == pytest.approx([27.3, 36.4, 45.5, 54.6, 63.7])
     assert helper == "per_class_curves" and values[-1][0] == pytest.approx(1.5 * 255) and classes == CIFAR10
+    # the text reads eps_k against the uncalibrated eps (hard classes train below 8/255): a line at it
+    assert vector_kw["baselines"] == {"eps = 8, uncalibrated": pytest.approx(8.0)}
 
 
 def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(tmp_path, drawn, monkeypatch):
@@ -176,24 +181,45 @@ def test_fig7_sweeps_lambda_2_against_trades_and_evaluates_a_row_lacking_pgd10(t
     fr = _figure_runs(tmp_path, "cfa-f7", runs, records)
     assert cfa.fig7(fr) == []
     assert asked == [(ckpt, ["pgd10"])] and "pgd10" in fr.records["cfa-t1-trades-paper"][0]["results"]
-    (_, (xs, lines, title, path, *_)), (_, (epochs, values, *_)) = drawn
+    (_, (xs, lines, title, path, *_, kw)), (_, (epochs, values, *_, vector_kw)) = drawn
     assert xs == [0.3, 0.4, 0.5, 0.6, 0.7] and values[0][0] == pytest.approx(0.5)  # beta_k as the run logged it
+    assert kw["xlabel"] == "base regularization budget lambda_2"  # not Fig. 5's perturbation budget
+    assert kw["ylabel"] == "PGD-10 accuracy (%), test set"  # the paper's name of the attack, not fastfair's
+    assert vector_kw["baselines"] == {"beta = 6, uncalibrated": 6.0}  # TRADES' beta, beside its beta_k
     _pngs_ok(fr, ["a", "b"])
+
+
+def _fig6_runs(tmp_path, ema, cfa_acc, cfa_checkpoint="best_fair_avg.pt"):
+    """Fig. 6's two rows with their presets' configs; each record of its averaged model unless ``cfa_checkpoint``."""
+    runs, records = {}, {}
+    for preset, acc in (("cfa-t1-at-ema-paper", ema), ("cfa-t1-at-cfa-paper", cfa_acc)):
+        run = _run(tmp_path, preset, {"pgd10": _flat(40)})
+        (run / "config.toml").write_text(config.resolve(preset).to_toml())
+        rec = _record(run, {"aa": acc, "clean": [80.0] * 10})
+        rec["checkpoint"] = str(run / "checkpoints" / ("best_fair_avg.pt" if preset.endswith("ema-paper")
+                                                       else cfa_checkpoint))
+        runs[preset], records[preset] = [run], [rec]
+    return _figure_runs(tmp_path, "cfa-f6", runs, records)
 
 
 def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
     ema = [70.0] * 5 + [30.0] * 5  # std of [0.7 x5, 0.3 x5] = 0.2
     cfa_acc = [60.0] * 5 + [40.0] * 5  # 0.1
-    runs, records = {}, {}
-    for preset, acc in (("cfa-t1-at-ema-paper", ema), ("cfa-t1-at-cfa-paper", cfa_acc)):
-        run = _run(tmp_path, preset, {"pgd10": _flat(40)})
-        runs[preset], records[preset] = [run], [_record(run, {"aa": acc, "clean": [80.0] * 10})]
-    fr = _figure_runs(tmp_path, "cfa-f6", runs, records)
+    fr = _fig6_runs(tmp_path, ema, cfa_acc)
     got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.tolerance) for c in cfa.fig6(fr)}
     assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02), "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02)}
     _pngs_ok(fr, [""])
-    (_, (classes, series, *_)), = drawn
+    (_, (classes, series, *_, kw)), = drawn
     assert classes == CIFAR10 and list(series) == ["AT + EMA", "AT + CFA"] and series["AT + EMA"][0] == ema
+    assert kw["ylabel"] == "AutoAttack accuracy (%), test set"
+
+
+def test_fig6_says_when_cfas_row_is_not_averaged(tmp_path, drawn):
+    """A short run whose worst class never passed FAWA's threshold is evaluated on its own weights (reproduce's
+    runs table says so); the legend must too, or the bars read as CFA's averaged model."""
+    cfa.fig6(_fig6_runs(tmp_path, [50.0] * 10, [50.0] * 10, cfa_checkpoint="best_fair.pt"))
+    (_, (_, series, *_)), = drawn
+    assert list(series) == ["AT + EMA", "AT + CFA, not averaged (no epoch passed FAWA's threshold)"]
 
 
 @pytest.mark.parametrize("draw, preset", [(benz.fig1, "benz-s31-datasets-cifar10-standard"),

@@ -303,10 +303,14 @@ def _class_lines(ax, epochs: list[int], v: np.ndarray, classes: list[str], ylabe
     ax.grid(alpha=0.3)
 
 
-def per_class_curves(epochs: list[int], values, classes: list[str], title: str, path: Path, ylabel: str) -> Path:
-    """One line per class over epochs (a per-class vector such as CFA's eps_k or beta_k)."""
+def per_class_curves(epochs: list[int], values, classes: list[str], title: str, path: Path, ylabel: str,
+                     baselines: dict[str, float] | None = None) -> Path:
+    """One line per class over epochs (a per-class vector such as CFA's eps_k or beta_k); ``baselines``: ``name ->
+    value``, horizontal grey lines (the value every class had before calibration), named in the legend."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     _class_lines(ax, epochs, np.asarray(values, dtype=float), classes, ylabel)
+    for i, (name, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, color="0.35", ls=":" if i % 2 else "-.", lw=1.2, label=name)
     _title(ax, title, 5.6)
     if len(classes) <= 10:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

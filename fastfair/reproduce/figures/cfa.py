@@ -8,17 +8,22 @@ lacks it is evaluated here (``FigureRuns.results`` adds it to the run's record).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from fastfair import config
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.verdict import Comparison
+from fastfair.rundir import RunDir
 
 registry.inventory("cfa", ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 1", "Table 2", "Fig. 5", "Table 3",
                            "Table 4", "Fig. 6", "Fig. 7"])
 
 VAL = "pgd10"  # the robustness Secs. 3.1-3.3 plot, and every CFA preset's train.val_attack
+SHOWN = {"aa": "AutoAttack", VAL: "PGD-10", "clean": "clean"}  # an attack as the paper names it on an axis
 BEST, LAST = (101, 120), (181, 200)  # Sec. 3.1's windows of the 200 epochs: the best robustness, the last epochs
 
 
@@ -114,7 +119,7 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
         figures.per_class_bars(runs.classes, {f"beta {b}": _series(_window(x, *BEST)) for b, x in v.items()},
                                f"CFA Fig. 3({panel}): TRADES by beta, class-wise {what} accuracy, mean of "
                                f"{_window_text(next(iter(v.values())), *BEST)}", runs.png(panel),
-                               ylabel=f"{'PGD-10' if attack == VAL else 'clean'} accuracy (%), validation split")
+                               ylabel=f"{SHOWN[attack]} accuracy (%), validation split")
     return []
 
 
@@ -161,22 +166,28 @@ def fig4(runs: FigureRuns) -> list[Comparison]:
 
 
 def _budget_sweep(runs: FigureRuns, sweep: dict[float, str], base: tuple[str, str], attack: str, name: str,
-                  title: str) -> None:
+                  title: str, xlabel: str) -> None:
     """Average and worst-class robustness of each base budget's run, the method without calibration beside them."""
     rob = {lam: runs.per_class(preset, attack) for lam, preset in sweep.items()}
     lines = {f"{name}, average": _series(np.asarray([r.mean(1) for r in rob.values()]).T),
              f"{name}, worst class": _series(np.asarray([r.min(1) for r in rob.values()]).T)}
     plain = runs.per_class(base[1], attack)
-    figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{attack} accuracy (%), test set",
-                   xlabel="base budget lambda", baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
-                                                           f"{base[0]}, worst class": float(plain.min(1).mean())})
+    figures.curves(list(rob), lines, title, runs.png("a"), ylabel=f"{SHOWN[attack]} accuracy (%), test set",
+                   xlabel=xlabel, baselines={f"{base[0]}, average": float(plain.mean(1).mean()),
+                                             f"{base[0]}, worst class": float(plain.min(1).mean())})
 
 
-def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, title: str, ylabel: str) -> None:
-    """A per-class vector the run logged each epoch (CCM's eps_k, CCR's beta_k), first seed, one line per class."""
+def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, title: str, ylabel: str,
+                   base: tuple[str, str]) -> None:
+    """A per-class vector the run logged each epoch (CCM's eps_k, CCR's beta_k), first seed, one line per class,
+    beside ``base`` = (its name, the config key of the value every class had before calibration): the text reads the
+    panel against it (hard classes train below it)."""
     history = runs.history(preset)[0]
     values = np.asarray([e["vectors"][vector] for e in history], dtype=float) * scale
-    figures.per_class_curves([e["epoch"] for e in history], values, runs.classes, title, runs.png("b"), ylabel)
+    cfg = config.load_saved_text((runs.runs[preset][0] / "config.toml").read_text())
+    value = config.value_of(cfg, base[1]) * scale
+    figures.per_class_curves([e["epoch"] for e in history], values, runs.classes, title, runs.png("b"), ylabel,
+                             baselines={f"{base[0]} = {value:g}, uncalibrated": value})
 
 
 F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2-at-ccm",
@@ -189,9 +200,9 @@ F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Sec. 5.3.1 states no number (0.5 performs best; the hard classes 2-5 train below 8/255): two panels."""
     _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), "aa", "AT + CCM",
-                  "CFA Fig. 5(a): AT + CCM by base budget lambda_1")
+                  "CFA Fig. 5(a): AT + CCM by base budget lambda_1", "base perturbation budget lambda_1")
     _vector_curves(runs, "cfa-t2-at-ccm", "eps", 255.0, "CFA Fig. 5(b): AT + CCM (lambda_1 0.5), class-wise eps_k",
-                   "eps_k (/255)")
+                   "eps_k (/255)", ("eps", "attack.eps"))
     return []
 
 
@@ -199,6 +210,22 @@ def _std(per_class: np.ndarray) -> list[float]:
     """Each seed's spread of class-wise robustness as App. C.2 gives it: the standard deviation (ddof 0) of
     accuracies in [0, 1], which the text calls variance (a variance of 0.15 would need classes near 0 and 1)."""
     return (per_class / 100.0).std(axis=1).tolist()
+
+
+def _averaged(runs: FigureRuns, preset: str, name: str) -> str:
+    """``name``, saying so where a weight-averaging row's result is of the run's own weights: FAWA averages only the
+    epochs whose worst class passes its threshold, and a short run's may pass none (reproduce then evaluates the
+    plain checkpoint)."""
+    own = 0
+    for run, rec in zip(runs.runs[preset], runs.records[preset]):
+        cfg = config.load_saved_text((run / "config.toml").read_text())
+        averaged = RunDir(run).selected_checkpoint(cfg.train.select, averaged=True).name
+        own += cfg.train.averaging != "none" and Path(rec["checkpoint"]).name != averaged
+    if not own:
+        return name
+    seeds = len(runs.records[preset])
+    some = "" if own == seeds else f"{own} of {seeds} seeds "
+    return f"{name}, {some}not averaged (no epoch passed FAWA's threshold)"
 
 
 @registry.figure("cfa", "Fig. 6", "class-wise AutoAttack robustness of CFA against EMA on CIFAR-10 (App. C.2)",
@@ -209,9 +236,10 @@ def fig6(runs: FigureRuns) -> list[Comparison]:
     paper's values have two decimals and one class moving 10 points moves the spread by about 0.01."""
     attack = "aa"
     ema, cfa = runs.per_class("cfa-t1-at-ema-paper", attack), runs.per_class("cfa-t1-at-cfa-paper", attack)
-    figures.per_class_bars(runs.classes, {"AT + EMA": _series(ema), "AT + CFA": _series(cfa)},
+    figures.per_class_bars(runs.classes, {_averaged(runs, "cfa-t1-at-ema-paper", "AT + EMA"): _series(ema),
+                                          _averaged(runs, "cfa-t1-at-cfa-paper", "AT + CFA"): _series(cfa)},
                            "CFA Fig. 6: class-wise robustness, CFA against EMA", runs.png(),
-                           ylabel=f"{attack} accuracy (%), test set")
+                           ylabel=f"{SHOWN[attack]} accuracy (%), test set")
     where = f"App. C.2, {attack}: spread of class-wise robustness (std of accuracies in [0, 1])"
     return [runs.number(f"{where}, AT + CFA", "std", 0.15, _std(cfa), tolerance=0.02),
             runs.number(f"{where}, AT + EMA", "std", 0.17, _std(ema), tolerance=0.02)]
@@ -228,7 +256,9 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
     """App. C.3 states no number (the worst class beats TRADES at every lambda_2, the average at 0.4-0.6; hard
     classes train with beta_k below beta): two panels."""
     _budget_sweep(runs, F7, ("TRADES", "cfa-t1-trades-paper"), "pgd10", "TRADES + CCM + CCR",
-                  "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2")
+                  "CFA Fig. 7(a): TRADES + CCM + CCR by base regularization lambda_2",
+                  "base regularization budget lambda_2")
     _vector_curves(runs, "cfa-t2-trades-ccm-ccr-paper", "kl_weight", 1.0,
-                   "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k")
+                   "CFA Fig. 7(b): TRADES + CCM + CCR (lambda_2 0.5), class-wise beta_k", "beta_k",
+                   ("beta", "method.kl_weight"))
     return []
