@@ -125,6 +125,8 @@ def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypat
     assert seen["presets"] == ["me-fig3-single-at-car", "me-fig3-single-at-cat"] and seen["seeds"] == [1, 1]
     assert seen["classes"][3] == "cat" and seen["history"] == 1
     assert seen["robust"][0].shape == (1, 10) and len(evaluated) == 1 and evaluated[0].name.endswith(".pt")
+    assert (f"me-f3: evaluate me-fig3-single-at-cat-s0's {evaluated[0].name} under fgsm (the figure plots it; its "
+            "row's record lacks it)") in said
     # drawn again from another directory (the run folders' records name their checkpoints as the runs were started,
     # relative to tmp_path): FGSM joined the record, nothing evaluates it again; PGD-3 finds its checkpoint
     elsewhere = tmp_path / "elsewhere"

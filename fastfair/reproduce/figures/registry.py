@@ -89,6 +89,9 @@ class FigureRuns:
             if not ckpt.is_file():  # a released model's row: reproduce evaluates it under the row's attacks only
                 raise ValueError(f"{self.key}: {preset} has no {attack} result and no checkpoint of its own to "
                                  f"evaluate ({rec['checkpoint']}); name {attack} in the row's attacks")
+            # long work (AutoAttack: minutes a model on a CPU) says what it is before it starts
+            self.echo(f"{self.key}: evaluate {run.name}'s {ckpt.name} under {attack} (the figure plots it; its row's "
+                      "record lacks it)")
             records[k] = evaluate_checkpoint(ckpt, attacks=[attack], split=rec["split"], quiet=True,
                                              device=self.device)
         return [rec["results"][attack] for rec in records]
