@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from dataclasses import fields, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -302,6 +303,9 @@ def test_a_measurement_is_kept_beside_its_run_and_reused_until_its_checkpoint_or
     for f in fields(me.Measured):
         np.testing.assert_array_equal(getattr(again, f.name), getattr(first, f.name))
     assert again.classes == first.classes and isinstance(again.classes[0], str)
+    monkeypatch.chdir(tmp_path)  # the run folder as a relative --out names it: the same checkpoint, reused
+    me.measured(replace(runs, runs={"x": [Path("run")]}), "x")
+    assert len(calls) == 1
     stamp = ck.stat().st_mtime_ns
     os.utime(ck, ns=(stamp, stamp + 10**9))  # the checkpoint rewritten: a longer run's new best
     me.measured(runs, "x")

@@ -105,7 +105,8 @@ def _measured_checkpoint(path: Path, device: str, echo) -> Measured:
     store = RunDir.of_checkpoint(path).measures_file(path, "test", ATTACK)
     mtime_ns = path.stat().st_mtime_ns  # before reading: a checkpoint rewritten meanwhile is measured again next time
     cfg = config.load_saved_text(load_checkpoint(path, needs=("config",))["config"])
-    key = json.dumps({"checkpoint": str(path), "mtime_ns": mtime_ns, **_settings(cfg)}, sort_keys=True)
+    # the resolved path: reproduce's run folders are as --out was typed, relative or not, from wherever it ran
+    key = json.dumps({"checkpoint": str(path.resolve()), "mtime_ns": mtime_ns, **_settings(cfg)}, sort_keys=True)
     got = _stored(store, key)
     if got is None:
         echo(f"measure {store.parent.parent.name}'s {path.name} on the test set (clean, {ATTACK}, features)")
