@@ -62,6 +62,11 @@ def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
                         f"{tuple(x.shape)}")
     if len(x) == 0:
         raise UserError("no images to evaluate")
+    nonfinite = (~torch.isfinite(x.flatten(1))).any(1)
+    if nonfinite.any():  # NaN compares False with any bound, so the range below would pass it
+        first = nonfinite.nonzero().flatten()[:5].tolist()
+        raise UserError(f"{int(nonfinite.sum())} of {len(x)} images hold NaN or inf pixels (first indices {first}); "
+                        "images must be finite and in [0, 1]. Fix or drop these images")
     lo, hi = float(x.min()), float(x.max())
     if lo < 0 or hi > 1:
         raise UserError(f"images must be in [0, 1] (eps is measured there); these span [{lo:.3g}, {hi:.3g}]. Put "
@@ -141,7 +146,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     finally:
         model.train(training)
     record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,
-              "images": len(y), **settings, "fingerprint": fp}
+              "images": len(y), **per_class.absent_record(results, classes), **settings, "fingerprint": fp}
     if out is None:
         record["results"] = results
     else:

@@ -40,6 +40,7 @@ import torch
 from fastfair import display
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
+from fastfair.evaluation import measures
 from fastfair.registry import Registry
 from fastfair.rundir import write_npz_atomic
 
@@ -258,7 +259,16 @@ def _collect(loader) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def _predict(model, x: torch.Tensor, batch: int) -> torch.Tensor:
-    return torch.cat([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
+    """The model's class for each image; a UserError when any image's logits hold a NaN or inf (their argmax means
+    nothing), checked once after the pass."""
+    nonfinite = torch.zeros((), dtype=torch.long, device=x.device)
+    preds = []
+    for i in range(0, len(x), batch):
+        logits = model(x[i:i + batch])
+        nonfinite += (~torch.isfinite(logits)).any(1).sum()
+        preds.append(logits.argmax(1))
+    measures.check_finite(int(nonfinite), len(x), "AutoAttack")
+    return torch.cat(preds)
 
 
 def _robust_after(broken_by: np.ndarray, k: int) -> float:

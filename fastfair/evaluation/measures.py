@@ -5,6 +5,10 @@ Inputs are numpy arrays or CPU tensors: confusion matrices (rows: true class), s
 probabilities ``(N, C)``, penultimate features ``(N, D)``, labels ``(N,)``, classifier weights
 ``(C, D)``. Outputs are float64 numpy arrays or floats. :mod:`fastfair.evaluation.diagnose` runs a model to
 produce the inputs; the report draws the outputs.
+
+A class without images in the evaluated data is *absent*: its per-class value (accuracy, a class mean) is
+NaN, never 0, and every measure over per-class accuracies (mean, worst class, worst-k, CV, MCD) is taken over
+the present classes only; a record stores an absent class's cell as null (:func:`json_values`).
 """
 from __future__ import annotations
 
@@ -12,36 +16,83 @@ import re
 
 import numpy as np
 
+from fastfair.errors import UserError
+
+
+def present(confusion) -> np.ndarray:
+    """(C,) bool: the classes with at least one image (a row of the confusion matrix that is not all 0)."""
+    return np.asarray(confusion).sum(axis=1) > 0
+
 
 def per_class_accuracy(confusion) -> np.ndarray:
-    """a_c = confusion[c, c] / sum_j confusion[c, j], in percent (rows: true class)."""
+    """a_c = confusion[c, c] / sum_j confusion[c, j], in percent (rows: true class); NaN for an absent class."""
     m = np.asarray(confusion, dtype=np.float64)
-    return 100.0 * np.diag(m) / np.maximum(m.sum(axis=1), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 100.0 * np.diag(m) / m.sum(axis=1)
+
+
+def _present(acc) -> np.ndarray:
+    """The accuracies of the present classes (NaN marks an absent one); a ValueError when no class has images."""
+    a = np.asarray(acc, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    if not len(a):
+        raise ValueError("no class has images: a per-class measure needs at least one present class")
+    return a
 
 
 def cv(acc) -> float:
-    """CV = (1/C) sum_c (a_c - mean a)^2, percent squared (Tian et al. KDD 2021, Sec. 3 as the sheet defines it)."""
-    a = np.asarray(acc, dtype=np.float64)
+    """CV = (1/C) sum_c (a_c - mean a)^2 over the C present classes, percent squared (Tian et al. KDD 2021, Sec. 3
+    as the sheet defines it)."""
+    a = _present(acc)
     return float(((a - a.mean()) ** 2).mean())
 
 
 def mcd(acc) -> float:
-    """MCD = max_c a_c - min_c a_c (maximum class-wise discrepancy, Tian et al. KDD 2021)."""
-    a = np.asarray(acc, dtype=np.float64)
+    """MCD = max_c a_c - min_c a_c over the present classes (maximum class-wise discrepancy, Tian et al. KDD 2021)."""
+    a = _present(acc)
     return float(a.max() - a.min())
 
 
 def worst_k_mean(acc, fraction: float) -> float:
-    """Mean accuracy of the worst ceil(fraction * C) classes (Tiny-ImageNet reports the worst 20%)."""
-    a = np.sort(np.asarray(acc, dtype=np.float64))
+    """Mean accuracy of the worst ceil(fraction * C) of the C present classes (Tiny-ImageNet reports the worst 20%)."""
+    a = np.sort(_present(acc))
     return float(a[: max(1, int(np.ceil(fraction * len(a))))].mean())
 
 
 def summary(acc) -> dict[str, float]:
-    """Of per-class accuracies: their mean (``avg``), worst class, worst-10% and worst-20% mean, CV and MCD."""
+    """Of per-class accuracies (NaN: an absent class, left out): their mean (``avg``), worst class, worst-10% and
+    worst-20% mean, CV and MCD."""
     a = np.asarray(acc, dtype=np.float64)
-    return {"avg": float(a.mean()), "worst": float(a.min()), "worst_class": int(a.argmin()),
+    p = _present(a)
+    return {"avg": float(p.mean()), "worst": float(p.min()), "worst_class": int(np.nanargmin(a)),
             "worst10": worst_k_mean(a, 0.1), "worst20": worst_k_mean(a, 0.2), "cv": cv(a), "mcd": mcd(a)}
+
+
+def json_values(values) -> list:
+    """A per-class array as a JSON list: NaN (an absent class) as null, which JSON can hold and NaN it cannot."""
+    return [None if v != v else float(v) for v in np.asarray(values, dtype=np.float64).tolist()]
+
+
+def absent_classes(per_class, classes: list[str]) -> list[str]:
+    """The names of the classes whose per-class cell is null or NaN (no images in the evaluated data)."""
+    return [name for name, v in zip(classes, per_class) if v is None or v != v]
+
+
+def absent_note(absent: list[str]) -> str:
+    """The line under a per-class table naming the absent classes ("" for none)."""
+    if not absent:
+        return ""
+    return (f"absent from the evaluated images, so left out of the mean, worst class, CV and MCD (shown as -): "
+            f"{', '.join(absent)}")
+
+
+def check_finite(nonfinite: int, images: int, attack: str) -> None:
+    """Refuse a result of which ``nonfinite`` of ``images`` images got NaN or inf logits: their argmax, and so every
+    accuracy, would be a number that means nothing."""
+    if nonfinite:
+        raise UserError(f"the model returned NaN or inf logits for {nonfinite} of {images} images under {attack}; "
+                        "no result was written. Check the weights (a diverged or damaged checkpoint) and the model's "
+                        "forward pass on these images")
 
 
 def share_correct(confusion) -> float:
@@ -67,6 +118,11 @@ SUMMARY_ROWS = (("avg", "mean of per-class accuracies"), ("overall", "share of i
                 ("worst", "worst class"), ("cv", CV_LABEL), ("mcd", "MCD (max − min, %)"))
 
 
+def accuracy_cell(value, digits: int = 2) -> str:
+    """A per-class accuracy as a table shows it: ``digits`` decimals, '-' for an absent class (null or NaN)."""
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
 def summary_cells(results: dict[str, dict], names: list[str], key: str) -> list[str]:
     """One summary row's cells (two decimals); '-' where a result predates the key (older files lack ``overall``)."""
     return [f"{results[n]['summary'][key]:.2f}" if key in results[n]["summary"] else "-" for n in names]
@@ -85,18 +141,26 @@ def table_rows(results: dict[str, dict], classes: list[str]) -> tuple[list[str],
     """(header, rows as (cells, emphasised)): classes, then both averages, worst class, CV and MCD; columns:
     attacks (accuracy in percent). :func:`markdown_table` writes them for files, ``fastfair.display`` for a terminal."""
     names = list(results)
-    rows = [([cname, *(f"{results[n]['per_class'][c]:.2f}" for n in names)], False) for c, cname in enumerate(classes)]
+    rows = [([cname, *(accuracy_cell(results[n]["per_class"][c]) for n in names)], False)
+            for c, cname in enumerate(classes)]
     rows += [([label, *summary_cells(results, names, key)], key in HEADLINE_ROWS) for key, label in SUMMARY_ROWS]
     return ["class", *names], rows
 
 
+def table_absent(results: dict[str, dict], classes: list[str]) -> list[str]:
+    """The classes a table shows as '-' under any of its attacks, in class order."""
+    absent = {c for r in results.values() for c in absent_classes(r["per_class"], classes)}
+    return [c for c in classes if c in absent]
+
+
 def markdown_table(results: dict[str, dict], classes: list[str]) -> str:
-    """:func:`table_rows` as a Markdown table, emphasised rows in bold."""
+    """:func:`table_rows` as a Markdown table, emphasised rows in bold; a line under it names absent classes."""
     header, rows = table_rows(results, classes)
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for (label, *cells), bold in rows:
         lines.append(f"| {f'**{label}**' if bold else label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    note = absent_note(table_absent(results, classes))
+    return "\n".join(lines + ([f"\n{note}"] if note else []))
 
 
 
@@ -105,12 +169,14 @@ def _np(a) -> np.ndarray:
 
 
 def confusion_percent(confusion) -> np.ndarray:
-    """Row-normalised confusion in percent: entry (i, j) = share of class i predicted as j.
+    """Row-normalised confusion in percent: entry (i, j) = share of class i predicted as j; an absent class's row
+    is NaN.
 
     Tian et al. KDD 2021, Fig. 2.
     """
     m = _np(confusion).astype(np.float64)
-    return 100.0 * m / np.maximum(m.sum(axis=1, keepdims=True), 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 100.0 * m / m.sum(axis=1, keepdims=True)
 
 
 def misclassified_counts(confusion) -> np.ndarray:
@@ -133,14 +199,26 @@ def cvc(probs, y, num_classes: int) -> np.ndarray:
     return _class_mean(per_image, y, num_classes)
 
 
-def _class_mean(values: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
+def _labels(y, num_classes: int) -> np.ndarray:
+    """Labels as an integer array, each in 0..num_classes-1: one outside would grow a per-class array silently."""
+    y = _np(y)
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"labels {int(y.min())}..{int(y.max())} lie outside the {num_classes} classes 0.."
+                         f"{num_classes - 1}")
+    return y.astype(np.int64)
+
+
+def _class_mean(values: np.ndarray, y, num_classes: int) -> np.ndarray:
+    """The mean of ``values`` over each class's images; NaN for an absent class (a mean of nothing)."""
+    y = _labels(y, num_classes)
     counts = np.bincount(y, minlength=num_classes)
-    return np.bincount(y, weights=values, minlength=num_classes) / np.maximum(counts, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.bincount(y, weights=values, minlength=num_classes) / counts
 
 
 def class_means(features, y, num_classes: int) -> np.ndarray:
-    """(C, D) mean penultimate feature of each class."""
-    f, y = _np(features).astype(np.float64), _np(y)
+    """(C, D) mean penultimate feature of each class; 0 for an absent class (so its cosine with any class is 0)."""
+    f, y = _np(features).astype(np.float64), _labels(y, num_classes)
     return np.stack([f[y == k].mean(axis=0) if (y == k).any() else np.zeros(f.shape[1]) for k in range(num_classes)])
 
 
@@ -174,9 +252,10 @@ def similarity_to_others(cos) -> dict[str, np.ndarray]:
 
 def intra_class_variance(features, y, num_classes: int) -> np.ndarray:
     """Variance of a class's features: (1/D) sum_d Var_i(h_id), population variance per dimension
-    averaged over dimensions (ME-AT paper, Sec. 1, Fig. 2b; the paper does not say how dimensions combine)."""
-    f, y = _np(features).astype(np.float64), _np(y)
-    return np.array([f[y == k].var(axis=0).mean() if (y == k).any() else 0.0 for k in range(num_classes)])
+    averaged over dimensions (ME-AT paper, Sec. 1, Fig. 2b; the paper does not say how dimensions combine); NaN for
+    an absent class."""
+    f, y = _np(features).astype(np.float64), _labels(y, num_classes)
+    return np.array([f[y == k].var(axis=0).mean() if (y == k).any() else np.nan for k in range(num_classes)])
 
 
 def weight_norms(weight) -> np.ndarray:
@@ -185,10 +264,15 @@ def weight_norms(weight) -> np.ndarray:
 
 
 def rank_correlation(a, b) -> float:
-    """Spearman's rank correlation (ties get their average rank); NaN when either input is constant."""
+    """Spearman's rank correlation (ties get their average rank) over the classes where both are known (NaN marks
+    an absent class); NaN when either input is constant there."""
     from scipy.stats import spearmanr
 
     a, b = _np(a).astype(np.float64), _np(b).astype(np.float64)
+    known = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[known], b[known]
+    if len(a) < 2:
+        return float("nan")
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
     return float(spearmanr(a, b).statistic)

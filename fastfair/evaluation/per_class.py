@@ -32,9 +32,11 @@ from fastfair.scaleout import distributed
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
               amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None,
-              entropy: torch.Tensor | None = None) -> torch.Tensor:
+              entropy: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None) -> torch.Tensor:
     """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``. ``entropy``
-    (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7).
+    (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7); ``nonfinite``
+    (one integer, on the device) counts the images whose logits hold a NaN or inf, whose argmax means nothing
+    (:func:`measures.check_finite` reads it once, after the loop).
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
@@ -51,6 +53,11 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
                 x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
                 with torch.no_grad():
                     logits = model(x_adv)
+            if logits.shape[1] != num_classes:  # a prediction past C would land in the next row's cells
+                raise UserError(f"the model returns {logits.shape[1]} logits per image and the data has "
+                                f"{num_classes} classes; evaluate it on the data set it was trained for")
+            if nonfinite is not None:
+                nonfinite += (~torch.isfinite(logits)).any(1).sum()
             pred = logits.argmax(1)
             conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
             if entropy is not None:
@@ -161,21 +168,26 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
         else:
             attack = parse_attack(name, cw_kappa, clip_start)
             entropy = torch.zeros(c, device=dev)
-            conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute, entropy)
+            nonfinite = torch.zeros((), dtype=torch.long, device=dev)
+            conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute, entropy,
+                             nonfinite)
             entropy = distributed.all_reduce_sum(entropy)
+            nonfinite = distributed.all_reduce_sum(nonfinite)
             if attack.per_class:
                 extra["images"] = int(conf.sum())
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
+        if name != autoattack.NAME:  # AutoAttack checks its own passes (autoattack.evaluate_split)
+            measures.check_finite(int(nonfinite), int(conf.sum()), name)
         if name != autoattack.NAME:  # the mean prediction entropy over the images, in nats (ME paper Fig. 7)
             extra["entropy"] = float(entropy.sum()) / max(1, int(conf.sum()))
-        out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
+        out[name] = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
                      "seed": seed, **extra}
     names.add_best(out, attack_names)
     for name in filter(names.is_corruption_group, attack_names):
         group = names.members(name)
         conf = sum(torch.tensor(out[m]["confusion"]) for m in group)
-        out[name] = {"per_class": measures.per_class_accuracy(conf.numpy()).tolist(),
+        out[name] = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
                      "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
                      "entropy": sum(out[m]["entropy"] for m in group) / len(group),  # each saw the same images
                      **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
@@ -278,7 +290,7 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
               "images": len(data[1]), "subset": note, **({"dropped_classes": dropped} if dropped else {}),
-              **settings, "fingerprint": fp}
+              **absent_record(results, bundle.classes), **settings, "fingerprint": fp}
     kept = None
     if distributed.current().is_main:
         kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
@@ -287,11 +299,20 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")
         display.print_table(*measures.table_rows(results, bundle.classes))
+        if record.get("absent_classes"):
+            print(measures.absent_note(record["absent_classes"]))
         if dropped:
             print(dropped_note(dropped, bundle.classes))
         if kept:
             print(f"\nan earlier result of other weights, data or settings was moved to {kept}")
     return record
+
+
+def absent_record(results: dict[str, dict], classes: list[str]) -> dict:
+    """``{"absent_classes": [names]}`` of the classes without images in the evaluated data ({} for none): their
+    cells are null and the summaries leave them out (:mod:`fastfair.evaluation.measures`)."""
+    absent = measures.table_absent(results, classes)
+    return {"absent_classes": absent} if absent else {}
 
 
 def settings_of(*, eps, alpha, cw_kappa: float, amp: bool, seed: int, clip_start: bool = True,

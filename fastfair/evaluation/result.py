@@ -54,12 +54,18 @@ class Result:
         except KeyError:
             raise UserError(f"no {attack!r} in this result; it holds {', '.join(self.attacks)}") from None
 
-    def per_class(self, attack: str) -> dict[str, float]:
-        """{class name: accuracy in percent} under ``attack`` (``clean`` for clean accuracy)."""
+    @property
+    def absent_classes(self) -> list[str]:
+        """The classes without images in the evaluated data: None in :meth:`per_class`, left out of every summary."""
+        return list(self.record.get("absent_classes", []))  # a record before the key: none was absent, or it says 0
+
+    def per_class(self, attack: str) -> dict[str, float | None]:
+        """{class name: accuracy in percent} under ``attack`` (``clean`` for clean accuracy); None for an absent
+        class."""
         return dict(zip(self.classes, self._entry(attack)["per_class"]))
 
     def avg(self, attack: str) -> float:
-        """Mean of the per-class accuracies (percent)."""
+        """Mean of the per-class accuracies (percent) of the classes present."""
         return self._entry(attack)["summary"]["avg"]
 
     def overall(self, attack: str) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
+from fastfair.evaluation import measures
 from fastfair.methods.base import METHODS, Method
 from fastfair.schema import Epochs, Key
 
@@ -108,6 +109,11 @@ class FRLBase(Method):
     def _update(self, state, val: dict, next_epoch: int) -> None:
         """Multipliers for 0-based epoch ``next_epoch`` from a validation of the current model."""
         m = self.cfg.method
+        absent = measures.absent_classes(val["clean"]["per_class"], [str(k) for k in range(state.num_classes)])
+        if absent:  # FRL reweights every class by its validation accuracy; a class without images has none
+            raise UserError(f"{self.cfg.method.name} reweights each class by its validation accuracy, and class(es) "
+                            f"{', '.join(absent)} have no validation images; train on every class (data.drop_classes "
+                            "= []) or give the validation split images of each class (data.val_per_class)")
         clean = torch.tensor(val["clean"]["per_class"], device=state.device) / 100.0
         robust = torch.tensor(val[self.cfg.train.val_attack]["per_class"], device=state.device) / 100.0
         # FRL code: rate1 halves before each 1-based epoch divisible by frl_halve_every.

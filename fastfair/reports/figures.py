@@ -392,8 +392,9 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
     axes = [grid[:2], grid[2:]] if many else grid  # axes[row][column] either way
     x = np.arange(len(classes))
     width = 0.8 / len(series)
+    # NaN: a class absent from the evaluated images, no bar; means and spread are of the present classes
     values = {name: [np.asarray(v, dtype=float) for v in pair] for name, pair in series.items()}
-    spread = max(float(np.abs(v - v.mean()).max()) for pair in values.values() for v in pair)
+    spread = max(float(np.nanmax(np.abs(v - np.nanmean(v)))) for pair in values.values() for v in pair)
     lim = 5.0 * np.ceil(max(spread, 1.0) * 1.08 / 5.0)  # a round symmetric limit above the largest deviation
     rows = (("accuracy", "clean accuracy (%)"), (f"robustness ({robust_name})", f"{robust_name} accuracy (%)"))
     bar_pt = width * (width_in / 2 - 1.0) * 72 / max(1, len(classes))  # a bar's width in points, for its 0 marker
@@ -401,8 +402,8 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
         for c, centred in enumerate((False, True)):
             ax = axes[r][c]
             for i, (name, pair) in enumerate(values.items()):
-                v, color = pair[r] - (pair[r].mean() if centred else 0.0), f"C{i % 10}"
-                label = f"{name} (mean: clean {pair[0].mean():.1f}, {robust_name} {pair[1].mean():.1f})"
+                v, color = pair[r] - (np.nanmean(pair[r]) if centred else 0.0), f"C{i % 10}"
+                label = f"{name} (mean: clean {np.nanmean(pair[0]):.1f}, {robust_name} {np.nanmean(pair[1]):.1f})"
                 if many:
                     ax.plot(x, v, color=color, marker="o", ms=2.5, lw=0.5, label=label)
                 else:
@@ -411,7 +412,7 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
                     if not centred:
                         _zero_marks(ax, xs, v, color, bar_pt)
                 if not centred:
-                    ax.axhline(float(pair[r].mean()), color=color, ls="--", lw=1)
+                    ax.axhline(float(np.nanmean(pair[r])), color=color, ls="--", lw=1)
             ax.axhline(0, color="0.2", lw=0.8)
             ax.set_ylim((-lim, lim) if centred else (-2, 102))
             ax.set_title(f"{what}, {'mean subtracted' if centred else 'w/o mean subtracted'}", fontsize=10)

@@ -507,11 +507,13 @@ def _per_class_latex(table: dict, classes: list[str]) -> str:
     lines = [r"\begin{tabular}{l " + "r " * len(names) + "}", r"\toprule",
              "class & " + " & ".join(esc(n) for n in names) + r" \\", r"\midrule"]
     for c, cname in enumerate(classes):
-        lines.append(esc(cname) + " & " + " & ".join(f"{table[n]['per_class'][c]:.2f}" for n in names) + r" \\")
+        lines.append(esc(cname) + " & " + " & ".join(measures.accuracy_cell(table[n]["per_class"][c]) for n in names)
+                     + r" \\")
     lines.append(r"\midrule")
     for key, label in measures.SUMMARY_ROWS:
         lines.append(esc(label) + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
-    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
+    note = measures.absent_note(measures.table_absent(table, classes))  # as the Markdown table says it
+    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"] + ([esc(note)] if note else []))
 
 
 def _mean_overall(recs: list[dict], attack: str) -> dict[str, float]:
@@ -638,9 +640,10 @@ def _epoch_ranges(epochs: list[int]) -> str:
 def lowest_classes(accuracy, classes: list[str]) -> str:
     """The class with the lowest accuracy by name; classes tied lowest together ("bird = cat"), more than three by
     their count and value ("7 classes at 0.0 %")."""
-    a = np.asarray(accuracy, dtype=float)
-    tied = np.flatnonzero(np.isclose(a, a.min(), rtol=0, atol=1e-9))
-    return " = ".join(classes[k] for k in tied) if len(tied) <= 3 else f"{len(tied)} classes at {a.min():.1f} %"
+    a = np.asarray(accuracy, dtype=float)  # an absent class (NaN) is nobody's lowest
+    low = np.nanmin(a)
+    tied = np.flatnonzero(np.isclose(a, low, rtol=0, atol=1e-9))
+    return " = ".join(classes[k] for k in tied) if len(tied) <= 3 else f"{len(tied)} classes at {low:.1f} %"
 
 
 def worst_class_text(epochs: list[int], per_class, classes: list[str]) -> str:

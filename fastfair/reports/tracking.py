@@ -55,7 +55,7 @@ def result_scalars(split: str, results: dict, classes: list[str]) -> dict[str, f
 
 def _result(prefix: str, summary: dict, per_class: list[float], classes: list[str]) -> dict[str, float]:
     return {**{f"{prefix}/{k}": summary[k] for k in SUMMARY_KEYS if k in summary},
-            **{f"{prefix}/{c}": a for c, a in zip(classes, per_class)}}
+            **{f"{prefix}/{c}": a for c, a in zip(classes, per_class) if a is not None}}  # None: an absent class
 
 
 class Tracker:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fastfair import display
 from fastfair.errors import UserError
-from fastfair.evaluation import robustbench as rb
+from fastfair.evaluation import measures, robustbench as rb
 from fastfair.reports import figures
 from fastfair.rundir import RunDir, write_json_atomic, write_text_atomic
 from fastfair.scaleout import jobs as grid_jobs
@@ -192,7 +192,8 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
                      f"{r['worst']:.2f} | {r['cv']:.2f} | {r['mcd']:.2f} | {r['note']} |")
     lines += ["", f"Per-class accuracy under `{attack}` (%):", "",
               "| model | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
-    lines += [f"| {r['model']} | " + " | ".join(f"{v:.1f}" for v in r["per_class"]) + " |" for r in rows]
+    lines += [f"| {r['model']} | " + " | ".join(measures.accuracy_cell(v, 1) for v in r["per_class"]) + " |"
+              for r in rows]
     lines += ["", "![per-class accuracy of each model](zoo.png)", ""]
     path = out / "zoo.md"
     write_text_atomic("\n".join(lines), path)

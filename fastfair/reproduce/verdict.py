@@ -58,13 +58,15 @@ class Comparison:
         return "higher" if self.diff > 0 else "lower"
 
 
-def _ours(record: dict, attack: str, stat: str, k: int | None) -> float:
-    """Our value of one statistic from an evaluation record (accuracies in %)."""
+def _ours(record: dict, attack: str, stat: str, k: int | None) -> float | None:
+    """Our value of one statistic from an evaluation record (accuracies in %); None for a class absent from the
+    evaluated images (no value to compare)."""
     result = record["results"][attack]
-    if stat in SPREAD:
-        return (cv if stat == "cv" else mcd)(result["per_class"])
+    if stat in SPREAD:  # over the present classes (measures.cv and mcd leave absent ones out)
+        return (cv if stat == "cv" else mcd)(np.asarray(result["per_class"], dtype=float))
     if k is not None:
-        return float(result["per_class"][k])
+        value = result["per_class"][k]
+        return None if value is None else float(value)
     if stat == "avg":  # the papers' "accuracy" is the share of test images correct
         return float(result["summary"].get("overall", result["summary"]["avg"]))
     return float(result["summary"]["worst"])
@@ -92,7 +94,7 @@ def compare_row(row: PaperRow, records: list[dict], comparable: bool, classes: l
         ran = (runs_for or {}).get(attack, attack)
         for label, paper, k, kind in _stats(number, classes):
             std = number.std.get(kind) if kind in ("avg", "worst") else None
-            ours = [_ours(rec, ran, label, k) for rec in records if ran in rec["results"]]
+            ours = [v for rec in records if ran in rec["results"] if (v := _ours(rec, ran, label, k)) is not None]
             out.append(Comparison(row.preset, row.row, attack, label, paper, ours,
                                   std if std is not None else tolerance(kind, paper),
                                   "paper std" if std is not None else "default", comparable))

@@ -264,7 +264,8 @@ def _finish(md: list[str], notes: list[str], runs: list[tuple[str, str, str]], o
 
 def _seed_mean(records: list[dict], attack: str) -> np.ndarray:
     """The per-class accuracies under ``attack``, averaged over the seeds' records that have it."""
-    return np.mean([rec["results"][attack]["per_class"] for rec in records if attack in rec["results"]], axis=0)
+    return np.mean([rec["results"][attack]["per_class"] for rec in records if attack in rec["results"]], axis=0,
+                   dtype=float)  # an absent class's null as NaN, which measures.summary leaves out
 
 
 def protocol_table(rows: list[tuple[str, str, list[dict]]], attack: str, classes: list[str]) -> str:
@@ -274,14 +275,17 @@ def protocol_table(rows: list[tuple[str, str, list[dict]]], attack: str, classes
     head = "| row | preset | seeds | avg | worst (class) | CV (%²) | MCD |" + \
         ("".join(f" {c} |" for c in classes) if per_class else "")
     lines = [head, "|---|---|---:|---:|---:|---:|---:|" + ("---:|" * len(classes) if per_class else "")]
+    absent: set[str] = set()
     for label, preset, recs in rows:
         acc = _seed_mean(recs, attack)
+        absent.update(measures.absent_classes(acc, classes))
         s = measures.summary(acc)
         seeds = sum(attack in rec["results"] for rec in recs)
         line = (f"| {label} | `{preset}` | {seeds} | {s['avg']:.2f} | {s['worst']:.2f} ({classes[s['worst_class']]}) | "
                 f"{s['cv']:.2f} | {s['mcd']:.2f} |")
-        lines.append(line + ("".join(f" {a:.1f} |" for a in acc) if per_class else ""))
-    return "\n".join(lines)
+        lines.append(line + ("".join(f" {measures.accuracy_cell(a, 1)} |" for a in acc) if per_class else ""))
+    note = measures.absent_note([c for c in classes if c in absent])
+    return "\n".join(lines + ([f"\n{note}"] if note else []))
 
 
 def members_table(rows: list[tuple[str, str, list[dict]]], members: list[str], classes: list[str]) -> str:

@@ -21,7 +21,8 @@ PANELS = ("accuracy w/o (top left) and w/ (top right) the mean over classes subt
 def _discrepancy(runs: FigureRuns, preset: str, name: str, title: str) -> list[Comparison]:
     """Per-class clean accuracy and robustness of ``preset``'s runs (mean over seeds), in the paper's 2 x 2 grid."""
     recs = runs.records[preset]
-    clean, robust = (np.mean([r["results"][a]["per_class"] for r in recs], axis=0).tolist() for a in ("clean", ROBUST))
+    clean, robust = (np.mean([r["results"][a]["per_class"] for r in recs], axis=0, dtype=float).tolist()
+                     for a in ("clean", ROBUST))  # dtype: an absent class's null as NaN
     figures.discrepancy_grid(runs.classes, {name: (clean, robust)}, ROBUST, title, runs.png())
     return []
 
