@@ -19,7 +19,6 @@ function needs it, and a missing install raises :class:`UserError` naming the fi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ import torch
 from fastfair.data import datasets
 from fastfair.data.loaders import LOADERS, random_crop_flip
 from fastfair.errors import UserError
-from fastfair.rundir import check_space, replacing, write_json_atomic
+from fastfair.rundir import check_space, read_json, replacing, write_json_atomic
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -166,7 +165,7 @@ def read_meta(beton_dir: str | Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path} not found: make the .beton files with "
                         f"`fastfair data convert --dataset D --out {beton_dir}`")
-    return json.loads(path.read_text())
+    return read_json(path, f"convert again: fastfair data convert --dataset D --out {beton_dir}")
 
 
 def check_meta(beton_dir: str | Path, *, dataset: str | None = None, val_per_class: int | None = None,
