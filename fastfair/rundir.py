@@ -511,6 +511,15 @@ def read_toml(path: Path) -> str:
     return rest.decode()
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, read in 4 MB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(4 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
 def _json_sha256(record: dict) -> str:
     """SHA-256 of a JSON record's canonical text (sorted keys, no spaces), its checksum key left out: the same
     for the record written and the record read back, whatever the indent."""

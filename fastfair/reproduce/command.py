@@ -16,7 +16,7 @@ from fastfair import config
 from fastfair.attacks import autoattack, names
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.errors import UserError
-from fastfair.evaluation.foreign import evaluate_foreign, file_sha256
+from fastfair.evaluation.foreign import evaluate_foreign
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
@@ -24,7 +24,7 @@ from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import other_report, write, write_protocol
-from fastfair.rundir import RunDir, read_json
+from fastfair.rundir import RunDir, file_sha256, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state, stopped
 from fastfair.scaleout import per_gpu as runs_per_gpu
