@@ -749,7 +749,8 @@ def zip_damage(path: str | Path) -> str:
                         while f.read(4 << 20):
                             pass
                 except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
-                    return f"its part {m.filename} fails its check ({err})"
+                    return f"its part {m.filename} fails its " + ("CRC-32 check" if "CRC" in str(err) else
+                                                                  f"check ({err})")
     except (zipfile.BadZipFile, OSError, ValueError) as err:
         return f"its zip directory is unreadable ({err})"
     return ""
