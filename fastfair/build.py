@@ -16,7 +16,7 @@ from fastfair.config import Config
 from fastfair.errors import UserError
 from fastfair.ops import BACKENDS
 from fastfair.rundir import RunDir, load_checkpoint
-from fastfair.config import apply, load_saved_text
+from fastfair.config import apply, load_run, load_saved_text
 
 
 def device(cfg: Config) -> torch.device:
@@ -383,7 +383,7 @@ def checkpoint_path(target: str | Path, checkpoint: str = "auto") -> Path:
     run = RunDir(path)
     if checkpoint != "auto":
         return run.existing_checkpoint(checkpoint)
-    return run.selected_checkpoint(load_saved_text(run.read_config()).train.select)
+    return run.selected_checkpoint(load_run(run.path).train.select)
 
 
 def substitute_model(target: str | Path, dev: torch.device, like: torch.nn.Module, example: torch.Tensor):

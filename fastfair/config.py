@@ -30,6 +30,7 @@ from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
 from fastfair.preset_files import preset_text
+from fastfair.rundir import RunDir, read_toml
 from fastfair.suggest import hint, normal
 
 
@@ -537,10 +538,16 @@ def _saved(text: str, where: str) -> dict[str, Any]:
 
 
 def load_saved(path: str | Path) -> dict[str, Any]:
-    """A saved run config file as nested TOML; a damaged one is a UserError."""
-    text = Path(path).read_text()
+    """A saved run config file (``RUN/config.toml``) as nested TOML; a damaged one is a UserError."""
+    text = read_toml(Path(path))
     _saved(text, str(path))
     return tomllib.loads(text)
+
+
+def load_run(run: str | Path) -> Config:
+    """The config a run folder saved (its ``config.toml``, checksum checked); errors name that file."""
+    folder = RunDir(run)
+    return load_saved_text(folder.read_config(), str(folder.config))
 
 
 def load_saved_text(text: str, where: str = "the checkpoint") -> Config:

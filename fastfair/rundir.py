@@ -26,6 +26,25 @@ last line (a kill mid-write), which a resume removes. Every file a run writes go
 I/O error) is one :class:`~fastfair.errors.WriteError` line naming the file and the free space, with the
 old file kept (docs/reliability.md). Checkpoints load with ``torch.load(weights_only=True)``: loading
 never unpickles arbitrary objects.
+
+Every file a later command trusts also proves on load that its bytes are those written (docs/reliability.md,
+"Damaged files"): a disk, copy or transfer that changes bytes in place (zeroes, same length) would otherwise give a
+wrong number without a word, as ``torch.load`` reads such a file without complaint. The checksum lives inside the
+file, so the one atomic rename writes content and checksum together and no crash can part them:
+
+* checkpoints (``torch.save``) and ``.npz`` files are zip archives whose every member carries a CRC-32 (torch
+  writes it while ``torch.serialization.get_crc32_options()`` holds, the default, which :func:`save_atomic` keeps
+  on); :func:`load_checkpoint` reads every member once, streaming, and checks it (:func:`zip_damage`), since
+  ``torch.load`` does not; numpy checks a member's CRC-32 as it reads it, and :func:`load_npz` says which file.
+  CRC-32 finds every burst of changed bytes up to 32 bits long and any other change but 1 in 2**32: enough
+  against damage, which is all it is for (it proves nothing against a deliberate edit);
+* JSON records carry :data:`JSON_CHECKSUM`, the SHA-256 of their canonical content (:func:`write_json_atomic`,
+  :func:`read_json`); ``config.toml`` starts with a ``# sha256:`` comment line of the rest (:meth:`RunDir.read_config`);
+* FFCV's ``.beton`` files, another library's format, are named with their SHA-256 in ``meta.json``
+  (:mod:`fastfair.data.ffcv` says what a crash can leave).
+
+Files written before these checksums (none in them, or a checkpoint saved with torch's CRC-32 off) load as before,
+silently: they cannot be checked, and a notice on each of a user's old runs would say nothing they could act on.
 """
 from __future__ import annotations
 
@@ -43,6 +62,7 @@ import socket
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +184,17 @@ class RunDir:
         """Where an earlier result of other weights, data or settings goes instead of being overwritten."""
         return self.path / "eval" / "previous" / f"{Path(checkpoint).stem}-{split}-{tag}.json"
 
+    def again(self, record: Path) -> str:
+        """What to do with this run's damaged eval or diagnostics file ``record`` (``eval/<checkpoint>-<split>
+        [-first<N>].json``, ``diagnostics/<checkpoint>-<split>-<attack>.json``): delete it, and the command."""
+        checkpoint, split, *rest = Path(record).name.split(".")[0].split("-")
+        command = f"{self.path} --checkpoint {checkpoint} --split {split}"
+        if Path(record).parent.name == "diagnostics":
+            command = f"diagnose {command}" + (f" --attack {rest[0]}" if rest else "")
+        else:
+            command = f"eval {command}" + (f" --per-class {rest[0].removeprefix('first')}" if rest else "")
+        return f"delete it and run `fastfair {command}` again"
+
     def eval_files(self) -> list[Path]:
         return sorted((self.path / "eval").glob("*.json"))
 
@@ -178,15 +209,16 @@ class RunDir:
 
     # ---- config, metrics and history ---------------------------------------------------------
     def read_config(self) -> str:
-        """The saved config's TOML text; a folder without one is not a run directory."""
+        """The saved config's TOML text, its checksum line checked and left out; a folder without one is not a run
+        directory."""
         if not self.config.is_file():
             raise UserError(f"{self.path} is not a run directory (no config.toml); "
                             "pass a folder written by fastfair train")
-        return self.config.read_text()
+        return read_toml(self.config)
 
     def write_config(self, text: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(text, self.config)
+        write_text_atomic(f"{TOML_CHECKSUM} {_sha256(text.encode())}{TOML_CHECKSUM_WHY}\n{text}", self.config)
 
     def append_metrics(self, record: dict) -> None:
         append_jsonl(record, self.metrics)
@@ -436,8 +468,14 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def save_atomic(obj, path: str | Path) -> None:
-    """``torch.save`` atomically (:func:`_replace_atomic`)."""
-    _replace_atomic(lambda f: torch.save(obj, f), path)
+    """``torch.save`` atomically (:func:`_replace_atomic`), with the CRC-32 of every member that
+    :func:`load_checkpoint` checks (torch's default; turned back on here should a caller have turned it off)."""
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)
+    try:
+        _replace_atomic(lambda f: torch.save(obj, f), path)
+    finally:
+        torch.serialization.set_crc32_options(crc)
 
 
 def write_bytes_atomic(data: bytes, path: str | Path) -> None:
@@ -448,7 +486,54 @@ def write_text_atomic(text: str, path: str | Path) -> None:
     write_bytes_atomic(text.encode(), path)
 
 
+# the key of a JSON record's checksum, and the first words of config.toml's checksum line
+JSON_CHECKSUM = "content_sha256"
+TOML_CHECKSUM = "# sha256:"
+TOML_CHECKSUM_WHY = "  (of the lines below; fastfair checks it on every read)"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_toml(path: Path) -> str:
+    """The text of a TOML file fastfair wrote (:meth:`RunDir.write_config`), its ``# sha256:`` line checked and left
+    out; bytes changed since it was written are a UserError. One without that line (older) is read as it is."""
+    data = path.read_bytes()
+    first, _, rest = data.partition(b"\n")
+    if b"\0" not in data and not first.startswith(TOML_CHECKSUM.encode()):  # from before the checksum
+        return data.decode(errors="replace")  # the TOML parser names any character that is not text
+    if first.removeprefix(TOML_CHECKSUM.encode()).split()[:1] != [_sha256(rest).encode()]:
+        raise UserError(f"{path} is damaged: its content does not match the checksum on its first line (bytes "
+                        f"changed after fastfair wrote it); copy it again from where it came from, or restore it "
+                        f"from the config every checkpoint of the run holds. If you edited it on purpose, delete "
+                        f"that first line")
+    return rest.decode()
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, read in 4 MB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(4 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def _json_sha256(record: dict) -> str:
+    """SHA-256 of a JSON record's canonical text (sorted keys, no spaces), its checksum key left out: the same
+    for the record written and the record read back, whatever the indent."""
+    content = {k: v for k, v in record.items() if k != JSON_CHECKSUM}
+    return _sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
+
+
 def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
+    """``obj`` as JSON, atomically; a dict (every record fastfair reads back) gains :data:`JSON_CHECKSUM`, which
+    :func:`read_json` checks. The checksum is of the record as JSON reads it back (keys become strings, tuples
+    lists), so it is computed on that."""
+    if isinstance(obj, dict):
+        obj = json.loads(json.dumps(obj))
+        obj[JSON_CHECKSUM] = _json_sha256(obj)
     write_text_atomic(json.dumps(obj, indent=indent), path)
 
 
@@ -466,12 +551,30 @@ def state_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
-def read_json(path: str | Path) -> dict:
-    """A JSON file fastfair wrote; a damaged one (written in place by an older version) is a UserError."""
+def read_json(path: str | Path, fix: str = "delete it and run the command that wrote it again") -> dict:
+    """A JSON file fastfair wrote, its checksum (:data:`JSON_CHECKSUM`) checked and left out; a damaged one (not
+    JSON, written in place by an older version, or bytes changed since) is a UserError saying ``fix``."""
     try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError:
-        raise UserError(f"{path} is damaged (not JSON); delete it and run the command again") from None
+        record = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path} is damaged (not JSON); {fix}") from None
+    if not isinstance(record, dict) or JSON_CHECKSUM not in record:  # not a record, or one from before checksums
+        return record
+    if record[JSON_CHECKSUM] != _json_sha256(record):
+        raise UserError(f"{path} is damaged: its content does not match its checksum ({JSON_CHECKSUM}: bytes "
+                        f"changed after fastfair wrote it); {fix}")
+    del record[JSON_CHECKSUM]
+    return record
+
+
+def load_npz(path: str | Path, fix: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` fastfair wrote, without pickle; numpy checks each member's CRC-32 as it reads it,
+    so a damaged file (or a cut-short one) is a UserError naming it, the damage and ``fix``."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error) as err:
+        raise UserError(f"{path} is damaged ({err}: bytes changed or lost after fastfair wrote it); {fix}") from None
 
 
 def append_text(text: str, path: str | Path) -> None:
@@ -609,6 +712,10 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; torch.load on other files fails obscurely
         raise UserError(f"{path} is not a checkpoint written by fastfair train (empty or another format); pass a "
                         f"run directory or a .pt file from its checkpoints/{FOREIGN_HINT}")
+    damage = zip_damage(path)
+    if damage:
+        raise UserError(f"{path} is damaged: {damage} (bytes changed after fastfair wrote it: a disk, copy or "
+                        f"transfer error), so fastfair does not load it; {_instead_of(path)}")
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
@@ -625,6 +732,48 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     if "epoch" in ck:  # older checkpoints counted from 0: read every one 1-based
         ck.update(epoch=one_based_epoch(ck), **EPOCH_NUMBERING)
     return ck
+
+
+def zip_damage(path: str | Path) -> str:
+    """What is damaged in the zip ``path`` ("" when nothing is): every member is read once, in 4 MB pieces, and
+    checked against its CRC-32 (zipfile checks it at a member's end), or its directory or a header is unreadable.
+    A zip whose CRCs are all 0 was saved with torch's CRC-32 off and cannot be checked."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+            if not any(m.CRC for m in members):
+                return ""
+            for m in members:
+                try:
+                    with z.open(m) as f:
+                        while f.read(4 << 20):
+                            pass
+                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
+                    return f"its part {m.filename} fails its " + ("CRC-32 check" if "CRC" in str(err) else
+                                                                  f"check ({err})")
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        return f"its zip directory is unreadable ({err})"
+    return ""
+
+
+def _instead_of(path: Path) -> str:
+    """What to do instead of loading the damaged checkpoint ``path``: copy it again, or use the intact checkpoints
+    of its run (each with its epoch), or for last.pt train the run again from its first epoch."""
+    run = RunDir.of_checkpoint(path)
+    intact = []
+    for other in sorted(run.checkpoints.glob("*.pt")) if path.parent == run.checkpoints else []:
+        if other != path and zipfile.is_zipfile(other) and not zip_damage(other):
+            with contextlib.suppress(Exception):  # an unreadable one is not offered
+                ck = torch.load(other, map_location="cpu", weights_only=True, mmap=True)
+                intact.append(f"{other.stem} (epoch {one_based_epoch(ck)})")
+    todo = "copy it again from where it came from"
+    if path == run.last:
+        todo += (f", or move it aside and `fastfair train --out {run.path} --resume` trains the run again from its "
+                 f"first epoch")
+    if intact:
+        todo += (f"; the run's intact checkpoints: {', '.join(intact)}, e.g. `fastfair eval {run.path} --checkpoint "
+                 f"{intact[0].split()[0]}`")
+    return todo
 
 
 def init_model(model, path: str | Path) -> None:

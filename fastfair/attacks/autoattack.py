@@ -42,7 +42,7 @@ from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.registry import Registry
-from fastfair.rundir import write_npz_atomic
+from fastfair.rundir import load_npz, write_npz_atomic
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
@@ -242,12 +242,12 @@ class Flags:
         """The saved flags if they belong to this model, data and settings; otherwise None."""
         if not path.is_file():
             return None
-        with np.load(path, allow_pickle=False) as f:
-            if "adv" not in f.files or str(f["fingerprint"]) != fingerprint:
-                return None
-            adv = clean.copy()
-            adv[f["adv_index"]] = f["adv"]
-            return cls(f["broken_by"].copy(), f["pred"].copy(), f["tried"].copy(), adv, fingerprint)
+        f = load_npz(path, "delete it, and AutoAttack starts again from its first point")
+        if "adv" not in f or str(f["fingerprint"]) != fingerprint:
+            return None
+        adv = clean.copy()
+        adv[f["adv_index"]] = f["adv"]
+        return cls(f["broken_by"], f["pred"], f["tried"], adv, fingerprint)
 
 
 # ---- the run ---------------------------------------------------------------------------------

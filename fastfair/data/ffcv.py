@@ -19,7 +19,6 @@ function needs it, and a missing install raises :class:`UserError` naming the fi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ import torch
 from fastfair.data import datasets
 from fastfair.data.loaders import LOADERS, random_crop_flip
 from fastfair.errors import UserError
-from fastfair.rundir import check_space, replacing, write_json_atomic
+from fastfair.rundir import check_space, file_sha256, read_json, replacing, write_json_atomic
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -130,17 +129,21 @@ def convert(splits: dict, out_dir: str | Path, *, jpeg: bool = False, jpeg_quali
             writer = f.DatasetWriter(str(tmp), {"image": image, "label": f.IntField()}, num_workers=workers)
             writer.from_indexed_dataset(_Samples(xs, ys))
             paths[name] = path
-            info[name] = {"file": path.name, "n": int(len(ys))}
-        record = {
-            "format": FORMAT_VERSION,
-            "shape": list(shape) if shape else None,
-            "image_field": "rgb" if shape and shape[0] == 3 else "ndarray",
-            "jpeg": bool(jpeg),
-            "jpeg_quality": int(jpeg_quality) if jpeg else None,
-            "splits": info,
-            **(meta or {}),
-        }
-        write_json_atomic(record, out / META, indent=2)
+            info[name] = {"file": path.name, "n": int(len(ys)), "sha256": file_sha256(tmp)}
+        # meta.json names each file's SHA-256 (a .beton is FFCV's format, with no room for it), so it goes before
+        # the files are replaced and comes back after: a crash between leaves no meta.json, which says to convert
+        # again, rather than a meta.json whose checksums make good files look damaged
+        (out / META).unlink(missing_ok=True)
+    record = {
+        "format": FORMAT_VERSION,
+        "shape": list(shape) if shape else None,
+        "image_field": "rgb" if shape and shape[0] == 3 else "ndarray",
+        "jpeg": bool(jpeg),
+        "jpeg_quality": int(jpeg_quality) if jpeg else None,
+        "splits": info,
+        **(meta or {}),
+    }
+    write_json_atomic(record, out / META, indent=2)
     return paths
 
 
@@ -166,7 +169,20 @@ def read_meta(beton_dir: str | Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path} not found: make the .beton files with "
                         f"`fastfair data convert --dataset D --out {beton_dir}`")
-    return json.loads(path.read_text())
+    return read_json(path, f"convert again: fastfair data convert --dataset D --out {beton_dir}")
+
+
+def verify_beton(path: Path) -> None:
+    """Refuse a ``.beton`` whose bytes are not those :func:`convert` wrote: its SHA-256 against the one ``meta.json``
+    beside it names. Files converted before meta.json held checksums (or without a meta.json) are not checked."""
+    if not (path.parent / META).is_file():
+        return
+    meta = read_meta(path.parent)
+    want = {s.get("file"): s.get("sha256") for s in meta.get("splits", {}).values()}.get(path.name)
+    if want and file_sha256(path) != want:
+        raise UserError(f"{path} is damaged: its SHA-256 is not the one {path.parent / META} names (bytes changed "
+                        f"after fastfair data convert wrote it); convert again: fastfair data convert --dataset "
+                        f"{meta.get('dataset', 'D')} --out {path.parent}")
 
 
 def check_meta(beton_dir: str | Path, *, dataset: str | None = None, val_per_class: int | None = None,
@@ -215,6 +231,7 @@ class FFCVLoader:
         path = Path(beton_path).expanduser()
         if not path.is_file():
             raise UserError(f"{path} not found: make it with `fastfair data convert --dataset D --out {path.parent}`")
+        verify_beton(path)
         order = order or ("random" if train else "sequential")
         if order not in ORDERS:
             raise UserError(f"data.order must be one of {', '.join(ORDERS)}; got {order!r}")

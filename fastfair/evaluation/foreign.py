@@ -9,7 +9,6 @@ DataParallel, ``_orig_mod.`` of torch.compile, ``model.``), take out the normali
 """
 from __future__ import annotations
 
-import hashlib
 import pickle
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from fastfair import build, config, models
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate_loaded
 from fastfair.registry import Registry
+from fastfair.rundir import file_sha256
 
 NESTED = ("state_dict", "model_state_dict", "model", "net", "state")  # where authors' scripts keep the weights
 WRAPPERS = ("module.", "_orig_mod.", "model.", "net.")  # DataParallel, torch.compile, wrapper modules
@@ -197,14 +197,6 @@ def normalisation(flag: str | None, in_file: dict | None, dataset_mean_std, chan
     if len(mean) != channels or len(std) != channels or min(std) <= 0:
         raise UserError(f"--normalize {flag}: give {channels} means and {channels} positive stds (or one of each)")
     return {"source": "--normalize", "mean": mean, "std": std}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _refuse(path: Path, model: str, loaded: set[str], expected: set[str]) -> UserError:

@@ -113,7 +113,7 @@ def members(targets: list[str], checkpoint: str = "auto") -> tuple[Member, dict[
     base, without = [], {}
     for path in _runs(targets):
         run = RunDir(path)
-        cfg = config.load_saved_text(run.read_config())
+        cfg = config.load_run(run.path)
         ck = (run.selected_checkpoint(cfg.train.select) if checkpoint == "auto"
               else run.existing_checkpoint(checkpoint))
         if not ck.is_file():

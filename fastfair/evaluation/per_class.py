@@ -26,7 +26,7 @@ from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import Progress
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, state_sha256, write_bytes_atomic, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, read_json, state_sha256, write_bytes_atomic, write_json_atomic
 from fastfair.scaleout import distributed
 
 
@@ -343,7 +343,7 @@ def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]
     if not path.is_file():
         return {}, None
     text = path.read_bytes()
-    old = json.loads(text)
+    old = read_json(path, "delete it and evaluate again")
     if old.get("fingerprint") == fp:
         return old.get("results", {}), None
     previous = previous(hashlib.sha256(text).hexdigest()[:12])

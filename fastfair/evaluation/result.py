@@ -7,12 +7,11 @@ that wrote it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fastfair.errors import UserError
 from fastfair.evaluation import measures
-from fastfair.rundir import write_json_atomic
+from fastfair.rundir import read_json, write_json_atomic
 
 
 class Result:
@@ -27,7 +26,7 @@ class Result:
         path = Path(path)
         if not path.is_file():
             raise UserError(f"no result file at {path}")
-        record = json.loads(path.read_text())
+        record = read_json(path, "delete it and evaluate again")
         if not isinstance(record, dict) or "results" not in record or "classes" not in record:
             raise UserError(f"{path} is not a per-class result (no 'results' and 'classes'); pass a JSON written by "
                             "fastfair eval or fastfair.evaluate")

@@ -31,9 +31,9 @@ import torch
 
 from fastfair import build, config
 from fastfair.errors import UserError
-from fastfair.evaluation.foreign import file_sha256, load_weights_only
+from fastfair.evaluation.foreign import load_weights_only
 from fastfair.evaluation.per_class import evaluate_loaded
-from fastfair.rundir import replacing
+from fastfair.rundir import file_sha256, replacing
 from fastfair.suggest import hint
 
 PREFIX = "rb:"

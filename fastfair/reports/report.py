@@ -56,13 +56,13 @@ def load_run(path, label: str | None = None) -> Run:
     config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
     evals = {}
     for p in run.eval_files():
-        record = read_json(p)
+        record = read_json(p, run.again(p))
         stale = run.stale_eval(p, record)
         if stale:  # its numbers are not the checkpoint's any more: said, and not reported as the checkpoint's
             notice(f"warning: {stale}; left out of the report")
         else:
             evals[p.stem] = record
-    diags = [read_json(p) for p in run.diagnostics_files()]
+    diags = [read_json(p, run.again(p)) for p in run.diagnostics_files()]
     return Run(run.path, config, run.read_metrics(), evals, diags, label or run.path.name, label is not None)
 
 

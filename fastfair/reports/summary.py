@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastfair import display
 from fastfair.attacks import autoattack, names
-from fastfair.config import load_saved_text
+from fastfair.config import load_run
 from fastfair.data.subsets import dropped_note
 from fastfair.rundir import RunDir
 
@@ -57,7 +57,7 @@ def lines(record: dict, averaged: dict | None = None, figure: Path | None = None
     if not is_run:
         return out
     target = str(run.path)
-    stem, select = Path(record["checkpoint"]).stem, load_saved_text(run.read_config()).train.select
+    stem, select = Path(record["checkpoint"]).stem, load_run(run.path).train.select
     if stem != run.selected_checkpoint(select).stem:
         target += f" --checkpoint {stem}"
     commands = [(f"fastfair report {run.path}", "per-class figures and tables (Markdown, LaTeX)")]

@@ -7,7 +7,6 @@ finished with the same command is not run again, so an interrupted batch goes on
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from fastfair import display
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, robustbench as rb
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, write_json_atomic, write_text_atomic
+from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_atomic
 from fastfair.scaleout import jobs as grid_jobs
 from fastfair.scaleout.launchers import LAUNCHERS
 
@@ -148,7 +147,8 @@ def _differs(ours: float, theirs: float, n: int) -> bool:
 def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None, per_class: int | None,
           out: Path) -> Path:
     """``zoo.md``, ``zoo.json`` and ``zoo.png`` of the models' per-class results, best worst class first."""
-    records = {n: json.loads(result_file(n, dataset, threat, model_dir, per_class).read_text()) for n in names}
+    records = {n: read_json(result_file(n, dataset, threat, model_dir, per_class), "delete it and run fastfair zoo "
+                                                                                     "--run again") for n in names}
     # one leaderboard, one test set: a result evaluated on other images (an eval run by hand since) is refused
     by_data: dict[str, list[str]] = {}
     for name, record in records.items():

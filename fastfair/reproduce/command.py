@@ -16,7 +16,7 @@ from fastfair import config
 from fastfair.attacks import autoattack, names
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.errors import UserError
-from fastfair.evaluation.foreign import evaluate_foreign, file_sha256
+from fastfair.evaluation.foreign import evaluate_foreign
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.evaluation.robustbench import evaluate_robustbench
 from fastfair.reproduce import cost, runs, tables
@@ -24,7 +24,7 @@ from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
 from fastfair.reproduce.write import other_report, write, write_protocol
-from fastfair.rundir import RunDir, read_json
+from fastfair.rundir import RunDir, file_sha256, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state, stopped
 from fastfair.scaleout import per_gpu as runs_per_gpu
@@ -86,7 +86,7 @@ def _what_it_reports(row, table: tables.Table) -> str:
 def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
     """The evaluation record the paper's numbers compare with, and the checkpoint it is of."""
     run = RunDir(run_dir)
-    cfg = config.load_saved_text(run.read_config(), str(run.config))
+    cfg = config.load_run(run.path)
     plain = run.selected_checkpoint(cfg.train.select)
     averaged = run.selected_checkpoint(cfg.train.select, averaged=True)
     ckpt = averaged if planned.averaged and averaged.is_file() else plain
@@ -292,7 +292,7 @@ def _last_records(planned: list[runs.PlannedRun], jobs: list, tab: tables.Table,
         if not (p.row.last and p.row.table == tab.number) or read_state(j.run_dir)["status"] != "done":
             continue
         run = RunDir(j.run_dir)
-        cfg = config.load_saved_text(run.read_config(), str(run.config))
+        cfg = config.load_run(run.path)
         ckpt = run.checkpoint("last", averaged=p.averaged)
         done = run.eval_file(ckpt, cfg.eval.split)
         if not done.is_file():
@@ -312,7 +312,7 @@ def _diagnose(planned: list[runs.PlannedRun], jobs: list, gpus: str, echo) -> No
         if attack is None or read_state(j.run_dir)["status"] != "done":
             continue
         run = RunDir(j.run_dir)
-        ckpt = run.selected_checkpoint(config.load_saved_text(run.read_config(), str(run.config)).train.select)
+        ckpt = run.selected_checkpoint(config.load_run(run.path).train.select)
         if run.diagnostics_file(ckpt, "test", attack).is_file():
             continue
         echo(f"diagnose {p.name} under {attack}")

@@ -189,7 +189,7 @@ def prepare(name: str, base: str, sets: dict[str, Any], run_dir: Path) -> tuple[
     if saved.config.is_file() and saved.read_config() != cfg.to_toml():
         # the keys --resume may change (a lower lr for a diverged run, more epochs) may change here too
         # read through the current schema: a key added since the run started holds its default there
-        old = config.flatten(config.load_saved_text(saved.read_config(), str(saved.config)).to_dict())
+        old = config.flatten(config.load_run(saved.path).to_dict())
         new = config.flatten(cfg.to_dict())
         keys = [k for k in new if old.get(k) != new[k] and k != "preset" and k not in config.RESUMABLE]
         changed = ", ".join(keys)

@@ -145,7 +145,7 @@ class Trainer:
         (changed only in :data:`config.RESUMABLE` keys, recorded in ``history.jsonl``)."""
         run, changed = self.run, {}
         if resume:
-            saved = config.load_saved_text(run.read_config(), str(run.config))
+            saved = config.load_run(run.path)
             changed = config.resume_changes(saved, self.cfg)
             if run.last.is_file():
                 self._load(run.load_last())

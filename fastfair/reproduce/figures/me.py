@@ -14,20 +14,19 @@ are in their row presets' ``[paper]`` sections, which reproduce compares; the re
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from fastfair import build, config
-from fastfair.errors import WriteError
+from fastfair.errors import UserError, WriteError
 from fastfair.evaluation import diagnose, measures
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.verdict import Comparison
-from fastfair.rundir import RunDir, load_checkpoint, notice, write_npz_atomic
+from fastfair.rundir import RunDir, load_checkpoint, load_npz, notice, write_npz_atomic
 
 SOURCE = "me"
 ST, ST_2D = "me-fig1-standard", "me-fig4-standard-2d"
@@ -88,13 +87,19 @@ def _measure(path: Path, device: str) -> Measured:
 
 def _stored(path: Path, key: str) -> Measured | None:
     """The measurement in ``path`` if it was made under ``key``; None when there is none, it is of another key, or
-    the file is damaged (cut short by a full disk or a copy: measured again, not a crash)."""
+    the file is damaged (cut short by a full disk or a copy, bytes changed: numpy checks each part's CRC-32):
+    said, and measured again rather than refused, as it is fastfair's own cache."""
+    if not path.is_file():
+        return None
     try:
-        with np.load(path, allow_pickle=False) as f:
-            if str(f["key"]) != key:
-                return None
-            return Measured(**{k.name: f[k.name] for k in fields(Measured)} | {"classes": f["classes"].tolist()})
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        f = load_npz(path, "measuring again")
+        if str(f["key"]) != key:
+            return None
+        return Measured(**{k.name: f[k.name] for k in fields(Measured)} | {"classes": f["classes"].tolist()})
+    except UserError as err:
+        notice(f"warning: {err}")
+        return None
+    except (OSError, KeyError):  # unreadable, or of an older layout
         return None
 
 
@@ -282,7 +287,7 @@ def draw_fig7(runs: FigureRuns) -> list[Comparison]:
     if not got:  # no run, or runs trained before fastfair recorded the entropy
         return []
     n = min(len(h) for hs in got.values() for h in hs)
-    cfg = config.load_saved_text(RunDir(runs.runs[next(iter(got))][0]).read_config())
+    cfg = config.load_run(runs.runs[next(iter(got))][0])
     attack = cfg.train.val_attack
     lines = {f"{_label(p)}, {name}": (np.mean([[e["val"][tag]["entropy"] for e in h[:n]] for h in hs], axis=0), None)
              for p, hs in got.items() for tag, name in (("clean", "clean"), (attack, f"adversarial ({attack})"))}

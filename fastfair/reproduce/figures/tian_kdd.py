@@ -46,7 +46,7 @@ TABLE1 = {"Madry": "tian-kdd-t1-madry", "TRADES": "tian-kdd-t1-trades", "MART": 
 
 
 def _config(run: Path):
-    return config.load_saved_text((run / "config.toml").read_text())
+    return config.load_run(run)
 
 
 def _present(runs: FigureRuns) -> dict[str, tuple[str, str]]:

@@ -1,0 +1,255 @@
+"""Damaged files (issue 49, item 4): every file fastfair writes and later trusts proves on load that its bytes are
+those written, and a file whose bytes changed in place (zeroes, same length: a disk, copy or transfer error) is one
+``fastfair: error:`` line naming the file and what to do, never a wrong number (docs/reliability.md, "Damaged
+files"). The files are written by the real writers (a trained demo run, fastfair eval, the grid's state writer).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import fastfair
+from fastfair import cli, config, rundir
+from fastfair.attacks.autoattack import Flags
+from fastfair.data import ffcv
+from fastfair.errors import UserError
+from fastfair.reproduce.figures import me
+from fastfair.rundir import RunDir, load_checkpoint, read_json, save_atomic, write_json_atomic, write_npz_atomic
+from fastfair.scaleout import jobs
+from helpers import demo_train, trained_demo
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return trained_demo(tmp_path_factory)
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> Path:
+    return Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+def _one_error(err: str) -> str:
+    """The one ``fastfair: error:`` line of ``err``, after checking it is alone and no traceback came with it."""
+    errors = [line for line in err.splitlines() if line.startswith("fastfair: error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0].removeprefix("fastfair: error: ")
+
+
+def _zero(path: Path, start: int, count: int = 64) -> None:
+    """Overwrite ``count`` bytes of ``path`` from ``start`` with zeroes, in place: same length, as a disk does."""
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(count))
+
+
+def _zero_member(path: Path, member: str) -> str:
+    """Zero 64 bytes in the middle of the largest zip member whose name holds ``member`` (its data, not its
+    header); returns its name."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if member in i.filename), key=lambda i: i.file_size)
+    assert info.file_size >= 128
+    with open(path, "rb") as f:  # the data begins after the local header: 30 bytes, the name and the extra field
+        f.seek(info.header_offset + 26)
+        name, extra = np.frombuffer(f.read(4), dtype="<u2")
+    _zero(path, info.header_offset + 30 + int(name) + int(extra) + info.compress_size // 2)
+    return info.filename
+
+
+PARTS = {"tensors": "/data/", "metadata": "data.pkl"}  # the weights, and the pickled structure naming them
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+@pytest.mark.fault
+@pytest.mark.parametrize("part", list(PARTS))
+def test_a_checkpoint_with_zeroed_bytes_is_refused_by_resume_eval_report_and_the_api(run, part, capsys):
+    best, last = run / "checkpoints" / "best_pgd.pt", run / "checkpoints" / "last.pt"
+    intact, size = load_checkpoint(best), last.stat().st_size
+    member = _zero_member(last, PARTS[part])
+    assert last.stat().st_size == size
+    capsys.readouterr()
+    assert cli.main(demo_train(run, "--resume")) == 2
+    line = _one_error(capsys.readouterr().err)
+    assert line.startswith(f"{last} is damaged: its part {member} fails its CRC-32 check (bytes changed")
+    assert line.endswith(f" (bytes changed after fastfair wrote it: a disk, copy or transfer error), so fastfair does "
+                         f"not load it; copy it again from where it came from, or move it aside and `fastfair train "
+                         f"--out {run} --resume` trains the run again from its first epoch; the run's intact "
+                         f"checkpoints: best_fair (epoch 1), best_pgd (epoch 1), best_worst (epoch 1), e.g. `fastfair "
+                         f"eval {run} --checkpoint best_fair`")
+    with pytest.raises(UserError, match=f"^{last} is damaged: its part"):  # the Python API, the same check
+        fastfair.train(out=run, resume=True, progress=False, sets={"train.lr_milestones": []})
+    assert not (run / "checkpoints" / "interrupted.pt").exists()  # nothing trained on from the damaged weights
+
+    _zero_member(best, PARTS[part])
+    for command in (["eval", str(run), "--attacks", "clean"], ["report", str(run), "--out", str(run / "report")]):
+        assert cli.main(command) == 2
+        line = _one_error(capsys.readouterr().err)
+        assert re.match(rf"{best} is damaged: its part archive/\S+ fails its CRC-32 check ", line), line
+    assert intact["epoch"] == 1 and not (run / "report").exists()
+
+
+@pytest.mark.fault
+def test_a_damaged_zip_directory_and_old_checkpoints_without_crcs(tmp_path):
+    """A zeroed entry of the zip's directory is refused too; a checkpoint saved with torch's CRC-32 off (another
+    program, or before) has nothing to check and loads; fastfair's own saves write the CRCs even then."""
+    path = tmp_path / "last.pt"
+    ck = {"epoch": 1, "model": {"w": torch.arange(4096.0)}, "spec": {}, "config": ""}
+    save_atomic(ck, path)
+    directory = zipfile.ZipFile(path).infolist()[-1].header_offset  # the last member's header; the directory follows
+    data = path.read_bytes()
+    _zero(path, data.index(b"PK\x01\x02", directory), 46)  # the first entry of the central directory
+    with pytest.raises(UserError, match=rf"^{path} is damaged: its zip directory is unreadable \("):
+        load_checkpoint(path)
+
+    old = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(ck, path)
+        assert not any(i.CRC for i in zipfile.ZipFile(path).infolist())
+        assert torch.equal(load_checkpoint(path)["model"]["w"], ck["model"]["w"])
+        save_atomic(ck, path)
+        assert all(i.CRC for i in zipfile.ZipFile(path).infolist() if i.file_size)
+    finally:
+        torch.serialization.set_crc32_options(old)
+
+
+# ---- JSON records, config.toml, grid state -------------------------------------------------------
+@pytest.mark.fault
+def test_an_eval_record_with_a_changed_digit_or_zeroed_bytes_is_refused_and_says_what_to_rerun(run, capsys):
+    record = run / "eval" / "best_pgd-test.json"
+    text = record.read_text()
+    assert rundir.JSON_CHECKSUM in json.loads(text) and rundir.JSON_CHECKSUM not in read_json(record)
+    digit = text.index(".", text.index('"overall": ')) + 1  # a digit of a number: still JSON, another value
+    record.write_text(text[:digit] + str((int(text[digit]) + 1) % 10) + text[digit + 1:])
+    again = f"delete it and run `fastfair eval {run} --checkpoint best_pgd --split test` again"
+    assert cli.main(["report", str(run), "--out", str(run / "report")]) == 2
+    assert _one_error(capsys.readouterr().err) == (
+        f"{record} is damaged: its content does not match its checksum ({rundir.JSON_CHECKSUM}: bytes changed after "
+        f"fastfair wrote it); {again}")
+    with pytest.raises(UserError, match=f"^{record} is damaged: its content does not match"):
+        fastfair.load_result(record)
+
+    _zero(record, len(text) // 2)
+    assert cli.main(["report", str(run), "--out", str(run / "report")]) == 2
+    assert _one_error(capsys.readouterr().err) == f"{record} is damaged (not JSON); {again}"
+
+
+def test_a_record_written_before_checksums_loads_and_a_written_one_reads_back_as_it_was(tmp_path):
+    path = tmp_path / "r.json"
+    record = {"results": {"clean": [0.5, float("nan")]}, 3: (1, 2), "classes": ["a"]}
+    write_json_atomic(record, path)
+    assert read_json(path) == {"results": {"clean": [0.5, pytest.approx(float("nan"), nan_ok=True)]}, "3": [1, 2],
+                               "classes": ["a"]}
+    path.write_text(json.dumps({"results": {}, "classes": ["a"]}))  # an older fastfair's record, no checksum
+    assert read_json(path) == {"results": {}, "classes": ["a"]}
+
+
+@pytest.mark.fault
+def test_a_damaged_config_toml_is_refused_and_called_the_config_file(run, capsys):
+    toml = run / "config.toml"
+    text = toml.read_text()
+    assert text.startswith(rundir.TOML_CHECKSUM) and RunDir(run).read_config() == text.split("\n", 1)[1]
+    toml.write_text(text.replace("epochs = 1", "epochs = 7"))  # a changed digit: still TOML, another run
+    for command in (demo_train(run, "--resume"), ["eval", str(run), "--attacks", "clean"],
+                    ["report", str(run), "--out", str(run / "report")]):
+        assert cli.main(command) == 2
+        assert _one_error(capsys.readouterr().err) == (
+            f"{toml} is damaged: its content does not match the checksum on its first line (bytes changed after "
+            f"fastfair wrote it); copy it again from where it came from, or restore it from the config every "
+            f"checkpoint of the run holds. If you edited it on purpose, delete that first line")
+
+    # one written before the checksum line is read as it is, and its damage is named as the config file's
+    toml.write_text(text.split("\n", 1)[1])
+    assert config.load_run(run).train.epochs == 1
+    toml.write_text(text.split("\n", 1)[1].replace("[train]", "[train"))
+    assert cli.main(["eval", str(run), "--attacks", "clean"]) == 2
+    assert _one_error(capsys.readouterr().err).startswith(f"{toml}: the saved run config is damaged (")
+
+
+@pytest.mark.fault
+def test_damaged_grid_state_is_refused(tmp_path):
+    jobs._write_state(tmp_path, {"status": "done", "seconds": 12.5})
+    assert jobs.read_state(tmp_path) == {"status": "done", "seconds": 12.5}
+    path = RunDir(tmp_path).grid_state
+    path.write_text(path.read_text().replace("12.5", "92.5"))
+    with pytest.raises(UserError, match=f"^{path} is damaged: its content does not match its checksum"):
+        jobs.read_state(tmp_path)
+
+
+# ---- .npz: AutoAttack's progress, stored measurements --------------------------------------------
+@pytest.mark.fault
+def test_autoattack_progress_with_zeroed_bytes_is_refused(tmp_path):
+    path = tmp_path / "best_pgd-test.aa.npz"
+    clean = np.zeros((50, 1, 8, 8), np.float32)
+    flags = Flags(np.full(50, 2, np.int8), np.arange(50), np.ones((4, 50), bool), clean + 0.5, "fp")
+    flags.save(path)
+    assert np.array_equal(Flags.load(path, "fp", clean).adv, flags.adv)
+    _zero_member(path, "adv.npy")
+    with pytest.raises(UserError, match=rf"^{path} is damaged \(Bad CRC-32 for file 'adv.npy': bytes changed or lost "
+                                        r"after fastfair wrote it\); delete it, and AutoAttack starts again"):
+        Flags.load(path, "fp", clean)
+
+
+@pytest.mark.fault
+def test_a_stored_measurement_with_zeroed_bytes_is_said_and_measured_again(tmp_path, capsys):
+    path = tmp_path / "best_pgd-test-pgd10.npz"
+    write_npz_atomic({"key": np.array("k"), "acc": np.arange(100.0)}, path)
+    _zero_member(path, "acc.npy")
+    assert me._stored(path, "k") is None
+    assert capsys.readouterr().err == (f"fastfair: warning: {path} is damaged (Bad CRC-32 for file 'acc.npy': bytes "
+                                       "changed or lost after fastfair wrote it); measuring again\n")
+
+
+# ---- FFCV .beton files: a checksum beside them, in meta.json ---------------------------------------
+def _fake_ffcv(monkeypatch, content: bytes, replace_fails: bool = False) -> None:
+    """FFCV's writer as convert uses it, writing ``content``; ``replace_fails``: the rename into place fails."""
+    class DatasetWriter:
+        def __init__(self, fname, fields, num_workers):
+            self.fname = fname
+
+        def from_indexed_dataset(self, samples):
+            Path(self.fname).write_bytes(content)
+
+    monkeypatch.setattr(ffcv, "_ffcv", lambda: SimpleNamespace(RGBImageField=lambda **kw: "rgb", IntField=lambda: 0,
+                                                               NDArrayField=lambda *a: "array",
+                                                               DatasetWriter=DatasetWriter))
+    if replace_fails:
+        real = os.replace
+
+        def replace(src, dst):
+            if str(dst).endswith(".beton"):
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            real(src, dst)
+        monkeypatch.setattr(rundir.os, "replace", replace)
+
+
+@pytest.mark.fault
+def test_a_damaged_beton_is_refused_and_a_conversion_stopped_before_its_files_leaves_no_meta(tmp_path, monkeypatch):
+    out = tmp_path / "betons"
+    convert = ["data", "convert", "--dataset", "digits", "--out", str(out), "--workers", "1"]
+    _fake_ffcv(monkeypatch, b"beton bytes " * 100)
+    assert cli.main(convert) == 0
+    beton = out / "train.beton"
+    ffcv.verify_beton(beton)  # intact
+    _zero(beton, 500)
+    with pytest.raises(UserError, match=rf"^{beton} is damaged: its SHA-256 is not the one {out}/meta.json names "
+                                        rf".*; convert again: fastfair data convert --dataset digits --out {out}$"):
+        ffcv.verify_beton(beton)
+
+    # meta.json goes before the new files replace the old and comes back after them: a conversion stopped between
+    # (here a failed rename) leaves no meta.json, which says to convert again, never checksums of other files
+    _fake_ffcv(monkeypatch, b"other bytes", replace_fails=True)
+    assert cli.main(convert) == 74
+    assert not (out / "meta.json").exists() and beton.read_bytes()[:5] == b"beton"
+    with pytest.raises(UserError, match=rf"^{out}/meta.json not found: make the .beton files with"):
+        ffcv.read_meta(out)
