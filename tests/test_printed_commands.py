@@ -1,0 +1,118 @@
+"""Every command fastfair prints works as printed (issue 49, items 5-8): the ``continue with:`` line after each kind
+of stop (SIGTERM, SIGUSR1, a full disk) of a run shortened with ``--epochs``, and the ``next:`` lines the resumed run
+ends with, each run as a user would paste it.
+
+Each run is the demo preset (learning-rate milestones at epochs 10 and 13) cut to 2 epochs of 4 steps: the
+milestones lie past its end, a warning when it starts, and ``--resume`` (which takes every setting from the run
+folder) must not refuse what its start accepted.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fastfair import checks, cli, config
+from fastfair.errors import UserError
+from fastfair.rundir import RunDir
+from test_reliability import fail_writes
+from test_signals import STEP, ended, held, release, start, wait_held
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ["train", "--config", "demo", "--epochs", "2", "--quick", "10", "--quick-test", "2", "--device", "cpu",
+         "--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
+         "--set", "eval.attacks=['clean']", "--set", "data.batch_size=25"]
+
+
+def _as_printed(command: str, env: dict) -> subprocess.CompletedProcess:
+    """``command`` (``fastfair ...``, as fastfair printed it) run as a user's shell would run it."""
+    argv = shlex.split(command)
+    assert argv[0] == "fastfair", command
+    return subprocess.run([sys.executable, "-m", "fastfair", *argv[1:]], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _continue_with(err: str) -> str:
+    """The command of the one ``continue with:`` line fastfair printed."""
+    found = re.findall(r"continue with: (fastfair .+)$", err, re.M)
+    assert len(found) == 1, err
+    return found[0]
+
+
+def _stopped(kind: str, out: Path, tmp_path: Path, monkeypatch, capsys) -> tuple[str, dict]:
+    """(what a run stopped by ``kind`` printed on stderr, the environment its continuation runs in)."""
+    if kind == "disk full":  # no last.pt can be written: epoch 1 ends without its checkpoint
+        fail_writes(monkeypatch, which=lambda path: path.name.startswith(".last.pt."))
+        assert cli.main([*TRAIN, "--out", str(out)]) == 74
+        monkeypatch.undo()  # space was freed
+        return capsys.readouterr().err, {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env, markers = held(tmp_path, STEP, 6)  # epoch 2's second step
+    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    sig = signal.Signals[kind]
+    os.kill(pid, sig)
+    code, _, err = ended(proc)
+    assert code == 128 + sig, err
+    release(markers)  # the continuation goes through
+    return err, env
+
+
+def _next(printed: str) -> list[str]:
+    """The commands of the ``next:`` lines a command ended with."""
+    return re.findall(r"^  (fastfair .+?)\s+# ", printed.split("\nnext:\n")[-1], re.M) if "\nnext:\n" in printed else []
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["SIGTERM", "SIGUSR1", "disk full"])
+def test_the_continue_with_line_of_a_stopped_shortened_run_works_as_printed(kind, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    err, env = _stopped(kind, out, tmp_path, monkeypatch, capsys)
+    resumed = _as_printed(_continue_with(err), env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]  # the run ended as started: 2 epochs
+    assert "(the saved run's value; to see it act: --set train.lr_milestones=[1])" in resumed.stderr  # still said
+    if kind != "SIGTERM":
+        return  # the next: lines do not depend on how the run stopped: followed once
+
+    # the next: lines it ends with, each as printed, then those each of them ends with (OTHER_RUN: a copy of it)
+    todo, ran = _next(resumed.stdout), []
+    while todo:
+        command = todo.pop(0)
+        if command in ran:
+            continue
+        ran.append(command)
+        other = tmp_path / "other"
+        if "OTHER_RUN" in command and not other.exists():
+            shutil.copytree(out, other)
+        done = _as_printed(command.replace("OTHER_RUN", str(other)), env)
+        assert done.returncode == 0, (command, done.stderr)
+        todo += _next(done.stdout)
+    assert ran == [f"fastfair eval {out} --attacks aa --per-class 2", f"fastfair report {out}",
+                   f"fastfair report {out} OTHER_RUN"]
+
+
+def test_resume_accepts_what_the_run_was_warned_about_and_refuses_what_it_sets_anew():
+    """--resume takes every setting from the run folder: what its start accepted with a warning (a preset's
+    milestones cut short by --epochs) is said again, not refused; a milestone the resume itself sets past the
+    end is refused, as at a start."""
+    started = config.resolve("demo", {"train.epochs": 2})
+    assert any("the preset's value, cut short by train.epochs from the command line" in w
+               for w in checks.check_config(started))
+    saved = tomllib.loads(started.to_toml())
+    said = checks.check_config(config.resolve(None, {}, [], base=saved))
+    assert [w for w in said if "lr_milestones" in w] == [
+        "train.lr_milestones = [10, 13] (the learning-rate decay from epoch 11) is past train.epochs = 2, so this run "
+        "goes without it (the saved run's value; to see it act: --set train.lr_milestones=[1])"]
+    with pytest.raises(UserError, match=r"train.lr_milestones = \[5\] .* is past train.epochs = 2"):
+        checks.check_config(config.resolve(None, {}, ["train.lr_milestones=[5]"], base=saved))
+    shorter = checks.check_config(config.resolve(None, {"train.epochs": 1}, [], base=saved))  # --resume --epochs 1
+    assert any("the saved run's value, cut short by train.epochs from the command line" in w for w in shorter)
