@@ -20,7 +20,7 @@ from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
 from fastfair.progress import Progress, note_in_log
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
 from fastfair.suggest import hint
 from fastfair.training import teacher
@@ -83,7 +83,10 @@ EVALUATE_KEYS = {"eps": "eval.eps", "alpha": "eval.alpha", "cw_kappa": "eval.cw_
                  "clip_start": "eval.clip_start", "batch_size": "data.eval_batch_size"}
 
 
-def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
+# a stop signal during an evaluation: Interrupted, as train raises it (AutoAttack's progress is written whole)
+@stopping.says("this evaluation returned no result; with out=, AutoAttack's per-image progress is kept beside it and "
+               "the same call resumes it")
+def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
              eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
@@ -100,7 +103,9 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     is moved to ``previous/`` beside it. ``source``: what to record about where the model came from.
     ``progress``: what ``fastfair eval`` shows (a bar on a terminal, a line every 30 s elsewhere, AutoAttack's
     sub-attacks as they end); False for none. The model's train/eval mode is restored.
-    ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on."""
+    ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on.
+    ``model`` may also be a fastfair run folder or checkpoint file, as ``fastfair eval`` takes (on CUDA where there
+    is one). A stop signal (Ctrl-C, SIGTERM, SIGUSR1) raises :class:`~fastfair.errors.Interrupted`, as train does."""
 
     wanted = per_class.attack_names(attacks)
     per_class.check_substitute(wanted, substitute is not None)
@@ -109,6 +114,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
              "batch_size": batch_size}
     eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
     x, y = _tensors(data)
+    model = _model(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     training = model.training
     try:
@@ -151,6 +157,19 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     return Result(record)
 
 
+def _model(model) -> torch.nn.Module:
+    """The module :func:`evaluate` was given, or the model of the fastfair run or checkpoint it names."""
+    if isinstance(model, torch.nn.Module):
+        return model
+    if isinstance(model, (str, Path)):
+        with instead_of_model_flag("for a model file fastfair did not write, build its nn.Module, load the weights "
+                                   "and pass the module"):
+            return build.checkpoint_model(model, build.device_named("auto"))[0]
+    raise UserError(f"model must be a torch.nn.Module mapping images in [0, 1] to logits, or the path of a fastfair "
+                    f"run or checkpoint; got {type(model).__name__}")
+
+
+@stopping.says("nothing was loaded; call it again")
 def load_result(path: str | Path) -> Result:
     """A result JSON written by ``fastfair eval`` or :func:`evaluate` (``RUN/eval/*.json``)."""
     return Result.load(path)
@@ -158,6 +177,7 @@ def load_result(path: str | Path) -> Result:
 
 # ---- a method in your own training loop ----------------------------------------------------------
 
+@stopping.says("no method was made; call it again")
 def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str | torch.device = "cpu",
            config: str | None = None, sets: dict[str, Any] | None = None, train_counts=None):
     """(a training method resolved as ``fastfair train`` would, its per-class state) for a loop of your own.

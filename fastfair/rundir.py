@@ -589,6 +589,18 @@ def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
 FOREIGN_HINT = "; to evaluate a model file fastfair did not write, add --model ARCH (fastfair models)"
 
 
+@contextlib.contextmanager
+def instead_of_model_flag(what: str):
+    """:func:`load_checkpoint`'s refusals inside the block end with ``what`` (what the caller takes instead of a
+    fastfair checkpoint) where they would name ``--model ARCH``, a flag of ``fastfair eval`` alone."""
+    try:
+        yield
+    except UserError as err:
+        if FOREIGN_HINT not in str(err):
+            raise
+        raise UserError(str(err).replace(FOREIGN_HINT, f"; {what}")) from None
+
+
 TRUNCATED = "is truncated (a zip, as torch.save writes, whose end is missing: a copy or a write that stopped part-way)"
 
 
@@ -632,7 +644,8 @@ def init_model(model, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"train.init_from: no checkpoint at {path}; pass a .pt file written by fastfair train")
-    ck = load_checkpoint(path, needs=("model",))
+    with instead_of_model_flag("train.init_from takes a checkpoint of a fastfair run (RUN/checkpoints/*.pt)"):
+        ck = load_checkpoint(path, needs=("model",))
     try:
         model.load_state_dict(ck["model"])
     except RuntimeError as err:

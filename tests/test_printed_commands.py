@@ -20,9 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from fastfair import checks, cli, config
+import torch
+
+import fastfair
+from fastfair import build, checks, cli, config
+from fastfair.rundir import init_model
+from fastfair.training.teacher import load_teacher
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir
+from helpers import trained_demo
 from test_reliability import fail_writes
 from test_signals import STEP, ended, held, release, start, wait_held
 
@@ -116,3 +122,78 @@ def test_resume_accepts_what_the_run_was_warned_about_and_refuses_what_it_sets_a
         checks.check_config(config.resolve(None, {}, ["train.lr_milestones=[5]"], base=saved))
     shorter = checks.check_config(config.resolve(None, {"train.epochs": 1}, [], base=saved))  # --resume --epochs 1
     assert any("the saved run's value, cut short by train.epochs from the command line" in w for w in shorter)
+
+
+# ---- item 7: the Python API ends on a stop signal as the CLI does ---------------------------------------------
+
+API_SCRIPT = """
+import sys, torch, fastfair
+from fastfair.errors import Interrupted
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10))
+x, y = torch.rand(20, 3, 4, 4), torch.arange(20) % 10
+try:
+    result = fastfair.evaluate(model, (x, y), attacks="clean,aa", eps=0.05, out=sys.argv[1], progress=False)
+except Interrupted as err:
+    print(f"Interrupted {err.signum}: {err}")
+else:
+    print("done", result.record.get("path"))
+"""
+
+
+@pytest.mark.fault
+def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_autoattack(tmp_path):
+    out = tmp_path / "eval.json"
+    env, markers = held(tmp_path, "fastfair.attacks.autoattack:Flags.save", 2)  # after AutoAttack's first sub-attack
+    proc = start([sys.executable, "-c", API_SCRIPT, str(out)], env)
+    (pid,) = wait_held(markers, proc)
+    os.kill(pid, signal.SIGTERM)
+    code, printed, err = ended(proc)
+    assert code == 0 and printed.strip() == (
+        "Interrupted 15: interrupted by SIGTERM; this evaluation returned no result; with out=, AutoAttack's "
+        "per-image progress is kept beside it and the same call resumes it"), (printed, err)
+    assert not out.exists() and out.with_suffix(".aa.npz").is_file()  # AutoAttack's first sub-attack, whole
+
+    release(markers)
+    again = subprocess.run([sys.executable, "-c", API_SCRIPT.replace("progress=False", "progress=True"), str(out)],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.strip().endswith(f"done {out}"), again.stderr
+    assert f"AutoAttack: resuming {out.with_suffix('.aa.npz')}" in again.stdout + again.stderr
+
+
+# ---- item 8: messages a user can act on ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return trained_demo(tmp_path_factory)
+
+
+def test_evaluate_takes_a_run_folder_or_checkpoint_as_fastfair_eval_does(trained):
+    x, y = torch.rand(20, 1, 8, 8), torch.arange(20) % 10  # digits' shape
+    module = build.checkpoint_model(trained, torch.device("cpu"))[0]
+    want = fastfair.evaluate(module, (x, y), attacks="clean", progress=False).record["results"]
+    for model in (trained, str(trained / "checkpoints" / "best_pgd.pt")):
+        assert fastfair.evaluate(model, (x, y), attacks="clean", progress=False).record["results"] == want
+    with pytest.raises(UserError, match=r"^model must be a torch.nn.Module mapping images in \[0, 1\] to logits, or "
+                                        r"the path of a fastfair run or checkpoint; got dict$"):
+        fastfair.evaluate({"model": 1}, (x, y), attacks="clean")
+
+
+def test_a_model_file_fastfair_did_not_write_is_refused_naming_what_each_path_takes(tmp_path):
+    """Only fastfair eval has --model ARCH: the API, train.init_from and method.teacher name what they take."""
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    x, y = torch.rand(4, 1, 8, 8), torch.arange(4)
+    calls = {"evaluate": lambda: fastfair.evaluate(str(foreign), (x, y), attacks="clean"),
+             "init_from": lambda: init_model(torch.nn.Linear(2, 2), foreign),
+             "teacher": lambda: load_teacher(str(foreign), dataset="digits", num_classes=10, device="cpu")}
+    said = {"evaluate": "for a model file fastfair did not write, build its nn.Module, load the weights and pass "
+                        "the module",
+            "init_from": "train.init_from takes a checkpoint of a fastfair run (RUN/checkpoints/*.pt)",
+            "teacher": "method.teacher takes a fastfair run, its checkpoint or rb:NAME (a RobustBench model)"}
+    for name, call in calls.items():
+        with pytest.raises(UserError) as err:
+            call()
+        assert "--model" not in str(err.value) and str(err.value).startswith(f"{foreign} is not a checkpoint written "
+                                                                             "by fastfair train"), str(err.value)
+        assert str(err.value).endswith(f"; {said[name]}"), str(err.value)
