@@ -287,7 +287,11 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():
             raise
-        raise err.continue_with(f"fastfair train --out {out} --resume") from None
+        said = err.continue_with(f"fastfair train --out {out} --resume")
+        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
+            with contextlib.suppress(WriteError):  # the disk may have no room for the line either
+                note_in_log(RunDir(out).train_log, f"fastfair: error: {said}")
+        raise said from None
     except KeyboardInterrupt as err:
         signum = stopping.signum_of(err)
         said = _stopped_line(out, cfg, trainer.kept if trainer else None, training, stopping.said_by(signum))

@@ -191,6 +191,19 @@ class RunDir:
     def append_metrics(self, record: dict) -> None:
         append_jsonl(record, self.metrics)
 
+    @contextlib.contextmanager
+    def metrics_until_saved(self, record: dict):
+        """Append an epoch's metrics line before its checkpoint, written in the block (a kill in between redoes the
+        epoch on --resume, which drops the line): a checkpoint that fails takes the line off at once, so
+        metrics.jsonl never claims an epoch whose checkpoint did not land. Cutting back needs no free space."""
+        start = self.metrics.stat().st_size if self.metrics.is_file() else 0
+        self.append_metrics(record)
+        try:
+            yield
+        except BaseException:
+            os.truncate(self.metrics, start)
+            raise
+
     def read_metrics(self) -> list[dict]:
         return _metrics_one_based(read_jsonl(self.metrics)[0])
 

@@ -197,3 +197,15 @@ def test_a_model_file_fastfair_did_not_write_is_refused_naming_what_each_path_ta
         assert "--model" not in str(err.value) and str(err.value).startswith(f"{foreign} is not a checkpoint written "
                                                                              "by fastfair train"), str(err.value)
         assert str(err.value).endswith(f"; {said[name]}"), str(err.value)
+
+
+@pytest.mark.fault
+def test_a_checkpoint_the_disk_refused_leaves_no_metrics_line_and_its_error_is_in_train_log(tmp_path, monkeypatch,
+                                                                                           capsys):
+    out = tmp_path / "run"
+    fail_writes(monkeypatch, which=lambda path: path.name.startswith(".last.pt."))  # epoch 1's last.pt
+    assert cli.main([*TRAIN, "--out", str(out)]) == 74
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fastfair: error: ")]
+    assert len(error) == 1 and "continue with: fastfair train" in error[0], error
+    assert RunDir(out).metrics.read_text() == ""  # epoch 1's line went with its checkpoint
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == error[0]  # the log says how the run ended

@@ -335,10 +335,8 @@ class Trainer:
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
         if self.main:  # torchrun: rank 0 alone writes
-            # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
-            # and resuming drops the metrics lines of epochs the checkpoint does not hold.
-            self.run.append_metrics(record)
-            self._checkpoint(epoch, va)
+            with self.run.metrics_until_saved(record):  # the line stays only once the checkpoint landed
+                self._checkpoint(epoch, va)
             self.tracker.log(tracking.scalars(record, self.bundle.classes), epoch + 1)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val {self.val_size}: clean {val['clean']['summary']['avg']:.1f}  {self.cfg.train.val_attack} "
