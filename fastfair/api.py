@@ -287,7 +287,7 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():
             raise
-        said = err.continue_with(f"fastfair train --out {out} --resume")
+        said = err.continue_with(distributed.command(f"train --out {out} --resume"))
         if distributed.current().is_main:  # the run's log tells how it ended, as the console did
             with contextlib.suppress(WriteError):  # the disk may have no room for the line either
                 note_in_log(RunDir(out).train_log, f"fastfair: error: {said}")
@@ -307,10 +307,15 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
 def _stopped_line(out: Path, cfg, kept: tuple[int, int, int] | None, training: bool, by: str) -> str:
     """What a stopped run kept and how to go on; ``kept`` (epochs, steps of the next, its steps) as the trainer
     saved them, None when it stopped before training began."""
+    # torchrun's launcher, stopped too, then prints a traceback (SIGTERM to it) or a failure report (to a rank) and
+    # exits 1, whatever its ranks do (docs/reliability.md): said here, so it is not taken for a crash
+    launcher = ("torchrun's own report after this line (exit code 1) is how it ends on a signal; "
+                if distributed.under_torchrun() else "")
     if not training:
-        return f"interrupted{by} during the final evaluation; training is complete; evaluate with: fastfair eval {out}"
+        return (f"interrupted{by} during the final evaluation; training is complete; {launcher}evaluate with: "
+                f"fastfair eval {out}")
     epochs, step, steps = kept or (_epochs_saved(out), 0, 0)
-    go_on = f"continue with: fastfair train --out {out} --resume"
+    go_on = f"{launcher}continue with: {distributed.command(f'train --out {out} --resume')}"
     if epochs >= cfg.train.epochs:
         return f"interrupted{by} after the last epoch ({epochs} saved; the final evaluation is left); {go_on}"
     saved = str(epochs)  # epochs, as the Ctrl-C line has always said

@@ -209,3 +209,32 @@ def test_a_checkpoint_the_disk_refused_leaves_no_metrics_line_and_its_error_is_i
     assert len(error) == 1 and "continue with: fastfair train" in error[0], error
     assert RunDir(out).metrics.read_text() == ""  # epoch 1's line went with its checkpoint
     assert RunDir(out).train_log.read_text().splitlines()[-1] == error[0]  # the log says how the run ended
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigterm_to_torchrun_names_the_torchrun_command_once_and_it_continues_as_printed(tmp_path):
+    """The continue with: line of a 2-rank run stopped by SIGTERM to torchrun is torchrun's own command, said once
+    (rank 0), and pasted as printed it resumes both ranks. torchrun's launcher then ends with a traceback and exit
+    code 1 whatever its ranks do (it raises SignalException out of its main; fastfair runs nothing in that process):
+    asserted too, so that docs/reliability.md, which says so, hears of a torch that changes it."""
+    env, markers = held(tmp_path, STEP, 2)  # both ranks wait before their second step
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # torchrun, as torch installs it
+    args = [*TRAIN, "--set", "data.batch_size=20"]  # the global batch divides by the 2 ranks
+    out = tmp_path / "run"
+    proc = start(["torchrun", "--nproc-per-node", "2", "-m", "fastfair", *args, "--out", str(out)], env)
+    wait_held(markers, proc, count=2)
+    proc.send_signal(signal.SIGTERM)  # to torchrun, as SLURM, docker stop or kill would: it passes it to the ranks
+    code, _, err = ended(proc)
+    said = [line for line in err.splitlines() if line.startswith("fastfair: interrupted")]
+    go_on = f"torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume"
+    assert said == [f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (3 of 5 steps saved); torchrun's own report "
+                    f"after this line (exit code 1) is how it ends on a signal; continue with: {go_on}"], err[-3000:]
+    assert RunDir(out).train_log.read_text().splitlines()[-1] == said[0]
+    assert code == 1 and err.rstrip().endswith("SignalException: Process %d got signal: 15" % proc.pid), err[-3000:]
+    assert "FutureWarning" not in err  # nor torch's notice about DDP's broadcast_buffers, on every run
+
+    release(markers)
+    resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
