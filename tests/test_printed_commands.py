@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -237,4 +238,40 @@ def test_sigterm_to_torchrun_names_the_torchrun_command_once_and_it_continues_as
     release(markers)
     resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
+
+
+@pytest.mark.parametrize("protocol", [3, 4])
+def test_a_model_file_of_another_pickle_protocol_loads_or_is_one_line_and_torch_warns_nothing(protocol, tmp_path,
+                                                                                              capsys):
+    """torch's safe loader warns about any pickle protocol but its own (2), reads 3, and fails on 4 and 5 with the
+    error it gives a file holding code: fastfair said "unsafe to load" of plain weights, and the warning leaked."""
+    from test_api_checks import model_file
+    model_file(tmp_path)
+    path = tmp_path / "model.pt"
+    torch.save(torch.load(path, weights_only=True), path, pickle_protocol=protocol)
+    argv = ["eval", str(path), "--model", "tiny-cnn", "--dataset", "npz", "--data-dir", str(tmp_path / "data.npz"),
+            "--attacks", "clean", "--quiet"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the command
+        code = cli.main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    if protocol == 3:
+        assert code == 0 and err == [], err
+        return
+    assert code == 2 and err == [f"fastfair: error: {path} was saved with pickle protocol 4, which torch's safe loader "
+                                 f"(weights_only=True) cannot read, and fastfair unpickles nothing; save it again "
+                                 f"with torch.save's default protocol: torch.save(torch.load(\"{path}\", "
+                                 f"weights_only=False), \"NEW.pt\") for a file you trust"], err
+
+
+def test_no_warning_leaks_from_train_resume_and_eval(tmp_path, capsys):
+    """A tiny run, its resume and its evaluation with every warning an error: fastfair's own are its lines, not
+    Python warnings, and torch's (its loader's pickle-protocol notice among them) are not the user's news."""
+    out = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cli.main([*TRAIN, "--epochs", "1", "--out", str(out)]) == 0
+        assert cli.main([*TRAIN, "--out", str(out), "--resume"]) == 0
+        assert cli.main(["eval", str(out), "--attacks", "clean,fgsm", "--quiet"]) == 0
     assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
