@@ -20,7 +20,7 @@ from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
 from fastfair.progress import Progress, note_in_log
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
 from fastfair.suggest import hint
 from fastfair.training import teacher
@@ -88,7 +88,10 @@ EVALUATE_KEYS = {"eps": "eval.eps", "alpha": "eval.alpha", "cw_kappa": "eval.cw_
                  "clip_start": "eval.clip_start", "batch_size": "data.eval_batch_size"}
 
 
-def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
+# a stop signal during an evaluation: Interrupted, as train raises it (AutoAttack's progress is written whole)
+@stopping.says("this evaluation returned no result; with out=, AutoAttack's per-image progress is kept beside it and "
+               "the same call resumes it")
+def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
              eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
@@ -105,7 +108,9 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     is moved to ``previous/`` beside it. ``source``: what to record about where the model came from.
     ``progress``: what ``fastfair eval`` shows (a bar on a terminal, a line every 30 s elsewhere, AutoAttack's
     sub-attacks as they end); False for none. The model's train/eval mode is restored.
-    ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on."""
+    ``substitute``: the model (or a fastfair run folder / checkpoint) ``transfer:NAME`` attacks are made on.
+    ``model`` may also be a fastfair run folder or checkpoint file, as ``fastfair eval`` takes (on CUDA where there
+    is one). A stop signal (Ctrl-C, SIGTERM, SIGUSR1) raises :class:`~fastfair.errors.Interrupted`, as train does."""
 
     wanted = per_class.attack_names(attacks)
     per_class.check_substitute(wanted, substitute is not None)
@@ -114,6 +119,7 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
              "batch_size": batch_size}
     eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
     x, y = _tensors(data)
+    model = _model(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     training = model.training
     try:
@@ -156,6 +162,19 @@ def evaluate(model: torch.nn.Module, data, *, attacks: str | Sequence[str] = ("c
     return Result(record)
 
 
+def _model(model) -> torch.nn.Module:
+    """The module :func:`evaluate` was given, or the model of the fastfair run or checkpoint it names."""
+    if isinstance(model, torch.nn.Module):
+        return model
+    if isinstance(model, (str, Path)):
+        with instead_of_model_flag("for a model file fastfair did not write, build its nn.Module, load the weights "
+                                   "and pass the module"):
+            return build.checkpoint_model(model, build.device_named("auto"))[0]
+    raise UserError(f"model must be a torch.nn.Module mapping images in [0, 1] to logits, or the path of a fastfair "
+                    f"run or checkpoint; got {type(model).__name__}")
+
+
+@stopping.says("nothing was loaded; call it again")
 def load_result(path: str | Path) -> Result:
     """A result JSON written by ``fastfair eval`` or :func:`evaluate` (``RUN/eval/*.json``)."""
     return Result.load(path)
@@ -163,6 +182,7 @@ def load_result(path: str | Path) -> Result:
 
 # ---- a method in your own training loop ----------------------------------------------------------
 
+@stopping.says("no method was made; call it again")
 def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str | torch.device = "cpu",
            config: str | None = None, sets: dict[str, Any] | None = None, train_counts=None):
     """(a training method resolved as ``fastfair train`` would, its per-class state) for a loop of your own.
@@ -272,7 +292,11 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
         if not RunDir(out).config.is_file():
             raise
-        raise err.continue_with(f"fastfair train --out {out} --resume") from None
+        said = err.continue_with(distributed.command(f"train --out {out} --resume"))
+        if distributed.current().is_main:  # the run's log tells how it ended, as the console did
+            with contextlib.suppress(WriteError):  # the disk may have no room for the line either
+                note_in_log(RunDir(out).train_log, f"fastfair: error: {said}")
+        raise said from None
     except KeyboardInterrupt as err:
         signum = stopping.signum_of(err)
         said = _stopped_line(out, cfg, trainer.kept if trainer else None, training, stopping.said_by(signum))
@@ -288,10 +312,15 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
 def _stopped_line(out: Path, cfg, kept: tuple[int, int, int] | None, training: bool, by: str) -> str:
     """What a stopped run kept and how to go on; ``kept`` (epochs, steps of the next, its steps) as the trainer
     saved them, None when it stopped before training began."""
+    # torchrun's launcher, stopped too, then prints a traceback (SIGTERM to it) or a failure report (to a rank) and
+    # exits 1, whatever its ranks do (docs/reliability.md): said here, so it is not taken for a crash
+    launcher = ("torchrun's own report after this line (exit code 1) is how it ends on a signal; "
+                if distributed.under_torchrun() else "")
     if not training:
-        return f"interrupted{by} during the final evaluation; training is complete; evaluate with: fastfair eval {out}"
+        return (f"interrupted{by} during the final evaluation; training is complete; {launcher}evaluate with: "
+                f"fastfair eval {out}")
     epochs, step, steps = kept or (_epochs_saved(out), 0, 0)
-    go_on = f"continue with: fastfair train --out {out} --resume"
+    go_on = f"{launcher}continue with: {distributed.command(f'train --out {out} --resume')}"
     if epochs >= cfg.train.epochs:
         return f"interrupted{by} after the last epoch ({epochs} saved; the final evaluation is left); {go_on}"
     saved = str(epochs)  # epochs, as the Ctrl-C line has always said

@@ -386,15 +386,20 @@ def checkpoint_path(target: str | Path, checkpoint: str = "auto") -> Path:
     return run.selected_checkpoint(load_run(run.path).train.select)
 
 
-def substitute_model(target: str | Path, dev: torch.device, like: torch.nn.Module, example: torch.Tensor):
-    """The model of a fastfair run or checkpoint (weights only), in eval mode on ``dev``, for transfer attacks on
-    ``like``: a substitute with another number of classes or input shape than ``like`` takes on ``example``
-    (a batch of the target's inputs) is a UserError."""
+def checkpoint_model(target: str | Path, dev: torch.device) -> tuple[models.Classifier, Path]:
+    """(the model of a fastfair run folder or checkpoint file, weights loaded, in eval mode on ``dev``; its path)."""
     path = checkpoint_path(target)
     ck = load_checkpoint(path)
     model = model_from_spec(ck["spec"], dev, False)
     model.load_state_dict(ck["model"])
-    model.eval()
+    return model.eval(), path
+
+
+def substitute_model(target: str | Path, dev: torch.device, like: torch.nn.Module, example: torch.Tensor):
+    """The model of a fastfair run or checkpoint (weights only), in eval mode on ``dev``, for transfer attacks on
+    ``like``: a substitute with another number of classes or input shape than ``like`` takes on ``example``
+    (a batch of the target's inputs) is a UserError."""
+    model, path = checkpoint_model(target, dev)
     with torch.no_grad():
         try:
             theirs = model(example[:1].to(dev)).shape[1:]

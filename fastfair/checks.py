@@ -265,9 +265,10 @@ def check_epochs(cfg) -> list[str]:
                 never.append((said, setting, first))
             else:
                 by = cfg.layers.get("train.epochs", config.DEFAULTS)
-                cut = f", cut short by train.epochs from {_LAYERS[by]}" if by > config.DEFAULTS else ""
+                cut = (f", cut short by train.epochs from {_LAYERS[by]}"
+                       if by > config.DEFAULTS and not _saved(cfg, "train.epochs") else "")
                 warnings.append(f"{said} is past train.epochs = {epochs}, so this run goes without it "
-                                f"({_LAYERS[_chosen(cfg, key, use)]}'s value{cut}; to see it act: "
+                                f"({_whose(cfg, key, use)}'s value{cut}; to see it act: "
                                 f"{setting or 'more epochs'})")
     if epochs == 1:  # what only the end of an epoch sets acts from epoch 2 on
         parts = [METHODS.get(cfg.method.name), *(OPTIONS.get(n) for n in cfg.enabled_options())]
@@ -307,6 +308,21 @@ def _chosen(cfg, key: str, use: Epochs) -> int:
 def _meant(cfg, key: str, use: Epochs) -> bool:
     """Whether the preset or the user chose the key or its switch with ``train.epochs`` already known (in the
     same layer or a later one): then a value the run never reaches is a mistake. Otherwise a default, or a
-    preset's value that a shorter ``--epochs`` cuts short (a quick look: ``--config cfa-... --epochs 3``)."""
+    preset's value that a shorter ``--epochs`` cuts short (a quick look: ``--config cfa-... --epochs 3``), or
+    a resumed run's saved values, which its start checked (``--resume`` continues what it accepted)."""
+    if _saved(cfg, key, use) and _saved(cfg, "train.epochs"):
+        return False
     chosen = _chosen(cfg, key, use)
     return chosen > config.DEFAULTS and chosen >= cfg.layers.get("train.epochs", config.DEFAULTS)
+
+
+def _saved(cfg, key: str, use: Epochs | None = None) -> bool:
+    """Whether the key (and its switch) hold a resumed run's saved values, which this command did not change."""
+    return all(cfg.origins.get(k) == config.SAVED for k in (key, use.switch if use else "") if k)
+
+
+def _whose(cfg, key: str, use: Epochs | None = None) -> str:
+    """Who chose the key (and its switch), as a warning names it: a layer, or the saved run a resume continues."""
+    if _saved(cfg, key, use):
+        return "the saved run"
+    return _LAYERS[_chosen(cfg, key, use) if use else cfg.layers.get(key, config.DEFAULTS)]

@@ -5,7 +5,6 @@ seconds, and ``fastfair --help`` or ``fastfair presets`` should answer at once.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -29,17 +28,6 @@ CHECKPOINT_HELP = ("in a run dir: last, epoch (train.select=epoch's), or best_<p
 SPLIT_HELP = "test | val"
 RB_PANEL = "a RobustBench model by name (rb:NAME)"
 Text = Optional[str]  # an option that, left out, leaves the config's value as it is
-
-
-@contextlib.contextmanager
-def _stop_says(message: str):
-    """A stop signal (Ctrl-C, SIGTERM, SIGUSR1) inside the block ends the command with one line: ``message`` says what
-    was kept and how to go on."""
-    try:
-        yield
-    except KeyboardInterrupt as err:
-        signum = stopping.signum_of(err)
-        raise Interrupted(f"interrupted{stopping.said_by(signum)}; {message}", signum) from None
 
 
 # grid, reproduce and zoo: each leaves a folder of runs that the same command picks up again
@@ -284,7 +272,7 @@ def eval_(
     elif any(value is not None for value in robustbench.values()):
         given = ", ".join(flag for flag, value in robustbench.items() if value is not None)
         raise UserError(f"{given}: only for a RobustBench model by name, rb:NAME (fastfair zoo lists them)")
-    with _stop_says("this evaluation wrote no result (AutoAttack keeps its per-image progress and "
+    with stopping.says("this evaluation wrote no result (AutoAttack keeps its per-image progress and "
                     "resumes); run the same command again"):
         if target.startswith("rb:"):
             from fastfair.evaluation.robustbench import evaluate_robustbench
@@ -321,7 +309,7 @@ def diagnose(
     from fastfair import build
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
-    with _stop_says("no diagnostics were written; run the same command again"):
+    with stopping.says("no diagnostics were written; run the same command again"):
         diagnose_checkpoint(build.checkpoint_path(target, checkpoint), attack=attack, split=_split(split),
                             data_dir=data_dir, device=device, batch_size=_batch_size(batch_size), tsne_points=tsne,
                             quiet=quiet,
@@ -365,7 +353,7 @@ def homing(
 ) -> None:
     from fastfair.evaluation.homing import homing as run_homing
 
-    with _stop_says("nothing was written; run the same command again"):
+    with stopping.says("nothing was written; run the same command again"):
         path = run_homing(runs, attack=attack, out=out, checkpoint=checkpoint, device=device,
                           batch_size=_batch_size(batch_size), data_dir=data_dir, seed=seed, quiet=quiet)
     print(f"written: {path} (and {path.with_suffix('.json').name}, {path.with_suffix('.png').name} beside it)")
@@ -402,7 +390,7 @@ def background(
     from fastfair.evaluation.background import background_counts
     from fastfair.evaluation.per_class import attack_names
 
-    with _stop_says("nothing was written; run the same command again"):
+    with stopping.says("nothing was written; run the same command again"):
         background_counts(build.checkpoint_path(target, checkpoint), cls=class_, mask=mask, colour=colour,
                           attacks=attack_names(attacks), examples=examples,
                           adjusted=build.checkpoint_path(adjusted) if adjusted else None, device=device,
@@ -437,7 +425,7 @@ def grid(
 ) -> int:
     from fastfair.scaleout.grid import run_grid
 
-    with _stop_says(RUNS_RESUME.format(what="grid")):
+    with stopping.says(RUNS_RESUME.format(what="grid")):
         return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run,
                         data_dir=data_dir, sets=sets or [])
 
@@ -473,7 +461,7 @@ def reproduce(
 ) -> int:
     from fastfair.reproduce.command import reproduce as run_table
 
-    with _stop_says(RUNS_RESUME.format(what="table")):
+    with stopping.says(RUNS_RESUME.format(what="table")):
         return run_table(table, seeds=seeds, data_dir=data_dir, per_gpu=per_gpu, scale=scale, list_only=list_,
                          out=out, gpus=gpus, sets=set_ or [], model_dir=model_dir, launcher=launcher,
                          paper_selection=paper_selection)
@@ -524,7 +512,7 @@ def zoo(
         return 0
     attack_names(attacks)
     check_per_class(per_class, "test")
-    with _stop_says(RUNS_RESUME.format(what="zoo")):
+    with stopping.says(RUNS_RESUME.format(what="zoo")):
         return zoo_.run(models=models, top=top, dataset=dataset, threat=threat, model_dir=model_dir, attacks=attacks,
                         data_dir=data_dir, per_class=per_class, seed=seed, out=out, gpus=gpus, per_gpu=per_gpu,
                         launcher=launcher)
@@ -666,7 +654,7 @@ def features(
 ) -> None:
     from fastfair.data.features import write_features
 
-    with _stop_says("nothing was written; run the same command again"):
+    with stopping.says("nothing was written; run the same command again"):
         params = write_features(target, kind, out, checkpoint=checkpoint, steps=steps, step_size=step_size, eps=eps,
                                 seed=seed, per_class=per_class, device=device, data_dir=data_dir,
                                 batch_size=_batch_size(batch_size), force=force, quiet=quiet)

@@ -266,6 +266,11 @@ RESUMABLE: dict[str, str] = {
 }
 
 
+# the origin of a resumed run's saved values (Config.origins): checked when the run started, against the layers
+# of then, so what was only a warning then (a preset's milestones cut short by --epochs) must not refuse its resume
+SAVED = "the saved run config"
+
+
 class Config:
     """The run's sections by name (``cfg.data``, ``cfg.method``, ``cfg.ccm``, ...) and the preset's description."""
 
@@ -466,7 +471,7 @@ def resolve(preset: str | None = None, flags: dict[str, Any] | None = None,
     if base is not None:
         saved = renamed(flatten(base))
         # a resumed run's saved values were chosen when it started: as a preset's, below this command's
-        cfg = apply(Config(saved["method.name"]), saved, "the saved run config", PRESET)
+        cfg = apply(Config(saved["method.name"]), saved, SAVED, PRESET)
         apply(cfg, {"method.name": merged.get("method.name", cfg.method.name)}, "the saved run", PRESET)
     else:
         method = merged.get("method.name", probe.method.name)
@@ -553,4 +558,4 @@ def load_run(run: str | Path) -> Config:
 def load_saved_text(text: str, where: str = "the checkpoint") -> Config:
     """A saved run config (TOML text) as a Config; keys saved under an earlier name are renamed."""
     saved = _saved(text, where)
-    return apply(Config(saved["method.name"]), saved, "the saved run config")
+    return apply(Config(saved["method.name"]), saved, SAVED)

@@ -223,6 +223,19 @@ class RunDir:
     def append_metrics(self, record: dict) -> None:
         append_jsonl(record, self.metrics)
 
+    @contextlib.contextmanager
+    def metrics_until_saved(self, record: dict):
+        """Append an epoch's metrics line before its checkpoint, written in the block (a kill in between redoes the
+        epoch on --resume, which drops the line): a checkpoint that fails takes the line off at once, so
+        metrics.jsonl never claims an epoch whose checkpoint did not land. Cutting back needs no free space."""
+        start = self.metrics.stat().st_size if self.metrics.is_file() else 0
+        self.append_metrics(record)
+        try:
+            yield
+        except BaseException:
+            os.truncate(self.metrics, start)
+            raise
+
     def read_metrics(self) -> list[dict]:
         return _metrics_one_based(read_jsonl(self.metrics)[0])
 
@@ -692,6 +705,18 @@ def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
 FOREIGN_HINT = "; to evaluate a model file fastfair did not write, add --model ARCH (fastfair models)"
 
 
+@contextlib.contextmanager
+def instead_of_model_flag(what: str):
+    """:func:`load_checkpoint`'s refusals inside the block end with ``what`` (what the caller takes instead of a
+    fastfair checkpoint) where they would name ``--model ARCH``, a flag of ``fastfair eval`` alone."""
+    try:
+        yield
+    except UserError as err:
+        if FOREIGN_HINT not in str(err):
+            raise
+        raise UserError(str(err).replace(FOREIGN_HINT, f"; {what}")) from None
+
+
 TRUNCATED = "is truncated (a zip, as torch.save writes, whose end is missing: a copy or a write that stopped part-way)"
 
 
@@ -781,7 +806,8 @@ def init_model(model, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"train.init_from: no checkpoint at {path}; pass a .pt file written by fastfair train")
-    ck = load_checkpoint(path, needs=("model",))
+    with instead_of_model_flag("train.init_from takes a checkpoint of a fastfair run (RUN/checkpoints/*.pt)"):
+        ck = load_checkpoint(path, needs=("model",))
     try:
         model.load_state_dict(ck["model"])
     except RuntimeError as err:

@@ -11,6 +11,9 @@ Inside :func:`held` (an atomic file write) a signal waits for the block's end. I
 second Ctrl-C raises even there; SIGTERM and SIGUSR1 never do, because a cluster may send both (SLURM's
 USR1 warning, then a grid's SIGTERM to its children), and only a person pressing twice means "now".
 
+:func:`says` is every command's and every API entry point's way to end on one: the handler installed, a stop
+turned into :class:`~fastfair.errors.Interrupted` with the line saying what was kept.
+
 This module imports no torch: the CLI installs the handler before any command loads it.
 """
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+
+from fastfair.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # what each signal's disposition is in a fresh Python process: only those are replaced, never a caller's own
@@ -116,3 +121,15 @@ def deferred():
     """Inside the block a signal is recorded for :func:`requested`, and the caller stops at its next boundary; one
     that came after the caller's last look raises as the block ends. A second Ctrl-C raises at once."""
     return _block("deferred")
+
+
+@contextlib.contextmanager
+def says(message: str):
+    """A stop signal inside the block (handled here, as :func:`handled` says) raises :class:`Interrupted` with one
+    line: ``interrupted by SIGTERM; {message}``, ``message`` saying what was kept and how to go on."""
+    with handled():
+        try:
+            yield
+        except KeyboardInterrupt as err:
+            signum = signum_of(err)
+            raise Interrupted(f"interrupted{said_by(signum)}; {message}", signum) from None

@@ -50,12 +50,19 @@ def from_file(array: str) -> Callable[[str, Path], str]:
     return lambda said, tmp: f"{tmp / 'data.npz'}: {array}{said.removeprefix('y')}"
 
 
-def model_file(tmp: Path) -> None:
+def model_file(tmp: Path, classes: int = 4) -> None:
     """A tiny-cnn's weights as a model file fastfair did not write, and the .npz it is evaluated on (enough training
     images for the data set's validation split)."""
-    small_npz(tmp, x_train=np.zeros((440, 8, 8), np.uint8), y_train=np.arange(440) % 4)
-    torch.save(models.build("tiny-cnn", num_classes=4, in_channels=1, mean=[0.0], std=[1.0]).state_dict(),
+    small_npz(tmp, x_train=np.zeros((440, 8, 8), np.uint8), y_train=np.arange(440) % classes,
+              y_test=np.arange(40) % classes)
+    torch.save(models.build("tiny-cnn", num_classes=classes, in_channels=1, mean=[0.0], std=[1.0]).state_dict(),
                tmp / "model.pt")
+
+
+def three_classes(attacks: list[str]) -> Callable:
+    """evaluate on a model of 3 classes."""
+    return lambda tmp: fastfair.evaluate(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3)),
+                                         (data(30)[0], torch.arange(30) % 3), attacks=attacks)
 
 
 @dataclass
@@ -102,6 +109,10 @@ ROWS: dict[str, Row] = {
                                         "--data-dir", "{tmp}/data.npz", "--attacks",
                                         "transfer:pgd2", "--quiet"], evaluate(attacks=["transfer:pgd2"]), "attacks",
                                        lambda tmp: model_file(tmp)),
+    # AutoAttack's targeted DLR loss reads 4 logits: a model of 3 classes is refused before the attacks ahead of it
+    "aa-three-classes": Row(["eval", "{tmp}/model.pt", "--model", "tiny-cnn", "--dataset", "npz", "--data-dir",
+                             "{tmp}/data.npz", "--attacks", "clean,aa", "--quiet"], three_classes(["clean", "aa"]),
+                            "attacks", lambda tmp: model_file(tmp, classes=3)),
     "substitute-without-transfer": Row([*EVAL, "--substitute", "{tmp}/other"],
                                        evaluate(attacks=["pgd2"], substitute=model()), "substitute"),
     "aa-backend": Row([*EVAL, "--aa-backend", "mine"], evaluate(aa_backend="mine"), "aa_backend"),
@@ -182,3 +193,18 @@ def test_eps_in_units_of_255_is_refused_as_the_cli_refuses_it():
         fastfair.evaluate(model(), data(), eps=8)
     r = fastfair.evaluate(model(), data(), attacks=["pgd2"], eps=[8 / 255] * 4, alpha=2 / 255, progress=False)
     assert r.record["eps"] == [8 / 255] * 4
+
+
+def test_train_refuses_autoattack_on_three_classes_before_it_trains(tmp_path, capsys):
+    """eval.attacks' aa on a data set of 3 classes: refused as training starts, not after it, in the final evaluation
+    (pyautoattack's IndexError)."""
+    model_file(tmp_path, classes=3)  # its .npz
+    out = tmp_path / "out"
+    argv = ["train", *(a.format(tmp=tmp_path) for a in NPZ_TRAIN), "--epochs", "1", "--device", "cpu", "--quiet",
+            "--set", "eval.attacks=['clean', 'aa']", "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["fastfair: error: eval.attacks: AutoAttack (aa) needs a model of at least 4 classes (its APGD-T's "
+                   "targeted DLR loss reads the 4 largest logits) and this one has 3; fastfair has no AutoAttack "
+                   "without its targeted attacks, so use pgd100 and cw100 (or pgd20, cw20)"], err
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())

@@ -60,6 +60,19 @@ STANDARD = {
 }
 
 
+# APGD-T's targeted DLR loss divides by z_pi1 - (z_pi3 + z_pi4) / 2, the largest logit minus the mean of the third
+# and fourth (Croce & Hein 2020, targeted DLR): a model of fewer classes has no fourth logit; the official code fails
+MIN_CLASSES = 4
+
+
+def check_classes(num_classes: int, where: str = "") -> None:
+    """A UserError, before any attack runs, for a model of fewer classes than AutoAttack's targeted attack needs."""
+    if num_classes < MIN_CLASSES:
+        raise UserError(f"{where}AutoAttack (aa) needs a model of at least {MIN_CLASSES} classes (its APGD-T's "
+                        f"targeted DLR loss reads the 4 largest logits) and this one has {num_classes}; fastfair has "
+                        "no AutoAttack without its targeted attacks, so use pgd100 and cw100 (or pgd20, cw20)")
+
+
 def standard_settings(num_classes: int) -> dict[str, dict]:
     """The standard settings for a ``num_classes``-way model (fewer targets when C < 10)."""
     out = {k: dict(v) for k, v in STANDARD.items()}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, models
+from fastfair import build, config, models, safe_load
 from fastfair.errors import UserError
 from fastfair.evaluation.per_class import evaluate_loaded
 from fastfair.registry import Registry
@@ -98,7 +98,9 @@ def load_weights_only(path: Path):
     """``torch.load(path, weights_only=True)`` on the CPU; a file that would need unpickling, or is no torch save,
     is a UserError (nothing is unpickled)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return safe_load.weights_only(path)
+    except UserError:
+        raise
     except pickle.UnpicklingError:
         raise UserError(f"{path} is unsafe to load: it holds Python objects other than tensors, which could run "
                         "code; fastfair does not unpickle it. Save the model's state_dict() instead") from None

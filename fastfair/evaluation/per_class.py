@@ -157,6 +157,8 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
     c = len(classes)
     eps_c, alpha_c = per_class(eps, c, dev, "eval.eps"), per_class(alpha, c, dev, "eval.alpha")
     _check_corruptions(attack_names, loader)
+    if autoattack.NAME in names.expand(attack_names):  # before the attacks listed ahead of it run
+        autoattack.check_classes(c)
     out = {}
     for name in names.expand(attack_names):
         extra = {}

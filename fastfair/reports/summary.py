@@ -60,10 +60,13 @@ def lines(record: dict, averaged: dict | None = None, figure: Path | None = None
     stem, select = Path(record["checkpoint"]).stem, load_run(run.path).train.select
     if stem != run.selected_checkpoint(select).stem:
         target += f" --checkpoint {stem}"
-    commands = [(f"fastfair report {run.path}", "per-class figures and tables (Markdown, LaTeX)")]
+    # a report needs a robust evaluation (report.choose_attack): suggested once there is one, so it works as printed
+    robust = any(name != "clean" for name in record["results"])
+    commands = [(f"fastfair report {run.path}", "per-class figures and tables (Markdown, LaTeX)")] if robust else []
     if autoattack.NAME not in record["results"]:
         commands += _autoattack_commands(target, record)
-    commands.append((f"fastfair report {run.path} OTHER_RUN", "compare with another run"))
+    if robust:
+        commands.append((f"fastfair report {run.path} OTHER_RUN", "compare with another run"))
     width = max(len(c) for c, _ in commands)
     return out + ["next:"] + [f"  {c:<{width}}  # {why}" for c, why in commands]
 

@@ -18,13 +18,15 @@ Choices (README, "Scale-out"):
 - PGD random starts draw from per-rank random streams, so with ``attack.init`` uniform or normal
   N processes match one process in distribution, not bit for bit.
 - A stop signal (:mod:`fastfair.stopping`) stops every rank at the same step boundary: the ranks agree
-  through :class:`StopVote` on a gloo group of the host's own, so agreeing never waits on the GPU.
+  through :class:`StopVote` on a gloo group of the host's own, so agreeing never waits on the GPU. The line that
+  says how to go on names the torchrun command (:func:`command`).
 """
 from __future__ import annotations
 
 import gc
 import importlib
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +83,25 @@ def init(cfg) -> Context:
     dist.init_process_group("nccl" if use_cuda else "gloo")
     _ctx = Context(dist.get_rank(), dist.get_world_size(), local, dist.new_group(backend="gloo"))
     return _ctx
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (one of its ranks, also of a one-process run)."""
+    return "LOCAL_WORLD_SIZE" in os.environ
+
+
+def command(args: str) -> str:
+    """``fastfair ARGS`` as this run was started: under torchrun, the torchrun command that starts as many processes
+    per node (read from the environment torchrun gives every rank), so a printed ``continue with:`` resumes all of
+    them; several nodes each run it with their own rendezvous flags, which no rank is told."""
+    if not under_torchrun():
+        return f"fastfair {args}"
+    per_node = os.environ["LOCAL_WORLD_SIZE"]
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes == 1:
+        return f"torchrun --nproc-per-node {per_node} -m fastfair {args}"
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} -m fastfair {args} (on each of the {nodes} nodes, "
+            f"with the rendezvous flags the run was started with)")
 
 
 def shutdown() -> None:
@@ -148,7 +169,11 @@ def prepare_model(model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
     # and a loss with two forwards (TRADES: clean and adversarial) then changes the statistics the first forward saved
     # for its backward; torch 2.11's batch norm checks them ("modified by an inplace operation"). The trainer gives
     # every rank rank 0's statistics once a step instead, before the attack (sync_buffers).
-    return model, nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates broadcast_buffers and itself says to keep broadcast_buffers=False until the
+        # replacement that skips the sync at init exists; nothing for a user to do, so not said on every run
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        return model, nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

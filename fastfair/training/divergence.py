@@ -12,6 +12,7 @@ import math
 import torch
 
 from fastfair.errors import UserError
+from fastfair.scaleout import distributed
 
 
 class Diverged(UserError):
@@ -55,5 +56,5 @@ def diverged(epoch: int, what: list[str], run: str, resumable_from: int | None, 
     kept = (f"checkpoints/last.pt keeps epoch {resumable_from + 1}" if resumable_from is not None
             else "no epoch finished, so it restarts from the first")
     return Diverged(f"training diverged in epoch {epoch + 1} (non-finite {shown}); nothing of that epoch was saved "
-                    f"and {kept}. Continue with a lower learning rate: fastfair train --out {run} --resume "
-                    f"--set train.lr={lr / 10:g}")
+                    f"and {kept}. Continue with a lower learning rate: "
+                    f"{distributed.command(f'train --out {run} --resume --set train.lr={lr / 10:g}')}")

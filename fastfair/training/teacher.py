@@ -9,12 +9,14 @@ from fastfair import build
 from fastfair.errors import UserError
 from fastfair.evaluation import robustbench
 from fastfair.methods.teacher import RB, check_source
-from fastfair.rundir import load_checkpoint
+from fastfair.rundir import instead_of_model_flag, load_checkpoint
 
 
 def _from_run(source: str) -> tuple[nn.Module, int, str]:
     path = build.checkpoint_path(source)
-    ck = load_checkpoint(path)
+    with instead_of_model_flag(f"method.teacher takes a fastfair run, its checkpoint or {RB}NAME (a RobustBench "
+                               "model)"):
+        ck = load_checkpoint(path)
     model = build.model_from_spec(ck["spec"], torch.device("cpu"), False)
     model.load_state_dict(ck["model"])
     return model, int(ck["spec"]["num_classes"]), str(path)

@@ -25,6 +25,7 @@ from fastfair import build, config, data, ops, stopping
 from fastfair.checks import check_config
 from fastfair.training import averaging, fallback, optim, teacher
 from fastfair.scaleout import distributed
+from fastfair.attacks import autoattack, names
 from fastfair.attacks.pgd import can_compile_descent, compile_descent, descend, descent_capture
 from fastfair.training.class_state import ClassState
 from fastfair.training.divergence import diverged, nonfinite_stats, nonfinite_tensors
@@ -60,6 +61,8 @@ class Trainer:
         self.cl = build.channels_last(cfg, self.dev)
         self.bundle, sp = build.training_splits(cfg)
         self.spec = build.model_spec(cfg, self.bundle)
+        if autoattack.NAME in names.expand(cfg.eval.attacks):  # the final evaluation's, refused before training
+            autoattack.check_classes(self.bundle.num_classes, "eval.attacks: ")
         x, y = sp["train"]
         self.train_loader = distributed.train_loader(build.train_loader(cfg, sp["train"], self.dev, self.cl))
         self.val_loader = build.eval_loader(cfg, distributed.shard(sp["val"]), self.dev, self.cl, name="val")
@@ -335,10 +338,8 @@ class Trainer:
         if self.averager:
             record["average"] = self._average(epoch, va["worst"])
         if self.main:  # torchrun: rank 0 alone writes
-            # metrics first, then the checkpoint: a crash in between redoes the epoch on --resume,
-            # and resuming drops the metrics lines of epochs the checkpoint does not hold.
-            self.run.append_metrics(record)
-            self._checkpoint(epoch, va)
+            with self.run.metrics_until_saved(record):  # the line stays only once the checkpoint landed
+                self._checkpoint(epoch, va)
             self.tracker.log(tracking.scalars(record, self.bundle.classes), epoch + 1)
         self.log(f"epoch {epoch + 1:3d}  loss {stats['loss']:.4f}  train-robust {stats['train_acc']:.1f}  "
                  f"val {self.val_size}: clean {val['clean']['summary']['avg']:.1f}  {self.cfg.train.val_attack} "
