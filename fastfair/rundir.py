@@ -68,7 +68,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastfair import stopping
+from fastfair import safe_load, stopping
 from fastfair.errors import UserError, WriteError
 from fastfair.suggest import hint
 
@@ -742,7 +742,7 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
         raise UserError(f"{path} is damaged: {damage} (bytes changed after fastfair wrote it: a disk, copy or "
                         f"transfer error), so fastfair does not load it; {_instead_of(path)}")
     try:
-        ck = torch.load(path, map_location=map_location, weights_only=True)
+        ck = safe_load.weights_only(path, map_location)  # a protocol torch cannot read safely is its own line
     except pickle.UnpicklingError:
         # weights_only refused an object: such a file runs code when unpickled, so it is never loaded
         raise UserError(f"{path} is unsafe to load: it holds Python objects other than tensors, which could run "

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import fastfair
-from fastfair import build, checks, cli, config
+from fastfair import build, checks, cli, config, rundir
 from fastfair.rundir import init_model
 from fastfair.training.teacher import load_teacher
 from fastfair.errors import UserError
@@ -263,6 +263,20 @@ def test_a_model_file_of_another_pickle_protocol_loads_or_is_one_line_and_torch_
                                  f"(weights_only=True) cannot read, and fastfair unpickles nothing; save it again "
                                  f"with torch.save's default protocol: torch.save(torch.load(\"{path}\", "
                                  f"weights_only=False), \"NEW.pt\") for a file you trust"], err
+
+
+@pytest.mark.parametrize("protocol", [3, 4])
+def test_a_checkpoint_saved_again_with_another_pickle_protocol_loads_or_is_one_line(protocol, tmp_path):
+    """The same for fastfair's own checkpoints (rundir.load_checkpoint: resume, eval, report, init_from, teacher)."""
+    path = tmp_path / "best.pt"
+    torch.save({"epoch": 1, "model": {"w": torch.ones(2)}, "spec": {}, "config": ""}, path, pickle_protocol=protocol)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if protocol == 3:
+            assert rundir.load_checkpoint(path)["model"]["w"].tolist() == [1.0, 1.0]
+            return
+        with pytest.raises(UserError, match="saved with pickle protocol 4, which torch's safe loader"):
+            rundir.load_checkpoint(path)
 
 
 def test_no_warning_leaks_from_train_resume_and_eval(tmp_path, capsys):
