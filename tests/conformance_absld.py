@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
-                         max_diff, rel_diff, steps_from_code, weight_grad)
+from conformance import (FRACTION, K_TOL, REL, STEPS, U32, Check, case, differing, differs, fixed_start, golden,
+                         head_bound, inputs, max_diff, rel_diff, steps_from_code, weight_grad)
 from fastfair import config
 from fastfair.training import optim
 from fastfair.methods import METHODS
@@ -16,6 +16,9 @@ from fastfair.training.class_state import ClassState
 
 PRESET = "trix-rebuttal-t1-absld"  # the preset that follows the code
 TAU_TOL = 1e-6  # float32 temperatures near 1, updated by steps of at most 0.1
+# q = z / tau_adv / tau_nat: two float32 divisions on each side, in either order, each within u |q|
+DIVISIONS = 4 * U32
+BOUND = "max abs diff / its float32 bound"
 RISK_TOL = 1e-5  # sums of 2-40 float32 CE values (sums up to ~30, ulp 2e-6), added in another order
 
 differs("ABSLD", "loss value: the code's log(q + 1e-5) in the teacher's entropy term adds a constant of the student "
@@ -67,7 +70,7 @@ def temperatures():
     epochs = f"{len(taus)} epochs, {start + 1}-{start + len(taus)}, the rate's decay after {start + 3}"
     return [
         Check("ABSLD", f"soft-label logits z_T / tau_adv[y] / tau_nat[y] handed to the attack ({epochs})", ref,
-              max(soft), 1e-6),
+              max(soft), DIVISIONS * float(g.t("q_logits").abs().max())),
         Check("ABSLD", f"per-class error risks: sums of CE on x' and on x ({epochs})", ref, max(risks), RISK_TOL),
         Check("ABSLD", f"class temperatures tau_adv, tau_nat after each epoch's update ({epochs})", ref, max(taus),
               TAU_TOL),
@@ -83,6 +86,9 @@ def step():
     inp, n = inputs(), g.t("x_adv").shape[0]
     x, y = inp.x[:n], inp.y[:n]
     q_adv, q_nat = m.distil_from(x, y, state)
+    # each side's teacher logits within head_bound of the exact ones, then divided by the temperatures (two roundings)
+    tau = state["absld_temp_adv"][y] * state["absld_temp_nat"][y]
+    q_bound = head_bound(inp.teacher(), x) / tau[:, None] + DIVISIONS * q_adv.abs()
     one = dataclasses.replace(m.attack, steps=1)
     worst, detail = steps_from_code(g, lambda: inp.model("train"), one, x, y, state["eps"], state["alpha"],
                                     m.cfg.attack.alpha, reference=q_adv)
@@ -99,7 +105,8 @@ def step():
     m.end_epoch(state, 0, {**stats, "lr_next": optim.schedule(m.cfg.train)(1, 0.0)})
     return [
         Check("ABSLD", "soft-label logits of the teacher's clean forward (both terms)", g.ref("soft labels"),
-              max(max_diff(q_adv, g.t("q_adv_logits")), max_diff(q_nat, g.t("q_nat_logits"))), 1e-6),
+              max(float(((q - g.t(key)).double().abs() / q_bound).max())
+                  for q, key in ((q_adv, "q_adv_logits"), (q_nat, "q_nat_logits"))), 1, BOUND),
         Check("ABSLD", "one attack step (KL to the soft labels) from each of the code's x_k", ref, worst, 0, STEPS,
               detail),
         Check("ABSLD", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),

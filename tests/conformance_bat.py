@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, golden, inputs, max_diff,
-                         rel_diff, step_flips, weight_grad)
+                         rel_diff, routing_ties, step_flips, weight_grad)
 from conformance_fat import code_grad, decode
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
@@ -67,8 +67,9 @@ def attack_checks(g, m, state, name, x, y):
         model = inputs().model("eval")
         with attack_mode(model, one.bn_mode), torch.enable_grad():
             ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k])
+            routed = routing_ties(model, its[k])
         ours = torch.where(moved[k].view(-1, 1, 1, 1), ours, its[k + 1])  # the rows the code stopped: the rule's
-        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha)
+        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
     with served(m, name, its[0], {"its": its, "moved": moved}) as walked:
         stops = walked(inputs().model("eval"), x, y, state["eps"], state["alpha"])

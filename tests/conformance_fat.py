@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from conformance import (FRACTION, K_TOL, REL, SIGN_NOISE, Check, case, differing, fixed_start, golden, inputs,
-                         max_diff, method, rel_diff, step_flips, weight_grad)
+                         max_diff, method, rel_diff, routing_ties, step_flips, weight_grad)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.fat import tau_at
 
@@ -128,7 +128,8 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
         with attack_mode(model, one.bn_mode), torch.enable_grad():
             ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k], *targets,
                            None if noise is None else noise[k:k + 1])
-        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha)
+            routed = routing_ties(model, its[k])
+        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
         if attack.stop:  # the rule's state after the code's check at x_k, as fastfair's engine reaches it
             model = model_fn()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from conformance import (FRACTION, K_TOL, REL, Check, case, differing, differs, fixed_start, golden, inputs, max_diff,
-                         method, rel_diff, step_flips, weight_grad)
+                         method, rel_diff, routing_ties, step_flips, weight_grad)
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
 
@@ -122,7 +122,8 @@ def variant_checks(name: str) -> list[Check]:
         model = inp.model("train")
         with attack_mode(model, one.bn_mode), torch.enable_grad():
             step = descend(one, model, x, y, state["eps"], alpha, its[k])
-        n, unexplained = step_flips(step, its[k + 1], grads[k], alpha[y])
+            routed = routing_ties(model, its[k])
+        n, unexplained = step_flips(step, its[k + 1], grads[k], alpha[y], routed)
         flips, worst = flips + n, max(worst, unexplained)
     with fixed_start(m, its[0]):
         x_adv = m.perturb(inp.model("train"), x, y, state)

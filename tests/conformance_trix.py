@@ -6,7 +6,7 @@ from unittest import mock
 import torch
 
 from conformance import (FRACTION, K_TOL, REL, Check, case, differing, fixed_start, golden, inputs, max_diff, method,
-                         rel_diff, step_flips, weight_grad)
+                         rel_diff, routing_ties, step_flips, weight_grad)
 from conformance_dafa import W_TOL, loop_check, set_weights
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods import trix
@@ -97,7 +97,8 @@ def attack():
         for k in range(len(grads)):
             with attack_mode(model, one.bn_mode), torch.enable_grad():
                 ours = descend(one, model, x[r], y[r], state["eps"], state["alpha"], its[k, j:j + 1], y_t[r], strong[r])
-            n, unexplained = step_flips(ours, its[k + 1, j:j + 1], grads[k, j:j + 1], alpha[j:j + 1])
+                routed = routing_ties(model, its[k, j:j + 1])
+            n, unexplained = step_flips(ours, its[k + 1, j:j + 1], grads[k, j:j + 1], alpha[j:j + 1], routed)
             flips, worst = flips + n, max(worst, unexplained)
         checks.append(Check("TRIX", f"one attack step of a {label} row (W_y-scaled eps, step) from each of the code's "
                                     "x_k", ref, worst, 0, "elements not explained by float32 sign noise",
