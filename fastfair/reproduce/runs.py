@@ -248,8 +248,8 @@ def plan(table: Table, seeds: int | None, scale: str, data_dir: str, out: Path, 
     overrides. A row that is a released model (``[paper] robustbench`` or ``released``) is evaluated, not trained: its
     runs take the data, seed, attacks and substitute keys only; without its weights it is left out at a scale that is
     not the paper's and refused at one that is, except an authors' file, which is placed by hand: its row is left
-    out, pending, and says where to put the file. ``paper_selection``: the rows that record the paper's own checkpoint rule
-    (``[paper] paper_selection``) pick their checkpoint by it."""
+    out, pending, and says where to put the file. ``paper_selection``: the rows that record the paper's own
+    checkpoint rule (``[paper] paper_selection``) pick their checkpoint by it."""
     spec = SCALES.get(scale)
     flats = {row.preset: config.flatten(config.resolve(row.preset).to_dict()) for row in table.ordered()}
     datasets = sorted({flat["data.dataset"] for flat in flats.values()})

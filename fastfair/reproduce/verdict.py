@@ -3,14 +3,14 @@
 The rule (docs/reproduce.md, "Verdicts", derives it): d = mean(ours) - paper. The per-seed std sigma is pooled
 from the sides that measured one (ours with n - 1 degrees of freedom, the paper's std with n_p - 1), then floored
 at the evaluation's own sampling noise, the binomial error of an accuracy over the test images behind it
-(:func:`binomial_sd`); SE = sigma sqrt(1/n + 1/n_p) (Welch's two-sample SE with a common sigma, Student 1908).
-Quantiles are Student's t with the pooled df where a measured std sets sigma, the normal where the floor does
-(a fixed sigma). A number **agrees** when the 90 % interval of d lies within the practical margin +-delta (two
-one-sided tests at 5 %, Schuirmann 1987), is **higher**/**lower** when the 95 % interval excludes 0, and is
-:data:`UNDECIDED` otherwise: the data cannot tell.
+(:func:`binomial_sd`); SE = sigma sqrt(1/n + 1/n_p) (the two-sample t statistic's SE, Student 1908). Quantiles are
+Student's t with the pooled df where either side measured a std (even where the floor is larger: the level holds),
+the normal where neither did (the floor is then sigma, a fixed value). A number **agrees** when the 90 % interval
+of d lies within the practical margin +-delta (two one-sided tests at 5 %, Schuirmann 1987), is
+**higher**/**lower** when the 95 % interval excludes 0, and is :data:`UNDECIDED` otherwise: the data cannot tell.
 
-The margin delta per kind (:data:`DEFAULT_TOLERANCE`): averages move by well under a point between seeds, worst-class
-and single-class accuracies by several (CFA Sec. 3.3), so 1 and 3 points; MCD 5 points; CV
+The margin delta per kind (:data:`DEFAULT_TOLERANCE`): averages move by well under a point between seeds,
+worst-class and single-class accuracies by several (CFA Sec. 3.3), so 1 and 3 points; MCD 5 points; CV
 :data:`CV_TOLERANCE` of the paper's (at least 1 %^2). The class-wise spread's floor propagates the per-class
 binomial error (Tian et al. KDD 2021's CV = (1/C) sum_k (a_k - mean a)^2): dCV/da_k = (2/C)(a_k - mean a), so
 sd(CV) = 2 sqrt(CV / C) sigma_class; MCD = best - worst, so sd(MCD) = sqrt(sigma_best^2 + sigma_worst^2).
@@ -58,8 +58,8 @@ def intervals(ours: np.ndarray, paper: float | np.ndarray, paper_std: float | np
     """(d, the half-width of its 90 % interval, of its 95 %) for each line of ``ours`` (trials x n seeds) against the
     paper's mean, its std over ``paper_n`` runs (None where it prints none), and the evaluation's noise ``floor``:
     sigma pooled from the measured stds and floored, SE = sigma sqrt(1/n + 1/n_p), Student's t quantiles with the
-    pooled df where a measured std sets sigma, the normal's where the floor does. Vectorised, so a simulation
-    runs it on many trials at once."""
+    pooled df where a std was measured, the normal's where none was (the floor is sigma). Vectorised, so a
+    simulation runs it on many trials at once."""
     ours = np.atleast_2d(np.asarray(ours, dtype=float))
     n = ours.shape[1]
     squares, df = np.zeros(len(ours)), 0
@@ -67,12 +67,12 @@ def intervals(ours: np.ndarray, paper: float | np.ndarray, paper_std: float | np
         squares, df = (n - 1) * ours.var(axis=1, ddof=1), n - 1
     if paper_std is not None and paper_n >= 2:
         squares, df = squares + (paper_n - 1) * np.square(paper_std), df + paper_n - 1
-    pooled = np.sqrt(squares / max(df, 1))
-    measured = (pooled >= floor) & (df > 0)
-    se = np.where(measured, pooled, floor) * np.sqrt(1 / n + 1 / paper_n)
+    se = np.maximum(np.sqrt(squares / max(df, 1)), floor) * np.sqrt(1 / n + 1 / paper_n)
 
-    def half(level: float) -> np.ndarray:  # two-sided: the (1 + level) / 2 quantile
-        return np.where(measured, sps.t.ppf((1 + level) / 2, max(df, 1)), sps.norm.ppf((1 + level) / 2)) * se
+    def half(level: float) -> float | np.ndarray:  # two-sided: the (1 + level) / 2 quantile
+        # Student's t whenever a std was measured, even where the floor is larger: a low measured std does not
+        # show the floor is the true sigma, and t keeps the test's level (the normal gave 6 % false alarms at 3 seeds)
+        return (sps.t.ppf((1 + level) / 2, df) if df else sps.norm.ppf((1 + level) / 2)) * se
 
     return ours.mean(axis=1) - paper, half(EQUIVALENCE), half(DIFFERENCE)
 
