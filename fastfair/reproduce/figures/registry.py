@@ -100,10 +100,11 @@ class FigureRuns:
         """(seeds, classes): each finished seed's per-class accuracy under ``attack``, % (:meth:`results`)."""
         return np.asarray([r["per_class"] for r in self.results(preset, attack)], dtype=float)
 
-    def images(self) -> np.ndarray:
-        """The test images of each class behind the records' accuracies (the first seed's confusion matrix rows)."""
-        record = next(iter(self.records.values()))[0]
-        return np.asarray(next(iter(record["results"].values()))["confusion"], dtype=float).sum(axis=1)
+    def images(self) -> np.ndarray | None:
+        """The test images of each class behind the records' accuracies (the rows of the first confusion matrix
+        found); None where no record holds one (nothing to count: no floor)."""
+        return next((np.asarray(result["confusion"], dtype=float).sum(axis=1) for records in self.records.values()
+                     for record in records for result in record["results"].values() if "confusion" in result), None)
 
     def number(self, what: str, stat: str, paper: float, ours: list[float], kind: str = "class",
                margin: float | None = None, accuracy: bool = True) -> Comparison:
@@ -112,9 +113,8 @@ class FigureRuns:
         gives one and says why in its docstring. Its noise floor is the binomial error over the test images of
         a class (all of them for ``avg``; an ``mcd``'s two classes, unnamed, at the largest error, q = 1/2), at the
         mean of the paper's value and ours; none where the number is not an ``accuracy`` over images (a std)."""
-        floor = 0.0
-        if accuracy and ours:
-            per_class = self.images()
+        floor, per_class = 0.0, self.images() if accuracy and ours else None
+        if per_class is not None:
             if kind == "mcd":
                 floor = float(np.sqrt(2) * binomial_sd(50.0, per_class.mean()))
             else:
