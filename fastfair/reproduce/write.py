@@ -95,10 +95,10 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
                plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± margin")]
     handles += _verdict_handles(comparisons)
-    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(handles), 3),
               frameon=False)
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
-    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
+    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=14 + 10 * math.ceil(len(handles) / 3))
     fig.tight_layout()
     return figures.save_figure(fig, path)
 
@@ -120,9 +120,10 @@ def _half(c: Comparison) -> float:
 
 
 def _verdict_handles(comparisons: list[Comparison]) -> list:
-    """A legend entry per verdict shown, ours with the 95 % interval of the difference."""
-    return [plt.Line2D([], [], marker=STYLE[v][1], ls="-", color=STYLE[v][0], label=f"ours ± 95 % interval: {v}")
-            for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+    """A legend entry per verdict shown, and one saying what the bar on ours is."""
+    return [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
+            for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)] + \
+        [plt.Line2D([], [], marker="|", ms=8, color="0.3", label="bar: 95 % interval of ours − paper")]
 
 
 def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
@@ -154,7 +155,7 @@ def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale
     note = "" if scale == "full" else f"; {scale} scale: not comparable to the paper"
     fig.suptitle(f"{table.title}: class-wise spread, paper vs fastfair{note}", fontsize=9)
     fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
-    fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=len(handles),
+    fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=min(len(handles), 4),
                frameon=False)
     return figures.save_figure(fig, path)
 
@@ -209,7 +210,7 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
     fig.tight_layout(rect=(0, 0, 1, top))
     fig.suptitle(f"{table.title}: paper vs fastfair, average and per class{note}", fontsize=9, y=0.999)
     fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()),
-               ncol=len(handles), frameon=False)
+               ncol=min(len(handles), 4), frameon=False)
     return figures.save_figure(fig, path)
 
 
