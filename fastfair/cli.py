@@ -437,7 +437,9 @@ def reproduce(
     list_: Annotated[bool, typer.Option("--list", help="every table and figure (or TARGET alone) with its runs and an "
                                                        "estimate of GPU hours, the pending ones with their routes, "
                                                        "and the scales")] = False,
-    seeds: Annotated[int, typer.Option(help="seeds per row (0..N-1); reported as mean ± std")] = 1,
+    seeds: Annotated[Optional[int], typer.Option(help=(
+        "seeds per row (0..N-1), reported as mean ± std; default: the paper's own count per row at --scale full "
+        "(5 where it reports means over five runs, else 1), 1 at a scale not comparable to the paper"))] = None,
     data_dir: Annotated[str, typer.Option(help="full: folder holding cifar-10-batches-py (and the other data sets a "
                                                "table uses); subset: a FILE.npz, or a folder of DATASET-subset.npz "
                                                "for a table over several data sets")] = "",

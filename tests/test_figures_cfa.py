@@ -206,8 +206,10 @@ def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
     ema = [70.0] * 5 + [30.0] * 5  # std of [0.7 x5, 0.3 x5] = 0.2
     cfa_acc = [60.0] * 5 + [40.0] * 5  # 0.1
     fr = _fig6_runs(tmp_path, ema, cfa_acc)
-    got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.tolerance) for c in cfa.fig6(fr)}
-    assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02), "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02)}
+    got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.margin, c.floor) for c in cfa.fig6(fr)}
+    # a std of accuracies is no accuracy over images: no binomial floor
+    assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02, 0.0),
+                   "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02, 0.0)}
     _pngs_ok(fr, [""])
     (_, (classes, series, *_, kw)), = drawn
     assert classes == CIFAR10 and list(series) == ["AT + EMA", "AT + CFA"] and series["AT + EMA"][0] == ema
@@ -274,6 +276,6 @@ def test_cfa_fig4_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
         assert f"![Fig. 4, cfa-f4-{panel}](cfa-f4-{panel}.png)" in md
         assert (out / f"cfa-f4-{panel}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the text's four numbers beside ours (Sec. 3.3), and the rows' AutoAttack ones with no result (not evaluated)
-    assert md.count("| `cfa-f4` |") == 4 and "| 53.20 |" in md and "| 28.10 |" in md
+    assert md.count("| `cfa-f4` |") == 4 and "| 53.20 (1) |" in md and "| 28.10 (1) |" in md
     assert "| AT | `cfa-t1-at` |" not in md  # a reused row's numbers stay in its own table
     assert capsys.readouterr().out.rstrip().endswith(f"{out / 'cfa-f4-b.png'}")

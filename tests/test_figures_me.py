@@ -260,7 +260,7 @@ def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path):
     md = (out / "reproduce.md").read_text()
     for panel in ("errors", "features"):
         assert f"(me-f3-{panel}.png)" in md and (out / f"me-f3-{panel}.png").stat().st_size > 10_000
-    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md
+    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 (1) |" in md
     run = out / "runs" / "me-fig3-single-at-cat-s0"
     (got,) = me.measured(FigureRuns("me-f3", out, "subset", False, CIFAR10, {"x": [run]}, {}, gpus="cpu"), "x")
     assert got.features.shape == (500, 2) and got.classes == CIFAR10  # 50 test images a class, 2-D features

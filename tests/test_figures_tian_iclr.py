@@ -103,7 +103,7 @@ def test_fig1_draws_a_panel_per_data_set_run_and_compares_the_texts_gaps(tmp_pat
     assert got["avg"] == [pytest.approx(96.4)]
     assert got["gap"] == [20.0, 60.0]  # the band's widest point over the epochs, per panel
     ranged = [c for c in registry.FIGURES["tian-iclr-f1"].draw(runs) if "40 %-50 %" in c.row]
-    assert ranged[0].paper == 45.0 and ranged[0].tolerance == 5.0 + 5.0  # half the range plus MCD's default
+    assert ranged[0].paper == 45.0 and ranged[0].margin == 5.0 + 5.0  # half the range plus MCD's default
     assert sorted(drawn) == ["tian-iclr-f1-a.png", "tian-iclr-f1-b.png"]
     assert "Fig. 1(b) CIFAR-10" in drawn["tian-iclr-f1-b.png"][1]
     assert Image.open(tmp_path / "tian-iclr-f1-b.png").size[0] > 400

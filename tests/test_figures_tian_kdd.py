@@ -1,6 +1,7 @@
 """Tian et al. KDD 2021's figures and Table 4 as reproduce targets (fastfair/reproduce/figures/tian_kdd.py): each
 drawer on hand-made runs, the numbers it returns and the panels it draws."""
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,9 @@ def test_fig1_draws_a_panel_per_data_set_that_ran_and_compares_the_texts_gaps(tm
     records = {p: [_record(np.eye(10) * 5 + 1)] for p in runs}
     fr = _figure_runs(tmp_path, "tian-kdd-f1", runs, records)
     got = tian_kdd.fig1(fr)
-    assert [(c.paper, c.ours, c.tolerance) for c in got] == [(6.0, [4.0], 5.0), (45.0, [30.0], 5.0)]
+    assert [(c.paper, c.ours, c.margin) for c in got] == [(6.0, [4.0], 5.0), (45.0, [30.0], 5.0)]
+    # a gap's two classes are not named: the floor takes the largest binomial error, q = 1/2, on 15 images a class
+    assert got[0].floor == pytest.approx(math.sqrt(2) * 50 / math.sqrt(15))
     assert "Fig. 1(a) MNIST" in got[0].row and "last" in got[0].row and "widest" in got[1].row
     assert [p.name for p in fr.pngs] == ["tian-kdd-f1-a-mnist.png", "tian-kdd-f1-b-cifar-10.png"]
     assert all(p.is_file() for p in fr.pngs)

@@ -145,10 +145,10 @@ def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypat
     assert md.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 3\n")
     assert "*, Fig. 3: features of single-class AT. Scale: **subset**" in md
     assert "![Fig. 3, me-f3-a](me-f3-a.png)" in md and not (out / "reproduce.png").exists()
-    assert "| Sec. 2.2, cat | `me-f3` |  | cat | 7.03 |" in md  # the drawer's number
+    assert "| Sec. 2.2, cat | `me-f3` |  | cat | 7.03 (1) |" in md  # the drawer's number
     # the protocol says what the runs held out at this scale, not the preset's full-scale validation split
     assert md.count(f"validation split of {SUBSET_VAL_PER_CLASS} training images a class") == 2
-    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md  # the row's own
+    assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 (1) |" in md  # the row's own
     assert said[-1] == f"written: {out / 'reproduce.md'}, {out / 'me-f3-a.png'}"
     # a drawer is called once every row has a finished run; none registered: the numbers alone, and a note
     monkeypatch.setitem(registry.FIGURES, "me-f3", dataclasses.replace(registry.FIGURES["me-f3"], draw=None))

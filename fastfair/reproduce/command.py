@@ -31,21 +31,29 @@ from fastfair.scaleout import per_gpu as runs_per_gpu
 from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 
-def listing(seeds: int, echo=print, only: str | None = None) -> None:
-    """Every table and figure (or ``only`` that one) with its rows and runs and what it costs, then the pending
-    ones with their routes."""
+def listing(seeds: int | None, echo=print, only: str | None = None, scale: str = "full") -> None:
+    """Every table and figure (or ``only`` that one) with its rows, each row's seeds at ``scale``
+    (:func:`~fastfair.reproduce.runs.row_seeds`: ``seeds`` where given, else its paper's count at a comparable scale)
+    and what it costs, then the pending ones with their routes."""
     waiting = tables.pending()
     if only in waiting:
         chosen, waiting = {}, {only: waiting[only]}
     else:  # an unknown name: one line naming the targets
         chosen, waiting = ({only: tables.get(only)}, {}) if only else (tables.tables(), waiting)
     speeds = cost.gpu_images_per_s()
+    runs.SCALES.get(scale)  # an unknown scale: one line naming the scales
     echo("scales (--scale):")
     for name in runs.SCALES:
         echo(f"  {name}: {runs.SCALES.doc(name)}")
+    echo(f"seeds at scale {scale}: the paper's count per row at a scale comparable to the paper, 1 at one that is not, "
+         "--seeds N for every row")
+
+    def seeds_of(row) -> int:
+        return runs.row_seeds(row, seeds, scale)
+
     for key, table in chosen.items():
-        echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows x {seeds} seed(s) = "
-             f"{len(table.rows) * seeds} runs")
+        echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows, "
+             f"{sum(map(seeds_of, table.rows))} runs (seeds: {runs.seeds_text(list(table.rows), seeds, scale)})")
         if table.spec:
             echo(f"  draws: {table.spec.caption}" + (f" (partial: {table.spec.partial})" if table.spec.partial else ""))
         elif table.figure:
@@ -54,10 +62,11 @@ def listing(seeds: int, echo=print, only: str | None = None) -> None:
             released = (f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else
                         f"; the authors' released model, evaluated, not trained: {row.released.place(None)} (or "
                         f"under --model-dir)" if row.released else "")
-            echo(f"  {row.preset:<32} {row.row} [{_what_it_reports(row, table)}; follows {row.follows}{released}]")
+            echo(f"  {row.preset:<32} {row.row} x {seeds_of(row)} seed(s) [{_what_it_reports(row, table)}; "
+                 f"follows {row.follows}{released}]")
         for pending in table.pending:
             echo(f"  not run yet: {pending}")
-        echo(f"  cost: {cost.estimate(table, seeds, speeds)}")
+        echo(f"  cost: {cost.estimate(table, seeds_of, speeds)}")
     for key, spec in waiting.items():
         echo(f"{key}: {PAPERS[spec.source].cite}, {spec.item}: {spec.caption}; pending: {spec.pending}")
 
@@ -96,16 +105,17 @@ def _record(run_dir: Path, planned: runs.PlannedRun) -> tuple[dict | None, str]:
     return (read_json(path) if path.is_file() else None), label
 
 
-def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu: int | str = "auto",
+def reproduce(table: str | None, *, seeds: int | None = None, data_dir: str = "", per_gpu: int | str = "auto",
               scale: str = "full", list_only: bool = False, out: str | None = None, gpus: str = "auto",
               sets: list[str] | None = None, model_dir: str | None = None, launcher: str = "local",
               paper_selection: bool = False, echo=print) -> int:
-    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``launcher``
+    """``fastfair reproduce``: 0 when every run is done and the report written, 1 when some failed. ``seeds``: every
+    row's (None: its paper's count at a comparable scale, 1 at another; :func:`runs.row_seeds`). ``launcher``
     runs the trainings (``fastfair grid``'s registry: local, submitit). ``paper_selection``: the rows recording the
     paper's own checkpoint rule (``[paper] paper_selection``, e.g. ME's best PGD-20 on the test set) pick by it,
     in their own folder, and the report says where they chose."""
     if list_only:
-        listing(seeds, echo, only=table)
+        listing(seeds, echo, only=table, scale=scale)
         return 0
     if not table:
         raise UserError("name a table or figure (fastfair reproduce TARGET), or list them: fastfair reproduce --list")
@@ -162,6 +172,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
     for r in pending:
         echo(f"  pending: {r}")
     ran = {p.row.preset: p.sets for p in planned + evaluated}
+    seeds_line = runs.seeds_text(list(tab.rows), seeds, scale)
     not_run = [f"Not run at this scale: {r}" for r in left_out] + [f"Pending: {r}" for r in pending]
     todo = [cfg for j, cfg in zip(jobs, configs) if status[j.name] != "done"]
     if todo:
@@ -187,7 +198,7 @@ def reproduce(table: str | None, *, seeds: int = 1, data_dir: str = "", per_gpu:
             _diagnose(planned, jobs, gpus, echo)
             notes = _notes(tab, scale, user_sets, paper_selection, ran) + not_run
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
-                                  scale_doc=runs.SCALES.doc(scale), seeds=seeds, runs=run_lines, notes=notes)
+                                  scale_doc=runs.SCALES.doc(scale), seeds=seeds_line, runs=run_lines, notes=notes)
             echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
         elif records:  # at least one run finished: the table with what there is
             comparable = scale_spec.comparable and not user_sets

@@ -6,7 +6,10 @@ or a prediction.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from fastfair import config, gpu_figures
+from fastfair.reproduce.paper import PaperRow
 from fastfair.reproduce.tables import Table
 
 # (training images before the validation split is carved out, classes)
@@ -24,8 +27,9 @@ def gpu_images_per_s(fig: gpu_figures.Figures | None = None) -> dict[tuple[str, 
     return out
 
 
-def estimate(table: Table, seeds: int, speeds: dict[tuple[str, str], tuple[float, str]]) -> str:
-    """One line: the table's training work and GPU hours, or why there is no GPU figure."""
+def estimate(table: Table, seeds: Callable[[PaperRow], int], speeds: dict[tuple[str, str], tuple[float, str]]) -> str:
+    """One line: the table's training work and GPU hours, or why there is no GPU figure; ``seeds``: the runs of a
+    row (:func:`fastfair.reproduce.runs.row_seeds`)."""
     hours, devices, missing, epochs = 0.0, set(), [], 0
     for row in table.rows:
         if row.evaluated:  # a released model: evaluated, not trained
@@ -33,10 +37,10 @@ def estimate(table: Table, seeds: int, speeds: dict[tuple[str, str], tuple[float
         cfg = config.resolve(row.preset)
         total, classes = TRAIN_IMAGES.get(cfg.data.dataset, (0, 0))
         images = total - cfg.data.val_per_class * classes
-        epochs += cfg.train.epochs * seeds
+        epochs += cfg.train.epochs * seeds(row)
         key = (cfg.method.name, cfg.model.name)
         if key in speeds:
-            hours += cfg.train.epochs * seeds * images / speeds[key][0] / 3600
+            hours += cfg.train.epochs * seeds(row) * images / speeds[key][0] / 3600
             devices.add(speeds[key][1])
         else:
             missing.append(f"{key[0]} on {key[1]}")

@@ -10,6 +10,8 @@ how the paper picked its checkpoint, and the numbers (% accuracy) per evaluation
     row = "AT + CFA"
     follows = "paper"                # paper | code | both (they agree)
     selection = "highest sum of average and worst-class robustness"
+    seeds = 5                        # optional: the runs behind each number, as the paper says (1 where it
+                                     # reports one run, the default); a std_* entry needs seeds >= 2
     also_in = ["2"]                  # optional: other tables printing this row with the same numbers
     init_from = "cfa-t1-trades-paper"  # optional: fine-tunes that preset's run (FRL)
     substitute = "tian-iclr-t2-standard"  # optional: that preset's run is the transfer: attacks' substitute
@@ -138,6 +140,7 @@ class PaperRow:
     last: dict[str, Number] = field(default_factory=dict)  # the numbers of the run's last-epoch model, where printed
     # config keys -> values that pick the checkpoint by the paper's own rule (reproduce --paper-selection)
     paper_selection: dict[str, Any] = field(default_factory=dict)
+    seeds: int = 1  # the runs behind each of the paper's numbers (its mean and std are over them)
 
     @property
     def evaluated(self) -> bool:
@@ -188,7 +191,7 @@ def _number(preset: str, attack: str, spec: Any, within: str = "") -> Number:
 
 
 FIELDS = {"source", "table", "figure", "row", "follows", "selection", "also_in", "init_from", "baseline",
-          "substitute", "pending", "robustbench", "protocol", "released", "paper_selection", "last"}
+          "substitute", "pending", "robustbench", "protocol", "released", "paper_selection", "last", "seeds"}
 
 
 def _released(preset: str, spec: Any) -> Released | None:
@@ -241,12 +244,22 @@ def load(preset: str) -> PaperRow | None:
     for key in ("row", "selection"):
         if not isinstance(text.get(key), str) or not text[key]:
             raise UserError(f"preset {preset}: [paper] {key} must be a non-empty string")
+    seeds = text.get("seeds", 1)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise UserError(f"preset {preset}: [paper] seeds must be the number of runs behind the paper's numbers, an "
+                        f"integer of at least 1 (1 where it reports one run); got {seeds!r}")
+    numbers = {a: _number(preset, a, s) for a, s in numbers.items()}
+    last = {a: _number(preset, a, n, "last.") for a, n in last.items()}
+    with_std = [f"{w}{a}" for w, table in (("", numbers), ("last.", last)) for a, n in table.items() if n.std]
+    if with_std and seeds < 2:
+        raise UserError(f"preset {preset}: [paper] {', '.join(with_std)} give a std over seeds, so the paper ran "
+                        f"several: set [paper] seeds = N (its number of runs, at least 2)")
     return PaperRow(preset=preset, source=text["source"], table=str(text.get("table", "")),
                     figure=str(text.get("figure", "")), row=text["row"], follows=text["follows"],
                     selection=text["selection"],
-                    numbers={a: _number(preset, a, s) for a, s in numbers.items()},
+                    numbers=numbers, seeds=seeds,
                     also_in=tuple(str(t) for t in text.get("also_in", [])), init_from=text.get("init_from", ""),
                     baseline=text.get("baseline", ""), substitute=text.get("substitute", ""),
                     pending=tuple(str(t) for t in text.get("pending", [])), robustbench=text.get("robustbench", ""),
                     protocol=protocol, released=_released(preset, text.get("released")), paper_selection=dict(chosen),
-                    last={a: _number(preset, a, n, "last.") for a, n in last.items()})
+                    last=last)

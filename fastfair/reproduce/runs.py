@@ -12,6 +12,7 @@ there is not run, and the report says so.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -220,16 +221,35 @@ def _robustbench_missing(name: str, model_dir: str | None) -> str:
     return ""
 
 
-def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any],
-         model_dir: str | None = None, paper_selection: bool = False) -> list[PlannedRun]:
-    """Every run of ``table``: its rows x seeds 0..seeds-1, with the scale's and the user's overrides. A row that is
-    a released model (``[paper] robustbench`` or ``released``) is evaluated, not trained: its runs take the data, seed,
-    attacks and substitute keys only; without its weights it is left out at a scale that is not the paper's and
-    refused at one that is, except an authors' file, which is placed by hand: its row is left out, pending, and
-    says where to put the file. ``paper_selection``: the rows that record the paper's own checkpoint rule
-    (``[paper] paper_selection``) pick their checkpoint by it."""
-    if seeds < 1:
+def row_seeds(row: PaperRow, seeds: int | None, scale: str) -> int:
+    """The seeds ``row`` runs: ``seeds`` (``--seeds N``) where given; else its paper's count (``[paper] seeds``) at a
+    scale comparable to the paper, and 1 at one that is not (its verdicts say "not comparable" whatever the seeds,
+    so a quick look, CI's included, runs once a row)."""
+    if seeds is not None and seeds < 1:
         raise UserError(f"--seeds must be at least 1; got {seeds}")
+    if seeds is not None:
+        return seeds
+    return row.seeds if SCALES.get(scale).comparable else 1
+
+
+def seeds_text(rows: list[PaperRow], seeds: int | None, scale: str) -> str:
+    """How many seeds the rows run and why, in a phrase (``--list`` and the report say it)."""
+    if seeds is not None:
+        return f"{seeds} per row (--seeds {seeds})"
+    if not SCALES.get(scale).comparable:
+        return f"1 per row (the {scale} scale is not comparable to the paper; --seeds N runs more)"
+    counts = Counter(r.seeds for r in rows)
+    return "per row its paper's count: " + ", ".join(f"{n} ({k} row{'s' * (k > 1)})" for n, k in sorted(counts.items()))
+
+
+def plan(table: Table, seeds: int | None, scale: str, data_dir: str, out: Path, user_sets: dict[str, Any],
+         model_dir: str | None = None, paper_selection: bool = False) -> list[PlannedRun]:
+    """Every run of ``table``: each row x its seeds 0..N-1 (:func:`row_seeds`), with the scale's and the user's
+    overrides. A row that is a released model (``[paper] robustbench`` or ``released``) is evaluated, not trained: its
+    runs take the data, seed, attacks and substitute keys only; without its weights it is left out at a scale that is
+    not the paper's and refused at one that is, except an authors' file, which is placed by hand: its row is left
+    out, pending, and says where to put the file. ``paper_selection``: the rows that record the paper's own
+    checkpoint rule (``[paper] paper_selection``) pick their checkpoint by it."""
     spec = SCALES.get(scale)
     flats = {row.preset: config.flatten(config.resolve(row.preset).to_dict()) for row in table.ordered()}
     datasets = sorted({flat["data.dataset"] for flat in flats.values()})
@@ -258,7 +278,7 @@ def plan(table: Table, seeds: int, scale: str, data_dir: str, out: Path, user_se
                 raise UserError(f"{table.key} row {row.row} ({row.preset}): {missing}")
         runs_for = {a: spec.attack(a) for a in paper_attacks(row, flat["eval.attacks"])}
         attacks = tuple(dict.fromkeys(runs_for.values()))
-        for seed in range(seeds):
+        for seed in range(row_seeds(row, seeds, scale)):
             name = f"{row.preset}-s{seed}"
             trains = {} if row.evaluated else spec.changes(flat, user_sets)
             if architectures and trains:

@@ -17,12 +17,18 @@ from fastfair.reports import figures  # noqa: E402
 from fastfair.reports.report import write_report  # noqa: E402
 from fastfair.reproduce.paper import PAPERS, SPREAD, PaperRow, protocol_title  # noqa: E402
 from fastfair.reproduce.tables import Table  # noqa: E402
-from fastfair.reproduce.verdict import CV_TOLERANCE, DEFAULT_TOLERANCE, NOT_COMPARABLE, Comparison, rho_rows  # noqa: E402,E501
+from fastfair.reproduce.verdict import (AGREES, DIFFERENCE, EQUIVALENCE, HIGHER, LOWER, NOT_COMPARABLE,  # noqa: E402
+                                        UNDECIDED, Comparison, rho_rows)
 from fastfair.rundir import write_text_atomic  # noqa: E402
 
 # colour and marker per verdict: the shape alone tells higher from lower in grey print
-STYLE = {"agrees": ("tab:green", "o"), "higher": ("tab:orange", "^"), "lower": ("tab:red", "v"),
-         NOT_COMPARABLE: ("tab:grey", "o")}
+STYLE = {AGREES: ("tab:green", "o"), HIGHER: ("tab:orange", "^"), LOWER: ("tab:red", "v"),
+         UNDECIDED: ("tab:blue", "D"), NOT_COMPARABLE: ("tab:grey", "o")}
+RULE = (f"A number **agrees** when the {EQUIVALENCE:.0%} interval of ours − paper lies within ± the margin (two "
+        f"one-sided tests at 5 %); it is **higher** or **lower** when the {DIFFERENCE:.0%} interval excludes 0, and "
+        f"**{UNDECIDED}** otherwise. The interval comes from both sides' seed counts and stds (pooled, Student's t), "
+        "its sigma never below the binomial error of the test images behind the number "
+        "(fastfair's docs/reproduce.md, section Verdicts, derives it).")
 FIGURE = "reproduce.png"
 
 
@@ -31,12 +37,14 @@ def _cell(value: float | None, signed: bool = False) -> str:
 
 
 def numbers_table(comparisons: list[Comparison]) -> str:
-    lines = ["| row | preset | attack | number | paper | ours (seed mean ± std) | seeds | ours − paper | tolerance "
-             "| verdict |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| row | preset | attack | number | paper (runs, std) | ours (mean ± std, seeds) | ours − paper | "
+             f"{DIFFERENCE:.0%} interval | margin | verdict |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for c in comparisons:
-        ours = _cell(c.mean) + (f" ± {c.std:.2f}" if c.std is not None else "")
-        lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {c.paper:.2f} | {ours} | {len(c.ours)} | "
-                     f"{_cell(c.diff, True)} | ±{c.tolerance:g} ({c.tolerance_from}) | {c.verdict} |")
+        paper = f"{c.paper:.2f} ({c.paper_n}" + (f", ± {c.paper_std:.2f})" if c.paper_std is not None else ")")
+        ours = _cell(c.mean) + (f" ± {c.std:.2f}" if c.std is not None else "") + f" ({len(c.ours)})"
+        interval = "-" if c.interval is None else f"[{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]"
+        lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {paper} | {ours} | {_cell(c.diff, True)} | "
+                     f"{interval} | ±{c.margin:g} ({c.margin_from}) | {c.verdict} |")
     return "\n".join(lines)
 
 
@@ -58,7 +66,8 @@ def _rho(value: float | None) -> str:
 
 
 def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
-    """One line per number: the paper's value (hollow), ours (filled, seed std as a bar), the tolerance band; a
+    """One line per number: the paper's value (hollow) in its margin band, ours (filled, coloured by verdict) with
+    the 95 % interval of the difference around it; a
     table of per-class numbers gets one panel per row and attack instead (:func:`per_class_figure`), a table of
     class-wise spreads a panel per measure (:func:`spread_figure`)."""
     if all(c.stat in SPREAD for c in comparisons):
@@ -84,24 +93,37 @@ def figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) 
     ax.set_xlabel("accuracy (%)")
     ax.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
-               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
-    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
-                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
-    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± margin")]
+    handles += _verdict_handles(comparisons)
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(handles), 3),
               frameon=False)
     note = "" if scale == "full" else f"\n{scale} scale: not comparable to the paper"
-    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=22)
+    ax.set_title(f"{table.title}: paper vs fastfair{note}", fontsize=9, pad=14 + 10 * math.ceil(len(handles) / 3))
     fig.tight_layout()
     return figures.save_figure(fig, path)
 
 
 def _draw(ax, c: Comparison, y: float) -> None:
-    """One number on a horizontal axis: the tolerance band, the paper's value (hollow), ours (by verdict)."""
-    ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.tolerance, c.paper + c.tolerance, color="0.88", lw=0)
+    """One number on a horizontal axis: the margin band, the paper's value (hollow), ours (by verdict) with the
+    95 % interval of the difference drawn around it (mean ± its half-width: where it meets the band's edges is
+    what the verdict reads)."""
+    ax.fill_betweenx([y - 0.3, y + 0.3], c.paper - c.margin, c.paper + c.margin, color="0.88", lw=0)
     ax.plot(c.paper, y, "o", mfc="none", mec="black", ms=7, zorder=4)
     if c.mean is not None:
         colour, marker = STYLE[c.verdict]
-        ax.errorbar(c.mean, y, xerr=c.std or 0, fmt=marker, color=colour, ms=5, capsize=2)
+        ax.errorbar(c.mean, y, xerr=_half(c), fmt=marker, color=colour, ms=5, capsize=2)
+
+
+def _half(c: Comparison) -> float:
+    """The half-width of the 95 % interval of ours − paper (0 without a result)."""
+    return 0.0 if c.interval is None else (c.interval[1] - c.interval[0]) / 2
+
+
+def _verdict_handles(comparisons: list[Comparison]) -> list:
+    """A legend entry per verdict shown, and one saying what the bar on ours is."""
+    return [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
+            for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)] + \
+        [plt.Line2D([], [], marker="|", ms=8, color="0.3", label="bar: 95 % interval of ours − paper")]
 
 
 def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
@@ -128,13 +150,12 @@ def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale
     ax.set_yticklabels([f"{row} · {attack}" for _, row, attack in reversed(lines)], fontsize=7)
     ax.set_ylim(-0.7, len(lines) - 0.3)
     handles = [plt.Line2D([], [], marker="o", ls="", mfc="white", mec="black", label="paper"),
-               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± tolerance")]
-    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
-                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+               plt.Rectangle((0, 0), 1, 1, color="0.88", label="paper ± margin")]
+    handles += _verdict_handles(comparisons)
     note = "" if scale == "full" else f"; {scale} scale: not comparable to the paper"
     fig.suptitle(f"{table.title}: class-wise spread, paper vs fastfair{note}", fontsize=9)
     fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
-    fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=len(handles),
+    fig.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=min(len(handles), 4),
                frameon=False)
     return figures.save_figure(fig, path)
 
@@ -142,7 +163,7 @@ def spread_figure(table: Table, comparisons: list[Comparison], path: Path, scale
 def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, scale: str) -> Path:
     """A grid of panels, a column per table row: a line of panels per attack with per-class numbers (the average,
     then every class on the x axis) and, for the attacks the paper gives an average only, one line with those
-    attacks on the x axis. In each, the paper's numbers (hollow, joined, the tolerance as a grey bar) and ours
+    attacks on the x axis. In each, the paper's numbers (hollow, joined, the margin as a grey bar) and ours
     (coloured by verdict)."""
     rows = list(dict.fromkeys((c.preset, c.row) for c in comparisons))
     classed = list(dict.fromkeys(c.attack for c in comparisons if c.stat not in ("avg", "worst")))
@@ -170,31 +191,30 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
                         transform=ax.transAxes)
                 continue
             xs = [x_of(c) for c in mine]
-            ax.errorbar(xs, [c.paper for c in mine], yerr=[c.tolerance for c in mine], fmt="none", ecolor="0.8",
+            ax.errorbar(xs, [c.paper for c in mine], yerr=[c.margin for c in mine], fmt="none", ecolor="0.8",
                         elinewidth=4, zorder=1)
             ax.plot(xs, [c.paper for c in mine], "-o", color="black", mfc="white", lw=0.6, ms=4, zorder=3)
             for x, c in zip(xs, mine):
                 if c.mean is not None:
                     colour, marker = STYLE[c.verdict]
-                    ax.errorbar(x, c.mean, yerr=c.std or 0, fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
+                    ax.errorbar(x, c.mean, yerr=_half(c), fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy (%)", fontsize=7)
     for ax in axes.flat:
         ax.tick_params(axis="y", labelsize=6)
     handles = [plt.Line2D([], [], marker="o", color="black", mfc="white", lw=0.6, label="paper"),
-               plt.Line2D([], [], color="0.8", lw=4, label="paper ± tolerance")]
-    handles += [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
-                for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)]
+               plt.Line2D([], [], color="0.8", lw=4, label="paper ± margin")]
+    handles += _verdict_handles(comparisons)
     note = "" if scale == "full" else f"; {scale} scale: not comparable to the paper"
     top = 1 - 0.75 / fig.get_figheight()  # room for the title and, under it, the legend
     fig.tight_layout(rect=(0, 0, 1, top))
     fig.suptitle(f"{table.title}: paper vs fastfair, average and per class{note}", fontsize=9, y=0.999)
     fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()),
-               ncol=len(handles), frameon=False)
+               ncol=min(len(handles), 4), frameon=False)
     return figures.save_figure(fig, path)
 
 
-def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: int,
+def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: str,
           runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str], banner: str = "",
           drawn: list[Path] | None = None) -> Path:
     """``out/reproduce.md`` and, for a table, ``out/reproduce.png`` (every number, paper vs ours); ``runs`` holds
@@ -209,7 +229,7 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
     md = [f"# Reproduce: {table.title}\n",
           f"Paper: {paper.cite}, *{paper.title}*, {table.where}"
           f"{': ' + table.spec.caption if table.spec else ''}. Scale: **{scale}** ({scale_doc}). "
-          f"Seeds: {seeds} per row.\n"] + ([banner] if banner else [])
+          f"Seeds: {seeds}.\n"] + ([banner] if banner else [])
     if not comparable:
         why = f"the {scale} scale" if scale != "full" else "--set " + " ".join(user_sets)
         md.append(f"**These numbers are not comparable to the paper** ({why} changes the runs); the verdicts say so. "
@@ -224,11 +244,9 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
     md += ["## Numbers\n", numbers_table(comparisons) + "\n",
            "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ".\n",
            "ours: share of test images correct (the papers' accuracy) for averages; worst class and per class from "
-           "the per-class accuracies; mean ± std over the seeds that finished. A number agrees when |ours − paper| is "
-           "within the tolerance: the paper's std where it gives one, else fastfair's default of "
-           f"±{DEFAULT_TOLERANCE['avg']:g} points for averages and ±{DEFAULT_TOLERANCE['worst']:g} for worst-class "
-           f"and single-class numbers, ±{CV_TOLERANCE:.0%} of the paper's CV and ±{DEFAULT_TOLERANCE['mcd']:g} points "
-           "of MCD (CV, MCD: from the per-class accuracies; docs/reproduce.md says why).\n",
+           "the per-class accuracies; mean ± std over the seeds that finished; paper: its value, its runs and std "
+           "where it prints one. Margin: ±1 point for averages, ±3 for worst-class and single-class numbers, ±5 for "
+           "MCD, ±25 % of the paper's CV (at least 1), plus a figure's reading half-width. " + RULE + "\n",
            *([] if drawn is not None else [f"![paper vs fastfair, every number]({FIGURE})\n"])]
     rhos = rho_table(table, comparisons)
     if rhos:
@@ -305,7 +323,7 @@ def members_table(rows: list[tuple[str, str, list[dict]]], members: list[str], c
 
 
 def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], planned: list, *, scale: str,
-                   scale_doc: str, seeds: int, runs: list[tuple[str, str, str]], notes: list[str]) -> Path:
+                   scale_doc: str, seeds: str, runs: list[tuple[str, str, str]], notes: list[str]) -> Path:
     """``out/reproduce.md`` of a study's section (no paper numbers, so no verdicts): per attack and data set, every
     row's per-class accuracies as a table and a heatmap (``reproduce-<attack>[-<data set>].png``); and the study's
     figures, ``fastfair report`` of the section's trained runs (``out/study[-<data set>]/report.md``)."""
@@ -317,7 +335,7 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
             groups.setdefault(tuple(records[row.preset][0]["classes"]), []).append(row)
     md = [f"# Reproduce: {table.title}\n",
           f"Study: {paper.cite}, *{paper.title}*, {protocol_title(table.number)}. Scale: **{scale}** ({scale_doc}). "
-          f"Seeds: {seeds} per row.\n",
+          f"Seeds: {seeds}.\n",
           "**No paper numbers: a protocol.** The paper is a pre-registered study: it states what to measure, not what "
           "it found, so there is nothing to agree with. Below is what fastfair measured, per class.\n"]
     done = {Path(folder).resolve() for folder, status, _ in runs if status == "done"}

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from fastfair.evaluation.per_class import evaluate_checkpoint
-from fastfair.reproduce.verdict import Comparison, tolerance as default_tolerance
+from fastfair.reproduce.verdict import Comparison, binomial_sd, default_margin
 
 ITEM = re.compile(r"(Table|Fig\.) (\d+)")  # how an inventory names a paper's table or figure
 
@@ -100,14 +100,29 @@ class FigureRuns:
         """(seeds, classes): each finished seed's per-class accuracy under ``attack``, % (:meth:`results`)."""
         return np.asarray([r["per_class"] for r in self.results(preset, attack)], dtype=float)
 
+    def images(self) -> np.ndarray | None:
+        """The test images of each class behind the records' accuracies (the rows of the first confusion matrix
+        found); None where no record holds one (nothing to count: no floor)."""
+        return next((np.asarray(result["confusion"], dtype=float).sum(axis=1) for records in self.records.values()
+                     for record in records for result in record["results"].values() if "confusion" in result), None)
+
     def number(self, what: str, stat: str, paper: float, ours: list[float], kind: str = "class",
-               tolerance: float | None = None) -> Comparison:
+               margin: float | None = None, accuracy: bool = True) -> Comparison:
         """One number the paper states (``what``: where, e.g. "Sec. 2.2, cat under PGD-10"; ``stat``: its label)
-        beside ours, one value per seed; the tables' tolerance for ``kind`` (avg, worst, class, cv, mcd) unless
-        the drawer gives one and says why in its docstring."""
-        tol = default_tolerance(kind, paper) if tolerance is None else tolerance
-        return Comparison(self.key, what, "", stat, paper, list(ours), tol,
-                          "default" if tolerance is None else "figure", self.comparable)
+        beside ours, one value per seed; the tables' margin for ``kind`` (avg, worst, class, mcd) unless the drawer
+        gives one and says why in its docstring. Its noise floor is the binomial error over the test images of
+        a class (all of them for ``avg``; an ``mcd``'s two classes, unnamed, at the largest error, q = 1/2), at the
+        mean of the paper's value and ours; none where the number is not an ``accuracy`` over images (a std)."""
+        floor, per_class = 0.0, self.images() if accuracy and ours else None
+        if per_class is not None:
+            if kind == "mcd":
+                floor = float(np.sqrt(2) * binomial_sd(50.0, per_class.mean()))
+            else:
+                floor = float(binomial_sd((paper + float(np.mean(ours))) / 2,
+                                          per_class.sum() if kind == "avg" else per_class.mean()))
+        return Comparison(self.key, what, "", stat, paper, list(ours),
+                          default_margin(kind, paper) if margin is None else margin,
+                          "default" if margin is None else "figure", self.comparable, floor=floor)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from fastfair.evaluation.homing import homing
 from fastfair.reports import figures
 from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureRuns
-from fastfair.reproduce.verdict import Comparison, tolerance
+from fastfair.reproduce.verdict import Comparison, default_margin
 from fastfair.rundir import RunDir, read_json
 
 SOURCE = "tian-iclr"
@@ -83,8 +83,9 @@ def _diagnosis(run: Path, attack: str, runs: FigureRuns, tsne_points: int = 0) -
 def _ranged(runs: FigureRuns, what: str, stat: str, low: float, high: float, ours: list[float],
             kind: str) -> Comparison:
     """A number the text gives as a range (``low``-``high``): its middle, within half the range plus the
-    tables' tolerance for ``kind``."""
-    return runs.number(what, stat, (low + high) / 2, ours, kind, (high - low) / 2 + tolerance(kind, (low + high) / 2))
+    tables' margin for ``kind``."""
+    middle = (low + high) / 2
+    return runs.number(what, stat, middle, ours, kind, (high - low) / 2 + default_margin(kind, middle))
 
 
 @registry.figure(SOURCE, "Fig. 1", "class-wise robustness on the test set after every epoch, per data set (MNIST, "
@@ -95,7 +96,7 @@ def fig1(runs: FigureRuns) -> list[Comparison]:
     and the band between the lowest and highest class. The text's numbers (Sec. 1): MNIST above 95 % overall
     robustness, its largest class gap 6 %; CIFAR-10, CIFAR-100, SVHN and STL-10's largest gaps "40%-50%"; ImageNet's
     "up to 80%". The largest gap is the band's widest point over the epochs; a range the text gives is compared as
-    its middle, within half its width plus the tables' tolerance (:func:`_ranged`)."""
+    its middle, within half its width plus the tables' margin (:func:`_ranged`)."""
     out = []
     for p, row in _panels(runs, {p: row for p, (_, row, _) in PANELS.items()}).items():
         name, _, attack = PANELS[p]

@@ -83,7 +83,7 @@ GAPS = {"a": (6.0, "last", None), "b": (45.0, "widest", 5.0), "c": (45.0, "wides
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """Fig. 1: a panel per data set, a line per class over epochs, the span between the lowest and the highest class
     shaded (12 classes drawn at random for CIFAR-100 and ImageNet, as the paper). Numbers: the text's class-wise
-    robustness gaps (highest minus lowest of the classes shown): "40%-50%" is recorded as 45 with tolerance 5, the
+    robustness gaps (highest minus lowest of the classes shown): "40%-50%" is recorded as 45 with margin 5, the
     range it states."""
     out = []
     for letter, (name, preset) in _present(runs).items():
