@@ -1,10 +1,13 @@
 """Protocols that differed from the papers, fixed or keyed with their reason (issue 50, section 2): the numbers
 the papers print and fastfair did not compare, the checkpoints and models Tian et al.'s figures are drawn from."""
 from pathlib import Path
+import re
+import tomllib
 
 import pytest
 
 from fastfair.evaluation.measures import cv, mcd
+from fastfair.preset_files import preset_names
 from fastfair.reproduce import tables, write
 from fastfair.reproduce.paper import SPREAD, load
 from fastfair.reproduce.verdict import compare_row
@@ -45,3 +48,30 @@ def test_a_spread_beside_accuracies_stays_off_the_accuracy_axis(tmp_path, monkey
     monkeypatch.setattr(write.figures, "save_figure", lambda fig, path: drawn.append(fig) or path)
     write.figure(table, comparisons, tmp_path / "reproduce.png", "full")
     assert drawn and all(ax.get_ylim()[1] <= 110 for ax in drawn[0].axes)
+
+
+def _printed_lines(preset: str) -> list[tuple[str, dict]]:
+    """The preset's [paper] number lines that Tian et al. ICLR's Tables 2, 3 and 5 print with one decimal: Table 4
+    prints two-decimal deltas, so its rows' sums with Table 2 keep two (their comments say Table 4)."""
+    paper = (ROOT / "configs" / f"{preset}.toml").read_text().split("\n[paper]\n", 1)[1]
+    return [(line, tomllib.loads(line.split("  #")[0])) for line in paper.splitlines()
+            if re.match(r'^"?[\w:/@.]+"? = \{', line) and "Table 4" not in line]
+
+
+def test_tian_iclr_cells_store_what_the_paper_prints():
+    """A footnote mark after a cell (Table 2's 81.2^1 and 41.5^2, Table 3's -0.4^1 and +0.4^2, Table 5's +7.2^1)
+    read as a digit made 81.21, 41.52, 63.39, 72.02 and 64.81: the paper prints one decimal (KDD Tables 1 and 3 print
+    the same cells as 81.2, 41.5, 63.4, 72.0)."""
+    presets = [p for p in preset_names() if p.startswith("tian-iclr-t")]
+    checked = 0
+    for preset in presets:
+        for line, parsed in _printed_lines(preset):
+            for spec in parsed.values():
+                values = [spec.get("avg"), spec.get("worst"), *spec.get("per_class", [])]
+                assert all(v is None or round(v, 1) == v for v in values), (preset, line)
+                checked += 1
+    assert checked > 20
+    madry = load("tian-iclr-t2-madry").numbers
+    assert (madry["fgsmrs"].per_class[1], madry["fgsmrs"].per_class[3], madry["fgsmrs"].worst) == (81.2, 41.5, 41.5)
+    assert madry["tpgd20@t0.5"].per_class[:2] == (63.4, 72.0)
+    assert load("tian-iclr-t5-he").numbers["pgd20"].per_class[0] == 64.8
