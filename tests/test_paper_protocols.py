@@ -75,3 +75,17 @@ def test_tian_iclr_cells_store_what_the_paper_prints():
     assert (madry["fgsmrs"].per_class[1], madry["fgsmrs"].per_class[3], madry["fgsmrs"].worst) == (81.2, 41.5, 41.5)
     assert madry["tpgd20@t0.5"].per_class[:2] == (63.4, 72.0)
     assert load("tian-iclr-t5-he").numbers["pgd20"].per_class[0] == 64.8
+
+
+def test_me_table_1_is_a_target_of_its_six_columns():
+    """ME Table 1 was counted as me-t4's while its ST column sat in a Fig. 1 preset and ST+LS had none."""
+    printed = {"me-table1-standard-ls": (94.87, None), "me-fig1-standard": (94.82, None),
+               "me-table3-pgd-at-ls": (84.0, 48.76), "me-table3-pgd-at": (83.35, 47.64),
+               "me-table4-trades-ls": (82.74, 49.75), "me-table2-trades-l6": (82.43, 49.95)}
+    table = tables.get("me-t1")
+    assert {r.preset: (r.numbers["clean"].avg, r.numbers["aa"].avg if "aa" in r.numbers else None)
+            for r in table.rows} == printed
+    assert all(table.own(r) for r in table.rows)
+    # the two standard models' AA (0) is the one thing not run, and the table says why
+    assert table.pending == ["AA of the ST and ST+LS columns (both 0, undefended models): not run; an AutoAttack of "
+                             "each would cost an evaluation and can only confirm 0"]
