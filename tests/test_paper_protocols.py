@@ -6,6 +6,7 @@ import tomllib
 
 import pytest
 
+from fastfair import config
 from fastfair.evaluation.measures import cv, mcd
 from fastfair.preset_files import preset_names
 from fastfair.reproduce import tables, write
@@ -89,3 +90,16 @@ def test_me_table_1_is_a_target_of_its_six_columns():
     # the two standard models' AA (0) is the one thing not run, and the table says why
     assert table.pending == ["AA of the ST and ST+LS columns (both 0, undefended models): not run; an AutoAttack of "
                              "each would cost an evaluation and can only confirm 0"]
+
+
+@pytest.mark.parametrize("preset", ["tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4c-trades-beta5-0.5",
+                                    "tian-kdd-fig4-trades-without-5"])
+def test_kdd_sec6_models_are_table_3_s_trades_wideresnet(preset):
+    """Sec. 6's 26.2 / 43.0 (classes 3 / 5) are KDD Table 3's TRADES row at 1/T = 5: a WideResNet on the TRADES
+    code's schedule, its last epoch, as tian-kdd-t1-trades trains it; Sec. 6's variants re-train that model."""
+    want, got = config.resolve("tian-kdd-t1-trades"), config.resolve(preset)
+    keys = [("model", "name"), ("train", "epochs"), ("train", "lr_milestones"), ("train", "select"),
+            ("data", "batch_size"), ("method", "kl_weight"), ("attack", "alpha")]
+    assert [getattr(getattr(got, s), k) for s, k in keys] == [getattr(getattr(want, s), k) for s, k in keys]
+    grid = (ROOT / "configs" / "grids" / "tian-kdd-fig4-homing.toml").read_text()
+    assert '"model.name" = "wrn-32-10"' in grid and '"train.select" = "last"' in grid
