@@ -11,6 +11,7 @@ from fastfair import cli, config
 from fastfair.checks import check_config
 from fastfair.errors import UserError
 from fastfair.reproduce import command, runs, tables
+from fastfair.preset_files import preset_names
 from fastfair.reproduce.paper import load
 
 from helpers import CIFAR_SUBSET, real_data
@@ -272,3 +273,23 @@ def test_me_missing_rows_and_numbers_are_recorded():
     fig5 = load("me-fig5-binary-cat-dog-trades")  # the text: 23.4 natural and 44.0 PGD-10 error
     assert (fig5.numbers["clean"].avg, fig5.numbers["pgd10"].avg) == (100 - 23.4, 100 - 44.0)
     assert "pgd10" in config.resolve("me-fig5-binary-cat-dog-trades").eval.attacks
+
+
+def test_every_row_whose_paper_chose_on_the_test_set_records_that_rule():
+    """A row claiming the paper's test-set rule while fastfair selects on a validation split runs the paper's with
+    --paper-selection (issue 50, 2.3: ME's Fig. 3, 5 and 8 rows claimed it without recording it)."""
+    for preset in preset_names():
+        row = load(preset)
+        if row and "on the test set" in row.selection and config.resolve(preset).train.select_split == "val":
+            assert row.paper_selection == {"train.select_split": "test", "train.val_attack": "pgd20"}, preset
+
+
+@pytest.mark.parametrize("target", ["me-f3", "me-f5", "me-f8"])
+def test_me_figures_run_the_paper_s_checkpoint_rule_without_an_idle_key(target, tmp_path):
+    real_data()
+    planned = runs.plan(tables.get(target), 1, "subset", str(CIFAR_SUBSET), tmp_path, {}, paper_selection=True)
+    chose = [p for p in planned if p.row.selection.startswith("best PGD-20 robustness on the test set")]
+    assert chose and all(p.sets["train.select_split"] == "test" and p.sets["train.val_attack"] == "pgd20"
+                         for p in chose)
+    # nothing is held out under the paper's rule, so no preset may hold a validation size that would do nothing
+    assert not [w for p in planned for w in check_config(config.resolve(p.row.preset, None, p.sets))]

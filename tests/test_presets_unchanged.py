@@ -100,6 +100,11 @@ for _p in ("tian-iclr-t5-he", "tian-iclr-t5-he-lis", "tian-iclr-t5-he-cmp"):
     CHANGED[_p] = {**CHANGED[_p], "train.select": ("epoch", "the 75th epoch's model (ICLR Sec. 3; issue 41)"),
                    "train.select_epoch": (75, "the 75th epoch's model (ICLR Sec. 3; issue 41)"),
                    "eval.alpha": (0.007, "PGD-20 step 0.007 (ICLR Sec. 3 and App. G; issue 41)")}
+_KDD_SEC6 = ("Sec. 6's baseline numbers are KDD Table 3's TRADES WideResNet's (tian-kdd-t1-trades: the TRADES "
+             "code's schedule, its last epoch); Sec. 6 re-trains that model (issue 50)")
+CHANGED["tian-kdd-fig4c-trades-beta5-0.5"] = {"model.name": ("wrn-32-10", _KDD_SEC6), "train.epochs": (76, _KDD_SEC6),
+                                             "train.lr_milestones": ([74], _KDD_SEC6),
+                                             "train.select": ("last", _KDD_SEC6)}
 CHANGED["me-fig5-binary-cat-dog-trades"] = {"preset": (
     "ME paper Fig. 5(b) binary TRADES cat vs dog, the most similar pair (target: 23.4 nat and 44.0 PGD-10 error); "
     "follows the paper", "the description names the errors the text gives (issue 41)")}
@@ -147,6 +152,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebu
                "tian-kdd-fig5-madry-mnist-background", "me-table4-trades-ls",
                "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4-trades-without-5",
                *(n for n in preset_names() if n.startswith(("me-fig1-", "me-fig4-", "me-fig8-", "me-fig9-"))),
+               "me-table1-standard-ls",
                *(n for n in preset_names() if n.startswith("me-fig5-") and "cat-dog" not in n),
                *(n for n in preset_names() if n.startswith(("benz-", "cfa-f", "tian-iclr-fig")))}
 

@@ -76,15 +76,15 @@ def test_a_pending_item_is_listed_with_its_route_and_refused_by_name(monkeypatch
 
 def test_coverage_statuses(monkeypatch):
     monkeypatch.setattr(registry, "INVENTORY", {"me": ("Table 1", "Table 2", "Fig. 3", "Fig. 42", "Fig. 5", "Fig. 9")})
-    monkeypatch.setattr(registry, "WITHIN", {("me", "Table 1"): "me-t4"})
     figures = {k: v for k, v in registry.FIGURES.items() if not k.startswith("me-")}
     figures["me-f42"] = FigureSpec("me", "Fig. 42", "x", draw=lambda r: [], rows=("me-table3-pgd-at",),
                                    partial="panel (b) needs ImageNet")
     figures["me-f9"] = FigureSpec("me", "Fig. 9", "x", pending="no data here; run: y")
     monkeypatch.setattr(registry, "FIGURES", figures)
     got = {e.item: e for e in coverage.coverage()["me"]}
-    assert (got["Table 1"].key, got["Table 1"].status) == ("me-t4", "covered")
-    assert "rows of me-t4" in got["Table 1"].note
+    # ST+LS has a preset of its own; the two standard models' AA (0) is not run, and the row says why
+    assert (got["Table 1"].key, got["Table 1"].status) == ("me-t1", "partial")
+    assert got["Table 1"].note.startswith("AA of the ST and ST+LS columns (both 0, undefended models): not run")
     assert got["Table 2"].status == "covered"
     assert got["Fig. 3"].status == "partial" and "no drawer" in got["Fig. 3"].note  # presets, no drawer here
     assert (got["Fig. 42"].status, got["Fig. 42"].note) == ("partial", "panel (b) needs ImageNet")

@@ -30,20 +30,19 @@ class Entry:
 
 
 def _entry(source: str, item: str, targets: dict[str, tables.Table]) -> Entry:
-    key = registry.WITHIN.get((source, item), registry.item_key(source, item))
+    key = registry.item_key(source, item)
     spec = registry.FIGURES.get(key)
     if spec and spec.pending:
         return Entry(item, key, "pending", spec.pending)
     target = targets.get(key)
     if target is None:
         return Entry(item, "", "missing")
-    within = f"its numbers are rows of {key}; " if key != registry.item_key(source, item) else ""
     if target.figure and spec is None:
-        return Entry(item, key, "partial", within + "the rows' numbers only: no drawer makes the plot yet")
+        return Entry(item, key, "partial", "the rows' numbers only: no drawer makes the plot yet")
     gaps = ([spec.partial] if spec and spec.partial else []) + target.pending
     if gaps:
-        return Entry(item, key, "partial", within + "; ".join(gaps))
-    return Entry(item, key, "covered", within.removesuffix("; "))
+        return Entry(item, key, "partial", "; ".join(gaps))
+    return Entry(item, key, "covered")
 
 
 def coverage() -> dict[str, list[Entry]]:
@@ -55,8 +54,7 @@ def coverage() -> dict[str, list[Entry]]:
 
 def unlisted() -> list[str]:
     """Targets of an inventoried paper that its inventory does not list (an inventory must be the whole paper)."""
-    listed = {registry.WITHIN.get((s, i), registry.item_key(s, i)) for s, items in registry.INVENTORY.items()
-              for i in items}
+    listed = {registry.item_key(s, i) for s, items in registry.INVENTORY.items() for i in items}
     keys = [*tables.tables(), *tables.pending()]
     return sorted(k for k in keys if k not in listed and any(k.startswith(f"{s}-t") or k.startswith(f"{s}-f")
                                                                for s in registry.INVENTORY))

@@ -164,7 +164,9 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
     """A grid of panels, a column per table row: a line of panels per attack with per-class numbers (the average,
     then every class on the x axis) and, for the attacks the paper gives an average only, one line with those
     attacks on the x axis. In each, the paper's numbers (hollow, joined, the margin as a grey bar) and ours
-    (coloured by verdict)."""
+    (coloured by verdict). A class-wise spread beside them (KDD Table 1's CV, in % squared) is on no accuracy axis:
+    the report's table holds it."""
+    comparisons = [c for c in comparisons if c.stat not in SPREAD]
     rows = list(dict.fromkeys((c.preset, c.row) for c in comparisons))
     classed = list(dict.fromkeys(c.attack for c in comparisons if c.stat not in ("avg", "worst")))
     averaged = [a for a in dict.fromkeys(c.attack for c in comparisons) if a not in classed]

@@ -142,7 +142,6 @@ class FigureSpec:
 
 FIGURES: dict[str, FigureSpec] = {}
 INVENTORY: dict[str, tuple[str, ...]] = {}  # paper -> every table and figure with numbers or a plot of results
-WITHIN: dict[tuple[str, str], str] = {}  # (paper, item) -> the target of another key holding its numbers
 
 
 def _add(spec: FigureSpec) -> FigureSpec:
@@ -167,18 +166,12 @@ def pending(source: str, item: str, caption: str, why: str) -> None:
     _add(FigureSpec(source, item, caption, pending=why))
 
 
-def inventory(source: str, items: list[str], within: dict[str, str] | None = None) -> None:
-    """Every table and figure of ``source`` with numbers or a plot of measured results, in the paper's order;
-    ``within``: an item whose numbers another target runs (``{"Table 1": "me-t4"}``: ME Table 1's averages are
-    rows of me-t4), its coverage that target's."""
-    for item in [*items, *(within or {})]:
+def inventory(source: str, items: list[str]) -> None:
+    """Every table and figure of ``source`` with numbers or a plot of measured results, in the paper's order."""
+    for item in items:
         item_key(source, item)
-    unknown = sorted(set(within or {}) - set(items))
-    if unknown:
-        raise ValueError(f"{source}: within names items not in its inventory: {unknown}")
     INVENTORY[source] = tuple(items)
-    WITHIN.update({(source, item): key for item, key in (within or {}).items()})
 
 
-__all__ = ["FIGURES", "INVENTORY", "WITHIN", "FigureRuns", "FigureSpec", "figure", "figure_number",
+__all__ = ["FIGURES", "INVENTORY", "FigureRuns", "FigureSpec", "figure", "figure_number",
            "inventory", "item_key", "pending"]
