@@ -257,7 +257,7 @@ def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path):
     out = tmp_path / "f3"
     assert cli.main(["reproduce", "me-f3", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
                      "--gpus", "cpu", "--per-gpu", "2", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
-    md = (out / "reproduce.md").read_text()
+    md = (out / "me-f3.md").read_text()
     for panel in ("errors", "features"):
         assert f"(me-f3-{panel}.png)" in md and (out / f"me-f3-{panel}.png").stat().st_size > 10_000
     assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 |" in md
