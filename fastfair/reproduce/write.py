@@ -344,8 +344,8 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
             # the rows name the row their gains are measured against (Sec. 3.3: the remedies against plain PGD-AT)
             base = next((d for d, _ in trained for r in rows if r.baseline and d.name.startswith(f"{r.baseline}-s")),
                         None)
-            study = write_report([d for d, _ in trained], out=out / f"{table.key}-study{suffix}", labels=[lb for _, lb in trained],
-                                 baseline=base)
+            study = write_report([d for d, _ in trained], out=out / f"{table.key}-study{suffix}",
+                                 labels=[lb for _, lb in trained], baseline=base)
             md.append("The study's figures (per-class bars with and without the mean, curves over training, confusion, "
                       f"similarity): [{study.relative_to(out)}]({study.relative_to(out)}).\n")
     md += ["avg: mean of the per-class accuracies (seed means); CV: the variance of the per-class accuracies "
