@@ -23,8 +23,10 @@ from typing import Callable
 
 import numpy as np
 
+from fastfair.config import Config, load_saved_text
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reproduce.verdict import Comparison, tolerance as default_tolerance
+from fastfair.rundir import RunDir
 
 ITEM = re.compile(r"(Table|Fig\.) (\d+)")  # how an inventory names a paper's table or figure
 
@@ -70,6 +72,12 @@ class FigureRuns:
         path = self.out / f"{self.key}{'-' + panel if panel else ''}.png"
         self.pngs.append(path)
         return path
+
+    def config(self, preset: str, seed: int = 0) -> Config:
+        """The saved config of ``preset``'s finished run ``seed`` (its place in :attr:`runs`, as in :attr:`records`):
+        how every drawer reads a run's settings; its results are :attr:`records` and :meth:`results`."""
+        run = RunDir(self.runs[preset][seed])
+        return load_saved_text(run.read_config(), str(run.config))
 
     def history(self, preset: str) -> list[list[dict]]:
         """Each finished seed's ``metrics.jsonl``: one dict per epoch (lr, loss, per-class val accuracies, ...)."""
