@@ -448,7 +448,7 @@ def reproduce(
     scale: Annotated[str, typer.Option(help="full (the presets as they are on the full CIFAR-10: the paper's table) "
                                             "| subset (a few images per class of FILE.npz, a tiny model, 5 epochs: "
                                             "a quick look, not comparable); --list says exactly")] = "full",
-    out: Annotated[Text, typer.Option(help="folder for the runs, reproduce.md and its PNGs (default "
+    out: Annotated[Text, typer.Option(help="folder for the runs, the target's report TARGET.md and its PNGs (default "
                                            "runs/reproduce/TARGET-SCALE; a table's --out lets a figure reuse its "
                                            "runs)")] = None,
     set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(

@@ -69,13 +69,13 @@ def test_a_section_end_to_end_at_subset_scale(tmp_path):
     assert reproduce("benz-s31-datasets", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
                      sets=["train.epochs=1", "model.width=4", "data.train_per_class=20"], echo=lines.append) == 0
     assert sum("not run at this scale" in line for line in lines) == 6
-    md = (out / "reproduce.md").read_text()
+    md = (out / "benz-s31-datasets.md").read_text()
     assert "**No paper numbers: a protocol.**" in md and "verdict" not in md
     for dataset, robust in (("cifar10", "pgd20"), ("mnist", "pgd40")):
         assert f"## {dataset}\n" in md
         for attack in ("clean", robust):
-            assert (out / f"reproduce-{attack}-{dataset}.png").stat().st_size > 10_000
-        report = (out / f"study-{dataset}" / "report.md").read_text()
+            assert (out / f"benz-s31-datasets-{attack}-{dataset}.png").stat().st_size > 10_000
+        report = (out / f"benz-s31-datasets-study-{dataset}" / "report.md").read_text()
         assert "standard training" in report and "adversarial training (PGD-AT)" in report
     row = next(line for line in md.splitlines() if "| `benz-s31-datasets-cifar10-at` |" in line)
     assert len(row.strip("| ").split(" | ")) == 7 + 10  # row, preset, seeds, avg, worst, CV, MCD and ten classes

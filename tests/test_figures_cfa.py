@@ -248,10 +248,10 @@ def test_benz_fig1_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
     out = tmp_path / "benz-f1"
     assert cli.main(["reproduce", "benz-f1", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
                      "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
-    md = (out / "reproduce.md").read_text()
+    md = (out / "benz-f1.md").read_text()
     assert "![Fig. 1, benz-f1](benz-f1.png)" in md and "| done | last.pt |" in md
     assert (out / "benz-f1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().out.rstrip().endswith(f"written: {out / 'reproduce.md'}, {out / 'benz-f1.png'}")
+    assert capsys.readouterr().out.rstrip().endswith(f"written: {out / 'benz-f1.md'}, {out / 'benz-f1.png'}")
 
 
 def test_a_figure_lacks_only_what_its_own_rows_lack_and_lists_its_plotted_rows(capsys):
@@ -270,7 +270,7 @@ def test_cfa_fig4_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
     assert cli.main(["reproduce", "cfa-f4", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
                      "--gpus", "cpu", "--set", "train.epochs=2", "--set", "model.width=4",
                      "--set", 'eval.attacks=["clean"]']) == 0
-    md = (out / "reproduce.md").read_text()
+    md = (out / "cfa-f4.md").read_text()
     assert md.count("| done |") == 2
     for panel in "ab":
         assert f"![Fig. 4, cfa-f4-{panel}](cfa-f4-{panel}.png)" in md

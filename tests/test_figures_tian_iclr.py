@@ -329,7 +329,7 @@ def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):
 @pytest.mark.slow  # about 60 CPU seconds: a training run, its diagnosis and a t-SNE
 def test_fig8_end_to_end_at_subset_scale(tmp_path):
     """`fastfair reproduce tian-iclr-f8` on the real CIFAR-10 subset: the row trains (one epoch, a narrow CNN), is
-    evaluated every epoch on the test set, diagnosed once, and the figure lands in reproduce.md."""
+    evaluated every epoch on the test set, diagnosed once, and the figure lands in its report."""
     real_data()
     out, said = tmp_path / "f8", []
     assert reproduce("tian-iclr-f8", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=1,
@@ -337,5 +337,5 @@ def test_fig8_end_to_end_at_subset_scale(tmp_path):
     run = out / "runs" / f"{tian_iclr.HOMING_BASE}-s0"
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["val"]["pgd20"]["per_class"]  # Fig. 1's
     assert list((run / "diagnostics").glob("*-test-pgd20.json"))
-    md = (out / "reproduce.md").read_text()
+    md = (out / "tian-iclr-f8.md").read_text()
     assert "![Fig. 8, tian-iclr-f8](tian-iclr-f8.png)" in md and Image.open(out / "tian-iclr-f8.png").size[0] > 600

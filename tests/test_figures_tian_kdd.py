@@ -193,7 +193,7 @@ def test_fig2_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
                      "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
     said = capsys.readouterr().out
     assert "not run at this scale: tian-kdd-t5-mnist-madry" in said
-    md = (out / "reproduce.md").read_text()
+    md = (out / "tian-kdd-f2.md").read_text()
     assert md.startswith("# Reproduce: Tian et al. 2021 (KDD), Fig. 2\n")
     assert "](tian-kdd-f2-b-cifar-10.png)" in md and (out / "tian-kdd-f2-b-cifar-10.png").stat().st_size > 0
     assert list(out.glob("tian-kdd-f2-*.png")) == [out / "tian-kdd-f2-b-cifar-10.png"]

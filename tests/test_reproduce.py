@@ -162,7 +162,7 @@ def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
     out = tmp_path / "t2"
     assert reproduce("tian-iclr-t2", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu",
                      per_gpu=2, sets=["train.epochs=1", "model.width=4"], echo=lambda line: None) == 0
-    md = (out / "reproduce.md").read_text()
+    md = (out / "tian-iclr-t2.md").read_text()
     for attack in ("fgsmrs", "pgd20", "cwinf/200", "transfer:pgd20", "nattack/200", "tpgd20@t0.142857"):
         rows = [line for line in md.splitlines() if f"| `tian-iclr-t2-mart` | {attack} |" in line]
         assert len(rows) == 12 and all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows), attack
@@ -173,7 +173,7 @@ def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
     assert "Not run at this scale: tian-iclr-t2-rst (RST): " in md  # RobustBench's weights: not here, or no package
     record = json.loads(next((out / "runs" / "tian-iclr-t2-mart-s0" / "eval").glob("*-test.json")).read_text())
     assert record["substitute"].startswith(str(out / "runs" / "tian-iclr-t2-standard-s0"))
-    assert record["results"]["cwinf20/5"]["images"] == 50 and _png_ok(out / "reproduce.png")
+    assert record["results"]["cwinf20/5"]["images"] == 50 and _png_ok(out / "tian-iclr-t2.png")
 
 
 def test_full_scale_without_cifar10_stops_at_once_naming_data_dir(tmp_path, capsys):
@@ -206,7 +206,7 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=3,
                 sets=["train.epochs=1", "model.width=4"], echo=lines.append)
     assert reproduce("tian-iclr-t5", **args) == 0
-    md = (out / "reproduce.md").read_text()
+    md = (out / "tian-iclr-t5.md").read_text()
     assert md.startswith("# Reproduce: Tian et al. (ICLR 2021 submission), Table 5\n")
     assert "**These numbers are not comparable to the paper**" in md
     for section in ("## Numbers", "## Protocol and differences from the paper", "## Runs"):
@@ -217,7 +217,7 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     assert len(rows) == 4 * 12  # per row: pgd20 avg, worst and ten classes
     assert all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows)
     assert "| HE | `tian-iclr-t5-he` | pgd20 | cat | 34.30 (1) |" in md
-    assert "![paper vs fastfair, every number](reproduce.png)" in md and _png_ok(out / "reproduce.png")
+    assert "![paper vs fastfair, every number](tian-iclr-t5.png)" in md and _png_ok(out / "tian-iclr-t5.png")
     assert md.count("| done | epoch.pt |") == 4  # Sec. 3's fixed epoch (75 of 100), scaled to the one epoch run
     assert md.count("fastfair: train.select = epoch, the model after epoch 75") == 4  # the preset's; scaled
     # the runs trained the subset: tiny-cnn, one epoch, the paper's attacks
@@ -412,7 +412,7 @@ def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_
     assert reproduce("tian-kdd-t5", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
                      sets=["train.epochs=1", "model.width=4"], echo=lines.append) == 0
     assert sum("not run at this scale" in line for line in lines) == 8
-    md = (out / "reproduce.md").read_text()
+    md = (out / "tian-kdd-t5.md").read_text()
     for preset, attack in [("cifar10-madry", "pgd20"), ("cifar10-standard", "clean"), ("mnist-madry", "pgd40"),
                            ("mnist-standard", "clean")]:
         rows = [line for line in md.splitlines() if f"| `tian-kdd-t5-{preset}` | {attack} |" in line]
@@ -420,4 +420,4 @@ def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_
         assert all(line.rstrip(" |").endswith(NOT_COMPARABLE) for line in rows)
     assert "Not run at this scale: tian-kdd-t5-stl10-madry (STL-10, adversarial training): no stl10-subset.npz" in md
     mnist = json.loads(next((out / "runs" / "tian-kdd-t5-mnist-madry-s0" / "eval").glob("*-test.json")).read_text())
-    assert mnist["classes"] == [str(d) for d in range(10)] and _png_ok(out / "reproduce.png")
+    assert mnist["classes"] == [str(d) for d in range(10)] and _png_ok(out / "tian-kdd-t5.png")

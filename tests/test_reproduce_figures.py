@@ -134,27 +134,37 @@ def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypat
     monkeypatch.chdir(elsewhere)
     args["out"] = str(out)
     asked.append("pgd3")
-    (out / "reproduce.md").write_text("# Reproduce: another target, Fig. 1\n")  # a target sharing this --out
     said.clear()
     assert reproduce("me-f3", **args) == 0
-    assert said[1] == (f"fastfair: warning: {out / 'reproduce.md'} is the report of another target, Fig. 1; this "
-                       "target's replaces it (the runs stay, and that target's command with this --out redraws it in "
-                       "seconds; an --out per target keeps both)")
+    assert not any("warning" in line for line in said)
     assert len(evaluated) == 2 and [r.shape for r in seen["robust"]] == [(1, 10), (1, 10)]
-    md = (out / "reproduce.md").read_text()
+    md = (out / "me-f3.md").read_text()
     assert md.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 3\n")
     assert "*, Fig. 3: features of single-class AT. Scale: **subset**" in md
-    assert "![Fig. 3, me-f3-a](me-f3-a.png)" in md and not (out / "reproduce.png").exists()
+    assert "![Fig. 3, me-f3-a](me-f3-a.png)" in md and not (out / "me-f3.png").exists()
     assert "| Sec. 2.2, cat | `me-f3` |  | cat | 7.03 (1) |" in md  # the drawer's number
     # the protocol says what the runs held out at this scale, not the preset's full-scale validation split
     assert md.count(f"validation split of {SUBSET_VAL_PER_CLASS} training images a class") == 2
     assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 (1) |" in md  # the row's own
-    assert said[-1] == f"written: {out / 'reproduce.md'}, {out / 'me-f3-a.png'}"
+    assert said[-1] == f"written: {out / 'me-f3.md'}, {out / 'me-f3-a.png'}"
     # a drawer is called once every row has a finished run; none registered: the numbers alone, and a note
     monkeypatch.setitem(registry.FIGURES, "me-f3", dataclasses.replace(registry.FIGURES["me-f3"], draw=None))
     monkeypatch.delitem(registry.FIGURES, "me-f3")
     said.clear()
     assert reproduce("me-f3", **args) == 0
     assert not any("warning" in line for line in said)  # its own earlier report: replaced without a word
-    md = (out / "reproduce.md").read_text()
+    md = (out / "me-f3.md").read_text()
     assert "No drawer is registered for me-f3" in md and "## The figure" not in md
+    # another target sharing this --out (its row is one of me-f3's: trained nothing) writes its own report beside
+    # me-f3's, and me-f3 drawn again leaves that one as it was
+    monkeypatch.setitem(registry.FIGURES, "me-f99", FigureSpec("me", "Fig. 99", "the cat row again", lambda r: [],
+                                                               rows=("me-fig3-single-at-cat",)))
+    said.clear()
+    assert reproduce("me-f99", **args) == 0
+    assert said[0].endswith(": 1 runs in " + str(out) + ", 1 done") and not any("warning" in line for line in said)
+    other = (out / "me-f99.md").read_text()
+    assert other.startswith("# Reproduce: ME-AT/ME-TRADES (ICLR 2022 submission), Fig. 99\n")
+    assert (out / "me-f3.md").read_text() == md
+    assert reproduce("me-f3", **args) == 0
+    assert (out / "me-f99.md").read_text() == other and (out / "me-f3.md").read_text() == md
+    assert sorted(p.name for p in out.glob("*.md")) == ["me-f3.md", "me-f99.md"]

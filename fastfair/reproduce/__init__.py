@@ -2,5 +2,5 @@
 
 ``paper`` reads a preset's ``[paper]`` section, ``tables`` groups the presets into tables,
 ``runs`` expands a table into runs at a scale, ``verdict`` compares, ``write`` writes
-``reproduce.md`` and its figure, ``cost`` estimates GPU hours, ``command`` ties them together.
+the target's report ``<key>.md`` and its figure, ``cost`` estimates GPU hours, ``command`` ties them together.
 """

@@ -23,7 +23,7 @@ from fastfair.reproduce import cost, runs, tables
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.paper import PAPERS, SPREAD, STATS
 from fastfair.reproduce.verdict import compare_row
-from fastfair.reproduce.write import other_report, write, write_protocol
+from fastfair.reproduce.write import numbers_png, write, write_protocol
 from fastfair.rundir import RunDir, file_sha256, read_json
 from fastfair.scaleout.grid import prepare, still_held
 from fastfair.scaleout.jobs import outcome, read_state, stopped
@@ -162,11 +162,6 @@ def reproduce(table: str | None, *, seeds: int | None = None, data_dir: str = ""
     echo(f"reproduce {tab.title} at scale {scale}: {len(jobs)} runs in {root}, "
          f"{sum(s == 'done' for s in status.values())} done" +
          (f"; then {len(evaluated)} evaluations of released models" if evaluated else ""))
-    earlier = other_report(root, tab)
-    if earlier:  # said before the runs, so the user may stop and pick another --out
-        echo(f"fastfair: warning: {root / 'reproduce.md'} is the report of {earlier}; this target's replaces it "
-             f"(the runs stay, and that target's command with this --out redraws it in seconds; an --out per target "
-             f"keeps both)")
     for r in left_out:
         echo(f"  not run at this scale: {r}")
     for r in pending:
@@ -199,7 +194,7 @@ def reproduce(table: str | None, *, seeds: int | None = None, data_dir: str = ""
             notes = _notes(tab, scale, user_sets, paper_selection, ran) + not_run
             path = write_protocol(root, tab, records, planned + evaluated, scale=scale,
                                   scale_doc=runs.SCALES.doc(scale), seeds=seeds_line, runs=run_lines, notes=notes)
-            echo(f"written: {path}, its figures and the study's report {root / 'study' / 'report.md'}")
+            echo(f"written: {path}, its figures and the study's report ({root / tab.key}-study[-<dataset>]/report.md)")
         elif records:  # at least one run finished: the table with what there is
             comparable = scale_spec.comparable and not user_sets
             runs_for = {p.row.preset: p.runs_for for p in planned + evaluated}
@@ -228,7 +223,7 @@ def reproduce(table: str | None, *, seeds: int | None = None, data_dir: str = ""
                 notes += [why] if why else []
             path = write(root, tab, comparisons, scale=scale, scale_doc=runs.SCALES.doc(scale), seeds=seeds,
                          runs=run_lines, user_sets=list(sets or []), banner=banner, notes=notes, drawn=drawn)
-            pngs = drawn if drawn is not None else [root / "reproduce.png"]
+            pngs = drawn if drawn is not None else [numbers_png(root, tab)]
             echo(f"written: {path}" + "".join(f", {p}" for p in pngs))
     if failed:
         echo(f"{len(failed)} of {len(jobs) + len(evaluated)} runs did not finish:\n"

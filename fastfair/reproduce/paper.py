@@ -47,7 +47,7 @@ from fastfair.evaluation.robustbench import DEFAULT_DIR
 
 @dataclass(frozen=True)
 class Paper:
-    cite: str  # how reproduce.md names it
+    cite: str  # how a target's report names it
     title: str
 
 

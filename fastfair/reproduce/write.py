@@ -1,4 +1,5 @@
-"""``reproduce.md`` and ``reproduce.png``: the paper's numbers beside ours, with verdicts."""
+"""``<key>.md`` and ``<key>.png``: the paper's numbers beside ours, with verdicts. Every file a target writes is
+named by its key, so targets sharing an ``--out`` (and its runs) keep each other's reports."""
 from __future__ import annotations
 
 import math
@@ -29,7 +30,6 @@ RULE = (f"A number **agrees** when the {EQUIVALENCE:.0%} interval of ours − pa
         f"**{UNDECIDED}** otherwise. The interval comes from both sides' seed counts and stds (pooled, Student's t), "
         "its sigma never below the binomial error of the test images behind the number "
         "(fastfair's docs/reproduce.md, section Verdicts, derives it).")
-FIGURE = "reproduce.png"
 
 
 def _cell(value: float | None, signed: bool = False) -> str:
@@ -219,12 +219,12 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
 def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str, scale_doc: str, seeds: str,
           runs: list[tuple[str, str, str]], user_sets: list[str], notes: list[str], banner: str = "",
           drawn: list[Path] | None = None) -> Path:
-    """``out/reproduce.md`` and, for a table, ``out/reproduce.png`` (every number, paper vs ours); ``runs`` holds
+    """``out/<key>.md`` and, for a table, ``out/<key>.png`` (every number, paper vs ours); ``runs`` holds
     (run folder, status, evaluated checkpoint); ``banner``: a paragraph under the heading (where the checkpoints
     were chosen, when the test set chose them); ``drawn``: the PNGs a figure's drawer made, shown in place of
     the numbers' plot (its numbers are not all accuracies on one axis)."""
     if drawn is None:
-        figure(table, comparisons, out / FIGURE, scale)
+        figure(table, comparisons, numbers_png(out, table), scale)
     paper = PAPERS[table.source]
     counts = Counter(c.verdict for c in comparisons)
     comparable = scale == "full" and not user_sets
@@ -242,14 +242,14 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
             md.append(f"Not reproduced here: {table.spec.partial}\n")
     if not comparisons:
         md += ["## Protocol and differences from the paper\n"]
-        return _finish(md, notes, runs, out)
+        return _finish(md, notes, runs, out, table)
     md += ["## Numbers\n", numbers_table(comparisons) + "\n",
            "Verdicts: " + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ".\n",
            "ours: share of test images correct (the papers' accuracy) for averages; worst class and per class from "
            "the per-class accuracies; mean ± std over the seeds that finished; paper: its value, its runs and std "
            "where it prints one. Margin: ±1 point for averages, ±3 for worst-class and single-class numbers, ±5 for "
            "MCD, ±25 % of the paper's CV (at least 1), plus a figure's reading half-width. " + RULE + "\n",
-           *([] if drawn is not None else [f"![paper vs fastfair, every number]({FIGURE})\n"])]
+           *([] if drawn is not None else [f"![paper vs fastfair, every number]({numbers_png(out, table).name})\n"])]
     rhos = rho_table(table, comparisons)
     if rhos:
         md += ["## rho against the baseline row\n", rhos + "\n",
@@ -257,27 +257,25 @@ def write(out: Path, table: Table, comparisons: list[Comparison], *, scale: str,
                "relative worst-class gain plus the relative change of the average. The paper's rho is computed from "
                "the numbers above (its printed rho may differ in the last digit); ours from our seed means.\n"]
     md += ["## Protocol and differences from the paper\n"]
-    return _finish(md, notes, runs, out)
+    return _finish(md, notes, runs, out, table)
 
 
-def other_report(out: Path, table: Table) -> str:
-    """The title of another target whose report ``out/reproduce.md`` holds ("" when none): targets sharing an
-    ``--out`` share its runs, and the last one's report replaces the one before."""
-    path = out / "reproduce.md"
-    if not path.is_file():
-        return ""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        first = f.readline().rstrip("\n")
-    heading = "# Reproduce: "
-    return first[len(heading):] if first.startswith(heading) and first != heading + table.title else ""
+def report_path(out: Path, table: Table) -> Path:
+    """``out/<key>.md``: the target's own report, beside any other target's sharing the folder."""
+    return out / f"{table.key}.md"
 
 
-def _finish(md: list[str], notes: list[str], runs: list[tuple[str, str, str]], out: Path) -> Path:
-    """The notes and the runs table after ``md``, written as ``out/reproduce.md``."""
+def numbers_png(out: Path, table: Table) -> Path:
+    """``out/<key>.png``: a table's every number, paper vs ours (a figure's drawer names its own PNGs by key)."""
+    return out / f"{table.key}.png"
+
+
+def _finish(md: list[str], notes: list[str], runs: list[tuple[str, str, str]], out: Path, table: Table) -> Path:
+    """The notes and the runs table after ``md``, written as the target's report (:func:`report_path`)."""
     md += [f"- {n}" for n in notes]
     md += ["", "## Runs\n", "| run folder | status | checkpoint evaluated |", "|---|---|---|"]
     md += [f"| `{folder}` | {status} | {ckpt} |" for folder, status, ckpt in runs]
-    path = out / "reproduce.md"
+    path = report_path(out, table)
     write_text_atomic("\n".join(md) + "\n", path)
     return path
 
@@ -326,9 +324,9 @@ def members_table(rows: list[tuple[str, str, list[dict]]], members: list[str], c
 
 def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], planned: list, *, scale: str,
                    scale_doc: str, seeds: str, runs: list[tuple[str, str, str]], notes: list[str]) -> Path:
-    """``out/reproduce.md`` of a study's section (no paper numbers, so no verdicts): per attack and data set, every
-    row's per-class accuracies as a table and a heatmap (``reproduce-<attack>[-<data set>].png``); and the study's
-    figures, ``fastfair report`` of the section's trained runs (``out/study[-<data set>]/report.md``)."""
+    """``out/<key>.md`` of a study's section (no paper numbers, so no verdicts): per attack and data set, every
+    row's per-class accuracies as a table and a heatmap (``<key>-<attack>[-<data set>].png``); and the study's
+    figures, ``fastfair report`` of the section's trained runs (``out/<key>-study[-<data set>]/report.md``)."""
     paper = PAPERS[table.source]
     # rows grouped by their classes: a section may span data sets (Benz et al. Sec. 3.1 trains on five)
     groups: dict[tuple[str, ...], list[PaperRow]] = {}
@@ -362,7 +360,7 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
                                           [float(np.mean(m)) for m in matrix],
                                           f"{table.title}: per-class {attack} accuracy" +
                                           ("" if scale == "full" else f" ({scale} scale)"),
-                                          out / f"reproduce-{attack.replace('/', '_').replace(':', '_')}{suffix}.png")
+                                          out / f"{table.key}-{attack.replace('/', '_').replace(':', '_')}{suffix}.png")
             md.append(f"![per-class {attack} accuracy of every row]({png.name})\n")
         trained = [(p.run_dir(out), p.row.row) for p in planned
                    if not p.row.evaluated and p.row in rows and p.run_dir(out).resolve() in done]
@@ -370,10 +368,10 @@ def write_protocol(out: Path, table: Table, records: dict[str, list[dict]], plan
             # the rows name the row their gains are measured against (Sec. 3.3: the remedies against plain PGD-AT)
             base = next((d for d, _ in trained for r in rows if r.baseline and d.name.startswith(f"{r.baseline}-s")),
                         None)
-            study = write_report([d for d, _ in trained], out=out / f"study{suffix}", labels=[lb for _, lb in trained],
-                                 baseline=base)
+            study = write_report([d for d, _ in trained], out=out / f"{table.key}-study{suffix}",
+                                 labels=[lb for _, lb in trained], baseline=base)
             md.append("The study's figures (per-class bars with and without the mean, curves over training, confusion, "
                       f"similarity): [{study.relative_to(out)}]({study.relative_to(out)}).\n")
     md += ["avg: mean of the per-class accuracies (seed means); CV: the variance of the per-class accuracies "
            "(Tian et al.'s CV); MCD: best minus worst class.\n", "## Protocol\n"]
-    return _finish(md, notes, runs, out)
+    return _finish(md, notes, runs, out, table)

@@ -184,8 +184,7 @@ def _vector_curves(runs: FigureRuns, preset: str, vector: str, scale: float, tit
     panel against it (hard classes train below it)."""
     history = runs.history(preset)[0]
     values = np.asarray([e["vectors"][vector] for e in history], dtype=float) * scale
-    cfg = config.load_run(runs.runs[preset][0])
-    value = config.value_of(cfg, base[1]) * scale
+    value = config.value_of(runs.config(preset), base[1]) * scale
     figures.per_class_curves([e["epoch"] for e in history], values, runs.classes, title, runs.png("b"), ylabel,
                              baselines={f"{base[0]} = {value:g}, uncalibrated": value})
 
@@ -217,8 +216,8 @@ def _averaged(runs: FigureRuns, preset: str, name: str) -> str:
     epochs whose worst class passes its threshold, and a short run's may pass none (reproduce then evaluates the
     plain checkpoint)."""
     own = 0
-    for run, rec in zip(runs.runs[preset], runs.records[preset]):
-        cfg = config.load_run(run)
+    for seed, (run, rec) in enumerate(zip(runs.runs[preset], runs.records[preset])):
+        cfg = runs.config(preset, seed)
         averaged = RunDir(run).selected_checkpoint(cfg.train.select, averaged=True).name
         own += cfg.train.averaging != "none" and Path(rec["checkpoint"]).name != averaged
     if not own:

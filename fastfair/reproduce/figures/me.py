@@ -1,11 +1,12 @@
 """The ME-AT/ME-TRADES paper (ICLR 2022 submission): its figures as ``fastfair reproduce`` targets.
 
-Every figure measures the finished runs' selected checkpoints on the test split as the paper does (Sec. 1,
-Sec. 2): per-class natural and PGD-10 accuracy, and in the penultimate feature space each class's inter-class
-similarity (the largest cosine between its feature mean and another class's, Fig. 2a) and intra-class variance
-(Fig. 2b), through :func:`fastfair.evaluation.diagnose.collect` and :mod:`fastfair.evaluation.measures` (the
-attack's random starts seeded as ``fastfair eval`` seeds them). Features and similarities are of clean test
-images: the paper measures "each class in the CIFAR10 test set" and names no attack for them.
+Every figure reads the finished runs' selected checkpoints on the test split as the paper does (Sec. 1, Sec. 2):
+per-class natural and PGD-10 accuracy from the runs' evaluation records (:meth:`FigureRuns.per_class`, which
+evaluates PGD-10 once where a row's record lacks it), and what no record holds, measured here: in the penultimate
+feature space each class's inter-class similarity (the largest cosine between its feature mean and another
+class's, Fig. 2a) and intra-class variance (Fig. 2b), through :func:`fastfair.evaluation.diagnose.collect` and
+:mod:`fastfair.evaluation.measures`. Features and similarities are of clean test images: the paper measures "each
+class in the CIFAR10 test set" and names no attack for them.
 
 The figures state few numbers: Fig. 3's (cat 7.03 / 0, car 98.4 / 72.2) and Fig. 5's (cat vs dog, cat vs car)
 are in their row presets' ``[paper]`` sections, which reproduce compares; the rest of the text describes shapes
@@ -47,11 +48,9 @@ registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "F
 
 @dataclass(frozen=True)
 class Measured:
-    """One run's selected checkpoint on the test split."""
+    """One run's selected checkpoint's clean features on the test split (its accuracies are its record's)."""
 
     classes: list[str]
-    natural: np.ndarray  # per-class accuracy on clean images, %
-    pgd10: np.ndarray  # per-class accuracy under PGD-10 at the run's eval eps and step, %
     cosine: np.ndarray  # (C, C) cosine of the class means of clean features
     similarity: np.ndarray  # each class's largest cosine to another class (Fig. 2a)
     variance: np.ndarray  # each class's feature variance (Fig. 2b)
@@ -60,25 +59,20 @@ class Measured:
 
 
 def _settings(cfg) -> dict:
-    """What a measurement depends on besides the checkpoint's weights: the attack, its settings and the test set."""
-    return {"attack": ATTACK, "split": "test", "eps": cfg.eval.eps, "alpha": cfg.eval.alpha, "seed": cfg.eval.seed,
-            "cw_kappa": cfg.eval.cw_kappa, "clip_start": cfg.eval.clip_start, "dataset": cfg.data.dataset,
-            "data_dir": cfg.data.data_dir, "test_per_class": cfg.data.test_per_class}
+    """What a measurement depends on besides the checkpoint's weights: the test set."""
+    return {"split": "test", "dataset": cfg.data.dataset, "data_dir": cfg.data.data_dir,
+            "test_per_class": cfg.data.test_per_class}
 
 
 def _measure(path: Path, device: str) -> Measured:
-    """The checkpoint's per-class natural and PGD-10 accuracy and its clean features' measures on the test split."""
+    """The checkpoint's clean features' measures on the test split (no attack: the features are of clean images)."""
     _, cfg, dev, model, bundle, data = build.from_checkpoint(path, split="test", device_name=device, data_dir=None,
                                                              batch_size=None, channels_last_ok=False)
     c = bundle.num_classes
-    d = diagnose.collect(model, build.eval_loader(cfg, data, dev, False), ATTACK, eps=cfg.eval.eps,
-                         alpha=cfg.eval.alpha, num_classes=c, cw_kappa=cfg.eval.cw_kappa, seed=cfg.eval.seed,
-                         clip_start=cfg.eval.clip_start)
+    d = diagnose.collect(model, build.eval_loader(cfg, data, dev, False), "clean", eps=cfg.eval.eps,
+                         alpha=cfg.eval.alpha, num_classes=c)
     y = d["y"]
-    accuracy = {tag: measures.per_class_accuracy(np.bincount(y * c + d[f"prob_{tag}"].argmax(1), minlength=c * c)
-                                                 .reshape(c, c)) for tag in ("clean", "adv")}
-    return Measured(list(bundle.classes), accuracy["clean"], accuracy["adv"],
-                    measures.class_mean_cosine(d["feat_clean"], y, c),
+    return Measured(list(bundle.classes), measures.class_mean_cosine(d["feat_clean"], y, c),
                     measures.inter_class_similarity(d["feat_clean"], y, c)[0],
                     measures.intra_class_variance(d["feat_clean"], y, c),
                     d["feat_clean"] if d["feat_clean"].shape[1] == 2 else d["feat_clean"][:, :0], y)
@@ -103,17 +97,17 @@ def _stored(path: Path, key: str) -> Measured | None:
 
 
 def _measured_checkpoint(path: Path, device: str, echo) -> Measured:
-    """:func:`_measure` of the checkpoint, kept beside its run (``diagnostics/<checkpoint>-test-pgd10.npz``) and
+    """:func:`_measure` of the checkpoint, kept beside its run (``diagnostics/<checkpoint>-test-clean.npz``) and
     reused while the checkpoint (its path and mtime) and the settings (:func:`_settings`) are those it was made
-    with: at full scale a measurement is PGD-10 over 10,000 test images, and Figs. 2, 6 and 9 share runs."""
-    store = RunDir.of_checkpoint(path).measures_file(path, "test", ATTACK)
+    with: Figs. 2, 6 and 9 share runs."""
+    store = RunDir.of_checkpoint(path).measures_file(path, "test", "clean")
     mtime_ns = path.stat().st_mtime_ns  # before reading: a checkpoint rewritten meanwhile is measured again next time
     cfg = config.load_saved_text(load_checkpoint(path, needs=("config",))["config"])
     # the resolved path: reproduce's run folders are as --out was typed, relative or not, from wherever it ran
     key = json.dumps({"checkpoint": str(path.resolve()), "mtime_ns": mtime_ns, **_settings(cfg)}, sort_keys=True)
     got = _stored(store, key)
     if got is None:
-        echo(f"measure {store.parent.parent.name}'s {path.name} on the test set (clean, {ATTACK}, features)")
+        echo(f"measure {store.parent.parent.name}'s {path.name} on the test set (clean features)")
         got = _measure(path, device)
         try:
             write_npz_atomic({"key": np.array(key), **asdict(got), "classes": np.array(got.classes)}, store)
@@ -139,8 +133,10 @@ def _label(preset: str) -> str:
     return config.read_paper(preset)["row"]
 
 
-def _errors(ms: list[Measured]) -> dict[str, np.ndarray]:
-    return {"natural error": 100 - mean(ms, "natural"), "PGD-10 error": 100 - mean(ms, "pgd10")}
+def errors(runs: FigureRuns, preset: str) -> dict[str, np.ndarray]:
+    """The seeds' mean per-class natural and PGD-10 errors, % (the runs' evaluation records)."""
+    return {"natural error": 100 - runs.per_class(preset, "clean").mean(axis=0),
+            "PGD-10 error": 100 - runs.per_class(preset, ATTACK).mean(axis=0)}
 
 
 def _similarity_and_variance(runs: FigureRuns, presets: list[str]) -> tuple[dict, dict] | None:
@@ -168,14 +164,14 @@ def draw_fig1(runs: FigureRuns) -> list[Comparison]:
     """(a), (b): class-wise natural and PGD-10 errors of the standard and the PGD-AT model; (c): each class's share
     of the natural accuracy the PGD-AT model loses against the standard one (:func:`drop_share`). The text states
     no number of its own ("the cat and bird ... contribute almost half"): none is scored."""
-    st, at = measured(runs, ST), measured(runs, PGD_AT)
-    if not (st and at):
+    if not (runs.runs.get(ST) and runs.runs.get(PGD_AT)):
         return []
-    classes = st[0].classes
-    figures.class_lines({"(a) standard training": {"classes": classes, "ylabel": "error (%)", "series": _errors(st)},
-                         "(b) PGD-AT": {"classes": classes, "ylabel": "error (%)", "series": _errors(at)}},
+    classes = runs.records[ST][0]["classes"]
+    st, at = errors(runs, ST), errors(runs, PGD_AT)
+    figures.class_lines({"(a) standard training": {"classes": classes, "ylabel": "error (%)", "series": st},
+                         "(b) PGD-AT": {"classes": classes, "ylabel": "error (%)", "series": at}},
                         "ME paper Fig. 1(a, b): class-wise natural and PGD-10 errors", runs.png("ab"))
-    share = drop_share(mean(st, "natural"), mean(at, "natural"))
+    share = drop_share(100 - st["natural error"], 100 - at["natural error"])
     figures.per_class_bars(classes, {"share of the natural accuracy drop, ST to PGD-AT": (share.tolist(), None)},
                            "ME paper Fig. 1(c): contribution of each class to the total accuracy drop",
                            runs.png("c"), ylabel="share of the drop (%)")
@@ -201,8 +197,8 @@ def _single_at(runs: FigureRuns, item: str, by_class: dict[int, str], ncols: int
         return
     classes = next(iter(got.values()))[0].classes
     title = {k: f"({'abcdefgh'[i]}) single AT of class {k} ({classes[k]})" for i, k in enumerate(by_class) if k in got}
-    figures.class_lines({title[k]: {"classes": classes, "ylabel": "error (%)", "series": _errors(ms)}
-                         for k, ms in got.items()}, f"ME paper {item} (top): class-wise errors", runs.png("errors"),
+    figures.class_lines({title[k]: {"classes": classes, "ylabel": "error (%)", "series": errors(runs, by_class[k])}
+                         for k in got}, f"ME paper {item} (top): class-wise errors", runs.png("errors"),
                         ncols)
     figures.feature_scatter({title[k]: (ms[0].features, ms[0].labels) for k, ms in got.items()}, classes,
                             f"ME paper {item} (bottom): 2-D features of the test set (seed 0)", runs.png("features"),
@@ -246,11 +242,12 @@ def draw_fig5(runs: FigureRuns) -> list[Comparison]:
     cos = mean(st, "cosine")[CAT]
     panels = {}
     for panel, method in (("(a) PGD-AT", "pgd-at"), ("(b) TRADES", "trades")):
-        got = {config.resolve(p).data.classes[1]: ms for p in BINARY[method] if (ms := measured(runs, p))}
+        # the binary models' errors are their records' alone (no features are drawn): over both classes' images
+        got = {config.resolve(p).data.classes[1]: errors(runs, p) for p in BINARY[method] if runs.runs.get(p)}
         order = sorted(got, key=lambda k: cos[k])
         panels[panel] = {"classes": [st[0].classes[k] for k in order], "ylabel": "error (%)",
-                         "series": {"natural error": [100 - mean(got[k], "natural").mean() for k in order],
-                                    "PGD-10 error": [100 - mean(got[k], "pgd10").mean() for k in order]},
+                         "series": {what: [got[k][what].mean() for k in order]
+                                    for what in ("natural error", "PGD-10 error")},
                          "right": ("similarity to cat (standard training)", cos[order], "cosine similarity")}
     figures.class_lines(panels, "ME paper Fig. 5: binary classification of the cat against each class, the "
                         "classes sorted by their similarity to the cat in standard training", runs.png())
@@ -286,7 +283,7 @@ def draw_fig7(runs: FigureRuns) -> list[Comparison]:
     if not got:  # no run, or runs trained before fastfair recorded the entropy
         return []
     n = min(len(h) for hs in got.values() for h in hs)
-    cfg = config.load_run(runs.runs[next(iter(got))][0])
+    cfg = runs.config(next(iter(got)))
     attack = cfg.train.val_attack
     lines = {f"{_label(p)}, {name}": (np.mean([[e["val"][tag]["entropy"] for e in h[:n]] for h in hs], axis=0), None)
              for p, hs in got.items() for tag, name in (("clean", "clean"), (attack, f"adversarial ({attack})"))}

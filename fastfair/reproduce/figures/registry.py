@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from fastfair.config import Config, load_run
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reproduce.verdict import Comparison, binomial_sd, default_margin
 
@@ -70,6 +71,11 @@ class FigureRuns:
         path = self.out / f"{self.key}{'-' + panel if panel else ''}.png"
         self.pngs.append(path)
         return path
+
+    def config(self, preset: str, seed: int = 0) -> Config:
+        """The saved config of ``preset``'s finished run ``seed`` (its place in :attr:`runs`, as in :attr:`records`):
+        how every drawer reads a run's settings; its results are :attr:`records` and :meth:`results`."""
+        return load_run(self.runs[preset][seed])
 
     def history(self, preset: str) -> list[list[dict]]:
         """Each finished seed's ``metrics.jsonl``: one dict per epoch (lr, loss, per-class val accuracies, ...)."""

@@ -45,10 +45,6 @@ TABLE1 = {"Madry": "tian-kdd-t1-madry", "TRADES": "tian-kdd-t1-trades", "MART": 
           "HE": "tian-kdd-t1-he"}
 
 
-def _config(run: Path):
-    return config.load_run(run)
-
-
 def _present(runs: FigureRuns) -> dict[str, tuple[str, str]]:
     """Sec. 4's panels whose runs finished (a data set absent at this scale leaves its panel out)."""
     return {letter: (name, preset) for letter, (name, preset) in SEC4.items() if runs.runs.get(preset)}
@@ -249,9 +245,9 @@ def background(runs: FigureRuns, examples: int) -> list[dict]:
     """``fastfair background`` on each seed's beta = 6 model (the adjusted beta_5 = 0.5 model beside it): the test
     cats natural and under :data:`TPGD`, before and after a white background."""
     out = []
-    for base, adjusted in zip(runs.runs.get(BASE, []), runs.runs.get(ADJUSTED, [])):
+    for seed, (base, adjusted) in enumerate(zip(runs.runs.get(BASE, []), runs.runs.get(ADJUSTED, []))):
         ck = build.checkpoint_path(base)
-        cfg = _config(base)
+        cfg = runs.config(BASE, seed)
         mask = _masks(base, data.load(cfg.data.dataset, cfg.data.data_dir))
         out.append(background_counts(ck, cls=str(CAT), mask=str(mask), attacks=["clean", TPGD],
                                      adjusted=build.checkpoint_path(adjusted), examples=examples,
@@ -298,7 +294,7 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
     attack = next(a for a in config.resolve(FIG5).eval.attacks if a != "clean")
     mats = {what: [_percent(r["confusion"]) for r in runs.results(FIG5, name)]
             for what, name in (("clean", "clean"), ("adversarial", attack))}
-    cfg = _config(runs.runs[FIG5][-1])
+    cfg = runs.config(FIG5, -1)
     bundle = data.load(cfg.data.dataset, cfg.data.data_dir)
     y = bundle.y_test.numpy()
     half = -(-len(bundle.classes) // 2)  # two rows of digits: a readable page, not one long strip
