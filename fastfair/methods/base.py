@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from fastfair.config import Config
 
 METHODS: Registry[type["Method"]] = Registry("method")
+# The attack of the TRADES code (yaodongyu/TRADES: --epsilon 0.031 --step-size 0.007 --num-steps 10), which the codes
+# of MART, WAT, DAFA, TRIX and BAT keep (their golden settings, tests/golden/*.json): a method following one of them
+# carries it in its defaults, so `--method X` alone attacks as its code does, not at the global 8/255 and 2/255
+CODE_PGD10 = {"attack.eps": 0.031, "attack.alpha": 0.007, "attack.steps": 10}
 
 SMOOTHING = {
     "smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)"),

@@ -29,7 +29,7 @@ import math
 from typing import ClassVar
 
 from fastfair.errors import UserError
-from fastfair.methods.base import METHODS, Method
+from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.methods.fat import EarlyStop
 from fastfair.schema import Key
 
@@ -55,10 +55,7 @@ class BAT(Method):
         "tau": Key(1, "BAT first adversarial example: misclassified checks a sample passes before it stops (FAT's "
                       "tau; code: 1, train.py line 106)"),
     }
-    # the code's PGD-10 in 0.031 with step 0.007 (docs/methods.md's BAT table): `--method bat` alone trains as the
-    # code does, not at the global 8/255 and 2/255
-    defaults = {"attack.objective": "kl", "attack.init": "normal_clipped", "attack.bn_mode": "eval",
-                "attack.eps": 0.031, "attack.alpha": 0.007, "attack.steps": 10}
+    defaults = {"attack.objective": "kl", "attack.init": "normal_clipped", "attack.bn_mode": "eval", **CODE_PGD10}
 
     @classmethod
     def check(cls, cfg):

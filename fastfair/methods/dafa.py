@@ -37,7 +37,7 @@ import torch
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
-from fastfair.methods.base import METHODS, Method
+from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.methods.trades import TRADES, TRADES_ATTACK
 from fastfair.schema import Epochs, Key, never_at_0
 
@@ -112,7 +112,7 @@ class DAFATrades(DAFA, TRADES):
 
     keys = {"weight_terms": Key("ce", "which TRADES terms W_y weights: ce (the natural CE only, code losses.py) | "
                                       "row (CE and KL)")}
-    defaults = {**TRADES_ATTACK, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}
+    defaults = {**TRADES_ATTACK, **CODE_PGD10, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}
 
     def setup(self, state):
         if self.cfg.method.weight_terms not in ("ce", "row"):
@@ -153,7 +153,7 @@ class DAFAAT(DAFA, PGDAT):
     keys = {"second_step": Key(True, "after each class-scaled PGD step take a second unscaled step and project onto "
                                      "the uniform eps ball (code losses.py madry_loss); false: the paper's eps_k")}
     defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval", "ccm.lambda_1": 0.5,
-                "method.entropy_weight": 0.0}
+                **CODE_PGD10, "method.entropy_weight": 0.0}
 
     def weighted_factors(self):
         return super().weighted_factors() + (("loss_weight", "loss_weight_dafa"),)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastfair.methods.base import METHODS, Method
+from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.ops.losses import label_mask
 from fastfair.schema import Key
 
@@ -25,7 +25,7 @@ class MART(Method):
 
     keys = {"kl_weight": Key(6.0, "MART beta: weight of the misclassification-aware KL term (Wang et al. 2020)")}
     # MART's code: CE-PGD from x + 0.001 N(0, I), model in eval mode while attacking.
-    defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval",
+    defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval", **CODE_PGD10,
                 "method.kl_weight": 6.0}
 
     def loss(self, model, x, x_adv, y, state):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.attacks.pgd import attack_mode
-from fastfair.methods.base import METHODS
+from fastfair.methods.base import CODE_PGD10, METHODS
 from fastfair.methods.dafa import DAFATrades, dafa_weights
 from fastfair.methods.trades import TRADES_ATTACK
 from fastfair.schema import Key
@@ -86,7 +86,7 @@ class TRIX(DAFATrades):
     keys = {"targeted": Key(True, "TRIX: strong classes of each batch train on a targeted attack to a uniformly "
                                   "drawn other class (code mixed_trades_loss); false: untargeted for all, i.e. "
                                   "dafa-trades")}
-    defaults = {**TRADES_ATTACK, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}
+    defaults = {**TRADES_ATTACK, **CODE_PGD10, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}
 
     def __init__(self, cfg, *args, **kw):
         super().__init__(cfg, *args, **kw)

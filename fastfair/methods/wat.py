@@ -46,7 +46,7 @@ from torch import nn
 
 from fastfair.errors import UserError
 from fastfair.evaluation import seeds
-from fastfair.methods.base import METHODS
+from fastfair.methods.base import CODE_PGD10, METHODS
 from fastfair.methods.trades import TRADES
 from fastfair.scaleout import distributed
 from fastfair.schema import Key
@@ -75,6 +75,8 @@ def hedge_weights(cum_loss: torch.Tensor, cum_avg: float | torch.Tensor, eta: fl
                          "beta 6 (Li & Liu 2023, AAAI)")
 class WAT(TRADES):
     """TRADES rows times w_{y} + w_avg, the Hedge weights of the cumulative per-class validation loss."""
+
+    defaults = {**TRADES.defaults, **CODE_PGD10}
 
     keys = {
         "eta": Key(0.1, "WAT Hedge step: weights are exp(eta x each class's cumulative validation TRADES loss), "
