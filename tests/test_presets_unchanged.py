@@ -150,7 +150,7 @@ ADDED_AFTER = {"trix-rebuttal-t1-absld", "trix-rebuttal-t1-fair-tat", "trix-rebu
                *(f"tian-kdd-t5-{d}-{r}" for d in ("mnist", "svhn", "cifar10", "stl10", "cifar100", "imagenet")
                  for r in ("standard", "madry" if d != "imagenet" else "fgsm-rs")),
                "tian-kdd-fig5-madry-mnist-background", "me-table4-trades-ls",
-               "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4-trades-without-5",
+               "tian-kdd-fig4c-trades-beta5-6",
                *(n for n in preset_names() if n.startswith(("me-fig1-", "me-fig4-", "me-fig8-", "me-fig9-"))),
                "me-table1-standard-ls",
                *(n for n in preset_names() if n.startswith("me-fig5-") and "cat-dog" not in n),

@@ -107,7 +107,7 @@ def test_homing_matrices_on_a_hand_made_case():
 def test_the_shipped_grid_trains_once_on_every_class_and_once_without_each_class(tmp_path):
     grid, _ = load(str(ROOT / "configs" / "grids" / "tian-kdd-fig4-homing.toml"))
     assert [r.point["data.drop_classes"] for r in grid.runs()] == [[]] + [[c] for c in range(10)]
-    assert "Fig. 4" in grid.preset and grid.sets["method.name"] == "trades"
+    assert "Fig. 4" in grid.preset and grid.sets["method.name"] == "pgd-at"
     lines = []
     assert run_grid("tian-kdd-fig4-homing", out=str(tmp_path), dry_run=True, echo=lines.append) == 0
     assert sum("pending" in line for line in lines) == 11 and any("without-5-dog" in line for line in lines)

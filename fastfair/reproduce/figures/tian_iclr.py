@@ -337,8 +337,7 @@ def _gap(values: np.ndarray, names: list[str]) -> str:
 
 @registry.figure(SOURCE, "Fig. 7", "class-wise clean accuracy of standard training beside class-wise robustness of "
                  "adversarial training, per data set", rows=(*ROBUST, *STANDARD.values()),
-                 partial="the standard rows are KDD Table 5's, kept at their last epoch (the robust rows at the "
-                         "75th, as Sec. 3); ImageNet's standard model is trained, not PyTorch's pre-trained "
+                 partial="ImageNet's standard model is trained (KDD Table 5's row), not PyTorch's pre-trained "
                          "ResNet-50 the paper uses (no download here: fastfair eval --model resnet50 FILE); "
                          "MNIST's and ImageNet's gaps are illegible in the paper, so not compared")
 def fig7(runs: FigureRuns) -> list[Comparison]:

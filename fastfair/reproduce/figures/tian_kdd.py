@@ -4,8 +4,10 @@ its figures, and Table 4, as ``fastfair reproduce`` targets.
 The inventory lists every table and figure with numbers or a plot of measured results, in the paper's order.
 Tables 1, 3 and 5 are the table targets tian-kdd-t1, -t3 and -t5. Table 2 lists CIFAR-10's and STL-10's
 super-classes (class names, no measured number) and is left out. Figs. 1 and 2 draw the runs of Table 5's
-adversarially trained rows, Fig. 3 those of Table 1, Fig. 4 and Table 4 (with Fig. 6) the TRADES models of Sec. 6.1
-(presets tian-kdd-fig4c-*, tian-kdd-fig4-trades-without-5), Fig. 5 the coloured-MNIST run of Sec. 6.2.
+adversarially trained rows (the ICLR submission's Fig. 1 models: its 75th epoch's, ImageNet's 14th), Fig. 3 those of
+Table 1, Fig. 4(a)/(b) Fig. 2(b)'s CIFAR-10 model and its re-trainings without each class (the ICLR submission's
+Fig. 3 runs: tian-iclr-fig3-madry-without-*), Fig. 4(c) and Table 4 (with Fig. 6) the TRADES models of Sec. 6.1
+(presets tian-kdd-fig4c-*), Fig. 5 the coloured-MNIST run of Sec. 6.2.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from fastfair.data.background import border_masks
 from fastfair.evaluation import homing, measures
 from fastfair.evaluation.background import background_counts
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry
+from fastfair.reproduce.figures import registry, tian_iclr
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.verdict import Comparison
 from fastfair.rundir import read_json, write_npz_atomic
@@ -34,9 +36,12 @@ registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Table 1", "Fig. 3", "Table 3", 
 SEC4 = {"a": ("MNIST", "tian-kdd-t5-mnist-madry"), "b": ("CIFAR-10", "tian-kdd-t5-cifar10-madry"),
         "c": ("CIFAR-100", "tian-kdd-t5-cifar100-madry"), "d": ("SVHN", "tian-kdd-t5-svhn-madry"),
         "e": ("STL-10", "tian-kdd-t5-stl10-madry"), "f": ("ImageNet", "tian-kdd-t5-imagenet-fgsm-rs")}
-SHOWN = 12  # Sec. 4.1: "we randomly sample 12 classes" of CIFAR-100 and ImageNet
 BASE, ADJUSTED = "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4c-trades-beta5-0.5"  # Sec. 6.1's beta_5 = 6 and 0.5
-WITHOUT_DOG = "tian-kdd-fig4-trades-without-5"
+# Sec. 6.1: "Figure 4(a) and Figure 2(b) are similar" (counts for percentages), and 4(b) re-trains that model without
+# each confound class: Fig. 2(b)'s PGD-AT model, whose config is the ICLR submission's Fig. 1(b) model (one rule, issue
+# 50), so its re-trainings are that paper's Fig. 3(b) runs of the same homing experiment (a re-training starts afresh)
+HOMING_BASE = SEC4["b"][1]
+WITHOUT = tian_iclr.HOMING_WITHOUT
 FIG5 = "tian-kdd-fig5-madry-mnist-background"
 CAT, DOG = 3, 5  # CIFAR-10's class 3 (cat), Sec. 6's most vulnerable class, and its confound class 5 (dog)
 HOMING_ATTACK = "pgd20"  # Fig. 4(a) repeats Fig. 2(b) (PGD-20) in counts; configs/grids/tian-kdd-fig4-homing.toml's
@@ -50,15 +55,16 @@ def _present(runs: FigureRuns) -> dict[str, tuple[str, str]]:
     return {letter: (name, preset) for letter, (name, preset) in SEC4.items() if runs.runs.get(preset)}
 
 
-def _shown(classes: list[str]) -> list[int]:
-    """All classes, or :data:`SHOWN` of them drawn at random (seed 0, so every figure shows the same ones)."""
-    if len(classes) <= SHOWN:
-        return list(range(len(classes)))
-    return sorted(np.random.default_rng(0).choice(len(classes), SHOWN, replace=False).tolist())
+def _shown(letter: str, classes: list[str]) -> list[int]:
+    """Panel ``letter``'s classes: every one, or the 12 the paper "randomly sample[s]" of CIFAR-100 and ImageNet. The
+    KDD copy names none of them; its Fig. 1 is the ICLR submission's (same caption, text and models), whose axes do
+    (:data:`tian_iclr.SAMPLED`, ImageNet's 11 legible)."""
+    return [k for k in tian_iclr.SAMPLED.get(letter, range(len(classes))) if k < len(classes)]
 
 
 def robust_history(runs: FigureRuns, preset: str) -> tuple[list[int], np.ndarray, str]:
-    """(epochs, per-class robust validation accuracy (epochs, C) averaged over seeds, the attack's name)."""
+    """(epochs, per-class robust accuracy after each epoch (epochs, C) averaged over seeds, the attack's name):
+    the test set's, as Table 5's rows keep no split (train.select_split = test)."""
     histories = runs.history(preset)
     attack = next(k for k in histories[0][0]["val"] if k != "clean")
     per_seed = np.asarray([[e["val"][attack]["per_class"] for e in h] for h in histories], dtype=float)
@@ -71,24 +77,24 @@ GAPS = {"a": (6.0, "last", None), "b": (45.0, "widest", 5.0), "c": (45.0, "wides
         "e": (45.0, "widest", 5.0), "f": (80.0, "last", None)}
 
 
-@registry.figure(SOURCE, "Fig. 1", "class-wise robustness at different epochs, six data sets (Sec. 4.1)",
-                 rows=tuple(preset for _, preset in SEC4.values()),
-                 partial="the curves are each epoch's robust accuracy on fastfair's validation split (held-out "
-                         "training images, the run's train.val_attack), not the test set's: fastfair evaluates the "
-                         "test set once, on the selected checkpoint")
+@registry.figure(SOURCE, "Fig. 1", "class-wise robustness at different epochs in the test set, six data sets "
+                 "(Sec. 4.1)", rows=tuple(preset for _, preset in SEC4.values()),
+                 partial="the KDD copy names none of the 12 classes sampled of CIFAR-100 and ImageNet: drawn are those "
+                         "the ICLR submission's Fig. 1, the same figure, names on its axes; ImageNet's ninth is "
+                         "illegible there, so 11 of its 12")
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """Fig. 1: a panel per data set, a line per class over epochs, the span between the lowest and the highest class
-    shaded (12 classes drawn at random for CIFAR-100 and ImageNet, as the paper). Numbers: the text's class-wise
+    shaded (the paper's 12 classes of CIFAR-100 and ImageNet: :func:`_shown`). Numbers: the text's class-wise
     robustness gaps (highest minus lowest of the classes shown): "40%-50%" is recorded as 45 with margin 5, the
     range it states."""
     out = []
     for letter, (name, preset) in _present(runs).items():
         epochs, v, attack = robust_history(runs, preset)
         classes = runs.records[preset][0]["classes"]
-        keep = _shown(classes)
+        keep = _shown(letter, classes)
         figures.class_gap_curves(  # the ICLR submission's Fig. 1 is the same figure: one way to draw both
             epochs, v[:, keep], [classes[k] for k in keep], v.mean(axis=1),
-            f"Tian et al. KDD 2021 Fig. 1({letter}): {name}, per-class {attack} accuracy on the validation split",
+            f"Tian et al. KDD 2021 Fig. 1({letter}): {name}, per-class {attack} accuracy on the test set",
             runs.png(f"{letter}-{name.lower()}"), f"{attack} accuracy (%)")
         paper, when, tol = GAPS[letter]
         per_seed = [np.asarray([e["val"][attack]["per_class"] for e in h], dtype=float)[:, keep]
@@ -179,29 +185,33 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
 
 
 @registry.figure(SOURCE, "Fig. 4", "misclassified and homing confusion matrices; class-wise Temperature-PGD "
-                 "robustness as beta_5 changes (Sec. 6.1)", rows=(BASE, ADJUSTED, WITHOUT_DOG),
-                 partial="(b): column 5 (dog) only, the re-training the text's numbers need; the other nine "
-                         "columns: fastfair grid tian-kdd-fig4-homing, then fastfair homing GRID_DIR")
+                 "robustness as beta_5 changes (Sec. 6.1)", rows=(HOMING_BASE, *WITHOUT, BASE, ADJUSTED))
 def fig4(runs: FigureRuns) -> list[Comparison]:
-    """Fig. 4(a)/(b) by ``fastfair homing`` (PGD-20, as Fig. 2, which 4(a) repeats in counts) on the beta = 6 model
-    and its re-training without dog, seed by seed; (c): the per-class Temperature-PGD accuracy of the beta_5 = 6 and
-    0.5 models, a bar per setting (their cat and dog numbers are the rows' own). Numbers: Sec. 6.1's 200 of the
-    1000 test cats sent to dog (as % of the test cats: 20.0) and the 119 of them that home (as % of those: 59.5)."""
+    """Fig. 4(a)/(b) by ``fastfair homing`` (PGD-20, as Fig. 2, which 4(a) repeats in counts) on Fig. 2(b)'s PGD-AT
+    model (:data:`HOMING_BASE`) and its re-trainings without each class (:data:`WITHOUT`), seed by seed; (c): the
+    per-class Temperature-PGD accuracy of the beta_5 = 6 and 0.5 TRADES models, a bar per setting (their cat and dog
+    numbers are the rows' own). Numbers: Sec. 6.1's 200 of the 1000 test cats sent to dog (as % of the test cats:
+    20.0) and the 119 of them that home without dog (as % of those: 59.5)."""
     sent, home, mats = [], [], []
-    for seed, (base, without) in enumerate(zip(runs.runs.get(BASE, []), runs.runs.get(WITHOUT_DOG, []))):
-        homing.homing([str(base), str(without)], attack=HOMING_ATTACK, out=str(runs.out / f"{runs.key}-homing-s{seed}"),
-                      device=runs.device, quiet=True)
-        rec = read_json(runs.out / f"{runs.key}-homing-s{seed}" / "homing.json")
-        mis, hom = np.asarray(rec["misclassified"], dtype=float), np.asarray(rec["homing"], dtype=float)
+    for seed, base in enumerate(runs.runs.get(HOMING_BASE, [])):
+        without = [runs.runs[row][seed] for row in WITHOUT if len(runs.runs.get(row, [])) > seed]
+        if not without:
+            continue
+        folder = runs.out / f"{runs.key}-homing-s{seed}"
+        homing.homing([str(base), *map(str, without)], attack=HOMING_ATTACK, out=str(folder), device=runs.device,
+                      quiet=True)
+        rec = read_json(folder / "homing.json")
+        mis = np.asarray(rec["misclassified"], dtype=float)
+        hom = np.asarray([[np.nan if v is None else v for v in row] for row in rec["homing"]], dtype=float)
         cats = rec["images"] / len(rec["classes"])  # CIFAR-10's test set (and its subsets) is balanced
         sent.append(100 * mis[CAT, DOG] / cats)
-        home.append(100 * hom[CAT, DOG] / mis[CAT, DOG] if mis[CAT, DOG] else 0.0)
+        if mis[CAT, DOG] and not np.isnan(hom[CAT, DOG]):  # a share of none, or with no run without dog: no number
+            home.append(100 * hom[CAT, DOG] / mis[CAT, DOG])
         mats.append((mis, hom))
     out = []
     if mats:
         figures.homing_heatmaps(np.mean([m for m, _ in mats], axis=0), np.mean([h for _, h in mats], axis=0),
-                                runs.classes, f"{HOMING_ATTACK}, {len(mats)} seed(s), re-trained without dog only",
-                                runs.png("ab"))
+                                runs.classes, f"{HOMING_ATTACK}, {len(mats)} seed(s)", runs.png("ab"))
         out += [runs.number("Sec. 6.1, Fig. 4(a): test cats the attack sends to dog (200 of 1000)", "% of cats",
                             20.0, sent),
                 runs.number("Sec. 6.1, Fig. 4(b): of those, home to cat without dog (119 of 200)", "% of them",
