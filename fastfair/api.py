@@ -312,10 +312,12 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
 def _stopped_line(out: Path, cfg, kept: tuple[int, int, int] | None, training: bool, by: str) -> str:
     """What a stopped run kept and how to go on; ``kept`` (epochs, steps of the next, its steps) as the trainer
     saved them, None when it stopped before training began."""
-    # torchrun's launcher, stopped too, then prints a traceback (SIGTERM to it) or a failure report (to a rank) and
-    # exits 1, whatever its ranks do (docs/reliability.md): said here, so it is not taken for a crash
-    launcher = ("torchrun's own report after this line (exit code 1) is how it ends on a signal; "
-                if distributed.under_torchrun() else "")
+    # plain torchrun's launcher, stopped too, then prints a traceback (SIGTERM to it) or a failure report (to a
+    # rank) and exits 1, whatever its ranks do (docs/reliability.md): said here, so it is not taken for a crash;
+    # fastfair-torchrun ends in this line alone
+    plain = distributed.under_torchrun() and distributed.launcher() == "torchrun"
+    launcher = ("torchrun's own report after this line (exit code 1) is how it ends on a signal (fastfair-torchrun "
+                "ends here); " if plain else "")
     if not training:
         return (f"interrupted{by} during the final evaluation; training is complete; {launcher}evaluate with: "
                 f"fastfair eval {out}")

@@ -230,11 +230,36 @@ def test_sigterm_to_torchrun_names_the_torchrun_command_once_and_it_continues_as
     said = [line for line in err.splitlines() if line.startswith("fastfair: interrupted")]
     go_on = f"torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume"
     assert said == [f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (3 of 5 steps saved); torchrun's own report "
-                    f"after this line (exit code 1) is how it ends on a signal; continue with: {go_on}"], err[-3000:]
+                    f"after this line (exit code 1) is how it ends on a signal (fastfair-torchrun ends here); continue "
+                    f"with: {go_on}"], err[-3000:]
     assert RunDir(out).train_log.read_text().splitlines()[-1] == said[0]
     assert code == 1 and err.rstrip().endswith("SignalException: Process %d got signal: 15" % proc.pid), err[-3000:]
     assert "FutureWarning" not in err  # nor torch's notice about DDP's broadcast_buffers, on every run
 
+    release(markers)
+    resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_sigterm_to_fastfair_torchrun_is_one_line_exit_143_and_it_continues_as_printed(tmp_path):
+    """fastfair-torchrun is torchrun ending on a stop signal as a one-process run does: the ranks' one line naming
+    fastfair-torchrun's command, no traceback after it, exit 128 + 15; pasted as printed, it resumes both ranks."""
+    env, markers = held(tmp_path, STEP, 2)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # fastfair-torchrun, as pip installs it
+    out = tmp_path / "run"
+    proc = start(["fastfair-torchrun", "--nproc-per-node", "2", "-m", "fastfair", *TRAIN, "--set",
+                  "data.batch_size=20", "--out", str(out)], env)
+    wait_held(markers, proc, count=2)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = ended(proc)
+    go_on = f"fastfair-torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume"
+    said = [line for line in err.splitlines() if line.startswith("fastfair: interrupted")]
+    assert said == [f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (3 of 5 steps saved); continue with: {go_on}"]
+    assert [line for line in err.splitlines() if "warning: train.lr_milestones" not in line] == said, err[-3000:]
+    assert code == 143 and "Traceback" not in err and "SignalException" not in err, err[-3000:]
     release(markers)
     resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

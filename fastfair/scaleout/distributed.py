@@ -86,22 +86,29 @@ def init(cfg) -> Context:
 
 
 def under_torchrun() -> bool:
-    """Whether torchrun started this process (one of its ranks, also of a one-process run)."""
+    """Whether torchrun (or ``fastfair-torchrun``) started this process (one of its ranks, also of a one-process
+    run)."""
     return "LOCAL_WORLD_SIZE" in os.environ
 
 
+def launcher() -> str:
+    """The launcher that started this rank: ``fastfair-torchrun`` (:mod:`fastfair.scaleout.torchrun`, which says so
+    in the ranks' environment), else ``torchrun``."""
+    return os.environ.get("FASTFAIR_LAUNCHER", "torchrun")
+
+
 def command(args: str) -> str:
-    """``fastfair ARGS`` as this run was started: under torchrun, the torchrun command that starts as many processes
-    per node (read from the environment torchrun gives every rank), so a printed ``continue with:`` resumes all of
-    them; several nodes each run it with their own rendezvous flags, which no rank is told."""
+    """``fastfair ARGS`` as this run was started: under torchrun, the launcher's command that starts as many
+    processes per node (read from the environment torchrun gives every rank), so a printed ``continue with:``
+    resumes all of them; several nodes each run it with their own rendezvous flags, which no rank is told."""
     if not under_torchrun():
         return f"fastfair {args}"
     per_node = os.environ["LOCAL_WORLD_SIZE"]
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     if nodes == 1:
-        return f"torchrun --nproc-per-node {per_node} -m fastfair {args}"
-    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} -m fastfair {args} (on each of the {nodes} nodes, "
-            f"with the rendezvous flags the run was started with)")
+        return f"{launcher()} --nproc-per-node {per_node} -m fastfair {args}"
+    return (f"{launcher()} --nnodes {nodes} --nproc-per-node {per_node} -m fastfair {args} (on each of the {nodes} "
+            f"nodes, with the rendezvous flags the run was started with)")
 
 
 def shutdown() -> None:
