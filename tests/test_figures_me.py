@@ -20,7 +20,7 @@ from fastfair.reports import figures
 from fastfair.reproduce.figures import me, registry
 from fastfair.reproduce.figures.registry import FigureRuns, figure_number
 from fastfair.reproduce.paper import load
-from fastfair.rundir import load_checkpoint, save_atomic
+from fastfair.rundir import load_checkpoint, read_json, save_atomic, write_json_atomic
 
 from helpers import CIFAR10, NPZ_TRAIN, demo_train, real_data, small_npz
 
@@ -280,10 +280,10 @@ def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path, monkeypatch):
     assert got.features.shape == (500, 2) and got.classes == CIFAR10  # 50 test images a class, 2-D features
     # the record is what the drawer reads: numbers no measurement would give show up as they are
     path = run / "eval" / "best_pgd-test.json"
-    record = json.loads(path.read_text())
+    record = read_json(path)
     record["results"]["clean"]["per_class"] = [90.0 - k for k in range(C)]
     record["results"]["pgd10"]["per_class"] = [30.0 + k / 2 for k in range(C)]
-    path.write_text(json.dumps(record))
+    write_json_atomic(record, path)  # through fastfair's writer: a hand edit would fail the record's checksum
     panels = []
     monkeypatch.setattr(me.figures, "class_lines", lambda p, *a, **k: panels.append(p))
     assert cli.main(argv) == 0
