@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, golden, inputs, max_diff,
-                         rel_diff, routing_ties, step_flips, weight_grad)
+                         kl_grad, rel_diff, routing_ties, step_flips, weight_grad)
 from conformance_fat import code_grad, decode
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
@@ -68,8 +68,11 @@ def attack_checks(g, m, state, name, x, y):
         with attack_mode(model, one.bn_mode), torch.enable_grad():
             ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k])
             routed = routing_ties(model, its[k])
+            grad = code_grad(codes[k])
+            if one.objective == "kl":
+                grad = kl_grad(model, x, its[k], grad)
         ours = torch.where(moved[k].view(-1, 1, 1, 1), ours, its[k + 1])  # the rows the code stopped: the rule's
-        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha, routed)
+        n, unexplained = step_flips(ours, its[k + 1], grad, alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
     with served(m, name, its[0], {"its": its, "moved": moved}) as walked:
         stops = walked(inputs().model("eval"), x, y, state["eps"], state["alpha"])

@@ -6,7 +6,7 @@ import dataclasses
 import torch
 
 from conformance import (FRACTION, K_TOL, REL, Check, case, differing, differs, fixed_start, golden, inputs, max_diff,
-                         method, rel_diff, step_flips, weight_grad)
+                         method, rel_diff, routing_ties, step_flips, weight_grad)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.dafa import SIMILARITY, descend_twice
 
@@ -104,8 +104,9 @@ def attack_method(name: str, golden_name: str, *sets: str):
     return m, state
 
 
-def step_check(who, quantity, ref, g, take_step) -> Check:
-    """One step of ``take_step(x, y, x_k)`` from each of the code's x_k of the golden's step rows."""
+def step_check(who, quantity, ref, g, take_step, model, bn_mode) -> Check:
+    """One step of ``take_step(x, y, x_k)`` from each of the code's x_k of the golden's step rows, ``model`` in the
+    attack's ``bn_mode`` deciding which elements a float32 routing tie may step either way (:func:`routing_ties`)."""
     inp = inputs()
     pick, rows = g.t("pick"), g.t("step_rows")
     x, y = inp.x[pick][rows], inp.y[pick][rows]
@@ -115,7 +116,9 @@ def step_check(who, quantity, ref, g, take_step) -> Check:
     worst = flips = 0
     for k in range(len(grads)):
         ours = take_step(x, y, its[k])
-        n, unexplained = step_flips(ours, its[k + 1], grads[k], alpha)
+        with attack_mode(model, bn_mode):
+            routed = routing_ties(model, its[k])
+        n, unexplained = step_flips(ours, its[k + 1], grads[k], alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
     return Check(who, quantity, ref, worst, 0, "elements not explained by float32 sign noise",
                  f"{flips} noise flips in {len(grads)} steps of {len(rows)} rows")
@@ -164,7 +167,7 @@ def dafa_trades():
     row_loss, _ = row_m.objective(inp.model("train"), inp.x[pick], g.t("x_adv"), inp.y[pick], row_state)
     return [
         step_check("DAFA", "dafa-trades: one attack step (eps_y, alpha_y = W_y eps, W_y alpha) from each of the "
-                           "code's x_k", ref, g, take_step),
+                           "code's x_k", ref, g, take_step, model, one.bn_mode),
         Check("DAFA", "dafa-trades: K-step attack from the code's start", ref, k_step((m, state), g), K_TOL,
               FRACTION),
         *loss_checks("DAFA", "dafa-trades weight_terms = ce (code)", m, state, g, ref),
@@ -193,7 +196,7 @@ def dafa_at():
     eps_y = paper_state["eps"][inp.y[pick]].view(-1, 1, 1, 1)
     return [
         step_check("DAFA", "dafa-at second_step = true (code): one attack step (scaled step onto eps_y, then unscaled "
-                           "onto eps) from each of the code's x_k", ref, g, take_step),
+                           "onto eps) from each of the code's x_k", ref, g, take_step, model, one.bn_mode),
         Check("DAFA", "dafa-at: K-step attack from the code's start", ref, k_step((m, state), g), K_TOL,
               FRACTION),
         *loss_checks("DAFA", "dafa-at", m, state, g, ref),

@@ -43,7 +43,8 @@ def test_class_balanced_weights_follow_the_effective_number():
     for beta in (0.9, 0.999, 0.9999):
         inverse = np.array([(1 - beta) / (1 - beta ** n) for n in IMBALANCED])
         want = inverse / inverse.sum() * len(IMBALANCED)
-        np.testing.assert_allclose(class_balanced_weights(IMBALANCED, beta).numpy(), want, rtol=1e-6)
+        # float64 arithmetic (error ~1e-16) rounded once to float32: within u of the float64 value (2u: margin)
+        np.testing.assert_allclose(class_balanced_weights(IMBALANCED, beta).numpy(), want, rtol=2 * conformance.U32)
     w = class_balanced_weights(IMBALANCED, 0.999)
     assert w.sum().item() == pytest.approx(4.0) and w.argmax().item() == 3  # the rarest class weighs most
     assert torch.equal(class_balanced_weights([500] * 4, 0.999), torch.ones(4))  # balanced: all equal
@@ -66,13 +67,23 @@ def test_ldam_matches_the_authors_loss():
     """kaidic/LDAM-DRW losses.LDAMLoss (max_m 0.5, s 30) on a CIFAR-10-LT profile: margins, loss and gradient."""
     g = conformance.golden("ldam")
     counts = g.t("counts").tolist()
-    torch.testing.assert_close(ldam_margins(counts, 0.5), g.t("margins"), rtol=1e-6, atol=0)
+    # both sides: float64 arithmetic rounded once to float32, so equal or (a float64 difference of ~1e-16 across a
+    # rounding boundary) one float32 ulp apart, at most 2u relative
+    torch.testing.assert_close(ldam_margins(counts, 0.5), g.t("margins"), rtol=2 * conformance.U32, atol=0)
     m, state = method_with_counts("pgd-at", counts, "ldam.enabled=true", dataset="cifar10")
     z = g.t("logits").clone().requires_grad_()
     loss = F.cross_entropy(m.ce_logits(None, z, g.t("y")), g.t("y"))
     loss.backward()
-    torch.testing.assert_close(loss.detach(), g.t("loss"), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(z.grad, g.t("grad"), rtol=1e-5, atol=1e-8)
+    # float32 on both sides, each within: the margined logits s (z - Delta) (|z| <= 1, Delta <= 0.5, s 30: |.| <= 45;
+    # a subtraction and a product, 2u of 45 each) move CE by at most 2 (|p - onehot|_1) times that; the log-sum-exp
+    # of C = 10 terms of up to 45 errs by gamma(10) of 45; the batch mean of N = 32 rows by gamma(32) of the loss
+    s, top, n, c = 30.0, 45.0, len(g.t("y")), len(counts)
+    loss_err = 2 * 2 * conformance.U32 * top + conformance.gamma(c) * top + conformance.gamma(n) * float(g.t("loss"))
+    torch.testing.assert_close(loss.detach(), g.t("loss"), rtol=0, atol=2 * loss_err)
+    # d loss / dz = s (p - onehot) / N: p_j = exp(z_j - lse) moves by p_j times the error of z_j - lse (2 of the
+    # logits' and lse's above), relative; p_y - 1 cancels, so its error is that of p_y, at most s / N of it absolute
+    rel = 2 * (2 * conformance.U32 * top + conformance.gamma(c) * top)
+    torch.testing.assert_close(z.grad, g.t("grad"), rtol=2 * rel, atol=2 * rel * s / n)
 
 
 def test_ldam_reaches_the_ce_term_of_trades_only():
@@ -103,7 +114,12 @@ def test_cosine_regulariser_is_the_mean_over_present_class_pairs():
     z, y = torch.randn(12, 5), torch.tensor([0, 0, 1, 1, 3, 3, 0, 1, 3, 0, 1, 3])  # classes 2 and 4 absent
     mu = F.normalize(torch.stack([z[y == k].mean(0) for k in (0, 1, 3)]), dim=1)
     s = mu @ mu.T
-    assert mean_inter_class_cosine(z, y, 5).item() == pytest.approx(((s.sum() - s.trace()) / 6).item(), rel=1e-6)
+    # float32 on both sides, each within: the class means (12-term sums) and their 5-term norms, gamma(12) + gamma(5)
+    # + u relative, move a cosine of unit vectors by at most twice that; the 5-term dots add gamma(5) and the mean of
+    # the 25 Gram entries (each |.| <= 1) gamma(25) + u: an absolute bound, every cosine being at most 1
+    g = conformance.gamma
+    err = 2 * (g(12) + g(5) + conformance.U32) + g(5) + g(25) + conformance.U32
+    assert mean_inter_class_cosine(z, y, 5).item() == pytest.approx(((s.sum() - s.trace()) / 6).item(), abs=2 * err)
     assert mean_inter_class_cosine(z, torch.zeros(12, dtype=torch.long), 5).item() == 0.0  # one class: no pair
     # the objective is the method's plus lambda R
     m, state = make_method("pgd-at", "cosine_reg.weight=0.5")
@@ -210,7 +226,9 @@ def test_every_remedy_trains_with_at_and_trades(imbalanced, tmp_path, capsys, me
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert np.isfinite(record["loss"])
     want = class_balanced_weights(TRAIN_COUNTS, 0.999) * torch.tensor([1, 1, 1, 2, 1, 1, 1, 1, 1, 1.])
-    np.testing.assert_allclose(record["vectors"]["loss_weight"], want.numpy(), rtol=1e-6)
+    # the same float32 weights times 1 or 2 (exact) through JSON (a float32 is exact as a Python float): at most one
+    # rounding apart should the factors multiply in another order
+    np.testing.assert_allclose(record["vectors"]["loss_weight"], want.numpy(), rtol=2 * conformance.U32)
     assert "warning" not in capsys.readouterr().err  # an imbalanced split: nothing to warn of
 
 
