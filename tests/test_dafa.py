@@ -76,7 +76,7 @@ def test_negative_weights_are_kept_as_paper_and_code_do_unless_clamped():
         m.end_epoch(state, 0, epoch_of(state, P))
         assert torch.isfinite(state["dafa_weight"]).all()
         assert float(state["dafa_weight"][2]) == pytest.approx(want, abs=1e-6)
-        assert float(state["eps"][2]) == pytest.approx(want * 8 / 255, abs=1e-6)
+        assert float(state["eps"][2]) == pytest.approx(want * m.cfg.attack.eps, abs=1e-6)  # the code's 0.031
         assert float(state["loss_weight"][2]) == pytest.approx(want, abs=1e-6)  # PGD-AT: W weights the CE row
 
 
@@ -171,7 +171,7 @@ def test_dafa_trades_on_real_cifar10_sets_weights_after_the_warm_up_and_resumes_
     w = torch.tensor(second["vectors"]["dafa_weight"])
     assert torch.isfinite(w).all() and not torch.equal(w, torch.ones(10))
     assert float(w.sum()) == pytest.approx(10.0, abs=1e-4)  # no exact ties on real data: the sum is kept
-    torch.testing.assert_close(torch.tensor(second["vectors"]["eps"]), w * 8 / 255)
+    torch.testing.assert_close(torch.tensor(second["vectors"]["eps"]), w * cfg.attack.eps)
     assert set(result["results"]) == {"clean", "pgd2"}
     # a run killed after the warm-up epoch resumes with the weights its checkpoint holds
     Trainer(cfg, tmp_path / "b", quiet=True).run_epoch(0)

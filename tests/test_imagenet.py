@@ -119,12 +119,14 @@ def test_the_fgsm_rs_preset_trains_from_the_cli_on_its_phases_and_schedule_and_e
                     "--set", "data.image_size=32", "--set", "data.val_per_class=2", "--set", "data.workers=0",
                     "--set", "train.lr_epochs=[0, 1, 2]", "--set", "train.lr_values=[0, 0.3, 0.03]",
                     "--set", "data.phase_epochs=[0, 1]", "--set", "data.phase_image_sizes=[24, 32]",
-                    "--set", "data.phase_batch_sizes=[5, 3]")
+                    "--set", "data.phase_batch_sizes=[5, 3]",
+                    "--set", "train.select_epoch=2")  # the preset's 14th-epoch model lies past the 2 epochs here
     assert done.returncode == 0, done.stderr
-    # 15 training images: 3 steps in epoch 1 (batches of 5), 5 in epoch 2 (of 3); each line has its first step's rate
+    # 21 training images (train.select_split = test: none held out): 4 steps in epoch 1 (whole batches of 5), 7 in
+    # epoch 2 (of 3); each line has its first step's rate
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert lrs == pytest.approx([0.3 / 3, 0.3 - 0.27 / 5])
-    result = json.loads((tmp_path / "run" / "eval" / "last-test.json").read_text())
+    assert lrs == pytest.approx([0.3 / 4, 0.3 - 0.27 / 7])
+    result = json.loads((tmp_path / "run" / "eval" / "epoch-test.json").read_text())  # train.select = epoch
     assert result["classes"] == CLASSES and result["images"] == 9
     assert {k: len(v["per_class"]) for k, v in result["results"].items()} == {"clean": 3, "pgd50": 3}
     assert result["eps"] == 0.007 and result["alpha"] == 0.003

@@ -223,7 +223,7 @@ def test_trix_on_real_cifar10_sets_valid_vectors_and_resumes_exactly(npz, tmp_pa
     assert first["vectors"]["dafa_weight"] == [1.0] * 10  # the warm-up epoch trains unweighted
     w = torch.tensor(second["vectors"]["dafa_weight"])
     assert torch.isfinite(w).all() and (w > 0).all() and not torch.equal(w, torch.ones(10))
-    torch.testing.assert_close(torch.tensor(second["vectors"]["eps"]), w * 8 / 255)
+    torch.testing.assert_close(torch.tensor(second["vectors"]["eps"]), w * cfg.attack.eps)
     assert all(v == v for v in (first["loss"], second["loss"]))
     assert set(result["results"]) == {"clean", "pgd2"}
     # killed after the warm-up epoch: --resume ends where the straight run ended, bit for bit (targets and

@@ -86,13 +86,21 @@ def absent_note(absent: list[str]) -> str:
             f"{', '.join(absent)}")
 
 
+class NonFinite(UserError):
+    """NaN or inf logits in an evaluation (a trainer's validation reads it as divergence, a setting to change)."""
+
+    def __init__(self, message: str, nonfinite: int, images: int, attack: str):
+        super().__init__(message)
+        self.nonfinite, self.images, self.attack = nonfinite, images, attack
+
+
 def check_finite(nonfinite: int, images: int, attack: str) -> None:
     """Refuse a result of which ``nonfinite`` of ``images`` images got NaN or inf logits: their argmax, and so every
     accuracy, would be a number that means nothing."""
     if nonfinite:
-        raise UserError(f"the model returned NaN or inf logits for {nonfinite} of {images} images under {attack}; "
+        raise NonFinite(f"the model returned NaN or inf logits for {nonfinite} of {images} images under {attack}; "
                         "no result was written. Check the weights (a diverged or damaged checkpoint) and the model's "
-                        "forward pass on these images")
+                        "forward pass on these images", nonfinite, images, attack)
 
 
 def share_correct(confusion) -> float:

@@ -31,6 +31,7 @@ from fastfair.training.class_state import ClassState
 from fastfair.training.divergence import diverged, nonfinite_stats, nonfinite_tensors
 from fastfair.config import Config
 from fastfair.errors import UserError
+from fastfair.evaluation.measures import NonFinite
 from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
@@ -276,11 +277,19 @@ class Trainer:
         self.progress.warn(f"train.cudagraphs: the step with CUDA graphs {problem}; this run goes on with the "
                            "compiled step without them (--set train.cudagraphs=off skips the check)")
 
-    def validate(self, model=None) -> dict:
+    def validate(self, epoch: int | None = None, model=None) -> dict:
+        """The validation split under clean and train.val_attack; ``epoch``: the epoch trained just before, whose
+        non-finite logits are its divergence (None: the initial model, whose are the model's error)."""
         c = self.cfg
-        return evaluate(self.net if model is None else model, self.val_loader, ["clean", c.train.val_attack],
-                        eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes, cw_kappa=c.eval.cw_kappa,
-                        clip_start=c.eval.clip_start)
+        try:
+            return evaluate(self.net if model is None else model, self.val_loader, ["clean", c.train.val_attack],
+                            eps=c.eval.eps, alpha=c.eval.alpha, classes=self.bundle.classes,
+                            cw_kappa=c.eval.cw_kappa, clip_start=c.eval.clip_start)
+        except NonFinite as err:  # finite weights can still overflow the logits: the run diverged all the same
+            if epoch is not None:
+                self._stop_if_diverged(epoch, [f"validation logits ({err.nonfinite} of {err.images} images under "
+                                               f"{err.attack})"])
+            raise
 
     def run_epoch(self, epoch: int) -> dict:
         _seed(self.cfg, epoch)
@@ -318,7 +327,7 @@ class Trainer:
         self._stop_if_diverged(epoch, nonfinite_stats(stats))
         seconds = time.perf_counter() - t0
         distributed.sync_buffers(self.model)  # torchrun: every rank validates the same BN statistics
-        val = self.validate()
+        val = self.validate(epoch)
         va = val[self.cfg.train.val_attack]["summary"]
         # the method's own pass over the validation split (WAT's per-class loss); {} for most methods
         val_method = self.method.validation_pass(self.attack_net, self.val_loader, self.state, epoch)
@@ -395,7 +404,7 @@ class Trainer:
         if not self.averager.started:
             return {"accepted": accepted}
         self._stop_if_diverged(epoch, [f"averaged {n}" for n in nonfinite_tensors(self.averager.model.state_dict())])
-        val = self.validate(self.averager.model)
+        val = self.validate(epoch, self.averager.model)
         va = val[self.cfg.train.val_attack]["summary"]
         self._keep_best(self.averager.model, epoch, va, averaged=True)
         return {"accepted": accepted, "val": {k: {"per_class": v["per_class"], "avg": v["summary"]["avg"],
