@@ -1,0 +1,1 @@
+"""fastfair tune: search spaces, studies and the fronts they find (docs/tune.md)."""
