@@ -47,6 +47,8 @@ class Method:
     adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
     # distils a teacher (method.teacher): the trainer loads it into ``self.teacher`` before setup
     distils: ClassVar[bool] = False
+    # why `fastfair tune` has no default search space for it (fastfair.tuning.space), where none of its keys is a knob
+    untuned: ClassVar[str] = ""
 
     def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend,
                  compile_: Callable[[Callable], Callable] | None = None):

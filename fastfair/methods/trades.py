@@ -6,7 +6,7 @@ et al. KDD 2021), times any factor an option adds (CFA's CCR, :mod:`.cfa`).
 """
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, SMOOTHING, Method
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 TRADES_ATTACK = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                  "ccm.lambda_1": 0.3}  # CFA's lambda_1 for TRADES (Sec. 5.1)
@@ -20,7 +20,9 @@ class TRADES(Method):
     keys = {
         **SMOOTHING,
         "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper "
-                              "(Zhang et al. 2019, Eq. 5)"),
+                              "(Zhang et al. 2019, Eq. 5)",
+                         tune=Tune(1.0, 15.0, "log", source="TRADES Table 5 sweeps 1/lambda up to 5, the ME paper's "
+                                                            "Table 2 lambda 6 to 15 (AA best at 6)")),
         "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
         "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all "
                                        "(Tian et al. KDD 2021, Eq. 5)", list[float]),
