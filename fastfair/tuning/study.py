@@ -35,13 +35,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastfair import config
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic
 from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
-from fastfair.scaleout.jobs import Job, read_state, run_job
+from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import slot_envs
 
 # the train flags a contender may add after '+', as the config keys they set (fastfair train --ccm ...)
@@ -78,8 +78,8 @@ class Contender:
             raise UserError(f"--methods: no method {method!r}; see fastfair methods")
         bad = [f for f in flags if f not in FLAGS]
         if bad or len(set(flags)) != len(flags) or {"ema", "fawa"} <= set(flags):
-            raise UserError(f"--methods: {text!r}: after '+' come train's fairness flags, each once ({', '.join(FLAGS)}; "
-                            "ema or fawa), e.g. trades+ccm+ccr+fawa")
+            raise UserError(f"--methods: {text!r}: after '+' come train's fairness flags, each once "
+                            f"({', '.join(FLAGS)}; ema or fawa), e.g. trades+ccm+ccr+fawa")
         return cls(text.strip(), method, tuple(flags))
 
     def sets(self) -> dict[str, Any]:
@@ -406,7 +406,6 @@ def _epochs(study: Study, contender: Contender) -> int:
 def work(study: Study, spaces: dict[str, dict], echo=print) -> None:
     """Take and train trials until every contender's budget is spent and no trial runs anywhere (a running one
     may yet fail and be re-queued)."""
-    optuna = _optuna()
     storage = study.storage()
     s = study.settings
     contenders = s.contenders()
@@ -475,27 +474,33 @@ def records(study: Study, storage) -> list[dict]:
     """Every counted trial of every contender as fastfair.tuning.front's plain record."""
     out = []
     for c in study.settings.contenders():
-        for t in live_trials(study.optuna_study(c, storage).get_trials(deepcopy=False)):
+        ostudy = study.optuna_study(c, storage)
+        tested = ostudy.user_attrs
+        for t in live_trials(ostudy.get_trials(deepcopy=False)):
             if t.state.name not in STATES:
                 continue
             out.append({"contender": c.label, "number": t.user_attrs.get("run_number", t.number),
                         "params": dict(t.params), "state": STATES[t.state.name],
                         "val": t.user_attrs.get("val", {"avg": math.nan, "worst": math.nan, "clean": None}),
-                        "test": t.user_attrs.get("test"), "run": t.user_attrs.get("run", "")})
+                        "test": tested.get(_test_attr(t.user_attrs.get("run_number", t.number))),
+                        "run": t.user_attrs.get("run", "")})
     return out
 
 
-def test_front(study: Study, storage, echo) -> None:
+def _test_attr(number: int) -> str:
+    """The study attribute holding a front trial's test result (Optuna freezes a finished trial's own)."""
+    return f"test/{number:04d}"
+
+
+def evaluate_front(study: Study, storage, echo) -> None:
     """Evaluate each contender's front on the test set, once: a trial with a test record keeps it."""
     from fastfair.evaluation.per_class import evaluate_checkpoint
     from fastfair.tuning.front import pareto
 
     for c in study.settings.contenders():
         ostudy = study.optuna_study(c, storage)
-        by_number = {t.user_attrs.get("run_number", t.number): t for t in live_trials(ostudy.get_trials())}
         for rec in pareto([r for r in records(study, storage) if r["contender"] == c.label]):
-            trial = by_number[rec["number"]]
-            if "test" in trial.user_attrs:
+            if rec["test"] is not None:
                 continue
             run = RunDir(rec["run"])
             saved = run.path / "tune-test.json"
@@ -513,24 +518,24 @@ def test_front(study: Study, storage, echo) -> None:
                 test = {"avg": summary["avg"], "worst": summary["worst"], "clean": clean, "attack": attack}
                 write_json_atomic({"test": test, "checkpoint": str(ck)}, saved)
                 echo(f"{c.label} #{rec['number']}: test {attack} avg {test['avg']:.1f} worst {test['worst']:.1f}")
-            ostudy._storage.set_trial_user_attr(trial._trial_id, "test", test)
+            ostudy.set_user_attr(_test_attr(rec["number"]), test)
 
 
 def compare(study: Study, storage, rule_text: str, write: bool) -> str:
-    """The comparison's Markdown (and, with ``write``, STUDY/comparison.md and STUDY/fronts.png)."""
-    from fastfair.tuning.front import comparison_markdown, draw_fronts, paper_points, parse_rule
+    """The comparison as terminal text (and, with ``write``, STUDY/comparison.md and STUDY/fronts.png)."""
+    from fastfair.tuning.front import comparison_markdown, comparison_text, draw_fronts, paper_points, parse_rule
 
     rule = parse_rule(rule_text)
     by: dict[str, list[dict]] = {c.label: [] for c in study.settings.contenders()}
     for r in records(study, storage):
         by[r["contender"]].append(r)
-    dataset = config.resolve(study.settings.config or None, None, list(study.settings.sets)).data.dataset
-    papers = {label: paper_points(label, dataset) for label in by}
-    text = comparison_markdown(by, rule, papers)
+    cfg = config.resolve(study.settings.config or None, None,
+                         [f"{k}={_toml_value(v)}" for k, v in study.base_sets(study.settings.contenders()[0]).items()])
+    papers = {label: paper_points(label, cfg.data.dataset) for label in by}
     if write:
-        write_text_atomic(text + "\n", study.root / "comparison.md")
-        draw_fronts(by, papers, study.root / "fronts.png")
-    return text
+        write_text_atomic(comparison_markdown(by, rule, papers) + "\n", study.root / "comparison.md")
+        draw_fronts(by, papers, study.root / "fronts.png", attack=cfg.train.val_attack, rule=rule)
+    return comparison_text(by, rule, papers)
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -553,7 +558,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     if methods is not None:
         given = _settings(methods, out or study_dir, config_name, data_dir, sets or [], quick, trials, epochs_budget,
                           time_budget, space, storage, seed, prune_after if prune else 0)
-    elif any(v is not None for v in (config_name, data_dir, sets, quick, trials, epochs_budget, time_budget, space,
+    elif sets or any(v is not None for v in (config_name, data_dir, quick, trials, epochs_budget, time_budget, space,
                                      storage)):
         raise UserError("these options describe a new study: give --methods with them, or only STUDY to continue one")
     root = Path(out or study_dir or (f"runs/tune/{given.name}" if given else ""))
@@ -580,6 +585,9 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     others = [] if worker else _spawn(root, workers - 1, quiet)
     try:
         work(study, spaces, say)
+    except BaseException:  # a stop signal or an error: the trial being trained saves and resumes on re-run
+        stop_children()
+        raise
     finally:
         for proc in others:
             if proc.poll() is None and sys.exc_info()[0] is not None:
@@ -588,7 +596,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     if worker:
         return 0
     st = study.storage()
-    test_front(study, st, say)
+    evaluate_front(study, st, say)
     text = compare(study, st, rule, write=True)
     say("\n" + text + f"\n\nwritten: {root / 'comparison.md'}, {root / 'fronts.png'}")
     return 0
