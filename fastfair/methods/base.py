@@ -47,7 +47,8 @@ class Method:
     adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
     # distils a teacher (method.teacher): the trainer loads it into ``self.teacher`` before setup
     distils: ClassVar[bool] = False
-    # why `fastfair tune` has no default search space for it (fastfair.tuning.space), where none of its keys is a knob
+    # why `fastfair tune` has no default search space for it (fastfair.tuning.space), where none of its keys is a knob;
+    # read from the class itself, never inherited: a subclass of an untuned method may add a knob (ME-AT, FAT)
     untuned: ClassVar[str] = ""
 
     def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend,

@@ -47,7 +47,9 @@ def _readable(method: str, options: Sequence[str]) -> dict[str, _Readable]:
     types = schema.field_types(cls.section())
     out = {f"method.{k}": _Readable(key.tune, types[k], cls.defaults.get(f"method.{k}", key.default))
            for k, key in cls.keys_all().items()}
-    for name in options:
+    # an option the method's own defaults switch on (FAIR-TAT's CCM) is read without its flag
+    on = [o for o in OPTIONS if cls.defaults.get(f"{o}.enabled") is True and o not in options]
+    for name in [*options, *on]:
         if name in OPTIONS:
             option = OPTIONS.get(name)
             types = schema.field_types(option.section())
@@ -73,9 +75,14 @@ def _label(method: str, options: Sequence[str]) -> str:
 def _declared(method: str, options: Sequence[str]) -> dict[str, Tune]:
     """The declared ranges; a method that says why it has none (``untuned``) lends none, whatever its keys declare
     for the methods that share them (PGD-AT's entropy weight is ME-AT's knob)."""
-    untuned = METHODS.get(method).untuned
+    untuned = _untuned(method)
     return {key: r.tune for key, r in _readable(method, options).items()
             if r.tune is not None and not (untuned and key.startswith("method."))}
+
+
+def _untuned(method: str) -> str:
+    """Why the method has no knob: its own ``untuned``, not a base class's (base.Method.untuned)."""
+    return vars(METHODS.get(method)).get("untuned", "")
 
 
 def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
@@ -87,7 +94,7 @@ def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
 
 
 def _no_space(method: str, options: Sequence[str]) -> str:
-    why = METHODS.get(method).untuned or "none of its keys declares a range"
+    why = _untuned(method) or "none of its keys declares a range"
     return (f"{_label(method, options)} has no default search space: {why}; add an option with knobs (+ccm, +ccr) "
             f"or pass --space FILE.toml naming the keys to search")
 
