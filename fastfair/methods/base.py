@@ -74,6 +74,18 @@ class Method:
         return out
 
     @classmethod
+    def why_untuned(cls) -> str:
+        """Why ``fastfair tune`` has no default space for it: its own ``untuned``, never a base class's."""
+        return vars(cls).get("untuned", "")
+
+    @classmethod
+    def tunes(cls) -> dict[str, schema.Tune]:
+        """The declared ranges of its knobs by key; none where it says why (PGD-AT's entropy weight is ME-AT's)."""
+        if cls.why_untuned():
+            return {}
+        return {k: key.tune for k, key in cls.keys_all().items() if key.tune is not None}
+
+    @classmethod
     @functools.cache
     def section(cls) -> type:
         """The dataclass of this method's ``[method]`` section: ``name`` and its keys."""

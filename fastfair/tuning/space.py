@@ -73,16 +73,10 @@ def _label(method: str, options: Sequence[str]) -> str:
 
 
 def _declared(method: str, options: Sequence[str]) -> dict[str, Tune]:
-    """The declared ranges; a method that says why it has none (``untuned``) lends none, whatever its keys declare
-    for the methods that share them (PGD-AT's entropy weight is ME-AT's knob)."""
-    untuned = _untuned(method)
-    return {key: r.tune for key, r in _readable(method, options).items()
-            if r.tune is not None and not (untuned and key.startswith("method."))}
-
-
-def _untuned(method: str) -> str:
-    """Why the method has no knob: its own ``untuned``, not a base class's (base.Method.untuned)."""
-    return vars(METHODS.get(method)).get("untuned", "")
+    """The declared ranges of the method's knobs (:meth:`~fastfair.methods.base.Method.tunes`) and the options'."""
+    knobs = {f"method.{k}": tune for k, tune in METHODS.get(method).tunes().items()}
+    return {key: knobs[key] if key.startswith("method.") else r.tune for key, r in _readable(method, options).items()
+            if (knobs.get(key) if key.startswith("method.") else r.tune) is not None}
 
 
 def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
@@ -94,7 +88,7 @@ def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
 
 
 def _no_space(method: str, options: Sequence[str]) -> str:
-    why = _untuned(method) or "none of its keys declares a range"
+    why = METHODS.get(method).why_untuned() or "none of its keys declares a range"
     return (f"{_label(method, options)} has no default search space: {why}; add an option with knobs (+ccm, +ccr) "
             f"or pass --space FILE.toml naming the keys to search")
 
@@ -217,16 +211,9 @@ def suggest(trial, space: dict[str, Tune]) -> dict[str, Any]:
     return out
 
 
-def span(tune: Tune) -> str:
-    """``log [1, 20]``, ``int [0, 3]``, ``choice [a, b]``."""
-    if tune.scale == "choice":
-        return f"choice [{', '.join(str(v) for v in tune.choices)}]"
-    return f"{tune.scale} [{tune.low:g}, {tune.high:g}]"
-
-
 def describe(space: dict[str, Tune]) -> list[str]:
     """One line per key: the key, its range and where the range comes from."""
     width = max((len(k) for k in space), default=0)
-    spans = {k: span(t) for k, t in space.items()}
+    spans = {k: t.span for k, t in space.items()}
     span_width = max((len(s) for s in spans.values()), default=0)
     return [f"{key:<{width}}  {spans[key]:<{span_width}}  {tune.source}".rstrip() for key, tune in space.items()]
