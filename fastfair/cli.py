@@ -49,7 +49,7 @@ def methods(
                                                               "and option, as a Markdown table")] = False,
 ) -> None:
     from fastfair import ops
-    from fastfair.methods import METHODS, OPTIONS, declared_keys, keys_markdown
+    from fastfair.methods import METHODS, OPTIONS, declared_keys, keys_markdown, tune_note, untuned
     from fastfair.training.averaging import AVERAGING
     from fastfair.training.selection import SELECTION
 
@@ -58,9 +58,11 @@ def methods(
         return
 
     def rows(registry) -> list[tuple[str, str]]:
-        keys = declared_keys()
+        keys, why = declared_keys(), dict(untuned()) if registry is METHODS else {}
         return [row for name in registry for row in [(name, registry.doc(name)), *[
-            (f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in keys if owner == name]]]
+            (f"  {key}", f"{doc} (default {default!r}){tune_note(tune)}")
+            for owner, key, default, doc, tune in keys if owner == name],
+            *([("  (no tune space)", why[name])] if name in why else [])]]
 
     _listing(rows(METHODS))
     print("\noptions that combine with the methods above (each a config section):")

@@ -60,6 +60,13 @@ class Tune:
     choices: tuple = ()
     source: str = ""
 
+    @property
+    def span(self) -> str:
+        """``log [1, 20]``, ``int [0, 3]``, ``choice [a, b]``."""
+        if self.scale == "choice":
+            return f"choice [{', '.join(str(v) for v in self.choices)}]"
+        return f"{self.scale} [{self.low:g}, {self.high:g}]"
+
 
 @dataclass(frozen=True)
 class Key:

@@ -4,6 +4,8 @@ The KL weight is the per-class vector ``state["kl_weight"]`` gathered by label: 
 ``method.kl_weight`` for every class or a class-wise beta (``method.kl_weight_per_class``, Tian
 et al. KDD 2021), times any factor an option adds (CFA's CCR, :mod:`.cfa`).
 """
+import dataclasses
+
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, SMOOTHING, Method
 from fastfair.schema import Key, Tune
@@ -63,4 +65,10 @@ class TRADES(Method):
 
 @METHODS.register("me-trades", "maximum-entropy TRADES, TRADES - beta H(p(x)), beta 1, lambda 27 (ME paper, Table 2)")
 class METRADES(TRADES):
+    keys = {"kl_weight": dataclasses.replace(
+                TRADES.keys["kl_weight"], tune=Tune(6.0, 30.0, "log", source="ME paper Table 2: ME-TRADES lambda 15 "
+                                                                               "to 27, TRADES 6 to 15")),
+            "entropy_weight": dataclasses.replace(
+                TRADES.keys["entropy_weight"], tune=Tune(0.25, 4.0, "log", source="ME paper Table 2 keeps beta 1; "
+                                                                                  "no ablation, x/4 .. 4x around it"))}
     defaults = {**TRADES_ATTACK, "method.kl_weight": 27.0, "method.entropy_weight": 1.0}

@@ -11,6 +11,7 @@ points, evaluated once (issue 51: the test set never selects).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -251,6 +252,20 @@ def _attack_name(attack: str) -> str:
     return "AutoAttack" if attack == "aa" else attack
 
 
+STAR_APART = 0.04  # stars closer than this (a fraction of the axes) share one label, "2,3,4", that none overlaps
+
+
+def _near(ax, stars: list[dict]) -> dict[tuple[float, float], list[int]]:
+    """The stars' numbers (from 1) grouped by the first star each lies near, in axes fractions."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    groups: dict[tuple[float, float], list[int]] = {}
+    for k, p in enumerate(stars, 1):
+        at = next((g for g in groups if abs(g[0] - p["avg"]) / (x1 - x0) < STAR_APART
+                   and abs(g[1] - p["worst"]) / (y1 - y0) < STAR_APART), (p["avg"], p["worst"]))
+        groups.setdefault(at, []).append(k)
+    return groups
+
+
 def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[str, list[dict]] | None,
                 path: Path, key: str = "val", *, attack: str = "", rule: Rule | None = None) -> Path:
     """One PNG: average (x) vs worst-class (y) robust accuracy, one colour a contender; every complete trial a faint
@@ -286,7 +301,7 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
             stars.append(p)
             handles.append(matplotlib.lines.Line2D(
                 [], [], ls="none", marker="*", ms=11, color=color, mec="black", mew=0.6,
-                label=f"{contender}: {p['label']} (paper, test, {_attack_name(p.get('attack', ''))})"))
+                label=f"{len(stars)}: {contender}, {p['label']} (paper, test, {_attack_name(p.get('attack', ''))})"))
     grey = "0.45"
     handles += [matplotlib.lines.Line2D([], [], ls="none", marker="o", ms=4, color=grey, alpha=0.35,
                                         label=f"a trial ({split})"),
@@ -295,12 +310,12 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
                 matplotlib.lines.Line2D([], [], ls="none", marker="o", ms=11, mfc="none", mec=grey, mew=1.5,
                                         label=f"pick: {rule.text}")]
     ax.margins(0.08)
-    mid = sum(ax.get_xlim()) / 2
-    for p in stars:  # the label on the side with room, so it stays inside the axes
-        right = p["avg"] <= mid
-        ax.annotate(p["label"], (p["avg"], p["worst"]), xytext=(9 if right else -9, -3), textcoords="offset points",
-                    ha="left" if right else "right", va="top", fontsize=8, color="0.1", zorder=8,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+    x0, x1 = ax.get_xlim()
+    for (x, y), numbers in _near(ax, stars).items():  # a number by the star, its words in the legend: papers crowd
+        right = (x - x0) / (x1 - x0) < 0.9  # right of the star, left where it would leave the axes
+        ax.annotate(",".join(map(str, numbers)), (x, y), xytext=(6 if right else -6, 3), textcoords="offset points",
+                    ha="left" if right else "right", va="bottom", fontsize=8, fontweight="bold", color="0.1",
+                    zorder=8, bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75})
     ax.set_xlabel("average robust accuracy (%)")
     ax.set_ylabel("worst-class robust accuracy (%)")
     ax.grid(alpha=0.3, lw=0.5)
@@ -308,3 +323,58 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2, frameon=False)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+# ---- the papers' own points -----------------------------------------------------------------------------------
+
+def contender_parts(contender: str) -> tuple[str, frozenset[str]]:
+    """``trades+ccm+ccr+fawa`` -> ("trades", {"ccm", "ccr", "fawa"}): the method and fastfair train's fairness
+    flags the contender adds."""
+    method, *flags = contender.split("+")
+    return method, frozenset(flags)
+
+
+@functools.cache
+def _reported() -> tuple[tuple[str, frozenset[str], str, dict], ...]:
+    """(method, flags, data set, point) for every preset whose ``[paper]`` section records average and worst-class
+    robust accuracy; its flags are the options it switches on and its weight averaging (``ema``, ``fawa``)."""
+    from fastfair import config
+    from fastfair.preset_files import preset_names
+    from fastfair.reproduce import paper
+
+    out = []
+    for preset in preset_names():
+        row = paper.load(preset)
+        if row is None or row.evaluated:  # a released model (RST's extra data, ...): not the method as trained here
+            continue
+        # AutoAttack or PGD, the attacks the fair-AT papers rank by (a weaker one would sit far above every front)
+        robust = {a: n for a, n in row.numbers.items()
+                  if (a == paper.autoattack.NAME or a.startswith("pgd")) and n.avg is not None and n.worst is not None}
+        if not robust:
+            continue
+        attack = paper.autoattack.NAME if paper.autoattack.NAME in robust else next(iter(robust))  # the strongest
+        cfg = config.resolve(preset)
+        flags = {*cfg.enabled_options(), *([cfg.train.averaging] if cfg.train.averaging != "none" else [])}
+        p = paper.PAPERS[row.source]
+        acronym = re.match(r"[A-Z]{2,}\b", p.title)  # "CFA: Class-wise ..." -> CFA; else the authors and year
+        short = (acronym[0] if acronym else p.cite.split(" (")[0].split(",")[0]) + \
+            (" rebuttal" if "rebuttal" in p.cite else "")
+        out.append((cfg.method.name, frozenset(flags), cfg.data.dataset,
+                    {"label": f"{short} {row.where}", "avg": robust[attack].avg, "worst": robust[attack].worst,
+                     "source": f"{p.cite}, {row.where}, row {row.row!r} (preset {preset})", "attack": attack}))
+    return tuple(out)
+
+
+def paper_points(contender: str, dataset: str) -> list[dict]:
+    """The average and worst-class robust accuracy (test split, % under ``attack``: AutoAttack where reported) that
+    papers report for ``contender`` on ``dataset``, as recorded in the presets' ``[paper]`` sections: ``{"label":
+    "CFA Table 1", "avg", "worst", "source", "attack"}``, one per paper row (presets that differ only in following
+    the paper or the authors' code share their row's point); [] where no paper reports one."""
+    method, flags = contender_parts(contender)
+    out = []
+    for m, f, d, point in _reported():
+        same = (point["label"], point["avg"], point["worst"], point["attack"])
+        if (m, f, d) == (method, flags, dataset) and same not in {(p["label"], p["avg"], p["worst"], p["attack"])
+                                                                    for p in out}:
+            out.append(point)
+    return out

@@ -47,7 +47,9 @@ def _readable(method: str, options: Sequence[str]) -> dict[str, _Readable]:
     types = schema.field_types(cls.section())
     out = {f"method.{k}": _Readable(key.tune, types[k], cls.defaults.get(f"method.{k}", key.default))
            for k, key in cls.keys_all().items()}
-    for name in options:
+    # an option the method's own defaults switch on (FAIR-TAT's CCM) is read without its flag
+    on = [o for o in OPTIONS if cls.defaults.get(f"{o}.enabled") is True and o not in options]
+    for name in [*options, *on]:
         if name in OPTIONS:
             option = OPTIONS.get(name)
             types = schema.field_types(option.section())
@@ -71,11 +73,10 @@ def _label(method: str, options: Sequence[str]) -> str:
 
 
 def _declared(method: str, options: Sequence[str]) -> dict[str, Tune]:
-    """The declared ranges; a method that says why it has none (``untuned``) lends none, whatever its keys declare
-    for the methods that share them (PGD-AT's entropy weight is ME-AT's knob)."""
-    untuned = METHODS.get(method).untuned
-    return {key: r.tune for key, r in _readable(method, options).items()
-            if r.tune is not None and not (untuned and key.startswith("method."))}
+    """The declared ranges of the method's knobs (:meth:`~fastfair.methods.base.Method.tunes`) and the options'."""
+    knobs = {f"method.{k}": tune for k, tune in METHODS.get(method).tunes().items()}
+    return {key: knobs[key] if key.startswith("method.") else r.tune for key, r in _readable(method, options).items()
+            if (knobs.get(key) if key.startswith("method.") else r.tune) is not None}
 
 
 def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
@@ -87,7 +88,7 @@ def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
 
 
 def _no_space(method: str, options: Sequence[str]) -> str:
-    why = METHODS.get(method).untuned or "none of its keys declares a range"
+    why = METHODS.get(method).why_untuned() or "none of its keys declares a range"
     return (f"{_label(method, options)} has no default search space: {why}; add an option with knobs (+ccm, +ccr) "
             f"or pass --space FILE.toml naming the keys to search")
 
@@ -210,16 +211,9 @@ def suggest(trial, space: dict[str, Tune]) -> dict[str, Any]:
     return out
 
 
-def span(tune: Tune) -> str:
-    """``log [1, 20]``, ``int [0, 3]``, ``choice [a, b]``."""
-    if tune.scale == "choice":
-        return f"choice [{', '.join(str(v) for v in tune.choices)}]"
-    return f"{tune.scale} [{tune.low:g}, {tune.high:g}]"
-
-
 def describe(space: dict[str, Tune]) -> list[str]:
     """One line per key: the key, its range and where the range comes from."""
     width = max((len(k) for k in space), default=0)
-    spans = {k: span(t) for k, t in space.items()}
+    spans = {k: t.span for k, t in space.items()}
     span_width = max((len(s) for s in spans.values()), default=0)
     return [f"{key:<{width}}  {spans[key]:<{span_width}}  {tune.source}".rstrip() for key, tune in space.items()]
