@@ -221,10 +221,9 @@ def check(study: Study) -> dict[str, dict]:
                                 study.root / ".check")
         except UserError as err:
             raise UserError(f"contender {c.label}: {err}") from None
-        if cfg.data.val_per_class <= 0 or cfg.train.select_split != "val":
-            raise UserError(f"contender {c.label}: a study measures trials on the validation split, and this config "
-                            "has none (data.val_per_class = 0 or train.select_split = test); set "
-                            "data.val_per_class to a positive number and train.select_split = val")
+        if cfg.train.select_split != "val":
+            raise UserError(f"contender {c.label}: a study measures trials on the validation split, and with "
+                            "train.select_split = test this config trains on it; set train.select_split = val")
         configs[c.label] = cfg
     check_data(Grid(study.settings.name, study.settings.config, {}, []), configs)
     return spaces
