@@ -17,9 +17,10 @@ checkpoint the run selects (``train.select``; the averaged model's where EMA/FAW
 front is evaluated on the test set, once.
 
 A worker that dies (kill -9, a lost node) leaves its trial RUNNING with its claim file unheld: the next worker to
-look marks it failed and re-queues its parameters (Optuna's RetryFailedTrialCallback); the retry trains in the same
-run folder with ``--resume``, so nothing is trained twice and the budget counts the trial once. A flock rather than
-Optuna's heartbeat: it works on the journal storage too (which keeps no heartbeats) and needs no grace period.
+look marks it failed and re-queues its parameters (Optuna's RetryHeartbeatStaleTrialCallback); the retry trains in
+the same run folder with ``--resume``, so nothing is trained twice and the budget counts the trial once. A flock
+rather than Optuna's heartbeat: it works on the journal storage too (which keeps no heartbeats)
+and needs no grace period.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -318,7 +320,10 @@ def reap(study: Study, contender: Contender, ostudy, echo) -> None:
             if now.state.name != "RUNNING":
                 continue
             ostudy._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-            optuna.storages.RetryFailedTrialCallback()(ostudy, ostudy._storage.get_trial(t._trial_id))
+            with warnings.catch_warnings():  # experimental in Optuna, as the heartbeat it was made for
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry = optuna.storages.RetryHeartbeatStaleTrialCallback()
+            retry(ostudy, ostudy._storage.get_trial(t._trial_id))
             echo(f"{contender.label} #{origin(t)}: its worker is gone; re-queued (it resumes in its run folder)")
 
 
