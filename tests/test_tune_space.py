@@ -166,17 +166,17 @@ def test_suggest_draws_each_key_inside_its_range_and_type():
 def test_describe_gives_one_line_per_key():
     lines = describe(default_space("trades", ["ccm"]))
     assert len(lines) == 2
-    assert lines[0].startswith("method.kl_weight  log [1, 15]") and "TRADES Table 5" in lines[0]
+    assert lines[0].startswith("method.kl_weight  log [1, 15]") and "ME paper Sec. 3.2.2" in lines[0]
     assert lines[1].startswith("ccm.lambda_1      linear [0.3, 0.7]") and "CFA Fig. 5(a)" in lines[1]
     assert describe({"he.schedule": Tune(scale="choice", choices=("lis", "cmp"))}) == ["he.schedule  choice [lis, cmp]"]
 
 
 def test_fastfair_methods_shows_each_knobs_range_after_its_default():
     out = CliRunner().invoke(app, ["methods"]).output
-    kl = next(line for line in out.splitlines() if line.strip().startswith("method.kl_weight") and "TRADES Table 5"
+    kl = next(line for line in out.splitlines() if line.strip().startswith("method.kl_weight") and "ME paper Sec. 3.2.2"
               in line)
-    assert "(default 6.0) (tune: log [1, 15], TRADES Table 5" in kl
+    assert "(default 6.0) (tune: log [1, 15], ME paper Sec. 3.2.2" in kl
     assert "(no tune space)" in out and METHODS.get("pgd-at").why_untuned() in out
     markdown = CliRunner().invoke(app, ["methods", "--markdown"]).output
-    assert "| trades | `method.kl_weight` | `6.0` | log [1, 15]: TRADES Table 5" in markdown
+    assert "| trades | `method.kl_weight` | `6.0` | log [1, 15]: ME paper Sec. 3.2.2" in markdown
     assert f"- pgd-at: {METHODS.get('pgd-at').why_untuned()}" in markdown
