@@ -23,8 +23,8 @@ class TRADES(Method):
         **SMOOTHING,
         "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper "
                               "(Zhang et al. 2019, Eq. 5)",
-                         tune=Tune(1.0, 15.0, "log", source="TRADES Table 5 sweeps 1/lambda up to 5, the ME paper's "
-                                                            "Table 2 lambda 6 to 15 (AA best at 6)")),
+                         tune=Tune(1.0, 15.0, "log", source="ME paper Sec. 3.2.2: TRADES at lambda 1, 6, 12 (Fig. 9) "
+                                                            "and 6 to 15 (Table 2, AA best at 6)")),
         "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
         "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all "
                                        "(Tian et al. KDD 2021, Eq. 5)", list[float]),
