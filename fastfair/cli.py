@@ -1,4 +1,4 @@
-"""``fastfair`` command line (typer): train, eval, diagnose, report, grid, data convert, and listings.
+"""``fastfair`` command line (typer): train, eval, diagnose, report, grid, tune, data convert, and listings.
 
 Each command imports what it runs inside its own body: importing torch and the registries takes
 seconds, and ``fastfair --help`` or ``fastfair presets`` should answer at once.
@@ -49,7 +49,7 @@ def methods(
                                                               "and option, as a Markdown table")] = False,
 ) -> None:
     from fastfair import ops
-    from fastfair.methods import METHODS, OPTIONS, declared_keys, keys_markdown
+    from fastfair.methods import METHODS, OPTIONS, declared_keys, keys_markdown, tune_note, untuned
     from fastfair.training.averaging import AVERAGING
     from fastfair.training.selection import SELECTION
 
@@ -58,9 +58,11 @@ def methods(
         return
 
     def rows(registry) -> list[tuple[str, str]]:
-        keys = declared_keys()
+        keys, why = declared_keys(), dict(untuned()) if registry is METHODS else {}
         return [row for name in registry for row in [(name, registry.doc(name)), *[
-            (f"  {key}", f"{doc} (default {default!r})") for owner, key, default, doc in keys if owner == name]]]
+            (f"  {key}", f"{doc} (default {default!r}){tune_note(tune)}")
+            for owner, key, default, doc, tune in keys if owner == name],
+            *([("  (no tune space)", why[name])] if name in why else [])]]
 
     _listing(rows(METHODS))
     print("\noptions that combine with the methods above (each a config section):")
@@ -428,6 +430,52 @@ def grid(
     with stopping.says(RUNS_RESUME.format(what="grid")):
         return run_grid(grid, out=out, gpus=gpus, per_gpu=per_gpu, launcher=launcher, dry_run=dry_run,
                         data_dir=data_dir, sets=sets or [])
+
+
+@app.command(help="each method's front of average vs worst-class robust accuracy on the validation split, found by "
+                  "Optuna at an equal budget; the final fronts evaluated once on the test set, then one comparison "
+                  "(STUDY/comparison.md, STUDY/fronts.png; docs/tune.md). Re-run the command to continue a study")
+def tune(
+    study: Annotated[Text, typer.Argument(metavar="[STUDY]", help="a study folder to continue, --show or --worker "
+                                                                  "(default for a new one: runs/tune/NAME)")] = None,
+    methods: Annotated[Text, typer.Option(help="comma-separated contenders: a method, + train's fairness flags "
+                                               "(trades,trades+ccm+ccr+fawa,pgd-at+ccm+fawa)")] = None,
+    out: Annotated[Text, typer.Option(help="study folder (default runs/tune/NAME)")] = None,
+    config: Annotated[Text, typer.Option(help="TOML preset every trial starts from")] = None,
+    data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
+    sets: Annotated[Optional[List[str]], typer.Option(
+        "--set", metavar="KEY=VALUE", help="a config key for every trial (repeatable)")] = None,
+    quick: Annotated[Optional[int], typer.Option(metavar="N", help="every trial on the first N training images of "
+                                                 "each class (data.train_per_class)")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="budget: trials per contender (default 8)")] = None,
+    epochs_budget: Annotated[Optional[int], typer.Option(help="budget: training epochs per contender (a pruned "
+                                                              "trial gives back the epochs it did not train)")] = None,
+    time_budget: Annotated[Text, typer.Option(help="budget: the study's training time, split equally (90m, 2h)")]
+    = None,
+    space: Annotated[Text, typer.Option(metavar="FILE", help="TOML ranges over the methods' own: [space.\"KEY\"] "
+                                                             "low, high, scale or choices")] = None,
+    storage: Annotated[Text, typer.Option(metavar="URL", help="Optuna storage: a database URL, or journal:PATH on "
+                                                              "a shared filesystem (default sqlite:///STUDY/study.db)")]
+    = None,
+    seed: Annotated[int, typer.Option(help="the samplers' seed")] = 0,
+    rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
+                                           "sum")] = "worst@avg-1",
+    workers: Annotated[int, typer.Option(help="worker processes on this machine, on one storage")] = 1,
+    prune_after: Annotated[int, typer.Option(metavar="E", help="from epoch E on, stop a trial that half of the "
+                                                               "complete trials (3 or more) beat at that epoch")] = 2,
+    no_prune: Annotated[bool, typer.Option("--no-prune", help="never stop a trial early")] = False,
+    show: Annotated[bool, typer.Option("--show", help="print the fronts and the comparison from the storage")] = False,
+    worker: Annotated[bool, typer.Option("--worker", help="only train trials of STUDY (one of many workers, e.g. "
+                                                          "a SLURM array task)")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress lines")] = False,
+) -> int:
+    from fastfair.tuning.study import tune as run_tune
+
+    with stopping.says(RUNS_RESUME.format(what="study")):
+        return run_tune(study, methods=methods, out=out, config_name=config, data_dir=data_dir, sets=sets,
+                        quick=quick, trials=trials, epochs_budget=epochs_budget, time_budget=time_budget, space=space,
+                        storage=storage, seed=seed, rule=rule, workers=workers, prune_after=prune_after,
+                        prune=not no_prune, show=show, worker=worker, quiet=quiet)
 
 
 @app.command(help="re-run a paper's table or figure and print it beside the paper's numbers, with verdicts")

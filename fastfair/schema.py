@@ -46,14 +46,38 @@ def never_at_0(n: int) -> float:
 
 
 @dataclass(frozen=True)
+class Tune:
+    """The range ``fastfair tune`` searches a key over (:mod:`fastfair.tuning.space` checks it against the key's type).
+
+    ``scale``: linear | log (a float drawn uniformly, or uniformly in its log) | int (an integer in [low, high]) |
+    choice (one of ``choices``). ``source`` names the paper's ablation the range comes from, or says there is none
+    and how the range was set around the paper's value.
+    """
+
+    low: float | int | None = None
+    high: float | int | None = None
+    scale: str = "linear"
+    choices: tuple = ()
+    source: str = ""
+
+    @property
+    def span(self) -> str:
+        """``log [1, 20]``, ``int [0, 3]``, ``choice [a, b]``."""
+        if self.scale == "choice":
+            return f"choice [{', '.join(str(v) for v in self.choices)}]"
+        return f"{self.scale} [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
 class Key:
     """One config key: its default, a one-line doc naming its paper, and its type (inferred from a scalar default);
-    ``epochs`` when it names an epoch (:class:`Epochs`)."""
+    ``epochs`` when it names an epoch (:class:`Epochs`); ``tune`` when ``fastfair tune`` searches it (:class:`Tune`)."""
 
     default: Any
     doc: str
     type: Any = None
     epochs: Epochs | None = None
+    tune: Tune | None = None
 
     @property
     def annotation(self) -> Any:

@@ -148,6 +148,7 @@ def test_usage_mistakes_are_one_error_line():
     (["diagnose", "m.pt"], "fastfair.evaluation.diagnose", "diagnose_checkpoint", "no diagnostics were written"),
     (["grid", "g.toml"], "fastfair.scaleout.grid", "run_grid", "the grid's runs stopped with it"),
     (["reproduce", "cfa-t1"], "fastfair.reproduce.command", "reproduce", "the table's runs stopped with it"),
+    (["tune", "--methods", "trades"], "fastfair.tuning.study", "tune", "the study's runs stopped with it"),
 ])
 def test_ctrl_c_in_a_long_command_is_one_line_saying_how_to_go_on(argv, module, function, says, monkeypatch,
                                                                    capsys):

@@ -18,28 +18,45 @@ for _module in pkgutil.iter_modules(__path__):
 __all__ = ["METHODS", "OPTIONS", "Method", "Option"]
 
 
-def declared_keys() -> list[tuple[str, str, object, str]]:
-    """(owner, key, default, doc) of every key a method or option declares; a method's default is
-    the one its ``defaults`` set. What ``fastfair methods`` and ``docs/keys.md`` show."""
+def declared_keys() -> list[tuple[str, str, object, str, schema.Tune | None]]:
+    """(owner, key, default, doc, tune) of every key a method or option declares; a method's default is the one its
+    ``defaults`` set, ``tune`` the range ``fastfair tune`` searches it over (None: not a knob of that owner). What
+    ``fastfair methods`` and ``docs/keys.md`` show."""
     rows = []
     for name in METHODS:
         method = METHODS.get(name)
-        fresh = method.section()(name=name)
+        fresh, tunes = method.section()(name=name), method.tunes()
         for key, doc in schema.field_docs(method.section()).items():
             if key != "name":
-                rows.append((name, f"method.{key}", method.defaults.get(f"method.{key}", getattr(fresh, key)), doc))
+                rows.append((name, f"method.{key}", method.defaults.get(f"method.{key}", getattr(fresh, key)), doc,
+                             tunes.get(key)))
     for name in OPTIONS:
-        section = OPTIONS.get(name).section()
-        rows += [(name, f"{name}.{key}", getattr(section(), key), doc)
+        option = OPTIONS.get(name)
+        section = option.section()
+        rows += [(name, f"{name}.{key}", getattr(section(), key), doc, option.keys[key].tune)
                  for key, doc in schema.field_docs(section).items()]
     return rows
+
+
+def tune_note(tune: schema.Tune | None) -> str:
+    """`` (tune: log [1, 20], SOURCE)`` after a key's default; '' for a key no method searches."""
+    return f" (tune: {tune.span}, {tune.source})" if tune else ""
+
+
+def untuned() -> list[tuple[str, str]]:
+    """(method, why it has no search space of its own) for each method without one."""
+    return [(name, METHODS.get(name).why_untuned()) for name in METHODS if not METHODS.get(name).tunes()]
 
 
 def keys_markdown() -> str:
     """``docs/keys.md``: every declared key, generated from the registries (tests/test_extension_points.py)."""
     lines = ["# Config keys of methods and options", "",
              "Generated from the registries by `fastfair methods --markdown`; each key is declared beside the code "
-             "that reads it (`fastfair/methods/`).", "", "| method or option | key | default | what it is |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {owner} | `{key}` | `{default!r}` | {doc} |" for owner, key, default, doc in declared_keys()]
+             "that reads it (`fastfair/methods/`). A key with a tune range is a knob `fastfair tune` searches by "
+             "default, over that range (`--space FILE.toml` overrides it).", "",
+             "| method or option | key | default | tune | what it is |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {owner} | `{key}` | `{default!r}` | {f'{tune.span}: {tune.source}' if tune else ''} | {doc} |"
+              for owner, key, default, doc, tune in declared_keys()]
+    lines += ["", "## Methods without a default search space", ""]
+    lines += [f"- {name}: {why}" for name, why in untuned()]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ import torch
 from fastfair.errors import UserError
 from fastfair.methods import teacher
 from fastfair.methods.base import METHODS, Method
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 SCALINGS = ("product", "separate")
 # (per-class temperature vector, the statistic it follows): the adversarial and the natural term's
@@ -73,7 +73,9 @@ class ABSLD(Method):
         "adv_weight": Key(5 / 6, "ABSLD: weight a of the adversarial KL term; the natural term has 1 - a (code: "
                                  "5/6 and 1/6)"),
         "temp_rate": Key(0.1, "ABSLD: step r of the temperature update, decayed as the learning rate is (code "
-                              "class_labels_temp_rate 0.1, x0.1 with the lr)"),
+                              "class_labels_temp_rate 0.1, x0.1 with the lr)",
+                         tune=Tune(0.025, 0.4, "log", source="no ablation read here; x/4 .. 4x around the code's "
+                                                             "0.1")),
         "temp_min": Key(0.5, "ABSLD: lower clip of the class temperatures (code temp_min)"),
         "temp_max": Key(5.0, "ABSLD: upper clip of the class temperatures (code temp_max)"),
         "teacher_scaling": Key("product", "ABSLD soft labels: product = both terms' teacher logits over "

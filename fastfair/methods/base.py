@@ -47,6 +47,9 @@ class Method:
     adversarial: ClassVar[bool] = True  # trains on attacked examples, so the attack.* keys must be valid
     # distils a teacher (method.teacher): the trainer loads it into ``self.teacher`` before setup
     distils: ClassVar[bool] = False
+    # why `fastfair tune` has no default search space for it (fastfair.tuning.space), where none of its keys is a knob;
+    # read from the class itself, never inherited: a subclass of an untuned method may add a knob (ME-AT, FAT)
+    untuned: ClassVar[str] = ""
 
     def __init__(self, cfg: Config, backend: ops.Ops = ops.REFERENCE, descent: Callable = descend,
                  compile_: Callable[[Callable], Callable] | None = None):
@@ -69,6 +72,18 @@ class Method:
         for klass in reversed(cls.__mro__):
             out.update(vars(klass).get("keys", {}))
         return out
+
+    @classmethod
+    def why_untuned(cls) -> str:
+        """Why ``fastfair tune`` has no default space for it: its own ``untuned``, never a base class's."""
+        return vars(cls).get("untuned", "")
+
+    @classmethod
+    def tunes(cls) -> dict[str, schema.Tune]:
+        """The declared ranges of its knobs by key; none where it says why (PGD-AT's entropy weight is ME-AT's)."""
+        if cls.why_untuned():
+            return {}
+        return {k: key.tune for k, key in cls.keys_all().items() if key.tune is not None}
 
     @classmethod
     @functools.cache

@@ -31,7 +31,7 @@ from typing import ClassVar
 from fastfair.errors import UserError
 from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.methods.fat import EarlyStop
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 
 class LastClean(EarlyStop):
@@ -49,9 +49,12 @@ class BAT(Method):
     lines 74-86, ``BAT_loss``)."""
 
     keys = {
-        "kl_weight": Key(6.0, "BAT beta: weight of KL(p(x) || p(x_fa)) (code --beta 6.0, train.py line 38)"),
+        "kl_weight": Key(6.0, "BAT beta: weight of KL(p(x) || p(x_fa)) (code --beta 6.0, train.py line 38)",
+                         tune=Tune(1.5, 24.0, "log", source="no ablation read here; x/4 .. 4x around the code's 6")),
         "uniform_weight": Key(1.0, "BAT: weight w of KL(p || uniform) on the last clean and on the first adversarial "
-                                   "example (code: 1, train.py line 85)"),
+                                   "example (code: 1, train.py line 85)",
+                              tune=Tune(0.25, 4.0, "log", source="no ablation read here; x/4 .. 4x around the "
+                                                                 "code's 1")),
         "tau": Key(1, "BAT first adversarial example: misclassified checks a sample passes before it stops (FAT's "
                       "tau; code: 1, train.py line 106)"),
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.methods.options import Option, register, train_robust_fraction
-from fastfair.schema import Epochs, Key
+from fastfair.schema import Epochs, Key, Tune
 
 
 def ccm_factor(train_robust: torch.Tensor, lam: float) -> torch.Tensor:
@@ -52,7 +52,9 @@ class Calibration(Option):
 @register("ccm", "CFA CCM: eps_k = (lambda_1 + A_k) eps from class train robust accuracy (Wei et al. 2023, Eq. 6)")
 class CCM(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated margin on (--ccm)"),
-            "lambda_1": Key(0.5, "CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (Wei et al. 2023, Sec. 5.1)"),
+            "lambda_1": Key(0.5, "CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (Wei et al. 2023, Sec. 5.1)",
+                            tune=Tune(0.3, 0.7, source="CFA Fig. 5(a): base perturbation budget lambda_1 0.3 to 0.7 "
+                                                       "(AT + CCM)")),
             "begin": Key(10, BEGIN, epochs=_begin("CCM's calibrated eps_k", "ccm.enabled"))}
     vector, factor = "eps", "eps_ccm"
 
@@ -63,7 +65,9 @@ class CCM(Calibration):
 @register("ccr", "CFA CCR: TRADES beta_k = (lambda_2 + A_k) beta, loss / (1 + beta_y) (Wei et al. 2023, Eq. 7-8)")
 class CCR(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated TRADES regularisation on (--ccr)"),
-            "lambda_2": Key(0.5, "CFA lambda_2 (Wei et al. 2023, Sec. 5.1)"),
+            "lambda_2": Key(0.5, "CFA lambda_2 (Wei et al. 2023, Sec. 5.1)",
+                            tune=Tune(0.3, 0.7, source="CFA Fig. 7(a), App. C.3: base regularisation budget lambda_2 "
+                                                       "0.3 to 0.7 (TRADES + CCM + CCR)")),
             "begin": Key(10, BEGIN, epochs=_begin("CCR's calibrated TRADES beta_k", "ccr.enabled"))}
     defaults = {"method.normalize": True}  # Eq. 8 divides the calibrated loss by (1 + beta_y)
     vector, factor = "kl_weight", "kl_weight_ccr"

@@ -39,7 +39,7 @@ from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
 from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.methods.trades import TRADES, TRADES_ATTACK
-from fastfair.schema import Epochs, Key, never_at_0
+from fastfair.schema import Epochs, Key, Tune, never_at_0
 
 SIMILARITY = "softmax_by_class"
 
@@ -65,7 +65,9 @@ class DAFA(Method):
 
     keys = {
         "dafa_lambda": Key(1.0, "DAFA scale lambda of Algorithm 2 (code --dafa_lambda: CIFAR-10 1.0, "
-                                "CIFAR-100 and STL-10 1.5)"),
+                                "CIFAR-100 and STL-10 1.5)",
+                           tune=Tune(0.25, 4.0, "log", source="no ablation read here; x/4 .. 4x around the code's "
+                                                              "1.0 (CIFAR-10), 1.5 beside it")),
         "warmup": Key(70, "DAFA tau: epochs of plain training; W comes from epoch tau's training adversarial "
                           "examples and is used from epoch tau + 1 on (Algorithm 1; code --dafa_warmup 70)",
                    epochs=Epochs("DAFA's class weights", switch="method.name", first=never_at_0)),

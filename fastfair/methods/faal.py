@@ -38,7 +38,7 @@ from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
 from fastfair.methods.base import METHODS, Method
 from fastfair.methods.trades import TRADES, TRADES_ATTACK
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 DIVERGENCES = ("reverse", "forward")
 LOG_RANGE = 30.0  # the scalar's log ranges over [-30, 30] relative to the spread of the scores
@@ -130,7 +130,8 @@ class FAAL(Method):
 
     keys = {
         "rho": Key(0.5, "FAAL KL-ball radius around the uniform class distribution (code --scale; run_prn.py and "
-                        "README: 0.5)"),
+                        "README: 0.5)",
+                   tune=Tune(0.125, 2.0, "log", source="no ablation read here; x/4 .. 4x around the code's 0.5")),
         "divergence": Key("reverse", "FAAL ball: reverse = KL(u || w) <= rho (code FAAL.py, cp.kl_div(Pemp, p)) | "
                                      "forward = KL(w || u) <= rho (w prop. to exp(c / tau))"),
         "class_loss": Key("margin", "FAAL per-class adversarial loss L_k: margin = mean of max_{j != y} p_j(x') - "

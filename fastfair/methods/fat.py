@@ -25,7 +25,7 @@ import torch
 from fastfair.errors import UserError
 from fastfair.methods.at import AT_ATTACK, PGDAT
 from fastfair.methods.base import METHODS
-from fastfair.schema import Epochs, Key
+from fastfair.schema import Epochs, Key, Tune
 
 
 def tau_at(epoch: int, tau: int, milestones: list[int]) -> int:
@@ -74,7 +74,9 @@ STOP_RULES = {"fat": EarlyStop, "cfa": BudgetStop}
 class FAT(PGDAT):
     """CE(f(x~), y) on early-stopped PGD examples x~ (Zhang et al. 2020, Eq. 4-5)."""
 
-    keys = {"tau": Key(0, "FAT tau: misclassified PGD steps a sample may take before it stops (Zhang et al. 2020)"),
+    keys = {"tau": Key(0, "FAT tau: misclassified PGD steps a sample may take before it stops (Zhang et al. 2020)",
+                       tune=Tune(0, 3, "int", source="no ablation read here; 0 .. 3 around the code's 0 (rising to "
+                                                     "2 by tau_milestones)")),
             "tau_milestones": Key([], "FAT dynamic tau: +1 after each of these epochs, from epoch m + 1 on (FAT code: "
                                       "50, 90)", list[int],
                                   epochs=Epochs("FAT's tau increase")),

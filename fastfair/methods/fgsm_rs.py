@@ -2,7 +2,7 @@
 from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
 from fastfair.methods.base import METHODS
-from fastfair.schema import PRESET, USER, Key
+from fastfair.schema import Key, PRESET, Tune, USER
 
 
 @METHODS.register("fgsm-rs", "FGSM from a uniform random start, step 1.25 eps (Wong, Rice & Kolter 2020)")
@@ -11,7 +11,9 @@ class FGSMRS(PGDAT):
     (Wong et al. 2020, Alg. 3)."""
 
     keys = {"step_ratio": Key(1.25, "FGSM-RS step as a multiple of eps, alpha = step_ratio * eps (Wong et al. 2020, "
-                                    "Sec. 4: 1.25; 2 and more lead to catastrophic overfitting)")}
+                                    "Sec. 4: 1.25; 2 and more lead to catastrophic overfitting)",
+                                tune=Tune(0.5, 2.0, source="Wong et al. 2020, Sec. 4: catastrophic overfitting from "
+                                                           "2; 0.5 .. 2 below it"))}
     defaults = {"attack.objective": "ce", "attack.init": "uniform", "attack.bn_mode": "train", "attack.steps": 1,
                 "method.entropy_weight": 0.0}
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.ops.losses import label_mask
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 
 def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -23,7 +23,9 @@ def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class MART(Method):
     """BCE(p(x'), y) + beta KL(p(x)||p(x')) (1 - p_y(x)) per sample (Wang et al. 2020, Sec. 3.3, the MART objective)."""
 
-    keys = {"kl_weight": Key(6.0, "MART beta: weight of the misclassification-aware KL term (Wang et al. 2020)")}
+    keys = {"kl_weight": Key(6.0, "MART beta: weight of the misclassification-aware KL term (Wang et al. 2020)",
+                             tune=Tune(1.5, 24.0, "log", source="no ablation read here; x/4 .. 4x around the "
+                                                                "paper's 6"))}
     # MART's code: CE-PGD from x + 0.001 N(0, I), model in eval mode while attacking.
     defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval", **CODE_PGD10,
                 "method.kl_weight": 6.0}

@@ -8,6 +8,7 @@ class Standard(Method):
 
     keys = SMOOTHING
     adversarial = False
+    untuned = "natural training has no robustness knob; label smoothing is a generic trick (ME paper Table 1: 0.1 only)"
 
     def setup(self, state):
         self.setup_options(state)  # no eps/alpha: options that scale them fail with the reason

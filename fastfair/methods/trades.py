@@ -4,9 +4,11 @@ The KL weight is the per-class vector ``state["kl_weight"]`` gathered by label: 
 ``method.kl_weight`` for every class or a class-wise beta (``method.kl_weight_per_class``, Tian
 et al. KDD 2021), times any factor an option adds (CFA's CCR, :mod:`.cfa`).
 """
+import dataclasses
+
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, SMOOTHING, Method
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 TRADES_ATTACK = {"attack.objective": "kl", "attack.init": "normal", "attack.bn_mode": "eval",
                  "ccm.lambda_1": 0.3}  # CFA's lambda_1 for TRADES (Sec. 5.1)
@@ -20,7 +22,9 @@ class TRADES(Method):
     keys = {
         **SMOOTHING,
         "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper "
-                              "(Zhang et al. 2019, Eq. 5)"),
+                              "(Zhang et al. 2019, Eq. 5)",
+                         tune=Tune(1.0, 15.0, "log", source="ME paper Sec. 3.2.2: TRADES at lambda 1, 6, 12 (Fig. 9) "
+                                                            "and 6 to 15 (Table 2, AA best at 6)")),
         "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
         "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all "
                                        "(Tian et al. KDD 2021, Eq. 5)", list[float]),
@@ -61,4 +65,10 @@ class TRADES(Method):
 
 @METHODS.register("me-trades", "maximum-entropy TRADES, TRADES - beta H(p(x)), beta 1, lambda 27 (ME paper, Table 2)")
 class METRADES(TRADES):
+    keys = {"kl_weight": dataclasses.replace(
+                TRADES.keys["kl_weight"], tune=Tune(6.0, 30.0, "log", source="ME paper Table 2: ME-TRADES lambda 15 "
+                                                                               "to 27, TRADES 6 to 15")),
+            "entropy_weight": dataclasses.replace(
+                TRADES.keys["entropy_weight"], tune=Tune(0.25, 4.0, "log", source="ME paper Table 2 keeps beta 1; "
+                                                                                  "no ablation, x/4 .. 4x around it"))}
     defaults = {**TRADES_ATTACK, "method.kl_weight": 27.0, "method.entropy_weight": 1.0}

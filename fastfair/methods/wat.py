@@ -49,7 +49,7 @@ from fastfair.evaluation import seeds
 from fastfair.methods.base import CODE_PGD10, METHODS
 from fastfair.methods.trades import TRADES
 from fastfair.scaleout import distributed
-from fastfair.schema import Key
+from fastfair.schema import Key, Tune
 
 
 VAL_DIVISORS = ("batches", "count")
@@ -80,7 +80,8 @@ class WAT(TRADES):
 
     keys = {
         "eta": Key(0.1, "WAT Hedge step: weights are exp(eta x each class's cumulative validation TRADES loss), "
-                        "normalised (WAT code --eta; Li & Liu 2023)"),
+                        "normalised (WAT code --eta; Li & Liu 2023)",
+                   tune=Tune(0.025, 0.4, "log", source="no ablation read here; x/4 .. 4x around the code's 0.1")),
         "average_expert": Key(True, "WAT: the all-class mean validation loss is a (K+1)-th Hedge entry whose weight "
                                     "scales every class (WAT code: 'expected loss in the decision set')"),
         "val_divisor": Key("batches", "WAT per-class validation loss: batches = class sum x K / (batches x "

@@ -1,0 +1,138 @@
+"""fastfair tune: the study's checks before anything runs, the early-stop rule, and (slow) whole studies: workers on
+one storage, a kill and a re-run, the final front evaluated once on the test set."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fastfair import cli
+from fastfair.tuning.study import Settings, hopeless
+
+ROOT = Path(__file__).parents[1]
+# trials of seconds: the demo digits, a 4-channel CNN, one attack step, FGSM validation, one epoch, 10 images a class
+TINY = ["--config", "demo", "--quick", "10", "--set", "model.width=4", "--set", "attack.steps=1",
+        "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean','fgsm']", "--set", "data.batch_size=50",
+        "--set", "train.epochs=1", "--quiet"]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _tune(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastfair", "tune", *map(str, args)], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _error(capsys, *args) -> str:
+    assert cli.main(["tune", *map(str, args)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fastfair: error: "), err
+    return err[0]
+
+
+def _completed(storage: str, name: str) -> set:
+    study = optuna.load_study(study_name=name, storage=storage)
+    return {(tuple(sorted(t.params.items())), tuple(t.values))
+            for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+
+
+# ---- refused before anything runs ------------------------------------------------------------------------
+
+def test_bad_inputs_are_one_line_before_any_folder_is_made(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert "no method 'nope'" in _error(capsys, "--methods", "nope", "--out", out)
+    assert "trades+ccm+ccm" in _error(capsys, "--methods", "trades+ccm+ccm", "--out", out)
+    assert "rule" in _error(capsys, "--methods", "trades", "--rule", "best", "--out", out)
+    assert "--trials takes a positive number" in _error(capsys, "--methods", "trades", "--trials", 0, "--out", out)
+    assert "--time-budget" in _error(capsys, "--methods", "trades", "--time-budget", "soon", "--out", out)
+    assert "one budget" in _error(capsys, "--methods", "trades", "--trials", 2, "--epochs-budget", 4, "--out", out)
+    space = tmp_path / "space.toml"
+    space.write_text('[space."method.kl_weight"]\nlow = 10\nhigh = 1\n')
+    assert "space.toml" in _error(capsys, "--methods", "trades", "--space", space, "--out", out, *TINY)
+    space.write_text('[space."ccm.lambda_1"]\nlow = 0.1\nhigh = 1\n')  # trades alone ignores CCM
+    assert "ccm.lambda_1" in _error(capsys, "--methods", "trades", "--space", space, "--out", out, *TINY)
+    assert "validation split" in _error(capsys, "--methods", "trades", "--out", out, *TINY,
+                                        "--set", "train.select_split=test")
+    assert not out.exists()
+
+
+def test_a_study_continued_with_other_settings_is_refused_naming_them(tmp_path, capsys):
+    out = tmp_path / "s"
+    out.mkdir()
+    Settings("s", ("trades",), "trials", 3, "demo").write(out / "study.toml")
+    said = _error(capsys, "--methods", "trades", "--trials", 4, "--config", "demo", "--out", out)
+    assert "amount (3, now 4)" in said and f"fastfair tune {out}" in said
+    assert "--methods" in _error(capsys, out, "--trials", 4)
+
+
+def test_a_trial_is_hopeless_when_half_the_complete_trials_beat_it_at_that_epoch():
+    assert not hopeless((10, 5), [(20, 9), (30, 8)])  # fewer than 3 complete trials judge nothing
+    assert hopeless((10, 5), [(20, 9), (30, 8), (5, 1)])  # 2 of 3 dominate it
+    assert not hopeless((10, 5), [(20, 9), (5, 8), (5, 1), (9, 9)])  # 1 of 4: not half
+    assert hopeless((10, 5), [(20, 9), (10, 6), (5, 1), (9, 9)])  # 2 of 4 (an equal avg, a better worst, counts)
+    assert not hopeless((10, 5), [(10, 5)] * 4)  # an equal point does not beat it
+
+
+# ---- whole studies (slow: each trial is a training in its own process) -------------------------------------
+
+@pytest.mark.slow
+def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(tmp_path):
+    out = tmp_path / "s"
+    done = _tune("--methods", "trades,mart", "--trials", 2, "--workers", 2, "--out", out, *TINY)
+    assert done.returncode == 0, done.stderr
+    assert (out / "study.db").is_file() and (out / "fronts.png").stat().st_size > 10_000
+    text = (out / "comparison.md").read_text()
+    assert "## trades\n" in text and "## mart\n" in text
+    storage = f"sqlite:///{out / 'study.db'}"
+    for label in ("trades", "mart"):
+        study = optuna.load_study(study_name=f"s:{label}", storage=storage)
+        trials = study.get_trials()
+        runs = [t.user_attrs["run"] for t in trials]
+        assert len(trials) == 2 and len(set(runs)) == 2  # two workers never took one trial
+        assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+        tested = {n for n in (0, 1) if (out / "trials" / label / f"{n:04d}" / "tune-test.json").is_file()}
+        assert tested == {int(k.split("/")[1]) for k in study.user_attrs}  # recorded where written
+        # only the front's points saw the test set; none of the others has a test evaluation
+        assert tested and all(bool(list((out / "trials" / label / f"{n:04d}" / "eval").glob("*-test.json")))
+                              == (n in tested) for n in (0, 1))
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/eval/*-test.json")}
+    again = _tune(out, "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/eval/*-test.json")} == stamps  # not again
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_and_run_again_gives_the_uninterrupted_trials_on_journal_storage(tmp_path):
+    whole = tmp_path / "whole"
+    done = _tune("--methods", "trades", "--trials", 3, "--seed", 7, "--out", whole,
+                 "--storage", f"journal:{tmp_path / 'whole.log'}", *TINY)
+    assert done.returncode == 0, done.stderr
+    cut = tmp_path / "cut"
+    args = ["--methods", "trades", "--trials", 3, "--seed", 7, "--out", cut, "--storage",
+            f"journal:{tmp_path / 'cut.log'}", *TINY]
+    proc = subprocess.Popen([sys.executable, "-m", "fastfair", "tune", *map(str, args)], env=_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = cut / "trials" / "trades" / "0001" / "config.toml"
+    while not second.is_file() and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = _tune(*args)  # the same command, in a new process, on the same journal
+    assert again.returncode == 0, again.stderr
+    cut_trials = _completed(
+        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "cut.log"))),
+        "cut:trades")
+    whole_trials = _completed(
+        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "whole.log"))),
+        "whole:trades")
+    assert cut_trials == whole_trials and len(whole_trials) == 3
+    retried = optuna.load_study(study_name="cut:trades", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "cut.log")))).get_trials()
+    assert [t.state.name for t in retried].count("FAIL") == 1  # the killed trial, re-queued and resumed
+    assert "Warning" not in again.stderr  # none of Optuna's either
