@@ -461,8 +461,9 @@ def tune(
     rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
                                            "sum")] = "worst@avg-1",
     workers: Annotated[int, typer.Option(help="worker processes on this machine, on one storage")] = 1,
-    prune_after: Annotated[int, typer.Option(metavar="E", help="from epoch E on, stop a trial that half of the "
-                                                               "complete trials (3 or more) beat at that epoch")] = 2,
+    prune_after: Annotated[Optional[int], typer.Option(
+        metavar="E", help="from epoch E on (default: half of a trial's epochs), stop a trial that half of the complete "
+                          "trials (3 or more) beat on their mean avg and worst up to that epoch")] = None,
     no_prune: Annotated[bool, typer.Option("--no-prune", help="never stop a trial early")] = False,
     show: Annotated[bool, typer.Option("--show", help="print the fronts and the comparison from the storage")] = False,
     worker: Annotated[bool, typer.Option("--worker", help="only train trials of STUDY (one of many workers, e.g. "

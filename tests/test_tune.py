@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from fastfair import cli
-from fastfair.tuning.study import Settings, hopeless
+from fastfair.tuning.study import Settings, hopeless, running
 
 ROOT = Path(__file__).parents[1]
 # trials of seconds: the demo digits, a 4-channel CNN, one attack step, FGSM validation, one epoch, 10 images a class
@@ -77,6 +77,21 @@ def test_a_trial_is_hopeless_when_half_the_complete_trials_beat_it_at_that_epoch
     assert not hopeless((10, 5), [(20, 9), (5, 8), (5, 1), (9, 9)])  # 1 of 4: not half
     assert hopeless((10, 5), [(20, 9), (10, 6), (5, 1), (9, 9)])  # 2 of 4 (an equal avg, a better worst, counts)
     assert not hopeless((10, 5), [(10, 5)] * 4)  # an equal point does not beat it
+
+
+def test_trials_are_compared_on_their_running_means_up_to_the_epoch():
+    curve = [[10, 0], [20, 10], [60, 50]]
+    assert running(curve, 2) == (15, 5) and running(curve, 3) == (30, 20)
+    # one lucky epoch of a small validation split does not save a trial the others beat all along, nor sink one
+    others = [running(c, 2) for c in ([[30, 20], [31, 21]], [[29, 19], [30, 20]], [[5, 5], [5, 5]])]
+    lucky, unlucky = [[10, 5], [40, 30]], [[40, 30], [20, 15]]
+    assert not hopeless(tuple(lucky[-1]), others) and hopeless(running(lucky, 2), others)
+    assert hopeless(tuple(unlucky[-1]), others) and not hopeless(running(unlucky, 2), others)
+
+
+def test_prune_after_is_checked(capsys):
+    assert "--prune-after takes an epoch" in _error(capsys, "--methods", "trades", "--prune-after", 0)
+    assert "--no-prune" in _error(capsys, "--methods", "trades", "--prune-after", 2, "--no-prune")
 
 
 # ---- whole studies (slow: each trial is a training in its own process) -------------------------------------

@@ -117,7 +117,7 @@ def test_markdown_marks_the_pick_budget_dashes_and_equal_points():
     assert "trial 2 reached trial 1's validation point" in md
     assert "| trades+ccm+ccr+fawa | 0 | ccm.lambda_1=0.3, ccr.lambda_2=0.5 | 47.0 | 25.0 | - | - |" in md
     assert "CFA Table 1: avg 48.3, worst 21.7 (test, AutoAttack)" in md
-    assert "evaluated once on the final front" in md
+    assert "measured once, on the final fronts' points only" in md
     assert "at most 1 point(s) below the front's best average" in md
     assert "| 3 |" not in md  # dominated
 

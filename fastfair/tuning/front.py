@@ -196,7 +196,7 @@ def _sections(records_by_contender: dict[str, list[dict]], rule: Rule,
 
 
 TEST_NOTE = ("val numbers (validation split) chose the fronts and the picks; test numbers were measured once, "
-             "on the final fronts' points only (test, evaluated once on the final front), and chose nothing.")
+             "on the final fronts' points only, and chose nothing.")
 
 
 def _summary(sections: list[_Section]) -> tuple[list[str], list[list[str]]]:
@@ -303,10 +303,13 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
                 [], [], ls="none", marker="*", ms=11, color=color, mec="black", mew=0.6,
                 label=f"{len(stars)}: {contender}, {p['label']} (paper, test, {_attack_name(p.get('attack', ''))})"))
     grey = "0.45"
+    test_attacks = sorted({_attack_name(r["test"].get("attack", "")) for rs in records_by_contender.values()
+                           for r in rs if r.get("test") and r["test"].get("attack")})
+    under = f" under {', '.join(test_attacks)}" if test_attacks else ""
     handles += [matplotlib.lines.Line2D([], [], ls="none", marker="o", ms=4, color=grey, alpha=0.35,
                                         label=f"a trial ({split})"),
                 matplotlib.lines.Line2D([], [], ls="none", marker="o", ms=6, color=grey,
-                                        label="front point, test (evaluated once)"),
+                                        label=f"front point, test{under} (evaluated once)"),
                 matplotlib.lines.Line2D([], [], ls="none", marker="o", ms=11, mfc="none", mec=grey, mew=1.5,
                                         label=f"pick: {rule.text}")]
     ax.margins(0.08)

@@ -51,6 +51,9 @@ FLAGS = {"ccm": {"ccm.enabled": True}, "ccr": {"ccr.enabled": True}, "ema": {"tr
          "fawa": {"train.averaging": "fawa"}}
 BUDGETS = ("trials", "epochs", "time")
 POLL_S = 0.5  # how often a worker reads its trial's metrics.jsonl and looks for others' dead trials
+# --prune-after's default: judge a trial from half of its epochs on, when the rate and the per-class vectors of the
+# fair-AT methods have acted (DAFA's warm-up, CFA's calibration); earlier epochs rank trials by noise
+PRUNE_HALF = -1
 UNCLAIMED_S = 60.0  # a RUNNING trial with no claim file this long after it began lost its worker before claiming it
 
 
@@ -101,7 +104,7 @@ class Settings:
     space: str = ""  # the --space file's TOML text
     storage: str = ""
     seed: int = 0
-    prune_after: int = 0  # 0: no early stop
+    prune_after: int = 0  # 0: no early stop; PRUNE_HALF: from half of the trial's epochs on
 
     def contenders(self) -> list[Contender]:
         return [Contender.parse(m) for m in self.methods]
@@ -257,9 +260,16 @@ def spent(settings: Settings, trials, epochs: int) -> float:
 
 
 # ---- early stop ----------------------------------------------------------------------------------
+def running(curve: list[list[float]], epochs: int) -> tuple[float, float]:
+    """The mean (avg, worst) over a curve's first ``epochs`` epochs: the running average the median stopping rule
+    compares (Golovin et al. KDD 2017 Sec. 3.2.2), steadier than one epoch of a small validation split."""
+    points = curve[:epochs]
+    return (sum(p[0] for p in points) / len(points), sum(p[1] for p in points) / len(points))
+
+
 def hopeless(point: tuple[float, float], others: list[tuple[float, float]]) -> bool:
-    """Whether a trial's (avg, worst) at an epoch is dominated by the same epoch's values of at least half of the
-    complete trials, when there are at least 3 (a median stopping rule, Golovin et al. KDD 2017 Sec. 3.2.2, on the
+    """Whether a trial's (avg, worst) up to an epoch (:func:`running`) is dominated by the same of at least half of
+    the complete trials, when there are at least 3 (a median stopping rule, Golovin et al. KDD 2017 Sec. 3.2.2, on the
     Pareto order of the two objectives)."""
     if len(others) < 3:
         return False
@@ -373,13 +383,14 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
     thread = threading.Thread(target=lambda: box.update(status=run_job(job)), daemon=True)
     thread.start()
     pruned_at = 0
+    after = study.settings.prune_after
+    after = max(1, epochs // 2) if after == PRUNE_HALF else after
     while thread.is_alive():
         thread.join(POLL_S)
         curve = _curve(Path(job.run_dir), attack)
         e = len(curve)
-        if study.settings.prune_after and not pruned_at and e >= study.settings.prune_after and e < epochs:
-            others = [tuple(c[e - 1]) for c in finished if len(c) >= e]
-            if hopeless(tuple(curve[e - 1]), others):
+        if after and not pruned_at and after <= e < epochs:
+            if hopeless(running(curve, e), [running(c, e) for c in finished if len(c) >= e]):
                 pruned_at = e
                 pid = read_state(job.run_dir).get("pid")
                 if pid:
@@ -547,8 +558,8 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
          config_name: str | None = None, data_dir: str | None = None, sets: list[str] | None = None,
          quick: int | None = None, trials: int | None = None, epochs_budget: int | None = None,
          time_budget: str | None = None, space: str | None = None, storage: str | None = None, seed: int = 0,
-         rule: str = "worst@avg-1", workers: int = 1, prune_after: int = 2, prune: bool = True, show: bool = False,
-         worker: bool = False, quiet: bool = False, echo=print) -> int:
+         rule: str = "worst@avg-1", workers: int = 1, prune_after: int | None = None, prune: bool = True,
+         show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> int:
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
     the final fronts on the test set and write the comparison. ``worker``: only work trials (SLURM arrays);
     ``show``: print the front and comparison from the storage."""
@@ -558,10 +569,14 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     parse_rule(rule)  # a bad rule is refused before anything runs
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
+    if prune_after is not None and (prune_after < 1 or not prune):
+        raise UserError(f"--prune-after takes an epoch of 1 or more; got {prune_after}" if prune_after < 1 else
+                        "--prune-after has nothing to do with --no-prune: give one of them")
     given = None
     if methods is not None:
         given = _settings(methods, out or study_dir, config_name, data_dir, sets or [], quick, trials, epochs_budget,
-                          time_budget, space, storage, seed, prune_after if prune else 0)
+                          time_budget, space, storage, seed,
+                          (PRUNE_HALF if prune_after is None else prune_after) if prune else 0)
     elif sets or any(v is not None for v in (config_name, data_dir, quick, trials, epochs_budget, time_budget, space,
                                      storage)):
         raise UserError("these options describe a new study: give --methods with them, or only STUDY to continue one")
