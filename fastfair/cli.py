@@ -438,8 +438,9 @@ def grid(
 def tune(
     study: Annotated[Text, typer.Argument(metavar="[STUDY]", help="a study folder to continue, --show or --worker "
                                                                   "(default for a new one: runs/tune/NAME)")] = None,
-    methods: Annotated[Text, typer.Option(help="comma-separated contenders: a method, + train's fairness flags "
-                                               "(trades,trades+ccm+ccr+fawa,pgd-at+ccm+fawa)")] = None,
+    methods: Annotated[Text, typer.Option(
+        "--methods", "--method", help="comma-separated contenders: a method, + train's fairness flags "
+                                      "(trades,trades+ccm+ccr+fawa,pgd-at+ccm+fawa)")] = None,
     out: Annotated[Text, typer.Option(help="study folder (default runs/tune/NAME)")] = None,
     config: Annotated[Text, typer.Option(help="TOML preset every trial starts from")] = None,
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
@@ -460,7 +461,10 @@ def tune(
     seed: Annotated[int, typer.Option(help="the samplers' seed")] = 0,
     rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
                                            "sum")] = "worst@avg-1",
-    workers: Annotated[int, typer.Option(help="worker processes on this machine, on one storage")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes on this machine a GPU (on the CPU: in all), on one "
+                                              "storage")] = 1,
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else the "
+                                           "CPU): --workers processes on each")] = "auto",
     prune_after: Annotated[Optional[int], typer.Option(
         metavar="E", help="from epoch E on (default: half of a trial's epochs), stop a trial that half of the complete "
                           "trials (3 or more) beat on their mean avg and worst up to that epoch")] = None,
@@ -475,7 +479,7 @@ def tune(
     with stopping.says(RUNS_RESUME.format(what="study")):
         return run_tune(study, methods=methods, out=out, config_name=config, data_dir=data_dir, sets=sets,
                         quick=quick, trials=trials, epochs_budget=epochs_budget, time_budget=time_budget, space=space,
-                        storage=storage, seed=seed, rule=rule, workers=workers, prune_after=prune_after,
+                        storage=storage, seed=seed, rule=rule, workers=workers, gpus=gpus, prune_after=prune_after,
                         prune=not no_prune, show=show, worker=worker, quiet=quiet)
 
 

@@ -51,6 +51,7 @@ def test_bad_inputs_are_one_line_before_any_folder_is_made(tmp_path, capsys):
     assert "rule" in _error(capsys, "--methods", "trades", "--rule", "best", "--out", out)
     assert "--trials takes a positive number" in _error(capsys, "--methods", "trades", "--trials", 0, "--out", out)
     assert "--time-budget" in _error(capsys, "--methods", "trades", "--time-budget", "soon", "--out", out)
+    assert "--gpus takes" in _error(capsys, "--methods", "trades", "--gpus", "first", "--out", out)
     assert "one budget" in _error(capsys, "--methods", "trades", "--trials", 2, "--epochs-budget", 4, "--out", out)
     space = tmp_path / "space.toml"
     space.write_text('[space."method.kl_weight"]\nlow = 10\nhigh = 1\n')

@@ -44,7 +44,7 @@ from fastfair.errors import UserError
 from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic
 from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
-from fastfair.scaleout.launchers import slot_envs
+from fastfair.scaleout.launchers import parse_gpus, slot_envs
 
 # the train flags a contender may add after '+', as the config keys they set (fastfair train --ccm ...)
 FLAGS = {"ccm": {"ccm.enabled": True}, "ccr": {"ccr.enabled": True}, "ema": {"train.averaging": "ema"},
@@ -366,7 +366,7 @@ def sampler(settings: Settings, contender: Contender, asked: int, budget_trials:
                                          n_startup_trials=startup)
 
 
-def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, echo) -> str:
+def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, echo, env: dict | None = None) -> str:
     """Train one asked trial in its run folder while watching its validation curve; tell Optuna how it ended."""
     from fastfair.tuning.space import suggest
 
@@ -380,7 +380,7 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
     finished = [t.user_attrs["curve"] for t in ostudy.get_trials(deepcopy=False)
                 if t.state.name == "COMPLETE" and "curve" in t.user_attrs]
     box: dict[str, str] = {}
-    thread = threading.Thread(target=lambda: box.update(status=run_job(job)), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(status=run_job(job, env)), daemon=True)
     thread.start()
     pruned_at = 0
     after = study.settings.prune_after
@@ -418,7 +418,7 @@ def _epochs(study: Study, contender: Contender) -> int:
                                                                  study.base_sets(contender).items()]).train.epochs
 
 
-def work(study: Study, spaces: dict[str, dict], echo=print) -> None:
+def work(study: Study, spaces: dict[str, dict], echo=print, env: dict | None = None) -> None:
     """Take and train trials until every contender's budget is spent and no trial runs anywhere (a running one
     may yet fail and be re-queued)."""
     storage = study.storage()
@@ -449,7 +449,7 @@ def work(study: Study, spaces: dict[str, dict], echo=print) -> None:
         ostudy = study.optuna_study(c, storage, sampler(s, c, asked, trials_budget))
         trial = ostudy.ask()
         with claimed(study.claim(c, trial.number)):
-            result = run_trial(study, c, ostudy, trial, spaces[c.label], echo)
+            result = run_trial(study, c, ostudy, trial, spaces[c.label], echo, env)
         echo(progress_line(study, storage, c, trial.number, result, started))
 
 
@@ -558,8 +558,8 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
          config_name: str | None = None, data_dir: str | None = None, sets: list[str] | None = None,
          quick: int | None = None, trials: int | None = None, epochs_budget: int | None = None,
          time_budget: str | None = None, space: str | None = None, storage: str | None = None, seed: int = 0,
-         rule: str = "worst@avg-1", workers: int = 1, prune_after: int | None = None, prune: bool = True,
-         show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> int:
+         rule: str = "worst@avg-1", workers: int = 1, gpus: str = "auto", prune_after: int | None = None,
+         prune: bool = True, show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> int:
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
     the final fronts on the test set and write the comparison. ``worker``: only work trials (SLURM arrays);
     ``show``: print the front and comparison from the storage."""
@@ -569,6 +569,8 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     parse_rule(rule)  # a bad rule is refused before anything runs
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
+    # K workers a GPU (or K on the CPU), as grid's --per-gpu: this process trains in the first slot
+    envs = [{}] if worker else slot_envs(parse_gpus(gpus), workers)
     if prune_after is not None and (prune_after < 1 or not prune):
         raise UserError(f"--prune-after takes an epoch of 1 or more; got {prune_after}" if prune_after < 1 else
                         "--prune-after has nothing to do with --no-prune: give one of them")
@@ -591,7 +593,6 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         echo(compare(study, st, rule, write=False))
         return 0
     spaces = check(study)
-    st = None
     if not worker:
         from fastfair.tuning.space import describe
         for label, sp in spaces.items():
@@ -601,9 +602,9 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         if study.settings.space:
             write_text_atomic(study.settings.space, root / "space.toml")
         study.settings.write(root / "study.toml")
-    others = [] if worker else _spawn(root, workers - 1, quiet)
+    others = _spawn(root, envs[1:])
     try:
-        work(study, spaces, say)
+        work(study, spaces, say, envs[0])
     except BaseException:  # a stop signal or an error: the trial being trained saves and resumes on re-run
         stop_children()
         raise
@@ -621,11 +622,12 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     return 0
 
 
-def _spawn(root: Path, k: int, quiet: bool) -> list[subprocess.Popen]:
-    """``k`` more workers on this machine, each its share of the cores, their output in STUDY/workers/<i>.log."""
+def _spawn(root: Path, envs: list[dict]) -> list[subprocess.Popen]:
+    """A worker on this machine for each slot's environment (its GPU, its share of the cores), its output in
+    STUDY/workers/<i>.log."""
     procs = []
     (root / "workers").mkdir(exist_ok=True)
-    for i, env in enumerate(slot_envs([], k + 1)[1:], start=1):
+    for i, env in enumerate(envs, start=1):
         with open(root / "workers" / f"{i}.log", "a") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "fastfair", "tune", str(root), "--worker"],
                                           stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}))
