@@ -9,6 +9,7 @@ The Python API (docs/api.md); each name is imported when first used, so ``import
     load_result(path)                       a Result from a JSON of fastfair eval or evaluate
     load_robustbench(name, ...)             (model, source) of a RobustBench model file, read without unpickling
     train(config, out=..., **flags)         fastfair train from Python; returns the run directory
+    tune(methods, config=..., **options)    fastfair tune from Python: each method's front; returns the study folder
     method(name, num_classes=...)           (a training method, its per-class state) for your own training loop
     PGD                                     the L-inf PGD engine with per-class eps (fastfair.attacks)
     per_class(value, num_classes, device)   a radius or step, one float or one per class, as a (C,) tensor
@@ -26,6 +27,7 @@ _PUBLIC = {
     "load_result": "fastfair.api:load_result",
     "load_robustbench": "fastfair.evaluation.robustbench:load",
     "train": "fastfair.api:train",
+    "tune": "fastfair.api:tune",
     "method": "fastfair.api:method",
     "PGD": "fastfair.attacks.pgd:PGD",
     "per_class": "fastfair.attacks.pgd:per_class",

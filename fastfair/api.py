@@ -336,3 +336,30 @@ def _epochs_saved(out: Path) -> int:
         return len(RunDir(out).read_metrics())
     except (UserError, OSError):  # a torn last line: resume repairs it
         return 0
+
+
+# ---- tuning ----------------------------------------------------------------------------------------
+
+TUNE_OPTIONS = ("out", "data_dir", "sets", "quick", "trials", "epochs_budget", "time_budget", "space", "storage",
+                "seed", "rule", "workers", "gpus", "prune_after", "prune")
+
+
+@stopping.says("the study's trial stopped with it and resumes in its run folder; call it again to go on")
+def tune(methods: str | Sequence[str] | None = None, *, study: str | Path | None = None, config: str | None = None,
+         progress: bool = True, **options: Any) -> Path:
+    """``fastfair tune`` from Python (docs/tune.md): make (``methods``) or continue (``study``) a study, work its
+    trials, evaluate the final fronts on the test set once and write the comparison; returns the study folder.
+
+    ``methods``: contenders, ``"trades,trades+ccm+ccr+fawa"`` or a list; ``options``: the long options of
+    ``fastfair tune`` by their Python names (``trials=8, data_dir=..., sets=["train.epochs=5"], workers=2``).
+    ``progress``: a line per trial (False is ``--quiet``)."""
+    from fastfair.tuning import study as studies
+
+    unknown = [k for k in options if k not in TUNE_OPTIONS]
+    if unknown:
+        raise UserError(f"fastfair.tune() has no option {unknown[0]!r}.{hint(unknown[0], TUNE_OPTIONS)} Options: "
+                        f"{', '.join(TUNE_OPTIONS)}")
+    if methods is not None and not isinstance(methods, str):
+        methods = ",".join(methods)
+    return studies.tune(None if study is None else str(study), methods=methods, config_name=config,
+                        quiet=not progress, **options)

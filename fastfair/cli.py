@@ -477,10 +477,11 @@ def tune(
     from fastfair.tuning.study import tune as run_tune
 
     with stopping.says(RUNS_RESUME.format(what="study")):
-        return run_tune(study, methods=methods, out=out, config_name=config, data_dir=data_dir, sets=sets,
-                        quick=quick, trials=trials, epochs_budget=epochs_budget, time_budget=time_budget, space=space,
-                        storage=storage, seed=seed, rule=rule, workers=workers, gpus=gpus, prune_after=prune_after,
-                        prune=not no_prune, show=show, worker=worker, quiet=quiet)
+        run_tune(study, methods=methods, out=out, config_name=config, data_dir=data_dir, sets=sets, quick=quick,
+                 trials=trials, epochs_budget=epochs_budget, time_budget=time_budget, space=space, storage=storage,
+                 seed=seed, rule=rule, workers=workers, gpus=gpus, prune_after=prune_after, prune=not no_prune,
+                 show=show, worker=worker, quiet=quiet)
+    return 0
 
 
 @app.command(help="re-run a paper's table or figure and print it beside the paper's numbers, with verdicts")

@@ -63,6 +63,18 @@ def test_bad_inputs_are_one_line_before_any_folder_is_made(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_the_python_api_checks_what_the_command_checks(tmp_path):
+    import fastfair
+
+    with pytest.raises(fastfair.UserError, match="no option 'trial'. Did you mean trials?"):
+        fastfair.tune("trades", trial=3)
+    with pytest.raises(fastfair.UserError, match="no method 'nope'"):  # a list is the comma-separated contenders
+        fastfair.tune(["trades", "nope"], out=tmp_path / "s")
+    with pytest.raises(fastfair.UserError, match="--trials takes a positive number"):
+        fastfair.tune("trades", trials=0, out=tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_study_continued_with_other_settings_is_refused_naming_them(tmp_path, capsys):
     out = tmp_path / "s"
     out.mkdir()
@@ -117,6 +129,8 @@ def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(
         # only the front's points saw the test set; none of the others has a test evaluation
         assert tested and all(bool(list((out / "trials" / label / f"{n:04d}" / "eval").glob("*-test.json")))
                               == (n in tested) for n in (0, 1))
+    shown = _tune(out, "--show")  # from the storage, at any time
+    assert shown.returncode == 0 and "picks:" in shown.stdout and "mart" in shown.stdout, shown.stderr
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/eval/*-test.json")}
     again = _tune(out, "--quiet")
     assert again.returncode == 0, again.stderr

@@ -559,10 +559,10 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
          quick: int | None = None, trials: int | None = None, epochs_budget: int | None = None,
          time_budget: str | None = None, space: str | None = None, storage: str | None = None, seed: int = 0,
          rule: str = "worst@avg-1", workers: int = 1, gpus: str = "auto", prune_after: int | None = None,
-         prune: bool = True, show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> int:
+         prune: bool = True, show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> Path:
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
-    the final fronts on the test set and write the comparison. ``worker``: only work trials (SLURM arrays);
-    ``show``: print the front and comparison from the storage."""
+    the final fronts on the test set and write the comparison; returns the study folder. ``worker``: only work
+    trials (SLURM arrays); ``show``: print the front and comparison from the storage."""
     from fastfair.tuning.front import parse_rule
 
     say = (lambda *_: None) if quiet else echo
@@ -591,7 +591,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
             raise UserError(f"{root} holds no study yet (no study.toml)")
         st = study.storage()
         echo(compare(study, st, rule, write=False))
-        return 0
+        return root
     spaces = check(study)
     if not worker:
         from fastfair.tuning.space import describe
@@ -614,12 +614,12 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
                 proc.terminate()
             proc.wait()
     if worker:
-        return 0
+        return root
     st = study.storage()
     evaluate_front(study, st, say)
     text = compare(study, st, rule, write=True)
     say("\n" + text + f"\n\nwritten: {root / 'comparison.md'}, {root / 'fronts.png'}")
-    return 0
+    return root
 
 
 def _spawn(root: Path, envs: list[dict]) -> list[subprocess.Popen]:
