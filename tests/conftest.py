@@ -20,6 +20,9 @@
    kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
    1,063 and 719 s (193 and 175 CPU s) with torch's default of one thread per core, 199 and 143 s (22 and 23
    CPU s) with one, in alternating runs.
+7. Whatever a test does to torch's thread count is undone after it, so the count of 6. holds for every test of a
+   worker: a helper that left two threads behind made the next test's training in that worker more than ten times
+   slower (a 78 s fixture past 15 minutes), the way a CI run went past its 90 minutes.
 """
 import importlib.abc
 import importlib.util
@@ -105,3 +108,12 @@ def pytest_terminal_summary(terminalreporter):
             f"official data sets there with `fastfair data subset cifar10 --out {SHARED}/cifar10-subset.npz` and the "
             "same for mnist (--data-dir where torchvision's files are), or set FASTFAIR_SHARED_DATA=DIR where they "
             "are (README: The two commands)")
+
+
+@pytest.fixture(autouse=True)
+def _thread_count_kept():  # 7.
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+

@@ -19,10 +19,17 @@ def _train(out: Path, sets: list[str], flags: dict):
     from fastfair import config
     from fastfair.training.trainer import Trainer, final_evaluation
 
-    torch.set_num_threads(2)
     cfg = config.resolve(None, flags, ["train.progress=false", "train.device='cpu'", *sets])
-    Trainer(cfg, out, quiet=True).fit()
-    final_evaluation(out, cfg, quiet=True)
+    # two threads whatever the worker's share (the runs' numbers are the same in every session), and the share put
+    # back: a worker left at two threads beside another kept OpenMP's threads spinning, and the next test's training
+    # in it ran more than ten times slower (a preact-resnet18 fixture past 15 minutes; tests/conftest.py, 6.)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        Trainer(cfg, out, quiet=True).fit()
+        final_evaluation(out, cfg, quiet=True)
+    finally:
+        torch.set_num_threads(threads)
     return cfg
 
 
