@@ -241,19 +241,23 @@ def origin(trial) -> int:
 
 
 def live_trials(trials) -> list:
-    """The trials that count: a failed trial that was retried counts as its retry."""
-    retried = {t.system_attrs["failed_trial"] for t in trials if "failed_trial" in t.system_attrs}
+    """The trials that count: a failed trial that was retried (the original, or a retry that failed again) counts as
+    its last retry."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return [t for t in trials if not (t.state.name == "FAIL" and t.number in retried)]
 
 
 def spent(settings: Settings, trials, epochs: int) -> float:
     """The budget a contender's trials used: trials (a retry is its original), epochs trained (a running trial
-    counts its whole ``epochs``; a pruned one the epochs it trained) or seconds of training."""
+    counts its whole ``epochs``, a pruned or failed one the epochs it trained) or seconds of training (a retry's own:
+    a dead worker's trial has no end Optuna knows, it is marked failed when found)."""
     counted = [t for t in live_trials(trials) if t.state.name != "WAITING"]
     if settings.budget == "trials":
         return len({origin(t) for t in counted})
     if settings.budget == "epochs":
-        return sum(t.user_attrs.get("pruned_at", epochs) for t in counted)
+        return sum(t.user_attrs["pruned_at"] if "pruned_at" in t.user_attrs else
+                   len(t.user_attrs["curve"]) if t.state.name == "FAIL" and "curve" in t.user_attrs else epochs
+                   for t in counted)
     now = time.time()
     return sum(((t.datetime_complete.timestamp() if t.datetime_complete else now) - t.datetime_start.timestamp())
                for t in counted if t.datetime_start)
