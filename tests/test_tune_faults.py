@@ -1,0 +1,61 @@
+"""fastfair tune under what stops a trial: the early stop of a hopeless trial while it trains, a full disk under a
+trial, and Optuna missing."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fastfair.rundir import RunDir, load_checkpoint
+from fastfair.scaleout.jobs import read_state
+
+ROOT = Path(__file__).parents[1]
+# tests/test_tune.py's TINY trials, with 20 epochs so a trial stopped after its first is far from its end whatever the
+# load (a poll every 0.5 s), and the progress lines shown
+TINY = ["--config", "demo", "--quick", "10", "--set", "model.width=4", "--set", "attack.steps=1",
+        "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean','fgsm']", "--set", "data.batch_size=50"]
+KL = optuna.distributions.FloatDistribution(1.0, 15.0, log=True)  # trades' declared method.kl_weight range
+
+
+def _tune(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastfair", "tune", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def _perfect_trials(storage: str, name: str, epochs: int) -> None:
+    """Three complete trials at 100 % average and worst-class accuracy every epoch, tested already: beside them any
+    real trial of the demo is hopeless from its first epoch on, so the rule's verdict does not hang on a training's
+    numbers (which differ between CPUs) or on the sampler's draws."""
+    study = optuna.create_study(storage=storage, study_name=name, directions=["maximize", "maximize"])
+    for n, kl in enumerate((2.0, 6.0, 12.0)):
+        study.add_trial(optuna.trial.create_trial(
+            params={"method.kl_weight": kl}, distributions={"method.kl_weight": KL}, values=[100.0, 100.0],
+            user_attrs={"curve": [[100.0, 100.0]] * epochs, "run_number": n, "run": f"elsewhere/{n}",
+                        "val": {"avg": 100.0, "worst": 100.0, "clean": 100.0}}))
+        study.set_user_attr(f"test/{n:04d}", {"avg": 99.0, "worst": 98.0, "clean": 100.0, "attack": "fgsm"})
+
+
+@pytest.mark.slow
+def test_a_hopeless_trial_is_stopped_while_it_trains_and_its_run_folder_can_resume(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    _perfect_trials(f"sqlite:///{out / 'study.db'}", "s:trades", 20)
+    done = _tune("--methods", "trades", "--trials", 4, "--prune-after", 1, "--out", out, *TINY,
+                 "--set", "train.epochs=20")
+    assert done.returncode == 0, done.stderr
+    (trial,) = [t for t in optuna.load_study(study_name="s:trades", storage=f"sqlite:///{out / 'study.db'}")
+                .get_trials() if t.number == 3]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    epoch = trial.user_attrs["pruned_at"]
+    assert 1 <= epoch < 20 and "trades #3 method.kl_weight=" in done.stdout
+    assert f": pruned at epoch {epoch}  [3 done, 0 running, 1 pruned, 0 failed" in done.stdout
+    run = RunDir(out / "trials" / "trades" / "0003")
+    state = read_state(run.path)
+    assert state["status"] == "interrupted" and state["returncode"] == 143  # stopped by SIGTERM, saved
+    trained = len(run.read_metrics())
+    assert epoch <= trained < 20 and load_checkpoint(run.checkpoints / "last.pt", needs=("epoch",))["epoch"] == trained
+    assert f"continue with: fastfair train --out {run.path} --resume" in run.train_log.read_text()
+    assert trial.user_attrs["curve"] == [
+        [r["val"]["fgsm"]["avg"], r["val"]["fgsm"]["worst"]] for r in run.read_metrics()]
