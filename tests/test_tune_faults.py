@@ -59,3 +59,46 @@ def test_a_hopeless_trial_is_stopped_while_it_trains_and_its_run_folder_can_resu
     assert f"continue with: fastfair train --out {run.path} --resume" in run.train_log.read_text()
     assert trial.user_attrs["curve"] == [
         [r["val"]["fgsm"]["avg"], r["val"]["fgsm"]["worst"]] for r in run.read_metrics()]
+
+
+# the full disk of tests/test_reliability.py's fail_writes, in the trials' own processes: rundir's lowest layer refuses
+# every write under the given part of a path
+FULL_DISK = '''
+import errno, io, os
+from fastfair import rundir
+
+def _open(path, mode):
+    if os.environ["FULL_UNDER"] in str(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return io.FileIO(path, mode)
+
+rundir._open = _open
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_full_disk_under_a_trial_stops_the_study_in_one_line_and_the_rerun_resumes_the_trial(tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_DISK)
+    out = tmp_path / "s"
+    args = ["--methods", "trades", "--trials", 2, "--out", out, *TINY, "--set", "train.epochs=1", "--quiet"]
+    full = _tune(*args, env={"PYTHONPATH": f"{hook}{os.pathsep}{ROOT}",
+                             "FULL_UNDER": str(out / "trials" / "trades" / "0001" / "checkpoints")})
+    assert full.returncode == 74, full.stderr
+    (line,) = full.stderr.strip().splitlines()
+    assert line.startswith("fastfair: error: trial trades #1 stopped: cannot write ") and "no space left" in line
+    assert line.endswith(f"free some space, then continue with: fastfair tune {out}")
+    storage = f"sqlite:///{out / 'study.db'}"
+    trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
+    # neither a result nor a failure: the trial waits for the re-run, which resumes it
+    assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
+    assert read_state(out / "trials" / "trades" / "0001")["returncode"] == 74
+    again = _tune(out, "--quiet")  # the disk has room again
+    assert again.returncode == 0, again.stderr
+    trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[2].params == trials[1].params and trials[2].user_attrs["run_number"] == 1
+    state = read_state(out / "trials" / "trades" / "0001")
+    assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fastfair import config
-from fastfair.errors import UserError
+from fastfair.errors import UserError, WriteError
 from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic
 from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
@@ -338,7 +338,8 @@ def reap(study: Study, contender: Contender, ostudy, echo) -> None:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 retry = optuna.storages.RetryHeartbeatStaleTrialCallback()
             retry(ostudy, ostudy._storage.get_trial(t._trial_id))
-            echo(f"{contender.label} #{origin(t)}: its worker is gone; re-queued (it resumes in its run folder)")
+            echo(f"{contender.label} #{origin(t)}: its worker stopped or is gone; re-queued (it resumes in its run "
+                 "folder)")
 
 
 @contextlib.contextmanager
@@ -400,6 +401,14 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
                 if pid:
                     os.killpg(pid, signal.SIGTERM)  # a run saves at its next step boundary and survives
     status = box.get("status", "failed")
+    state = read_state(job.run_dir)
+    if status == "failed" and state.get("returncode") == WriteError.exit_code:
+        # a full or failing disk fails every trial after this one alike: the study stops, writing nothing to its
+        # storage (which may be on that disk); the trial, left RUNNING with its claim let go, is re-queued by the
+        # next run's reaper and resumes in its run folder, counted once
+        why = state.get("error", "").removeprefix("fastfair: error: ").partition(", then continue with:")[0]
+        raise WriteError(f"trial {contender.label} #{number} stopped: {why}", f"continue with: fastfair tune "
+                                                                             f"{study.root}")
     curve = _curve(Path(job.run_dir), attack)
     trial.set_user_attr("curve", curve)
     if pruned_at and status != "done":
@@ -407,7 +416,7 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
         ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return "pruned"
     if status != "done":
-        trial.set_user_attr("error", read_state(job.run_dir).get("error", status))
+        trial.set_user_attr("error", state.get("error", status))
         ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
         return "failed"
     val = objectives(Path(job.run_dir), cfg)
