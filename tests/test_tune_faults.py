@@ -8,6 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from fastfair import cli
 from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.scaleout.jobs import read_state
 
@@ -102,3 +103,12 @@ def test_a_full_disk_under_a_trial_stops_the_study_in_one_line_and_the_rerun_res
     assert trials[2].params == trials[1].params and trials[2].user_attrs["run_number"] == 1
     state = read_state(out / "trials" / "trades" / "0001")
     assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]
+
+
+def test_without_optuna_the_command_is_one_line_naming_the_extra_before_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # what `import optuna` meets where it is not installed
+    out = tmp_path / "s"
+    for args in (["--methods", "trades", "--out", out, *TINY], [out, "--show"]):
+        assert cli.main(["tune", *map(str, args)]) == 2
+        assert capsys.readouterr().err == "fastfair: error: fastfair tune needs Optuna: pip install 'fastfair[tune]'\n"
+    assert not out.exists()

@@ -579,6 +579,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     from fastfair.tuning.front import parse_rule
 
     say = (lambda *_: None) if quiet else echo
+    _optuna()  # an optional dependency: missing, it is said before any check or folder
     parse_rule(rule)  # a bad rule is refused before anything runs
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
