@@ -1,8 +1,10 @@
 """fastfair tune under what stops a trial: the early stop of a hopeless trial while it trains, a full disk under a
 trial, and Optuna missing."""
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -112,3 +114,32 @@ def test_without_optuna_the_command_is_one_line_naming_the_extra_before_any_fold
         assert cli.main(["tune", *map(str, args)]) == 2
         assert capsys.readouterr().err == "fastfair: error: fastfair tune needs Optuna: pip install 'fastfair[tune]'\n"
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigterm_to_a_study_saves_its_trial_at_a_step_and_the_rerun_resumes_it_counted_once(tmp_path):
+    out = tmp_path / "s"
+    args = ["--methods", "trades", "--trials", 1, "--out", out, *TINY, "--set", "train.epochs=4", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fastfair", "tune", *map(str, args)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = RunDir(out / "trials" / "trades" / "0000")
+    while proc.poll() is None and not (run.metrics.is_file() and run.metrics.read_text().strip()):
+        time.sleep(0.1)  # until the trial has trained an epoch: the signal then lands in training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert err == ("fastfair: interrupted by SIGTERM; the study's runs stopped with it; run the same command again to "
+                   "go on (finished runs are skipped, interrupted ones resume)\n")
+    storage = f"sqlite:///{out / 'study.db'}"
+    assert [t.state.name for t in optuna.load_study(study_name="s:trades", storage=storage).get_trials()] == [
+        "RUNNING"]  # neither a result nor a failure
+    assert read_state(run.path)["status"] == "interrupted"  # the trial's train saved where the signal found it
+    again = _tune(out, "--quiet")
+    assert again.returncode == 0, again.stderr
+    trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].user_attrs["run_number"] == 0
+    state = read_state(run.path)
+    assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]
+    assert [r["epoch"] for r in run.read_metrics()] == [1, 2, 3, 4]  # resumed, no epoch trained twice
