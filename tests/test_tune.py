@@ -110,6 +110,7 @@ def test_prune_after_is_checked(capsys):
 # ---- whole studies (slow: each trial is a training in its own process) -------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(tmp_path):
     out = tmp_path / "s"
     done = _tune("--methods", "trades,mart", "--trials", 2, "--workers", 2, "--out", out, *TINY)
@@ -138,6 +139,7 @@ def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_a_worker_killed_mid_trial_and_run_again_gives_the_uninterrupted_trials_on_journal_storage(tmp_path):
     whole = tmp_path / "whole"
     done = _tune("--methods", "trades", "--trials", 3, "--seed", 7, "--out", whole,

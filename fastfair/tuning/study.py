@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fastfair import config
-from fastfair.errors import UserError
+from fastfair.errors import UserError, WriteError
 from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic
 from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
@@ -241,19 +241,23 @@ def origin(trial) -> int:
 
 
 def live_trials(trials) -> list:
-    """The trials that count: a failed trial that was retried counts as its retry."""
-    retried = {t.system_attrs["failed_trial"] for t in trials if "failed_trial" in t.system_attrs}
+    """The trials that count: a failed trial that was retried (the original, or a retry that failed again) counts as
+    its last retry."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return [t for t in trials if not (t.state.name == "FAIL" and t.number in retried)]
 
 
 def spent(settings: Settings, trials, epochs: int) -> float:
     """The budget a contender's trials used: trials (a retry is its original), epochs trained (a running trial
-    counts its whole ``epochs``; a pruned one the epochs it trained) or seconds of training."""
+    counts its whole ``epochs``, a pruned or failed one the epochs it trained) or seconds of training (a retry's own:
+    a dead worker's trial has no end Optuna knows, it is marked failed when found)."""
     counted = [t for t in live_trials(trials) if t.state.name != "WAITING"]
     if settings.budget == "trials":
         return len({origin(t) for t in counted})
     if settings.budget == "epochs":
-        return sum(t.user_attrs.get("pruned_at", epochs) for t in counted)
+        return sum(t.user_attrs["pruned_at"] if "pruned_at" in t.user_attrs else
+                   len(t.user_attrs["curve"]) if t.state.name == "FAIL" and "curve" in t.user_attrs else epochs
+                   for t in counted)
     now = time.time()
     return sum(((t.datetime_complete.timestamp() if t.datetime_complete else now) - t.datetime_start.timestamp())
                for t in counted if t.datetime_start)
@@ -334,7 +338,8 @@ def reap(study: Study, contender: Contender, ostudy, echo) -> None:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 retry = optuna.storages.RetryHeartbeatStaleTrialCallback()
             retry(ostudy, ostudy._storage.get_trial(t._trial_id))
-            echo(f"{contender.label} #{origin(t)}: its worker is gone; re-queued (it resumes in its run folder)")
+            echo(f"{contender.label} #{origin(t)}: its worker stopped or is gone; re-queued (it resumes in its run "
+                 "folder)")
 
 
 @contextlib.contextmanager
@@ -396,6 +401,14 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
                 if pid:
                     os.killpg(pid, signal.SIGTERM)  # a run saves at its next step boundary and survives
     status = box.get("status", "failed")
+    state = read_state(job.run_dir)
+    if status == "failed" and state.get("returncode") == WriteError.exit_code:
+        # a full or failing disk fails every trial after this one alike: the study stops, writing nothing to its
+        # storage (which may be on that disk); the trial, left RUNNING with its claim let go, is re-queued by the
+        # next run's reaper and resumes in its run folder, counted once
+        why = state.get("error", "").removeprefix("fastfair: error: ").partition(", then continue with:")[0]
+        raise WriteError(f"trial {contender.label} #{number} stopped: {why}", f"continue with: fastfair tune "
+                                                                             f"{study.root}")
     curve = _curve(Path(job.run_dir), attack)
     trial.set_user_attr("curve", curve)
     if pruned_at and status != "done":
@@ -403,7 +416,7 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
         ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return "pruned"
     if status != "done":
-        trial.set_user_attr("error", read_state(job.run_dir).get("error", status))
+        trial.set_user_attr("error", state.get("error", status))
         ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
         return "failed"
     val = objectives(Path(job.run_dir), cfg)
@@ -566,6 +579,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     from fastfair.tuning.front import parse_rule
 
     say = (lambda *_: None) if quiet else echo
+    _optuna()  # an optional dependency: missing, it is said before any check or folder
     parse_rule(rule)  # a bad rule is refused before anything runs
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
