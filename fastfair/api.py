@@ -26,6 +26,7 @@ from fastfair.suggest import hint
 from fastfair.training import teacher
 from fastfair.training.class_state import ClassState
 from fastfair.training.trainer import Trainer, final_evaluation
+from fastfair.tuning import study as studies
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -353,8 +354,6 @@ def tune(methods: str | Sequence[str] | None = None, *, study: str | Path | None
     ``methods``: contenders, ``"trades,trades+ccm+ccr+fawa"`` or a list; ``options``: the long options of
     ``fastfair tune`` by their Python names (``trials=8, data_dir=..., sets=["train.epochs=5"], workers=2``).
     ``progress``: a line per trial (False is ``--quiet``)."""
-    from fastfair.tuning import study as studies
-
     unknown = [k for k in options if k not in TUNE_OPTIONS]
     if unknown:
         raise UserError(f"fastfair.tune() has no option {unknown[0]!r}.{hint(unknown[0], TUNE_OPTIONS)} Options: "

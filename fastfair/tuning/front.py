@@ -21,7 +21,10 @@ from typing import Any, Iterable
 import matplotlib.lines
 import matplotlib.pyplot as plt
 
+from fastfair import config
 from fastfair.errors import UserError
+from fastfair.preset_files import preset_names
+from fastfair.reproduce import paper
 from fastfair.reports.figures import save_figure
 
 STATES = ("complete", "pruned", "failed", "running")
@@ -341,9 +344,6 @@ def contender_parts(contender: str) -> tuple[str, frozenset[str]]:
 def _reported() -> tuple[tuple[str, frozenset[str], str, dict], ...]:
     """(method, flags, data set, point) for every preset whose ``[paper]`` section records average and worst-class
     robust accuracy; its flags are the options it switches on and its weight averaging (``ema``, ``fawa``)."""
-    from fastfair import config
-    from fastfair.preset_files import preset_names
-    from fastfair.reproduce import paper
 
     out = []
     for preset in preset_names():

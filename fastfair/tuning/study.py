@@ -45,6 +45,10 @@ from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write
 from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus, slot_envs
+from fastfair.evaluation.per_class import evaluate_checkpoint
+from fastfair.methods import METHODS
+from fastfair.tuning.front import comparison_markdown, comparison_text, draw_fronts, paper_points, pareto, parse_rule
+from fastfair.tuning.space import default_space, describe, load_space, suggest
 
 # the train flags a contender may add after '+', as the config keys they set (fastfair train --ccm ...)
 FLAGS = {"ccm": {"ccm.enabled": True}, "ccr": {"ccr.enabled": True}, "ema": {"train.averaging": "ema"},
@@ -76,8 +80,6 @@ class Contender:
 
     @classmethod
     def parse(cls, text: str) -> Contender:
-        from fastfair.methods import METHODS
-
         method, *flags = text.strip().split("+")
         if method not in METHODS:
             raise UserError(f"--methods: no method {method!r}; see fastfair methods")
@@ -172,14 +174,12 @@ class Study:
         return self.root / "claims" / contender.label / str(number)
 
     def spaces(self) -> dict[str, dict]:
-        from fastfair.tuning import space
-
         out = {}
         for c in self.settings.contenders():
             if self.space_file:
-                out[c.label] = space.load_space(self.space_file, c.method, c.flags)
+                out[c.label] = load_space(self.space_file, c.method, c.flags)
             else:
-                out[c.label] = space.default_space(c.method, c.flags)
+                out[c.label] = default_space(c.method, c.flags)
         return out
 
     def base_sets(self, contender: Contender) -> dict[str, Any]:
@@ -373,8 +373,6 @@ def sampler(settings: Settings, contender: Contender, asked: int, budget_trials:
 
 def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, echo, env: dict | None = None) -> str:
     """Train one asked trial in its run folder while watching its validation curve; tell Optuna how it ended."""
-    from fastfair.tuning.space import suggest
-
     optuna = _optuna()
     params = suggest(trial, space)
     number = trial.user_attrs.get("run_number", trial.number)
@@ -468,8 +466,6 @@ def work(study: Study, spaces: dict[str, dict], echo=print, env: dict | None = N
 
 def progress_line(study: Study, storage, contender: Contender, number: int, result: str, started: float) -> str:
     """One line per finished trial: what it was, how it did, the counts, the front's size and the time left."""
-    from fastfair.tuning.front import pareto
-
     ostudy = study.optuna_study(contender, storage)
     every = ostudy.get_trials(deepcopy=False)
     t = next(x for x in every if x.number == number)
@@ -522,9 +518,6 @@ def _test_attr(number: int) -> str:
 
 def evaluate_front(study: Study, storage, echo) -> None:
     """Evaluate each contender's front on the test set, once: a trial with a test record keeps it."""
-    from fastfair.evaluation.per_class import evaluate_checkpoint
-    from fastfair.tuning.front import pareto
-
     for c in study.settings.contenders():
         ostudy = study.optuna_study(c, storage)
         for rec in pareto([r for r in records(study, storage) if r["contender"] == c.label]):
@@ -551,8 +544,6 @@ def evaluate_front(study: Study, storage, echo) -> None:
 
 def compare(study: Study, storage, rule_text: str, write: bool) -> str:
     """The comparison as terminal text (and, with ``write``, STUDY/comparison.md and STUDY/fronts.png)."""
-    from fastfair.tuning.front import comparison_markdown, comparison_text, draw_fronts, paper_points, parse_rule
-
     rule = parse_rule(rule_text)
     by: dict[str, list[dict]] = {c.label: [] for c in study.settings.contenders()}
     for r in records(study, storage):
@@ -576,8 +567,6 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
     the final fronts on the test set and write the comparison; returns the study folder. ``worker``: only work
     trials (SLURM arrays); ``show``: print the front and comparison from the storage."""
-    from fastfair.tuning.front import parse_rule
-
     say = (lambda *_: None) if quiet else echo
     _optuna()  # an optional dependency: missing, it is said before any check or folder
     parse_rule(rule)  # a bad rule is refused before anything runs
@@ -608,7 +597,6 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         return root
     spaces = check(study)
     if not worker:
-        from fastfair.tuning.space import describe
         for label, sp in spaces.items():
             say(f"{label}: " + "; ".join(describe(sp)))
     if not (root / "study.toml").is_file():  # checked: the study begins
