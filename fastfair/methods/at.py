@@ -1,7 +1,7 @@
 """PGD-AT (Madry et al. 2018) and ME-AT (ME paper, Sec. 3.2.1): CE(f(x'), y) - beta H(p(x'))."""
-from fastfair.methods.base import METHODS, SMOOTHING, Method
 import dataclasses
 
+from fastfair.methods.base import METHODS, SMOOTHING, Method
 from fastfair.schema import Key, Tune
 
 AT_ATTACK = {"attack.objective": "ce", "attack.init": "uniform", "attack.bn_mode": "train",
