@@ -218,7 +218,7 @@ class RunDir:
 
     def write_config(self, text: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(f"{TOML_CHECKSUM} {_sha256(text.encode())}{TOML_CHECKSUM_WHY}\n{text}", self.config)
+        write_toml(text, self.config)
 
     def append_metrics(self, record: dict) -> None:
         append_jsonl(record, self.metrics)
@@ -507,6 +507,11 @@ TOML_CHECKSUM_WHY = "  (of the lines below; fastfair checks it on every read)"
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def write_toml(text: str, path: Path) -> None:
+    """A TOML file whole or not at all, its first line the checksum :func:`read_toml` checks."""
+    write_text_atomic(f"{TOML_CHECKSUM} {_sha256(text.encode())}{TOML_CHECKSUM_WHY}\n{text}", path)
 
 
 def read_toml(path: Path) -> str:

@@ -199,7 +199,7 @@ def resolve(name: str, *sets: str):
     gname, _, run = name[5:].partition("/")
     g, _ = grid.load(gname)
     (r,) = [r for r in g.runs() if r.name == run]
-    args = [f"{k}={grid._toml_value(v)}" for k, v in r.sets.items()]
+    args = [f"{k}={grid.toml_value(v)}" for k, v in r.sets.items()]
     return config.resolve(g.base or None, None, args + list(sets))
 
 

@@ -94,10 +94,10 @@ def test_unknown_key_names_the_run_and_close_matches(tmp_path):
 
 
 def test_set_values_round_trip_through_the_command_line(tmp_path):
-    from fastfair.scaleout.grid import _toml_value
+    from fastfair.scaleout.grid import toml_value
 
     for value in (6, 0.03125, 2e-4, "me-trades", True, [75, 90], ["clean", "pgd20"]):
-        assert config.parse_set([f"k={_toml_value(value)}"])["k"] == value
+        assert config.parse_set([f"k={toml_value(value)}"])["k"] == value
 
 
 def test_slots_per_gpu_and_cpu_share(monkeypatch):

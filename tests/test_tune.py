@@ -60,6 +60,8 @@ def test_bad_inputs_are_one_line_before_any_folder_is_made(tmp_path, capsys):
     assert "ccm.lambda_1" in _error(capsys, "--methods", "trades", "--space", space, "--out", out, *TINY)
     assert "validation split" in _error(capsys, "--methods", "trades", "--out", out, *TINY,
                                         "--set", "train.select_split=test")
+    assert "no robust attack" in _error(capsys, "--methods", "trades", "--out", out, *TINY,
+                                        "--set", "eval.attacks=['clean']")
     assert not out.exists()
 
 

@@ -90,15 +90,15 @@ class Grid:
         return runs
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     """A value as one-line TOML text, the form ``--set key=value`` reads back."""
     if isinstance(value, list):
-        return "[" + ", ".join(map(_toml_value, value)) + "]"
+        return "[" + ", ".join(map(toml_value, value)) + "]"
     return tomli_w.dumps({"v": value}).partition("=")[2].strip()
 
 
 def _label(short: str, value: Any) -> str:
-    text = value if isinstance(value, str) else _toml_value(value)
+    text = value if isinstance(value, str) else toml_value(value)
     return re.sub(r"[^\w.+=-]", "_", f"{short}={text}")
 
 
@@ -182,7 +182,7 @@ def prepare(name: str, base: str, sets: dict[str, Any], run_dir: Path) -> tuple[
     """One run's job and config, after checking the config resolves exactly as train will resolve it;
     the third item names the keys that changed since the run started ("" when none did, or only keys
     --resume may change)."""
-    args = tuple(f"{k}={_toml_value(v)}" for k, v in sets.items())
+    args = tuple(f"{k}={toml_value(v)}" for k, v in sets.items())
     cfg = config.resolve(base or None, None, list(args))
     check_config(cfg)
     saved, changed = RunDir(run_dir), ""
@@ -268,7 +268,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
     todo = [job for run, job in pairs if status[run.name] != "done"]
     echo(f"grid {grid.name} ({path}): {len(pairs)} runs in {root}, {len(pairs) - len(todo)} done"
          + (f"\n{grid.preset}" if grid.preset else "")
-         + (f"\nevery run with: {' '.join(f'{k}={_toml_value(v)}' for k, v in grid.overrides.items())}"
+         + (f"\nevery run with: {' '.join(f'{k}={toml_value(v)}' for k, v in grid.overrides.items())}"
             if grid.overrides else ""))
     if todo:
         per_gpu = runs_per_gpu.resolve(per_gpu, [configs[job.name] for job in todo], here, echo)
@@ -277,7 +277,7 @@ def run_grid(grid_file: str, *, out: str | None = None, gpus: str = "auto", per_
         for run, job in pairs:
             resumes = status[run.name] != "done" and RunDir(job.run_dir).last.is_file()
             state = status[run.name] + (" (resumes from its checkpoint)" if resumes else "")
-            echo(f"  {run.name:<40} {state:<10} {' '.join(f'{k}={_toml_value(v)}' for k, v in run.point.items())}")
+            echo(f"  {run.name:<40} {state:<10} {' '.join(f'{k}={toml_value(v)}' for k, v in run.point.items())}")
         if todo:
             echo("first command: " + shlex.join(todo[0].command()))
         return 0

@@ -23,6 +23,7 @@ from fastfair import schema
 from fastfair.config import CORE
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
+from fastfair.rundir import read_toml
 from fastfair.schema import Tune
 from fastfair.suggest import hint
 
@@ -98,7 +99,7 @@ def load_space(path: str | Path, method: str, options: Sequence[str] = ()) -> di
     default ``low`` and scale); every refusal is one UserError naming the file, the key and the fix."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_toml(path))  # a copy fastfair wrote (STUDY/space.toml) has its checksum checked
     except OSError as err:
         raise UserError(f"cannot read the space file {path}: {err.strerror or err}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

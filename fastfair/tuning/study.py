@@ -41,8 +41,9 @@ from typing import Any
 
 from fastfair import config
 from fastfair.errors import UserError, WriteError
-from fastfair.rundir import RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic
-from fastfair.scaleout.grid import Grid, _toml_value, check_data, prepare
+from fastfair.rundir import (RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic,
+                             write_toml)
+from fastfair.scaleout.grid import Grid, toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus, slot_envs
 from fastfair.evaluation.per_class import evaluate_checkpoint
@@ -115,7 +116,7 @@ class Settings:
         import tomli_w
 
         text = tomli_w.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()})
-        write_text_atomic(f"# sha256: {hashlib.sha256(text.encode()).hexdigest()}\n{text}", path)
+        write_toml(text, path)
 
     @classmethod
     def read(cls, path: Path) -> Settings:
@@ -229,6 +230,9 @@ def check(study: Study) -> dict[str, dict]:
         if cfg.train.select_split != "val":
             raise UserError(f"contender {c.label}: a study measures trials on the validation split, and with "
                             "train.select_split = test this config trains on it; set train.select_split = val")
+        if not [a for a in cfg.eval.attacks if a != "clean"]:
+            raise UserError(f"contender {c.label}: eval.attacks = {cfg.eval.attacks} has no robust attack to test "
+                            "the final fronts with; add one, e.g. --set \"eval.attacks=['clean', 'pgd20']\"")
         configs[c.label] = cfg
     check_data(Grid(study.settings.name, study.settings.config, {}, []), configs)
     return spaces
@@ -425,7 +429,7 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
 
 # ---- workers --------------------------------------------------------------------------------------
 def _epochs(study: Study, contender: Contender) -> int:
-    return config.resolve(study.settings.config or None, None, [f"{k}={_toml_value(v)}" for k, v in
+    return config.resolve(study.settings.config or None, None, [f"{k}={toml_value(v)}" for k, v in
                                                                  study.base_sets(contender).items()]).train.epochs
 
 
@@ -549,7 +553,7 @@ def compare(study: Study, storage, rule_text: str, write: bool) -> str:
     for r in records(study, storage):
         by[r["contender"]].append(r)
     cfg = config.resolve(study.settings.config or None, None,
-                         [f"{k}={_toml_value(v)}" for k, v in study.base_sets(study.settings.contenders()[0]).items()])
+                         [f"{k}={toml_value(v)}" for k, v in study.base_sets(study.settings.contenders()[0]).items()])
     papers = {label: paper_points(label, cfg.data.dataset) for label in by}
     if write:
         write_text_atomic(comparison_markdown(by, rule, papers) + "\n", study.root / "comparison.md")
@@ -602,7 +606,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     if not (root / "study.toml").is_file():  # checked: the study begins
         root.mkdir(parents=True, exist_ok=True)
         if study.settings.space:
-            write_text_atomic(study.settings.space, root / "space.toml")
+            write_toml(study.settings.space, root / "space.toml")
         study.settings.write(root / "study.toml")
     others = _spawn(root, envs[1:])
     try:
@@ -654,7 +658,7 @@ def _settings(methods: str, out: str | None, config_name, data_dir, sets, quick,
         raise UserError(f"--{'trials' if kind == 'trials' else 'epochs-budget'} takes a positive number; got {value}")
     extra = list(sets)
     if data_dir:
-        extra.append(f"data.data_dir={_toml_value(str(Path(data_dir).expanduser().resolve()))}")
+        extra.append(f"data.data_dir={toml_value(str(Path(data_dir).expanduser().resolve()))}")
     if quick is not None:
         extra.append(f"data.train_per_class={quick}")
     text = ""
