@@ -23,7 +23,7 @@ from mkdocs.structure.files import File
 
 import fastfair
 from fastfair import cli
-from fastfair.methods import METHODS, OPTIONS, declared_keys, untuned
+from fastfair.methods import METHODS, OPTIONS, Method, Option, declared_keys, untuned
 from fastfair.preset_files import grid_names, grid_title, preset_names, preset_title
 from fastfair.reproduce import cost, coverage, runs, tables
 from fastfair.reproduce.paper import PAPERS
@@ -40,15 +40,22 @@ LABELS = {
     "at": ("pgd-at",), "dafa": ("dafa-at", "dafa-trades"), "faal": ("faal-at", "faal-trades"),
     "frl reweight": ("frl-rw",), "frl remargin": ("frl-rm",), "frl reweight + remargin": ("frl",),
     "trades-he": ("trades", "he"), "pgd-he": ("pgd-at", "he"), "he-lis": ("he",), "he-cmp": ("he",),
-    "cfa": ("ccm", "ccr"),
+    "cfa": ("ccm", "ccr"), "class-wise beta": ("trades",), "label smoothing": ("pgd-at", "trades"),
 }
-# checks of evaluation, measures and weight averaging: on the Conformance topic page, on no method's page
-NOT_TRAINING = ("pgd-20 evaluation", "cw-inf evaluation", "cv", "mcd", "temperature-pgd", "ema", "fawa", "ema / fawa")
+# checks of measures and weight averaging (and, by rule, of evaluations and of the presets' setup): on the
+# Conformance topic page, on no method's page
+NOT_TRAINING = ("cv", "mcd", "temperature-pgd", "ema", "fawa", "ema / fawa")
 
 
 def cell(text: object) -> str:
     """``text`` fit for one Markdown table cell."""
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def prose(docstring: str | None) -> str:
+    """A docstring's reStructuredText inline code and roles (``x``, :func:`x`) as Markdown code."""
+    text = re.sub(r":\w+:`~?\.?([^`]+)`", r"`\1`", docstring or "")
+    return text.replace("``", "`")
 
 
 def table(header: list[str], rows: list[list[object]]) -> list[str]:
@@ -89,8 +96,9 @@ def param_row(p) -> list[str]:
     else:
         name = " / ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
     annotation = p.type_descriptor.annotation
-    kind = "flag" if getattr(p, "is_flag", False) else getattr(annotation, "__name__", str(annotation))
-    kind = kind.replace("typing.", "") + (f" ({p.metavar})" if p.metavar and not is_argument(p) else "")
+    kind = "flag" if getattr(p, "is_flag", False) else (
+        annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", ""))
+    kind = kind + (f" ({p.metavar})" if p.metavar and not is_argument(p) else "")
     if p.multiple:
         kind += " (repeatable)"
     default = p.default
@@ -130,26 +138,59 @@ def api_page() -> str:
 
 # ---- methods and options ----------------------------------------------------------------------------------------
 
+def what_it_does(cls, base: type) -> str:
+    """Its own docstring, else its module's (an option is one module, whose docstring says what it does)."""
+    module = inspect.getmodule(cls)
+    return own_doc(cls, base) or prose(inspect.getdoc(module) if module else "")
+
+
+def undocumented() -> list[str]:
+    """Every method without its docstring, option without a description, key without its help, and command or
+    option of the CLI without help text: what the pages would show empty (an argument's help may be its command's)."""
+    out = [f"method {n}: no docstring" for n in METHODS if not own_doc(METHODS.get(n), Method)]
+    out += [f"option {n}: no docstring" for n in OPTIONS if not what_it_does(OPTIONS.get(n), Option)]
+    out += [f"{owner}: {key} has no help" for owner, key, _, doc, _ in declared_keys() if not doc.strip()]
+    for path, command in commands(typer.main.get_command(cli.app)):
+        out += [f"{path}: no help"] * (not help_text(command.help))
+        out += [f"{path}: {p.opts[0]} has no help" for p in params(command)
+                if not is_argument(p) and not help_text(p.help)]
+    return out
+
+
 def conformance_tables() -> tuple[list[list[str]], list[list[str]]]:
     """(checks, deliberate differences) of docs/conformance.md, one list of cells per row."""
     checks, differences, current = [], [], None
     for line in CONFORMANCE.read_text().splitlines():
         if line.startswith("## "):
             current = checks if line == "## Checks" else differences if line.startswith("## Deliberate") else None
-        elif current is not None and line.startswith("| ") and not line.startswith("| method |"):
+        elif current is not None and line.startswith("| ") and not line.startswith(("| method |", "| --- |")):
             current.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
     return checks, differences
 
 
 def label_owners(label: str) -> tuple[str, ...]:
     """The registry names a conformance label is about; () for a check of evaluation or averaging."""
-    head = re.sub(r"\s*\(.*\)$", "", label.removeprefix("CFA: ")).strip().lower()
+    head = re.sub(r"\s*\(.*?\)", "", label.removeprefix("CFA: ")).strip().lower()
     if head in LABELS:
         return LABELS[head]
-    if head in NOT_TRAINING:
+    if head in NOT_TRAINING or head.startswith("setup:") or "evaluation" in head:
         return ()
-    owners = tuple(LABELS.get(part, (part.replace(" ", "-"),)) for part in head.split(" + "))
+    owners = tuple(LABELS.get(part, (registry_name(part),)) for part in head.split(" + "))
     return tuple(name for names in owners for name in names)
+
+
+def registry_name(words: str) -> str:
+    """A label's words as a name: methods are spelled with hyphens (fair-tat), options with underscores."""
+    option = re.sub(r"[ -]", "_", words)
+    return option if option in OPTIONS else words.replace(" ", "-")
+
+
+def own_doc(cls, base: type) -> str:
+    """The docstring of ``cls`` or of the nearest class between it and ``base`` that has one ('' when none has)."""
+    for klass in cls.__mro__[:cls.__mro__.index(base)]:
+        if vars(klass).get("__doc__"):
+            return prose(inspect.cleandoc(klass.__doc__))
+    return ""
 
 
 def unplaced_labels() -> list[str]:
@@ -188,7 +229,7 @@ def method_page(name: str) -> str:
     module = inspect.getmodule(method)
     lines = [f"# {name}", "", METHODS.doc(name), "", f"`fastfair train --method {name}`; "
              f"class `{method.__module__}.{method.__qualname__}`.", "", "## What it does", "",
-             inspect.getdoc(method) or "", "", "## The paper and code it follows", "", inspect.getdoc(module) or "", ""]
+             own_doc(method, Method), "", "## The paper and code it follows", "", prose(inspect.getdoc(module)), ""]
     if method.defaults:
         lines += ["Keys of other sections it sets, as its paper's code does:", "",
                   *table(["key", "value"], [[f"`{k}`", f"`{v!r}`"] for k, v in method.defaults.items()]), ""]
@@ -206,8 +247,8 @@ def method_page(name: str) -> str:
 def option_page(name: str) -> str:
     option = OPTIONS.get(name)
     lines = [f"# {name}", "", OPTIONS.doc(name), "", f"A class-wise option with the config section `[{name}]`; it "
-             "combines with any method.", "", "## What it does", "", inspect.getdoc(option) or "", "",
-             "## The paper and code it follows", "", inspect.getdoc(inspect.getmodule(option)) or "", ""]
+             "combines with any method.", "", "## What it does, and the paper and code it follows", "",
+             own_doc(option, Option), "", prose(inspect.getdoc(inspect.getmodule(option))), ""]
     if option.defaults:
         lines += ["Keys of other sections it sets when it is on:", "",
                   *table(["key", "value"], [[f"`{k}`", f"`{v!r}`"] for k, v in option.defaults.items()]), ""]

@@ -1,0 +1,88 @@
+"""The documentation site: it builds in strict mode (a broken link, a missing page or any warning fails), and its
+generated reference pages (docs/hooks.py) leave nothing a user looks up undocumented."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import pytest
+import typer
+
+from fastfair.methods import METHODS, OPTIONS, Method, Option
+
+ROOT = Path(__file__).resolve().parents[1]
+for _package in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+    pytest.importorskip(_package, reason=f"{_package} is not installed: pip install -e '.[docs]'")
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _hooks()
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    site = tmp_path / "site"
+    assert (site / "reference" / "cli" / "index.html").is_file()
+    assert all((site / "reference" / "methods" / name / "index.html").is_file() for name in METHODS)
+    assert all((site / "reference" / "options" / name / "index.html").is_file() for name in OPTIONS)
+    api = (site / "reference" / "api" / "index.html").read_text()
+    assert "per-class accuracy" in api.lower() and "fastfair.api.train" in api  # mkdocstrings rendered docstrings
+
+
+def test_nothing_a_user_looks_up_is_undocumented():
+    assert hooks.undocumented() == []
+
+
+def test_an_undocumented_method_option_or_cli_option_is_named(monkeypatch):
+    bare_method = type("Bare", (Method,), {"__module__": "not_a_module"})
+    bare_option = type("BareOption", (Option,), {"__module__": "not_a_module", "name": "bare_option"})
+    app = typer.Typer()
+
+    @app.command(help="a command whose option has no help")
+    def run(level: Annotated[int, typer.Option()] = 1) -> None:
+        pass
+
+    @app.command(help="another, so typer keeps the command's name")
+    def other() -> None:
+        pass
+
+    METHODS.register("bare-method", "a method registered without a docstring")(bare_method)
+    OPTIONS.register("bare_option", "an option registered without a docstring")(bare_option)
+    monkeypatch.setattr(hooks.cli, "app", app)
+    try:
+        said = hooks.undocumented()
+    finally:
+        METHODS.unregister("bare-method")
+        OPTIONS.unregister("bare_option")
+    assert said == ["method bare-method: no docstring", "option bare_option: no docstring",
+                    "fastfair run: --level has no help"]
+
+
+def test_every_conformance_row_lands_on_a_page_or_is_not_about_training():
+    assert hooks.unplaced_labels() == []
+    assert "FRL reweight" in hooks.method_page("frl-rw") and "FRL reweight" not in hooks.method_page("frl-rm")
+    assert "CFA: TRADES + CCM + CCR" in hooks.option_page("ccr")
+
+
+def test_the_cli_page_names_every_option_of_eval_and_train():
+    page = hooks.cli_page()
+    root = typer.main.get_command(hooks.cli.app)
+    for name in ("eval", "train"):
+        section = page.split(f"## `fastfair {name}`", 1)[1].split("\n## ", 1)[0]
+        options = [o for p in root.commands[name].params if not hooks.is_argument(p) for o in p.opts]
+        assert len(options) > 10 and all(f"`{o}`" in section for o in options)
