@@ -9,7 +9,8 @@ written under docs/, so nothing generated is committed. What each page reads:
 - reference/methods/NAME.md, reference/options/NAME.md: the registries (docstrings, keys, defaults, tune ranges), and
   the conformance rows of docs/conformance.md (the page tests/test_conformance.py keeps equal to the checks), read
   as text so the build runs no torch computation;
-- reference/reproduce.md: the presets, the paper targets with their rows and cost, and the coverage table;
+- reference/presets.md, reference/reproduce.md: the presets and grids; the paper targets with their rows and cost,
+  and the coverage table;
 - reference/performance.md: bench/results/speed-table.md, the table bench/speed_report.py generates.
 """
 from __future__ import annotations
@@ -132,7 +133,7 @@ def api_page() -> str:
              "(`fastfair/__init__.py`); the [API topic page](../api.md) has worked examples.", ""]
     for name, target in fastfair._PUBLIC.items():
         lines += [f"## `fastfair.{name}`", "", f"::: {target.replace(':', '.')}", "    options:",
-                  "      show_root_heading: false", "      heading_level: 3", ""]
+                  "      show_root_heading: true", "      show_root_toc_entry: false", "      heading_level: 3", ""]
     return "\n".join(lines)
 
 
@@ -262,14 +263,20 @@ def index_page(title: str, intro: str, registry) -> str:
 
 # ---- presets, reproduce targets, performance --------------------------------------------------------------------
 
+def presets_page() -> str:
+    return "\n".join(["# Presets and grids", "", "Generated from `configs/` (what `fastfair presets` lists); a paper's "
+                      "whole table, its rows run with the seeds it ran, is a [reproduce target](reproduce.md).", "",
+                      "## Presets", "", "`fastfair train --config NAME`:", "",
+                      *table(["preset", "what it is"], [[f"`{n}`", preset_title(n)] for n in preset_names()]), "",
+                      "## Grids", "", "`fastfair grid NAME`:", "",
+                      *table(["grid", "what it is"], [[f"`{n}`", grid_title(n)] for n in grid_names()]), ""])
+
+
 def reproduce_page() -> str:
     speeds = cost.gpu_images_per_s()
-    lines = ["# Presets and reproduce targets", "", "Generated from `configs/` and the paper modules "
-             "(`fastfair/reproduce/`); the [Reproduce topic page](../reproduce.md) says how a target runs and how "
-             "its verdicts read.", "", "## Presets", "", "`fastfair train --config NAME`:", "",
-             *table(["preset", "what it is"], [[f"`{n}`", preset_title(n)] for n in preset_names()]), "",
-             "## Grids", "", "`fastfair grid NAME`:", "",
-             *table(["grid", "what it is"], [[f"`{n}`", grid_title(n)] for n in grid_names()]), "",
+    lines = ["# Reproduce targets", "", "Generated from the paper modules (`fastfair/reproduce/`); the "
+             "[Reproduce topic page](../reproduce.md) says how a target runs and how its verdicts read, and the "
+             "rows' presets are listed under [Presets and grids](presets.md).", "",
              "## Coverage of each paper", "", coverage.markdown(), "", "## Targets", "",
              "`fastfair reproduce NAME`: each target's rows at the full scale, with the seeds the paper ran, what "
              "each row follows (the paper or the authors' code) and what the whole target costs.", ""]
@@ -297,7 +304,8 @@ def performance_page() -> str:
 def pages() -> dict[str, str]:
     """Every generated page: its path under docs/ -> its Markdown."""
     out = {"reference/cli.md": cli_page(), "reference/api.md": api_page(),
-           "reference/reproduce.md": reproduce_page(), "reference/performance.md": performance_page(),
+           "reference/presets.md": presets_page(), "reference/reproduce.md": reproduce_page(),
+           "reference/performance.md": performance_page(),
            "reference/methods/index.md": index_page(
                "Methods", "Each training method of the registry (`fastfair methods`), one page each.", METHODS),
            "reference/options/index.md": index_page(
@@ -325,6 +333,15 @@ def on_config(config):
     for folder, registry in (("methods", METHODS), ("options", OPTIONS)):
         _expand(config["nav"], f"reference/{folder}/index.md", [f"reference/{folder}/{n}.md" for n in registry])
     return config
+
+
+# a Sphinx role as mkdocstrings leaves it in the HTML: :class:<code>~fastfair.errors.Interrupted</code>
+ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|exc|obj):<code>~?\.?([^<]*)</code>")
+
+
+def on_page_content(html, page, config, files):
+    """The docstrings' Sphinx cross-references, which mkdocstrings renders as raw text, as plain code."""
+    return ROLE.sub(r"<code>\1</code>", html)
 
 
 def on_files(files, config):
