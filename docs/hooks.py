@@ -15,8 +15,10 @@ written under docs/, so nothing generated is committed. What each page reads:
 """
 from __future__ import annotations
 
+import html
 import inspect
 import re
+import typing
 from pathlib import Path
 
 import typer.main
@@ -93,19 +95,19 @@ def is_argument(p) -> bool:
 
 def param_row(p) -> list[str]:
     if is_argument(p):
-        name = f"`{p.metavar or p.name.upper()}`"
+        # raw HTML: a table cell's code span would show the backslash of an escaped pipe (RUN_DIR|CHECKPOINT)
+        name = f"<code>{html.escape(p.metavar or p.name.upper()).replace('|', '&#124;')}</code>"
     else:
         name = " / ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
     annotation = p.type_descriptor.annotation
-    kind = "flag" if getattr(p, "is_flag", False) else (
-        annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", ""))
-    kind = kind + (f" ({p.metavar})" if p.metavar and not is_argument(p) else "")
-    if p.multiple:
-        kind += " (repeatable)"
-    default = p.default
-    shown = "" if default is None or default == () or callable(default) else f"`{default!r}`"
+    if p.multiple and typing.get_args(annotation):  # a repeatable option: the type of each value
+        annotation = typing.get_args(annotation)[0]
+    kind = "flag" if getattr(p, "is_flag", False) else getattr(annotation, "__name__", str(annotation))
+    kind += (f" ({p.metavar})" if p.metavar and not is_argument(p) else "") + (", repeatable" if p.multiple else "")
+    # None: the option left out leaves the config's value (or the command's own rule, which its help states)
+    shown = "" if p.required else "not set" if p.default is None or p.default == () else f"`{p.default!r}`"
     required = " (required)" if p.required else ""
-    return [name, cell(kind) + required, shown, help_text(getattr(p, "help", None))]
+    return [name, kind + required, shown, help_text(getattr(p, "help", None))]
 
 
 def cli_page() -> str:
