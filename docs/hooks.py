@@ -266,12 +266,17 @@ def index_page(title: str, intro: str, registry) -> str:
 # ---- presets, reproduce targets, performance --------------------------------------------------------------------
 
 def presets_page() -> str:
-    return "\n".join(["# Presets and grids", "", "Generated from `configs/` (what `fastfair presets` lists); a paper's "
-                      "whole table, its rows run with the seeds it ran, is a [reproduce target](reproduce.md).", "",
-                      "## Presets", "", "`fastfair train --config NAME`:", "",
-                      *table(["preset", "what it is"], [[f"`{n}`", preset_title(n)] for n in preset_names()]), "",
-                      "## Grids", "", "`fastfair grid NAME`:", "",
-                      *table(["grid", "what it is"], [[f"`{n}`", grid_title(n)] for n in grid_names()]), ""])
+    groups: dict[str, list[str]] = {}
+    for name in preset_names():  # by the name's first word: the paper (benz, cfa, me, ...) or demo, quick, ...
+        groups.setdefault(name.split("-")[0], []).append(name)
+    lines = ["# Presets and grids", "", "Generated from `configs/` (what `fastfair presets` lists); a paper's whole "
+             "table, its rows run with the seeds it ran, is a [reproduce target](reproduce.md).", "", "## Presets",
+             "", "`fastfair train --config NAME`, grouped by the name's first word:", ""]
+    for group, names in groups.items():
+        lines += [f"### {group}", "", *table(["preset", "what it is"], [[f"`{n}`", preset_title(n)] for n in names]),
+                  ""]
+    return "\n".join(lines + ["## Grids", "", "`fastfair grid NAME`:", "",
+                              *table(["grid", "what it is"], [[f"`{n}`", grid_title(n)] for n in grid_names()]), ""])
 
 
 def reproduce_page() -> str:
@@ -282,10 +287,12 @@ def reproduce_page() -> str:
              "## Coverage of each paper", "", coverage.markdown(), "", "## Targets", "",
              "`fastfair reproduce NAME`: each target's rows at the full scale, with the seeds the paper ran, what "
              "each row follows (the paper or the authors' code) and what the whole target costs.", ""]
-    for key, target in tables.tables().items():
+    # the paper tables with numbers to compare first; protocols (a paper's setting, no numbers) after them
+    for key, target in sorted(tables.tables().items(), key=lambda item: item[1].protocol):
         def seeds(row) -> int:
             return runs.row_seeds(row, None, "full")
-        lines += [f"### `{key}`", "", f"{target.title} ({PAPERS[target.source].title}).", "",
+        kind = " A protocol: the paper's setting, without numbers to compare." if target.protocol else ""
+        lines += [f"### `{key}`", "", f"{target.title} ({PAPERS[target.source].title}).{kind}", "",
                   *table(["preset", "row", "follows", "seeds"],
                          [[f"`{r.preset}`", r.row, r.follows, seeds(r)] for r in target.rows]), "",
                   *[f"- not run yet: {p}" for p in target.pending], f"Cost: {cost.estimate(target, seeds, speeds)}", ""]
