@@ -1,6 +1,7 @@
 """The GPU figures, out of bench/results and into what reads them: the data file the package ships
 (``fastfair/gpu_figures.json``, for the CUDA defaults and ``--per-gpu auto``), the one generated speed table
-(``bench/results/speed-table.md``) and the README's speed section, copied from that table between its markers.
+(``bench/results/speed-table.md``, which the site's performance page shows) and the README's speed headline
+(:func:`headline`) between its markers.
 
     python bench/speed_report.py --write    # after a GPU lease's results are in bench/results
     python bench/speed_report.py            # check: exit 1 and name what is stale (tests/test_speed_report.py)
@@ -297,6 +298,23 @@ def table(results: Path, fig: dict) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def headline(fig: dict) -> str:
+    """The README's two lines: the fastest fastfair training step a GPU measured against the reference loop beside
+    it, and what the CUDA default rests on (the whole table is bench/results/speed-table.md and the site's page)."""
+    rows = [r for r in fig["training"] if r["loop"] != "reference" and r["images_per_s"]]
+    if rows:
+        r = max(rows, key=lambda r: r["images_per_s"])
+        versus = (f"{r['x_reference']:.2f}x the reference loop run in the same process" if r["x_reference"]
+                  else "no reference loop measured beside it")
+        first = (f"- Measured: {r['method']} {r['model']} at batch {r['batch']} on an {r['device']} "
+                 f"({r['time_utc'][:10]}, torch {r['torch'].split('+')[0]}, {_config(r)}): "
+                 f"{_epoch(r['images_per_s'])} s per 50k-image epoch, {versus}.")
+    else:
+        first = "- No GPU has measured a training step yet."
+    graphs = gpu_defaults.cudagraphs(gpu_figures.from_dict(fig))
+    return f"{first}\n- CUDA graphs are {'on' if graphs.on else 'off'} by default: {graphs.why}.\n"
+
+
 def readme_with(table_text: str, readme: str) -> str:
     if BEGIN not in readme or END not in readme:
         raise SystemExit(f"README.md has no speed-table markers ({BEGIN} ... {END})")
@@ -309,7 +327,7 @@ def outputs(results: Path = common.RESULTS) -> dict[Path, str]:
     fig = figures(results)
     text = table(results, fig)
     return {FIGURES: json.dumps(fig, indent=1) + "\n", TABLE: text,
-            README: readme_with(text, README.read_text())}
+            README: readme_with(headline(fig), README.read_text())}
 
 
 def stale(results: Path = common.RESULTS) -> list[Path]:

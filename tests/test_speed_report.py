@@ -21,6 +21,14 @@ def test_a_new_result_makes_every_generated_file_stale(tmp_path):
     assert set(speed_report.stale(results)) == {speed_report.FIGURES, speed_report.TABLE, speed_report.README}
     assert "| NVIDIA H100 80GB HBM3, 2027-01-02, 2.13.0 | pgd-at resnet18, batch 128 | fastfair, CUDA graphs, " \
            "Python wrapper | 9,000 | 5.6 |" in speed_report.outputs(results)[speed_report.TABLE]
+    # the README's headline is the fastest measured fastfair step: the new H100 row
+    assert "on an NVIDIA H100 80GB HBM3 (2027-01-02, torch 2.13.0, fastfair, CUDA graphs, Python wrapper): 5.6 s per " \
+           "50k-image epoch" in speed_report.outputs(results)[speed_report.README]
+
+
+def test_the_headline_says_when_no_gpu_measured_a_step():
+    fig = speed_report.figures(speed_report.common.RESULTS)
+    assert speed_report.headline({**fig, "training": []}).startswith("- No GPU has measured a training step yet.\n")
 
 
 def test_the_readme_needs_its_markers():
