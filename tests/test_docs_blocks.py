@@ -234,7 +234,9 @@ def test_blocks_share_the_folder_and_one_namespace(tmp_path):
 
 
 def test_fastfair_in_a_shell_block_is_this_checkout(tmp_path):
-    run_guide(write(tmp_path, "```sh\nfastfair presets > presets.txt\n"
+    # not a console script another install put on PATH: the shim, running this interpreter on this checkout
+    run_guide(write(tmp_path, "```sh\nfastfair presets > presets.txt\ncommand -v fastfair > which.txt\n"
                     "python -c 'import fastfair; print(fastfair.__file__)' > where.txt\n```\n"), tmp_path)
     assert "demo" in (tmp_path / "presets.txt").read_text()
+    assert tmp_path in Path((tmp_path / "which.txt").read_text().strip()).parents
     assert (tmp_path / "where.txt").read_text().strip() == str(ROOT / "fastfair" / "__init__.py")
