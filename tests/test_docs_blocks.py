@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from fastfair.methods import METHODS
 from helpers import NO_REAL_DATA, SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +176,6 @@ def test_blocks_follow_the_convention(path):
 
 @pytest.mark.parametrize("path", guides(), ids=lambda p: p.name)
 def test_links_point_inside_docs(path):
-    from fastfair.methods import METHODS
     for target in links(path.read_text()):
         if REFERENCE.search(target):
             method = re.search(r"methods/([\w+-]+)\.md", target)
