@@ -244,7 +244,7 @@ def compiles(cfg: Config, dev: torch.device) -> bool:
 def auto_cpp_wrapper(dev: torch.device) -> bool:
     """What train.cpp_wrapper=auto means: on CUDA, what the GPU measurements the package ships say
     (:func:`fastfair.gpu_defaults.cpp_wrapper`: off until a GPU measured it faster, with CUDA graphs as they
-    default); off on other devices. The README's Performance section says what it rests on."""
+    default); off on other devices. docs/performance.md says what it rests on."""
     if dev.type != "cuda":
         return False
     fig = gpu_figures.shipped()

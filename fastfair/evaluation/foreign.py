@@ -207,7 +207,7 @@ def _refuse(path: Path, model: str, loaded: set[str], expected: set[str]) -> Use
     known = ", ".join(AUTHORS_KEYS)
     return UserError(f"{path} does not fit --model {model}: missing {few(missing) or 'none'}; unexpected "
                      f"{few(unexpected) or 'none'}. Pass the architecture it was trained with; authors' key names "
-                     f"are read for {known} (README, Any model)")
+                     f"are read for {known} (docs/evaluation-and-report.md, Any model)")
 
 
 def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,

@@ -1,6 +1,6 @@
 """One run on several processes: ``torchrun --nproc-per-node N -m fastfair train ...``.
 
-Choices (README, "Scale-out"):
+Choices (docs/grid.md):
 
 - ``data.batch_size`` stays the *global* batch. Every rank keeps the whole uint8 training split
   on its device (CIFAR-10: 150 MB), draws the same permutation and augmentation from the same

@@ -1,4 +1,4 @@
-"""The training loop: one data flow for every method (see the README's design section).
+"""The training loop: one data flow for every method (docs/design.md).
 
 Per step: method.perturb -> method.loss -> optimiser step -> per-class counting on the device.
 Per epoch: read the counters once, let the method update its per-class vectors, validate per
