@@ -146,10 +146,9 @@ def test_an_eval_record_with_a_changed_digit_or_zeroed_bytes_is_refused_and_says
 
 def test_a_record_written_before_checksums_loads_and_a_written_one_reads_back_as_it_was(tmp_path):
     path = tmp_path / "r.json"
-    record = {"results": {"clean": [0.5, float("nan")]}, 3: (1, 2), "classes": ["a"]}
+    record = {"results": {"clean": [0.5, None]}, 3: (1, 2), "classes": ["a"]}
     write_json_atomic(record, path)
-    assert read_json(path) == {"results": {"clean": [0.5, pytest.approx(float("nan"), nan_ok=True)]}, "3": [1, 2],
-                               "classes": ["a"]}
+    assert read_json(path) == {"results": {"clean": [0.5, None]}, "3": [1, 2], "classes": ["a"]}
     path.write_text(json.dumps({"results": {}, "classes": ["a"]}))  # an older fastfair's record, no checksum
     assert read_json(path) == {"results": {}, "classes": ["a"]}
 
@@ -184,6 +183,48 @@ def test_damaged_grid_state_is_refused(tmp_path):
     path.write_text(path.read_text().replace("12.5", "92.5"))
     with pytest.raises(UserError, match=f"^{path} is damaged: its content does not match its checksum"):
         jobs.read_state(tmp_path)
+
+
+# ---- metrics.jsonl and history.jsonl: a checksum on each line -------------------------------------------
+@pytest.mark.fault
+def test_a_metrics_line_with_a_changed_digit_is_refused_naming_its_line_by_report_resume_and_the_api(run, capsys):
+    """A line of an append-only log whose bytes changed was read back (report, resume, curves) as another number:
+    each line now carries its own checksum, and a changed one is one line naming the file, the line and the fix."""
+    metrics = run / "metrics.jsonl"
+    (line,) = metrics.read_text().splitlines()
+    assert rundir.JSON_CHECKSUM in json.loads(line) and rundir.JSON_CHECKSUM not in RunDir(run).read_metrics()[0]
+    digit = line.index(".", line.index('"loss": ')) + 1  # still JSON, another loss
+    metrics.write_text(line[:digit] + str((int(line[digit]) + 1) % 10) + line[digit + 1:] + "\n")
+    said = (f"{metrics}, line 1, is damaged: its content does not match its checksum ({rundir.JSON_CHECKSUM}: bytes "
+            f"changed after fastfair wrote it); restore metrics.jsonl from a copy, or delete that line to read the "
+            f"run without that epoch's numbers (its checkpoints do not depend on them)")
+    for command in (["report", str(run), "--out", str(run / "report")], demo_train(run, "--resume")):
+        assert cli.main(command) == 2
+        assert _one_error(capsys.readouterr().err) == said
+    with pytest.raises(UserError, match=re.escape(said)):
+        fastfair.train(out=run, resume=True, progress=False, sets={"train.lr_milestones": []})
+    assert not (run / "report").exists()
+
+    history = run / "history.jsonl"
+    history.write_text(history.read_text().replace('"start"', '"stass"'))
+    with pytest.raises(UserError, match=rf"^{history}, line 1, is damaged: its content does not match its checksum"):
+        RunDir(run).read_history()
+
+
+def test_metrics_lines_without_checksums_read_as_before_and_a_torn_last_line_is_still_left_out(tmp_path):
+    """Lines written before the checksums are read as they are; a line appended now carries one; a torn last line
+    (a kill mid-append) is left out by readers and removed on resume, as before."""
+    rd = RunDir(tmp_path)
+    old = [{"epoch": 1, "loss": 2.5}, {"epoch": 2, "loss": 2.25}]
+    rd.metrics.write_text("".join(json.dumps(r) + "\n" for r in old))  # an older fastfair's lines
+    rd.append_metrics({"epoch": 3, "loss": 2.0})
+    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]
+    with open(rd.metrics, "a") as f:
+        f.write('{"epoch": 4, "lo')  # killed mid-append
+    assert rd.read_metrics()[-1]["epoch"] == 3 and rd.truncate_metrics(3)
+    lines = [json.loads(line) for line in rd.metrics.read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == [1, 2, 3] and all(rundir.JSON_CHECKSUM in r for r in lines)
+    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]  # rewritten with checksums, read back the same
 
 
 # ---- .npz: AutoAttack's progress, stored measurements --------------------------------------------
