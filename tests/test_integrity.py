@@ -294,3 +294,41 @@ def test_a_damaged_beton_is_refused_and_a_conversion_stopped_before_its_files_le
     assert not (out / "meta.json").exists() and beton.read_bytes()[:5] == b"beton"
     with pytest.raises(UserError, match=rf"^{out}/meta.json not found: make the .beton files with"):
         ffcv.read_meta(out)
+
+
+@pytest.mark.fault
+def test_a_beton_is_hashed_once_then_again_only_when_changed_and_data_verify_hashes_it_in_full(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """Hashing a multi-GB .beton at every open was slow every run: the file's (size, mtime, inode, device) at its
+    last full check are kept in a checksummed sidecar, and an open that finds them unchanged reads none of the file.
+    A change (here a rewrite, then an edit that keeps the size) is hashed and refused; one that also restores the
+    mtime is the trade, caught by `fastfair data verify`."""
+    out = tmp_path / "betons"
+    _fake_ffcv(monkeypatch, b"beton bytes " * 100)
+    assert cli.main(["data", "convert", "--dataset", "digits", "--out", str(out), "--workers", "1"]) == 0
+    beton = out / "train.beton"
+    hashed = []
+    real = ffcv.file_sha256
+    monkeypatch.setattr(ffcv, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    for _ in range(2):
+        ffcv.verify_beton(beton)
+    assert hashed == []  # convert hashed what it wrote: no open reads it again
+    sidecar = out / "train.beton.verified.json"
+    sidecar.write_text(sidecar.read_text().replace('"size": 1200', '"size": 1201'))  # a damaged sidecar: hash again
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] and "is hashed again" in capsys.readouterr().err
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"]  # and recorded again
+
+    stat = beton.stat()
+    _zero(beton, 500)  # same size, a new mtime: hashed at the next open, and refused
+    damaged = rf"^{beton} is damaged: its SHA-256 is not the one {out}/meta.json names"
+    with pytest.raises(UserError, match=damaged):
+        ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] * 2
+    os.utime(beton, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the mtime put back: not seen at open (the trade)
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] * 2
+    capsys.readouterr()
+    assert cli.main(["data", "verify", str(out)]) == 2
+    assert re.match(damaged, _one_error(capsys.readouterr().err))
