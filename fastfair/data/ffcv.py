@@ -180,10 +180,10 @@ def verify_beton(path: Path, full: bool = False) -> None:
 
     Hashing reads the whole file (minutes for an ImageNet .beton), so it is done once: the file's size, mtime,
     inode and device when its hash matched go into a checksummed sidecar (``train.beton.verified.json``), and an
-    open that finds them unchanged does not read the file. What this trades: bytes changed in place by something
-    that keeps the size and restores the mtime are not seen at open (a disk's silent corruption, which FFCV's own
-    reads would not see either); ``full`` (``fastfair data verify``) hashes the file whatever the sidecar says.
-    A copy or a new conversion is a new inode, hashed again."""
+    open that finds them unchanged does not read the file. What this trades: bytes changed in place without a
+    change of size or mtime (a disk's silent corruption, a writer that restores the mtime) are not seen at open;
+    ``full`` (``fastfair data verify``) hashes the file whatever the sidecar says, and finds them. A copy or a new
+    conversion is a new inode, hashed again."""
     if not (path.parent / META).is_file():
         return
     meta = read_meta(path.parent)
