@@ -43,7 +43,8 @@ file, so the one atomic rename writes content and checksum together and no crash
   (:func:`jsonl_line`, :func:`read_jsonl`): a line is appended on its own, so it carries its own;
   ``config.toml`` starts with a ``# sha256:`` comment line of the rest (:meth:`RunDir.read_config`);
 * FFCV's ``.beton`` files, another library's format, are named with their SHA-256 in ``meta.json``
-  (:mod:`fastfair.data.ffcv` says what a crash can leave).
+  (:mod:`fastfair.data.ffcv` says what a crash can leave), hashed in full once and again only when their size,
+  mtime or inode changed (:func:`fastfair.data.ffcv.verify_beton`).
 
 Files written before these checksums (none in them, or a checkpoint saved with torch's CRC-32 off) load as before,
 silently: they cannot be checked, and a notice on each of a user's old runs would say nothing they could act on.
