@@ -596,6 +596,24 @@ def convert(
           + (f" --data-dir {data_dir}" if data_dir else ""))
 
 
+@data_app.command("verify", help="hash every .beton file of a folder against its meta.json in full (an open "
+                                 "re-hashes a file only when its size, mtime or inode changed)")
+def verify(folder: Annotated[str, typer.Argument(help="folder of .beton files from fastfair data convert")]) -> None:
+    from fastfair.data import ffcv
+
+    for split in ffcv.read_meta(folder).get("splits", {}).values():
+        if not split.get("file"):  # an empty split has no file
+            continue
+        path = Path(folder).expanduser() / split["file"]
+        if not path.is_file():
+            raise UserError(f"{path} not found: convert again: fastfair data convert --dataset D --out {folder}")
+        if not split.get("sha256"):
+            print(f"{path}: not checked (converted before meta.json named each file's SHA-256; convert again)")
+            continue
+        ffcv.verify_beton(path, full=True)
+        print(f"{path}: intact (SHA-256 {split['sha256'][:16]}...)")
+
+
 def _load_source(dataset: Text, data_dir: Text, default: str):
     """The data set a data command reads: ``--dataset``, else npz when ``--data-dir`` is a file, else ``default``."""
     from fastfair import data

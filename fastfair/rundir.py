@@ -39,9 +39,12 @@ file, so the one atomic rename writes content and checksum together and no crash
   CRC-32 finds every burst of changed bytes up to 32 bits long and any other change but 1 in 2**32: enough
   against damage, which is all it is for (it proves nothing against a deliberate edit);
 * JSON records carry :data:`JSON_CHECKSUM`, the SHA-256 of their canonical content (:func:`write_json_atomic`,
-  :func:`read_json`); ``config.toml`` starts with a ``# sha256:`` comment line of the rest (:meth:`RunDir.read_config`);
+  :func:`read_json`), and so does each line of the append-only logs ``metrics.jsonl`` and ``history.jsonl``
+  (:func:`jsonl_line`, :func:`read_jsonl`): a line is appended on its own, so it carries its own;
+  ``config.toml`` starts with a ``# sha256:`` comment line of the rest (:meth:`RunDir.read_config`);
 * FFCV's ``.beton`` files, another library's format, are named with their SHA-256 in ``meta.json``
-  (:mod:`fastfair.data.ffcv` says what a crash can leave).
+  (:mod:`fastfair.data.ffcv` says what a crash can leave), hashed in full once and again only when their size,
+  mtime or inode changed (:func:`fastfair.data.ffcv.verify_beton`).
 
 Files written before these checksums (none in them, or a checkpoint saved with torch's CRC-32 off) load as before,
 silently: they cannot be checked, and a notice on each of a user's old runs would say nothing they could act on.
@@ -236,24 +239,29 @@ class RunDir:
             os.truncate(self.metrics, start)
             raise
 
+    def _metrics_fix(self) -> str:
+        return (f"restore {self.metrics.name} from a copy, or delete that line to read the run without that epoch's "
+                "numbers (its checkpoints do not depend on them)")
+
     def read_metrics(self) -> list[dict]:
-        return _metrics_one_based(read_jsonl(self.metrics)[0])
+        return _metrics_one_based(read_jsonl(self.metrics, self._metrics_fix())[0])
 
     def append_history(self, record: dict) -> None:
         append_jsonl(record, self.history)
 
     def read_history(self) -> list[dict]:
-        return read_jsonl(self.history)[0]
+        return read_jsonl(self.history, "delete that line (it records one start or resume of the run)")[0]
 
     def truncate_metrics(self, done: int) -> bool:
         """Keep the lines of the first ``done`` epochs: on resume, drop those ``last.pt`` does not hold (a
         kill between an epoch's metrics line and its checkpoint leaves such a line; the epoch is redone).
         A torn last line (a kill while appending) goes too; returns whether there was one. Lines of a
         run from before the 1-based numbering are rewritten 1-based."""
-        records, torn = read_jsonl(self.metrics)
+        records, torn = read_jsonl(self.metrics, self._metrics_fix())
         records = _metrics_one_based(records)
         if self.metrics.is_file():
-            write_text_atomic("".join(json.dumps(r) + "\n" for r in records if r["epoch"] <= done), self.metrics)
+            write_text_atomic("".join(jsonl_line(r, self.metrics) for r in records if r["epoch"] <= done),
+                              self.metrics)
         return torn
 
     # ---- one writer ---------------------------------------------------------------------------
@@ -545,14 +553,25 @@ def _json_sha256(record: dict) -> str:
     return _sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
 
 
+def _json_text(obj, path: str | Path, indent: int | None = None) -> str:
+    """``obj`` as JSON text, refusing NaN and inf: Python's ``json`` writes them as bare ``NaN``/``Infinity``, which
+    is not JSON (most readers reject the file) and says nothing. A value that can be undefined (an absent class's
+    cell) is written as null by its producer, who knows what it means
+    (:func:`fastfair.evaluation.measures.json_values`)."""
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError as err:  # a bug of the writer, not the user's: said with the file it was for
+        raise ValueError(f"{path}: {err} (write an undefined value as null)") from None
+
+
 def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
-    """``obj`` as JSON, atomically; a dict (every record fastfair reads back) gains :data:`JSON_CHECKSUM`, which
-    :func:`read_json` checks. The checksum is of the record as JSON reads it back (keys become strings, tuples
-    lists), so it is computed on that."""
+    """``obj`` as JSON (no NaN or inf: :func:`_json_text`), atomically; a dict (every record fastfair reads back)
+    gains :data:`JSON_CHECKSUM`, which :func:`read_json` checks. The checksum is of the record as JSON reads it back
+    (keys become strings, tuples lists), so it is computed on that."""
     if isinstance(obj, dict):
-        obj = json.loads(json.dumps(obj))
+        obj = json.loads(_json_text(obj, path))
         obj[JSON_CHECKSUM] = _json_sha256(obj)
-    write_text_atomic(json.dumps(obj, indent=indent), path)
+    write_text_atomic(_json_text(obj, path, indent), path)
 
 
 def write_npz_atomic(arrays: dict, path: str | Path, compressed: bool = False) -> None:
@@ -611,9 +630,16 @@ def append_text(text: str, path: str | Path) -> None:
             raise
 
 
+def jsonl_line(record: dict, path: str | Path) -> str:
+    """One line of an append-only log: ``record`` with its own :data:`JSON_CHECKSUM` (as a JSON file carries one),
+    which :func:`read_jsonl` checks, so a line whose bytes changed is refused rather than read as another number."""
+    record = json.loads(_json_text(record, path))
+    return _json_text({**record, JSON_CHECKSUM: _json_sha256(record)}, path) + "\n"
+
+
 def append_jsonl(record: dict, path: str | Path) -> None:
-    """Append one JSON line (:func:`append_text`)."""
-    append_text(json.dumps(record) + "\n", path)
+    """Append one checksummed JSON line (:func:`jsonl_line`, :func:`append_text`)."""
+    append_text(jsonl_line(record, path), path)
 
 
 # ---- failed writes: one line naming the file, why, and the free space there ----------------------
@@ -685,24 +711,31 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def read_jsonl(path: str | Path) -> tuple[list[dict], bool]:
-    """(records, whether a torn last line was left out). Only the last line may be torn (a kill
-    while appending); a bad line before it means the file was damaged otherwise."""
+def read_jsonl(path: str | Path, fix: str) -> tuple[list[dict], bool]:
+    """(records, whether a torn last line was left out), each line's checksum (:func:`jsonl_line`) checked and left
+    out. Only the last line may be torn (a kill while appending); a line before it that is not JSON, or any line
+    whose content does not match its checksum, means the file was damaged otherwise: a UserError naming the line
+    and ``fix``. Lines written before the checksums have none and are read as they are (so is a line whose damage
+    hit the checksum's own key: a few bytes of a line of hundreds)."""
     path = Path(path)
     if not path.is_file():
         return [], False
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().decode(errors="replace").splitlines()  # a damaged byte fails as JSON, named below
     records = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 return records, True
             raise UserError(f"{path}, line {i + 1}, is not JSON: the file is damaged; "
                             f"delete that line (and any half-written one) and run the command again") from None
+        if isinstance(record, dict) and JSON_CHECKSUM in record and record.pop(JSON_CHECKSUM) != _json_sha256(record):
+            raise UserError(f"{path}, line {i + 1}, is damaged: its content does not match its checksum "
+                            f"({JSON_CHECKSUM}: bytes changed after fastfair wrote it); {fix}")
+        records.append(record)
     return records, False
 
 

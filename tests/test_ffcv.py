@@ -241,7 +241,8 @@ def test_train_through_ffcv_matches_device_loader(tmp_path):
     betons = tmp_path / "betons"
     assert cli.main(["data", "convert", "--dataset", "npz", "--data-dir", str(npz), "--out", str(betons),
                      "--val-per-class", "5", "--workers", "1"]) == 0
-    assert {p.name for p in betons.iterdir()} == {"train.beton", "val.beton", "test.beton", "meta.json"}
+    files = {f"{split}.beton" for split in ("train", "val", "test")}  # each with the sidecar of its verified hash
+    assert {p.name for p in betons.iterdir()} == {*files, *(f"{f}.verified.json" for f in files), "meta.json"}
     common = ["train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", str(npz), "--model", "tiny-cnn",
               "--epochs", "1", "--device", "cpu", "--quiet", "--set", "data.val_per_class=5",
               "--set", "data.batch_size=50", "--set", "attack.steps=2", "--set", "train.val_attack=pgd2",

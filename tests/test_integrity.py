@@ -146,10 +146,9 @@ def test_an_eval_record_with_a_changed_digit_or_zeroed_bytes_is_refused_and_says
 
 def test_a_record_written_before_checksums_loads_and_a_written_one_reads_back_as_it_was(tmp_path):
     path = tmp_path / "r.json"
-    record = {"results": {"clean": [0.5, float("nan")]}, 3: (1, 2), "classes": ["a"]}
+    record = {"results": {"clean": [0.5, None]}, 3: (1, 2), "classes": ["a"]}
     write_json_atomic(record, path)
-    assert read_json(path) == {"results": {"clean": [0.5, pytest.approx(float("nan"), nan_ok=True)]}, "3": [1, 2],
-                               "classes": ["a"]}
+    assert read_json(path) == {"results": {"clean": [0.5, None]}, "3": [1, 2], "classes": ["a"]}
     path.write_text(json.dumps({"results": {}, "classes": ["a"]}))  # an older fastfair's record, no checksum
     assert read_json(path) == {"results": {}, "classes": ["a"]}
 
@@ -184,6 +183,48 @@ def test_damaged_grid_state_is_refused(tmp_path):
     path.write_text(path.read_text().replace("12.5", "92.5"))
     with pytest.raises(UserError, match=f"^{path} is damaged: its content does not match its checksum"):
         jobs.read_state(tmp_path)
+
+
+# ---- metrics.jsonl and history.jsonl: a checksum on each line -------------------------------------------
+@pytest.mark.fault
+def test_a_metrics_line_with_a_changed_digit_is_refused_naming_its_line_by_report_resume_and_the_api(run, capsys):
+    """A line of an append-only log whose bytes changed was read back (report, resume, curves) as another number:
+    each line now carries its own checksum, and a changed one is one line naming the file, the line and the fix."""
+    metrics = run / "metrics.jsonl"
+    (line,) = metrics.read_text().splitlines()
+    assert rundir.JSON_CHECKSUM in json.loads(line) and rundir.JSON_CHECKSUM not in RunDir(run).read_metrics()[0]
+    digit = line.index(".", line.index('"loss": ')) + 1  # still JSON, another loss
+    metrics.write_text(line[:digit] + str((int(line[digit]) + 1) % 10) + line[digit + 1:] + "\n")
+    said = (f"{metrics}, line 1, is damaged: its content does not match its checksum ({rundir.JSON_CHECKSUM}: bytes "
+            f"changed after fastfair wrote it); restore metrics.jsonl from a copy, or delete that line to read the "
+            f"run without that epoch's numbers (its checkpoints do not depend on them)")
+    for command in (["report", str(run), "--out", str(run / "report")], demo_train(run, "--resume")):
+        assert cli.main(command) == 2
+        assert _one_error(capsys.readouterr().err) == said
+    with pytest.raises(UserError, match=re.escape(said)):
+        fastfair.train(out=run, resume=True, progress=False, sets={"train.lr_milestones": []})
+    assert not (run / "report").exists()
+
+    history = run / "history.jsonl"
+    history.write_text(history.read_text().replace('"start"', '"stass"'))
+    with pytest.raises(UserError, match=rf"^{history}, line 1, is damaged: its content does not match its checksum"):
+        RunDir(run).read_history()
+
+
+def test_metrics_lines_without_checksums_read_as_before_and_a_torn_last_line_is_still_left_out(tmp_path):
+    """Lines written before the checksums are read as they are; a line appended now carries one; a torn last line
+    (a kill mid-append) is left out by readers and removed on resume, as before."""
+    rd = RunDir(tmp_path)
+    old = [{"epoch": 1, "loss": 2.5}, {"epoch": 2, "loss": 2.25}]
+    rd.metrics.write_text("".join(json.dumps(r) + "\n" for r in old))  # an older fastfair's lines
+    rd.append_metrics({"epoch": 3, "loss": 2.0})
+    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]
+    with open(rd.metrics, "a") as f:
+        f.write('{"epoch": 4, "lo')  # killed mid-append
+    assert rd.read_metrics()[-1]["epoch"] == 3 and rd.truncate_metrics(3)
+    lines = [json.loads(line) for line in rd.metrics.read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == [1, 2, 3] and all(rundir.JSON_CHECKSUM in r for r in lines)
+    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]  # rewritten with checksums, read back the same
 
 
 # ---- .npz: AutoAttack's progress, stored measurements --------------------------------------------
@@ -253,3 +294,41 @@ def test_a_damaged_beton_is_refused_and_a_conversion_stopped_before_its_files_le
     assert not (out / "meta.json").exists() and beton.read_bytes()[:5] == b"beton"
     with pytest.raises(UserError, match=rf"^{out}/meta.json not found: make the .beton files with"):
         ffcv.read_meta(out)
+
+
+@pytest.mark.fault
+def test_a_beton_is_hashed_once_then_again_only_when_changed_and_data_verify_hashes_it_in_full(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """Hashing a multi-GB .beton at every open was slow every run: the file's (size, mtime, inode, device) at its
+    last full check are kept in a checksummed sidecar, and an open that finds them unchanged reads none of the file.
+    A change (here a rewrite, then an edit that keeps the size) is hashed and refused; one that also restores the
+    mtime is the trade, caught by `fastfair data verify`."""
+    out = tmp_path / "betons"
+    _fake_ffcv(monkeypatch, b"beton bytes " * 100)
+    assert cli.main(["data", "convert", "--dataset", "digits", "--out", str(out), "--workers", "1"]) == 0
+    beton = out / "train.beton"
+    hashed = []
+    real = ffcv.file_sha256
+    monkeypatch.setattr(ffcv, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    for _ in range(2):
+        ffcv.verify_beton(beton)
+    assert hashed == []  # convert hashed what it wrote: no open reads it again
+    sidecar = out / "train.beton.verified.json"
+    sidecar.write_text(sidecar.read_text().replace('"size": 1200', '"size": 1201'))  # a damaged sidecar: hash again
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] and "is hashed again" in capsys.readouterr().err
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"]  # and recorded again
+
+    stat = beton.stat()
+    _zero(beton, 500)  # same size, a new mtime: hashed at the next open, and refused
+    damaged = rf"^{beton} is damaged: its SHA-256 is not the one {out}/meta.json names"
+    with pytest.raises(UserError, match=damaged):
+        ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] * 2
+    os.utime(beton, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the mtime put back: not seen at open (the trade)
+    ffcv.verify_beton(beton)
+    assert hashed == ["train.beton"] * 2
+    capsys.readouterr()
+    assert cli.main(["data", "verify", str(out)]) == 2
+    assert re.match(damaged, _one_error(capsys.readouterr().err))

@@ -28,8 +28,8 @@ import torch
 
 from fastfair.data import datasets
 from fastfair.data.loaders import LOADERS, random_crop_flip
-from fastfair.errors import UserError
-from fastfair.rundir import check_space, file_sha256, read_json, replacing, write_json_atomic
+from fastfair.errors import UserError, WriteError
+from fastfair.rundir import check_space, file_sha256, notice, read_json, replacing, write_json_atomic
 
 INSTALL_HINT = (
     "the FFCV loader needs the optional extra: on Debian/Ubuntu run "
@@ -144,6 +144,8 @@ def convert(splits: dict, out_dir: str | Path, *, jpeg: bool = False, jpeg_quali
         **(meta or {}),
     }
     write_json_atomic(record, out / META, indent=2)
+    for name, path in paths.items():  # hashed as they were written: their first open need not read them again
+        _record_verified(path, info[name]["sha256"], _stamp(path))
     return paths
 
 
@@ -172,17 +174,62 @@ def read_meta(beton_dir: str | Path) -> dict:
     return read_json(path, f"convert again: fastfair data convert --dataset D --out {beton_dir}")
 
 
-def verify_beton(path: Path) -> None:
+def verify_beton(path: Path, full: bool = False) -> None:
     """Refuse a ``.beton`` whose bytes are not those :func:`convert` wrote: its SHA-256 against the one ``meta.json``
-    beside it names. Files converted before meta.json held checksums (or without a meta.json) are not checked."""
+    beside it names. Files converted before meta.json held checksums (or without a meta.json) are not checked.
+
+    Hashing reads the whole file (minutes for an ImageNet .beton), so it is done once: the file's size, mtime,
+    inode and device when its hash matched go into a checksummed sidecar (``train.beton.verified.json``), and an
+    open that finds them unchanged does not read the file. What this trades: bytes changed in place without a
+    change of size or mtime (a disk's silent corruption, a writer that restores the mtime) are not seen at open;
+    ``full`` (``fastfair data verify``) hashes the file whatever the sidecar says, and finds them. A copy or a new
+    conversion is a new inode, hashed again."""
     if not (path.parent / META).is_file():
         return
     meta = read_meta(path.parent)
     want = {s.get("file"): s.get("sha256") for s in meta.get("splits", {}).values()}.get(path.name)
-    if want and file_sha256(path) != want:
+    if not want:
+        return
+    stamp = _stamp(path)  # before hashing: a file changed while it is read does not match it afterwards
+    if not full and _verified(path) == {"file": path.name, "sha256": want, **stamp}:
+        return
+    if file_sha256(path) != want:
         raise UserError(f"{path} is damaged: its SHA-256 is not the one {path.parent / META} names (bytes changed "
                         f"after fastfair data convert wrote it); convert again: fastfair data convert --dataset "
                         f"{meta.get('dataset', 'D')} --out {path.parent}")
+    _record_verified(path, want, stamp)
+
+
+def _verified_file(path: Path) -> Path:
+    return path.with_name(path.name + ".verified.json")
+
+
+def _stamp(path: Path) -> dict:
+    """What changes when a file is rewritten, replaced or copied: size, mtime, inode and device."""
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "device": st.st_dev}
+
+
+def _verified(path: Path) -> dict | None:
+    """The sidecar's record of the file's last full check; None when there is none or it is damaged (then the file
+    is hashed again, which is all a damaged sidecar costs)."""
+    sidecar = _verified_file(path)
+    if not sidecar.is_file():
+        return None
+    try:
+        return read_json(sidecar)
+    except UserError as err:
+        notice(f"{err}; {path.name} is hashed again")
+        return None
+
+
+def _record_verified(path: Path, sha256: str, stamp: dict) -> None:
+    """Write the sidecar of a file whose hash matched; a folder that cannot take it (read-only data) costs a full
+    hash at every open, said once per open."""
+    try:
+        write_json_atomic({"file": path.name, "sha256": sha256, **stamp}, _verified_file(path))
+    except WriteError as err:
+        notice(f"{err}; so {path.name} is hashed in full at every open")
 
 
 def check_meta(beton_dir: str | Path, *, dataset: str | None = None, val_per_class: int | None = None,

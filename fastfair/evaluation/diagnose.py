@@ -48,8 +48,12 @@ def collect(model, loader, attack_name: str, *, eps, alpha, num_classes: int, cw
 
 
 def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500, seed: int = 0) -> dict:
-    """Every diagnostic from :func:`collect`'s arrays and the classifier's weight matrix."""
+    """Every diagnostic from :func:`collect`'s arrays and the classifier's weight matrix, as JSON values: a class
+    without images in the data (absent, named in ``absent_classes``) has null in every per-class cell, row and
+    column of it, as the evaluation records have, and is left out of the measures over classes; a rank correlation
+    that is undefined (constant values) is null."""
     y, c = data["y"], num_classes
+    present = np.bincount(y, minlength=c) > 0
     out: dict = {"accuracy": {}, "summary": {}, "cvc": {}, "entropy": {}, "inter_class_similarity": {},
                  "nearest_class": {}, "intra_class_variance": {}, "logit_similarity": {}}
     conf = {}
@@ -60,22 +64,26 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
         feats = data[f"feat_{tag}"]
         sim, nearest = dg.inter_class_similarity(feats, y, c)
         ent = dg.entropy_per_class(data[f"prob_{tag}"], y, c)
-        out["accuracy"][tag] = acc.tolist()
+        out["accuracy"][tag] = measures.json_values(acc)
         out["summary"][tag] = measures.summary_of_confusion(conf[tag])
-        out["cvc"][tag] = dg.cvc(data[f"prob_{tag}"], y, c).tolist()
+        out["cvc"][tag] = measures.json_values(dg.cvc(data[f"prob_{tag}"], y, c))
         mean_entropy = float(dg.prediction_entropy(data[f"prob_{tag}"]).mean())
-        out["entropy"][tag] = {"per_class": ent.tolist(), "mean": mean_entropy}
-        out["inter_class_similarity"][tag] = sim.tolist()
-        out["nearest_class"][tag] = nearest.tolist()
-        out["intra_class_variance"][tag] = dg.intra_class_variance(feats, y, c).tolist()
+        out["entropy"][tag] = {"per_class": measures.json_values(ent), "mean": mean_entropy}
+        out["inter_class_similarity"][tag] = measures.json_values(sim)
+        out["nearest_class"][tag] = _nearest(nearest, sim)
+        out["intra_class_variance"][tag] = measures.json_values(dg.intra_class_variance(feats, y, c))
         out["logit_similarity"][tag] = logit_similarity(data[f"logit_{tag}"], y, c, acc)
     norms = dg.weight_norms(head_weight)
     out["confusion"] = conf["adv"].tolist()
-    out["confusion_percent"] = dg.confusion_percent(conf["adv"]).tolist()
+    out["confusion_percent"] = measures.json_values(dg.confusion_percent(conf["adv"]))
     out["misclassified_counts"] = dg.misclassified_counts(conf["adv"]).tolist()
     out["weight_norms"] = norms.tolist()
-    out["weight_norm_rank_correlation"] = {tag: dg.rank_correlation(norms, out["accuracy"][tag])
-                                           for tag in ("clean", "adv")}
+    out["weight_norm_rank_correlation"] = {
+        tag: measures.json_value(dg.rank_correlation(norms, measures.per_class_accuracy(conf[tag])))
+        for tag in ("clean", "adv")}
+    absent = [k for k in range(c) if not present[k]]
+    if absent:  # class indices here; diagnose_checkpoint names them
+        out["absent_classes"] = absent
     if tsne_points:
         pick = np.random.default_rng(seed).permutation(len(y))[:tsne_points]
         clean, adv = dg.tsne(data["feat_clean"][pick], data["feat_adv"][pick], seed)
@@ -83,15 +91,25 @@ def summarise(data: dict, head_weight, num_classes: int, tsne_points: int = 500,
     return out
 
 
+def _nearest(nearest, similarity) -> list:
+    """The nearest class of each class, null where its similarity is undefined (an absent class, or no other)."""
+    return [None if s != s else int(k) for k, s in zip(nearest, similarity)]
+
+
 def logit_similarity(logits, y, num_classes: int, accuracy) -> dict:
     """Benz et al. 2021, Sec. 3.2: the cosine similarity of the classes' mean logit vectors (``matrix``, rows and
     columns the true classes), each class's ``max`` (with its ``nearest`` class) and ``mean`` similarity to the
     others, and Spearman's rank correlation of each with the class's ``accuracy`` (their hypothesis: a class
-    close to others is the vulnerable one, so a negative correlation)."""
+    close to others is the vulnerable one, so a negative correlation). An absent class (no images, so no mean
+    logit vector) is null in all of them and no other class's neighbour."""
+    present = np.bincount(y, minlength=num_classes) > 0
     cos = dg.class_mean_cosine(logits, y, num_classes)
-    others = dg.similarity_to_others(cos)
-    return {"matrix": cos.round(6).tolist(), **{k: v.tolist() for k, v in others.items()},
-            "rank_correlation": {k: dg.rank_correlation(others[k], accuracy) for k in ("max", "mean")}}
+    others = dg.similarity_to_others(cos, present)
+    cos = np.where(present[:, None] & present[None, :], cos.round(6), np.nan)
+    return {"matrix": measures.json_values(cos), "max": measures.json_values(others["max"]),
+            "nearest": _nearest(others["nearest"], others["max"]), "mean": measures.json_values(others["mean"]),
+            "rank_correlation": {k: measures.json_value(dg.rank_correlation(others[k], accuracy))
+                                 for k in ("max", "mean")}}
 
 
 def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", data_dir: str | None = None,
@@ -116,6 +134,8 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
     record = {"checkpoint": str(path), "epoch": ck["epoch"], **EPOCH_NUMBERING, "split": split, "attack": attack,
               "classes": bundle.classes, "eps": cfg.eval.eps, "precision": "fp32", "seed": seed,
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
+    if "absent_classes" in record:  # by name, as an evaluation record names them
+        record["absent_classes"] = [bundle.classes[k] for k in record["absent_classes"]]
     out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, out)
@@ -127,11 +147,12 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
             f"{path.stem} (epoch {ck['epoch']}), {split}: t-SNE of penultimate features",
             out.with_name(out.stem + "-tsne.png"), attack=attack))
     if not quiet:
-        s = record["summary"]
+        s, rho = record["summary"], measures.correlation_text
         print(f"{path.stem} on {split}: clean {s['clean']['avg']:.2f} (worst {s['clean']['worst']:.2f}), "
               f"{attack} {s['adv']['avg']:.2f} (worst {s['adv']['worst']:.2f}); rank correlation with {attack} "
-              f"accuracy of the classifier weight norm {record['weight_norm_rank_correlation']['adv']:.2f}, of the "
+              f"accuracy of the classifier weight norm {rho(record['weight_norm_rank_correlation']['adv'])}, of the "
               f"highest mean-logit cosine to another class "
-              f"{record['logit_similarity']['adv']['rank_correlation']['max']:.2f}\nwritten: {out}"
-              + (f"\nt-SNE figure: {record['tsne_png']}" if "tsne_png" in record else ""))
+              f"{rho(record['logit_similarity']['adv']['rank_correlation']['max'])}\nwritten: {out}"
+              + (f"\nt-SNE figure: {record['tsne_png']}" if "tsne_png" in record else "")
+              + (f"\n{measures.absent_note(record['absent_classes'])}" if "absent_classes" in record else ""))
     return record

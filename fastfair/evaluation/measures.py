@@ -69,8 +69,17 @@ def summary(acc) -> dict[str, float]:
 
 
 def json_values(values) -> list:
-    """A per-class array as a JSON list: NaN (an absent class) as null, which JSON can hold and NaN it cannot."""
-    return [None if v != v else float(v) for v in np.asarray(values, dtype=np.float64).tolist()]
+    """A per-class array (or a class-by-class matrix) as a JSON list: NaN (an absent class) as null, which JSON can
+    hold and NaN it cannot."""
+    a = np.asarray(values, dtype=np.float64)
+    out = a.astype(object)
+    out[np.isnan(a)] = None
+    return out.tolist()
+
+
+def json_value(value: float) -> float | None:
+    """A measure that can be undefined (a rank correlation of constant values) as JSON: NaN as null."""
+    return None if value != value else float(value)
 
 
 def absent_classes(per_class, classes: list[str]) -> list[str]:
@@ -127,7 +136,8 @@ SUMMARY_ROWS = (("avg", "mean of per-class accuracies"), ("overall", "share of i
 
 
 def accuracy_cell(value, digits: int = 2) -> str:
-    """A per-class accuracy as a table shows it: ``digits`` decimals, '-' for an absent class (null or NaN)."""
+    """A per-class accuracy (or another per-class value) as a table shows it: ``digits`` decimals, '-' for an absent
+    class (null or NaN)."""
     return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
@@ -240,22 +250,28 @@ def class_mean_cosine(values, y, num_classes: int) -> np.ndarray:
 
 
 def inter_class_similarity(features, y, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(similarity, nearest class): max_{j != k} cos(mu_k, mu_j) of class means, and the j attaining it
-    (ME-AT paper, Sec. 1, Fig. 2a)."""
+    """(similarity, nearest class): max_{j != k} cos(mu_k, mu_j) of class means over the present classes j, and
+    the j attaining it (ME-AT paper, Sec. 1, Fig. 2a); NaN for an absent class (:func:`similarity_to_others`)."""
     cos = class_mean_cosine(features, y, num_classes)
-    np.fill_diagonal(cos, -np.inf)
-    return cos.max(axis=1), cos.argmax(axis=1)
+    others = similarity_to_others(cos, np.bincount(_labels(y, num_classes), minlength=num_classes) > 0)
+    return others["max"], others["nearest"]
 
 
-def similarity_to_others(cos) -> dict[str, np.ndarray]:
+def similarity_to_others(cos, present=None) -> dict[str, np.ndarray]:
     """A class's similarity to the other classes, from a (C, C) cosine matrix: ``max`` = max_{j != k} cos_kj
-    with ``nearest`` the j attaining it, and ``mean`` = (1/(C-1)) sum_{j != k} cos_kj (Benz et al. 2021,
-    Sec. 3.2 speak of "high cross-class feature similarity with other labels" without saying max or mean)."""
+    with ``nearest`` the j attaining it, and ``mean`` = (1/(C'-1)) sum_{j != k} cos_kj (Benz et al. 2021,
+    Sec. 3.2 speak of "high cross-class feature similarity with other labels" without saying max or mean).
+    Only the ``present`` classes (all by default) count as others, C' of them, since an absent class has no mean to
+    be near; an absent class, or one with no other, has NaN (its ``nearest`` is then meaningless)."""
     c = _np(cos).astype(np.float64)
-    off = ~np.eye(len(c), dtype=bool)
+    keep = np.ones(len(c), dtype=bool) if present is None else np.asarray(present, dtype=bool)
+    off = ~np.eye(len(c), dtype=bool) & keep[None, :]
+    defined = keep & off.any(axis=1)
     masked = np.where(off, c, -np.inf)
-    return {"max": masked.max(axis=1), "nearest": masked.argmax(axis=1),
-            "mean": (c * off).sum(axis=1) / max(len(c) - 1, 1)}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (c * off).sum(axis=1) / off.sum(axis=1)
+    return {"max": np.where(defined, masked.max(axis=1), np.nan), "nearest": masked.argmax(axis=1),
+            "mean": np.where(defined, mean, np.nan)}
 
 
 def intra_class_variance(features, y, num_classes: int) -> np.ndarray:
@@ -284,6 +300,11 @@ def rank_correlation(a, b) -> float:
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
     return float(spearmanr(a, b).statistic)
+
+
+def correlation_text(rho) -> str:
+    """A rank correlation as text: two decimals, or why there is none (null, or NaN in a record from before)."""
+    return "undefined (constant values)" if rho is None or rho != rho else f"{rho:.2f}"
 
 
 def prediction_entropy(probs) -> np.ndarray:

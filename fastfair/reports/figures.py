@@ -468,11 +468,14 @@ def similarity_heatmaps(panels: dict[str, np.ndarray], classes: list[str], title
 
 def scatter_rank(x, y, classes: list[str], xlabel: str, ylabel: str, title: str, path: Path) -> Path:
     """One point per class (e.g. classifier weight norm against class robustness), each named; past
-    :data:`MANY_CLASSES` only the five lowest and five highest in ``y`` are named (the rest would be a blot)."""
+    :data:`MANY_CLASSES` only the five lowest and five highest in ``y`` are named (the rest would be a blot). A class
+    without a value (an absent class's null) has no point."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)  # null as NaN
     fig, ax = plt.subplots(figsize=(5.2, 4.0))
     ax.scatter(x, y, s=12 if len(classes) > MANY_CLASSES else None)
-    ranked = np.argsort(np.asarray(y, dtype=float), kind="stable")
-    named = range(len(classes)) if len(classes) <= MANY_CLASSES else [*ranked[:5], *ranked[-5:]]
+    shown = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    ranked = shown[np.argsort(y[shown], kind="stable")]
+    named = shown if len(classes) <= MANY_CLASSES else [*ranked[:5], *ranked[-5:]]
     at: dict[tuple[float, float], list[str]] = {}  # classes on one point are named together, not over each other
     for k in named:
         at.setdefault((float(x[k]), float(y[k])), []).append(classes[k])

@@ -527,16 +527,20 @@ def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path
     md = [f"### Diagnostics (`{Path(d['checkpoint']).stem}`, {d['split']}, {atk})\n"]
     rows = ["| class | CVC clean | CVC adv | entropy clean | entropy adv | inter-class sim. (nearest) | "
             "intra-class var. | weight norm |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    cell = measures.accuracy_cell  # '-' for an absent class's null (NaN in a record from before)
     for k, cname in enumerate(classes):
-        rows.append(f"| {cname} | {d['cvc']['clean'][k]:.4f} | {d['cvc']['adv'][k]:.4f} | "
-                    f"{d['entropy']['clean']['per_class'][k]:.3f} | {d['entropy']['adv']['per_class'][k]:.3f} | "
-                    f"{d['inter_class_similarity']['adv'][k]:.3f} ({classes[d['nearest_class']['adv'][k]]}) | "
-                    f"{d['intra_class_variance']['adv'][k]:.4f} | {d['weight_norms'][k]:.3f} |")
+        rows.append(f"| {cname} | {cell(d['cvc']['clean'][k], 4)} | {cell(d['cvc']['adv'][k], 4)} | "
+                    f"{cell(d['entropy']['clean']['per_class'][k], 3)} | "
+                    f"{cell(d['entropy']['adv']['per_class'][k], 3)} | "
+                    f"{cell(d['inter_class_similarity']['adv'][k], 3)}{_nearest(d['nearest_class']['adv'][k], classes)}"
+                    f" | {cell(d['intra_class_variance']['adv'][k], 4)} | {d['weight_norms'][k]:.3f} |")
     md.append("\n".join(rows) + "\n")
-    rc = d["weight_norm_rank_correlation"]
+    if d.get("absent_classes"):
+        md.append(measures.absent_note(d["absent_classes"]) + "\n")
+    rc = {tag: measures.correlation_text(v) for tag, v in d["weight_norm_rank_correlation"].items()}
     md.append(f"Mean prediction entropy: clean {d['entropy']['clean']['mean']:.3f}, adversarial "
               f"{d['entropy']['adv']['mean']:.3f}. Spearman rank correlation of classifier weight norm with class "
-              f"accuracy: clean {rc['clean']:.2f}, {atk} {rc['adv']:.2f}. Feature statistics are on adversarial "
+              f"accuracy: clean {rc['clean']}, {atk} {rc['adv']}. Feature statistics are on adversarial "
               f"inputs.\n")
     order, blocks = class_order(classes)
     p = figures.heatmap(_ordered(d["misclassified_counts"], order), [classes[k] for k in order],
@@ -544,7 +548,7 @@ def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path
                         cbar="images", blocks=blocks)
     md.append(_figure_md(p, out, "misclassified-count matrix"))
     p = figures.scatter_rank(d["weight_norms"], d["accuracy"]["adv"], classes, "classifier weight norm ||w_k||",
-                             f"{atk} accuracy (%)", f"{label}: weight norm vs robustness (rho_s {rc['adv']:.2f})",
+                             f"{atk} accuracy (%)", f"{label}: weight norm vs robustness (rho_s {rc['adv']})",
                              fig_dir / f"{tag}-weight-norms.png")
     md.append(_figure_md(p, out, "classifier weight norm against class robustness"))
     if "logit_similarity" in d:  # diagnostics written before it lack it
@@ -563,6 +567,11 @@ def class_order(classes: list[str]) -> tuple[list[int], list | None]:
     """(order, super-class blocks) of a class axis: CIFAR-100's classes grouped by super-class (Benz et al. 2021,
     Sec. 3.2), any other data set in its own order without blocks."""
     return superclass_order(classes) or (list(range(len(classes))), None)
+
+
+def _nearest(k, classes: list[str]) -> str:
+    """`` (name)`` of a nearest class; nothing where there is none (an absent class's null)."""
+    return "" if k is None else f" ({classes[k]})"
 
 
 def _ordered(matrix, order: list[int]) -> np.ndarray:
@@ -666,14 +675,16 @@ def _logit_similarity(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -
     rows = [f"| class | clean acc. | clean max cos (nearest) | clean mean cos | {atk} acc. | {atk} max cos (nearest) "
             f"| {atk} mean cos |", "|---|---:|---:|---:|---:|---:|---:|"]
     for k, cname in enumerate(classes):
-        cells = [f"{d['accuracy'][t][k]:.2f} | {sim[t]['max'][k]:.3f} ({classes[sim[t]['nearest'][k]]}) | "
-                 f"{sim[t]['mean'][k]:.3f}" for t in ("clean", "adv")]
+        cell = measures.accuracy_cell
+        cells = [f"{cell(d['accuracy'][t][k])} | {cell(sim[t]['max'][k], 3)}{_nearest(sim[t]['nearest'][k], classes)}"
+                 f" | {cell(sim[t]['mean'][k], 3)}" for t in ("clean", "adv")]
         rows.append(f"| {cname} | " + " | ".join(cells) + " |")
-    rc = {t: sim[t]["rank_correlation"] for t in ("clean", "adv")}
+    rc = {t: {k: measures.correlation_text(v) for k, v in sim[t]["rank_correlation"].items()}
+          for t in ("clean", "adv")}
     md = ["#### Cross-class similarity of mean logit vectors (Benz et al. 2021, Sec. 3.2)\n", "\n".join(rows) + "\n",
           "Spearman rank correlation of a class's similarity to the other classes with its accuracy (negative: the "
-          f"classes the model sees close to others are the vulnerable ones): clean: max {rc['clean']['max']:.2f}, "
-          f"mean {rc['clean']['mean']:.2f}; {atk}: max {rc['adv']['max']:.2f}, mean {rc['adv']['mean']:.2f}.\n"]
+          f"classes the model sees close to others are the vulnerable ones): clean: max {rc['clean']['max']}, "
+          f"mean {rc['clean']['mean']}; {atk}: max {rc['adv']['max']}, mean {rc['adv']['mean']}.\n"]
     order, blocks = class_order(classes)
     p = figures.similarity_heatmaps({"clean": _ordered(sim["clean"]["matrix"], order),
                                      f"adversarial ({atk})": _ordered(sim["adv"]["matrix"], order)},
@@ -682,6 +693,6 @@ def _logit_similarity(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -
     md.append(_figure_md(p, out, "cosine similarity of the classes' mean logit vectors, clean and adversarial"))
     p = figures.scatter_rank(sim["adv"]["max"], d["accuracy"]["adv"], classes, "highest cosine similarity to "
                              "another class", f"{atk} accuracy (%)", f"{label}: logit similarity vs robustness "
-                             f"(rho_s {rc['adv']['max']:.2f})", fig_dir / f"{tag}-logit-similarity-vs-accuracy.png")
+                             f"(rho_s {rc['adv']['max']})", fig_dir / f"{tag}-logit-similarity-vs-accuracy.png")
     md.append(_figure_md(p, out, "each class's highest mean-logit similarity to another class against its robustness"))
     return md

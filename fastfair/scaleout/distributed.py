@@ -26,8 +26,11 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import shlex
+import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,17 +101,46 @@ def launcher() -> str:
 
 
 def command(args: str) -> str:
-    """``fastfair ARGS`` as this run was started: under torchrun, the launcher's command that starts as many
-    processes per node (read from the environment torchrun gives every rank), so a printed ``continue with:``
-    resumes all of them; several nodes each run it with their own rendezvous flags, which no rank is told."""
+    """``fastfair ARGS`` as this run was started: under torchrun, the launcher's command with the options it was
+    given (:func:`launcher_options`: --nnodes, --node-rank, --rdzv-*, ...), so a printed ``continue with:`` resumes
+    every rank when run as printed; on several nodes, prefixed by where to run it (on each node, with its own
+    --node-rank where the run was started with one). Where the launcher's command line cannot be read, the options
+    torchrun tells every rank (processes per node, number of nodes)."""
     if not under_torchrun():
         return f"fastfair {args}"
-    per_node = os.environ["LOCAL_WORLD_SIZE"]
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    options = launcher_options()
+    if options is None:
+        options = [*(["--nnodes", str(nodes)] if nodes > 1 else []), "--nproc-per-node", os.environ["LOCAL_WORLD_SIZE"]]
+    run = f"{launcher()} {shlex.join(options)} -m fastfair {args}"
     if nodes == 1:
-        return f"{launcher()} --nproc-per-node {per_node} -m fastfair {args}"
-    return (f"{launcher()} --nnodes {nodes} --nproc-per-node {per_node} -m fastfair {args} (on each of the {nodes} "
-            f"nodes, with the rendezvous flags the run was started with)")
+        return run
+    own = any(o.startswith(("--node-rank", "--node_rank")) for o in options)
+    return f"on each of the {nodes} nodes{', with its own --node-rank' if own else ''}: {run}"
+
+
+def launcher_options(parent: int | None = None) -> list[str] | None:
+    """The options the launcher that started this rank was given, as given (its ``-m`` left out), read from its
+    command line: torchrun starts each rank as its child, ``python -u -m fastfair ARGS`` for ``-m fastfair``, so
+    its command line ends with the module (or script) and this process's arguments. None where it cannot be read
+    (no /proc) or is not such a launcher's."""
+    try:
+        argv = Path(f"/proc/{parent or os.getppid()}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return None
+    own = sys.argv[1:]
+    if len(argv) <= len(own) or argv[len(argv) - len(own):] != own:
+        return None
+    head = argv[: len(argv) - len(own) - 1]  # the interpreter, the launcher and its options; the module dropped
+    for i, arg in enumerate(head):
+        if Path(arg).name in LAUNCHERS or (arg in LAUNCHER_MODULES and head[i - 1:i] == ["-m"]):
+            return [o for o in head[i + 1:] if o not in ("-m", "--module")]
+    return None
+
+
+# how a launcher's command line names it: its console script, or the module after python -m
+LAUNCHERS = ("torchrun", "fastfair-torchrun")
+LAUNCHER_MODULES = ("torch.distributed.run", "fastfair.scaleout.torchrun")
 
 
 def shutdown() -> None:
