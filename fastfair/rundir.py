@@ -97,7 +97,7 @@ def one_based_epoch(record: dict) -> int:
 
 def _metrics_one_based(records: list[dict]) -> list[dict]:
     """metrics.jsonl of runs from before the 1-based numbering starts at epoch 0: shift every line."""
-    if records and records[0]["epoch"] == 0:
+    if records and records[0].get("epoch") == 0:
         return [{**r, "epoch": r["epoch"] + 1} for r in records]
     return records
 

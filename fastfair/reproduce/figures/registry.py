@@ -15,7 +15,6 @@ docs/reproduce.md's coverage table.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from fastfair.config import Config, load_run
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.reproduce.verdict import Comparison, binomial_sd, default_margin
+from fastfair.rundir import RunDir
 
 ITEM = re.compile(r"(Table|Fig\.) (\d+)")  # how an inventory names a paper's table or figure
 
@@ -79,8 +79,7 @@ class FigureRuns:
 
     def history(self, preset: str) -> list[list[dict]]:
         """Each finished seed's ``metrics.jsonl``: one dict per epoch (lr, loss, per-class val accuracies, ...)."""
-        return [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-                for run in self.runs.get(preset, [])]
+        return [RunDir(run).read_metrics() for run in self.runs.get(preset, [])]  # each line's checksum checked
 
     def results(self, preset: str, attack: str) -> list[dict]:
         """Each finished seed's result under ``attack`` (per_class, confusion, ...): its evaluation record's, else

@@ -279,7 +279,8 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
         series = {}
         for row in rows:
             c = len(_classes(runs, row))
-            cvc = np.asarray([_diagnosis(run, "pgd20", runs)["cvc"]["clean"] for run in runs.runs[row]])
+            cvc = np.asarray([_diagnosis(run, "pgd20", runs)["cvc"]["clean"] for run in runs.runs[row]],
+                             dtype=float)  # an absent class's null cells: NaN, not an object array
             series[_row_name(row)] = (100 * cvc.mean(0) * c * c / (c - 1), cvc.std(0) * 100 * c * c / (c - 1)
                                       if len(cvc) > 1 else None)
         if series:
