@@ -93,7 +93,7 @@ EVALUATE_KEYS = {"eps": "eval.eps", "alpha": "eval.alpha", "cw_kappa": "eval.cw_
 @stopping.says("this evaluation returned no result; with out=, AutoAttack's per-image progress is kept beside it and "
                "the same call resumes it")
 def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
-             eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
+             eps: float | Sequence[float] | None = None, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
              out: str | Path | None = None, source: dict | None = None, progress: bool = True,
@@ -103,7 +103,9 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
     tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, corrupt:NAME@S, aa), a list or one comma-separated string.
     ``eps``/``alpha``: one radius/step or one per class, in [0, 1] as images are (8/255, not 8): the config's
-    eval.eps and eval.alpha, refused as ``fastfair train --set eval.eps=8`` is (:data:`EVALUATE_KEYS`).
+    eval.eps and eval.alpha, refused as ``fastfair train --set eval.eps=8`` is (:data:`EVALUATE_KEYS`), and ``eps``
+    as ``fastfair eval --eps`` (one per class of the model, not with aa, some attack reading it); None: eval.eps's
+    default, 8/255.
     ``data``: (x, y) tensors, x float (N, C, H, W) in [0, 1] and y integer labels, or an iterable of batches.
     ``out``: a JSON path; an earlier file of the same weights, data and settings keeps its other attacks, another
     is moved to ``previous/`` beside it. ``source``: what to record about where the model came from.
@@ -116,8 +118,9 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     wanted = per_class.attack_names(attacks)
     per_class.check_substitute(wanted, substitute is not None)
     aa_backend = per_class.aa_backend_for(wanted, aa_backend)
-    given = {"eps": eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed, "clip_start": clip_start,
-             "batch_size": batch_size}
+    radius = None if eps is None else per_class.check_eps(eps, wanted, None, "eps")
+    given = {"eps": configs.EvalConfig.eps if eps is None else eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed,
+             "clip_start": clip_start, "batch_size": batch_size}
     eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
     x, y = _tensors(data)
     model = _model(model)
@@ -129,6 +132,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         classes = [str(i) for i in range(c)] if classes is None else [str(n) for n in classes]
         if len(classes) != c:
             raise UserError(f"{len(classes)} class names for a model with {c} outputs")
+        if radius is not None:  # one per class of this model's
+            per_class.check_eps(radius, wanted, c, "eps")
         check_labels("y", y.numpy(), len(x), c)
         y = y.long()
         if substitute is not None and not isinstance(substitute, torch.nn.Module):

@@ -194,6 +194,16 @@ def _split(split: str) -> str:
     return split
 
 
+def _floats(text: str, flag: str) -> float | list[float]:
+    """A number, or comma-separated numbers (one per class), as ``--eps`` takes them."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag} takes a number in [0, 1] (8/255 is 0.0314) or one per class, comma-separated such as "
+                        f"0.0314,0.0157; got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
 def _batch_size(batch_size: int | None) -> int | None:
     """``--batch-size``, checked as the key it sets (data.eval_batch_size) before anything loads."""
     from fastfair.checks import check_value
@@ -226,6 +236,11 @@ def eval_(
         help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
              "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")] = "auto",
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    eps: Annotated[Text, typer.Option(
+        metavar="EPS|E1,E2,...", help="the attacks' L-inf radius in [0, 1] as images are (8/255 is 0.0314), as "
+                                      "train's eval.eps; or one per class, comma-separated (not with aa); default "
+                                      "the run's eval.eps (8/255 for a file or rb:NAME); recorded in the JSON")]
+    = None,
     per_class: Annotated[Optional[int], typer.Option(
         metavar="N", help="every attack on the first N test images of each class (file order) instead of the run's "
                           "test set, e.g. a quick AutoAttack check; written to eval/<checkpoint>-test-firstN.json")]
@@ -250,18 +265,20 @@ def eval_(
     = None,
 ) -> None:
     from fastfair import build
-    from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_per_class, check_substitute,
-                                               evaluate_checkpoint)
+    from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_eps, check_per_class,
+                                               check_substitute, evaluate_checkpoint)
     from fastfair.reports.summary import lines
 
-    # what fastfair.evaluate checks the same way, before the model or data load
+    # what fastfair.evaluate checks the same way, before the model or data load (--eps's count once it has loaded)
     names = attack_names(attacks)
     aa_backend_for(names, aa_backend)
     check_per_class(per_class, _split(split))
     if substitute is not None:
         check_substitute(names, True)
+    radius = None if eps is None else check_eps(_floats(eps, "--eps"), names, None, "--eps")
     common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=_batch_size(batch_size),
-                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute)
+                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute,
+                  eps=radius)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
     robustbench = {"--threat": threat, "--model-dir": model_dir}
     if target.startswith("rb:"):

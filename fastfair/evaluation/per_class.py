@@ -16,9 +16,10 @@ from typing import Sequence
 
 import torch
 
-from fastfair import build, display
+from fastfair import build, display, rules
 from fastfair.config import load_saved_text
 from fastfair.attacks import autoattack, corruptions, names
+from fastfair.attacks.corruptions import Corrupt
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
@@ -123,6 +124,32 @@ def check_substitute(attack_names: list[str], substitute_given: bool, given_as: 
     if capped and distributed.current().enabled:
         raise UserError("NAME/N (the first N images of each class) runs on one process, not under torchrun, whose "
                         "ranks each see every world-th image")
+
+
+def check_eps(eps, attack_names: list[str], num_classes: int | None, given_as: str) -> float | list[float]:
+    """An eps given for one evaluation (``fastfair eval --eps``, ``fastfair.evaluate(eps=)``), checked before any
+    attack runs: within [0, 1] as eval.eps is, one radius or one per class (of ``num_classes``, once the model is
+    known), read by some attack, and one radius where AutoAttack runs. Returns it as the config would hold it."""
+    try:
+        value = rules.check("eval.eps", list(eps) if isinstance(eps, tuple) else eps, float, rules.IMAGE_RANGE,
+                            per_class=True)
+    except UserError as err:
+        raise UserError(f"{given_as}: {err}") from None
+    if isinstance(value, list) and num_classes is not None and len(value) != num_classes:
+        raise UserError(f"{given_as}: {len(value)} radii for a model of {num_classes} classes; give one number, or "
+                        f"one per class ({num_classes})")
+    expanded = names.expand(attack_names)
+    if not any(n == autoattack.NAME or _has_radius(parse_attack(n)) for n in expanded):
+        raise UserError(f"{given_as} does nothing for {', '.join(attack_names)}: clean and corrupt: attacks have no "
+                        "radius; add an attack such as pgd20, or leave it out")
+    if isinstance(value, list) and autoattack.NAME in expanded:
+        raise UserError(f"{given_as}: AutoAttack takes one radius for every class; give one number, or evaluate "
+                        "aa apart from the per-class attacks")
+    return value
+
+
+def _has_radius(attack: EvalAttack) -> bool:
+    return attack.pgd is not None or (attack.search is not None and not isinstance(attack.search, Corrupt))
 
 
 def weights_sha256(model) -> str:
@@ -238,11 +265,12 @@ def check_per_class(per_class: int | None, split: str) -> None:
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
                         quiet: bool = False, aa_backend: str = "auto", seed: int | None = None,
-                        per_class: int | None = None, substitute: str | None = None) -> dict:
+                        per_class: int | None = None, substitute: str | None = None, eps=None) -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table.
 
     ``seed`` defaults to the checkpoint's ``eval.seed``; ``per_class`` evaluates the first N test images of each
-    class instead of the run's test set (its ``data.test_per_class``, all images unless a quick run)."""
+    class instead of the run's test set (its ``data.test_per_class``, all images unless a quick run); ``eps``
+    (``--eps``: one radius or one per class) replaces the run's eval.eps."""
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size, test_per_class=per_class)
@@ -253,16 +281,19 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"], **EPOCH_NUMBERING},
                            title=f"{path.stem} (epoch {ck['epoch']})",
-                           own_test_per_class=own, substitute=substitute)
+                           own_test_per_class=own, substitute=substitute, eps=eps)
 
 
 def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
                     quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str,
-                    own_test_per_class: int = 0, substitute: str | None = None) -> dict:
+                    own_test_per_class: int = 0, substitute: str | None = None, eps=None) -> dict:
     """Evaluate a loaded model (from ``path``) per class; writes the JSON beside ``path``'s run and prints a
     table. ``record`` adds what the result must say about where the model came from. A test set capped to
     other than ``own_test_per_class`` images a class (``--per-class``) gets its own file. ``transfer:`` attacks
-    run on ``substitute`` (a run folder or checkpoint; default the config's ``eval.substitute``)."""
+    run on ``substitute`` (a run folder or checkpoint; default the config's ``eval.substitute``). ``eps`` (``--eps``:
+    one radius or one per class) replaces the config's eval.eps."""
+    if eps is not None:  # known to fit once the model's classes are: before any attack runs
+        cfg.eval.eps = check_eps(eps, attacks, len(bundle.classes), "--eps")
     seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
