@@ -27,6 +27,8 @@ CHECKPOINT_HELP = ("in a run dir: last, epoch (train.select=epoch's), or best_<p
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
 SPLIT_HELP = "test | val"
 RB_PANEL = "a RobustBench model by name (rb:NAME)"
+# a value is read as TOML: a list of strings keeps its double quotes only inside the shell's single quotes
+SET_EXAMPLES = "e.g. --set train.lr=0.05, or a list of strings: --set eval.attacks='[\"clean\",\"pgd20\"]'"
 Text = Optional[str]  # an option that, left out, leaves the config's value as it is
 
 
@@ -144,7 +146,7 @@ def train(
     beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
                                                  "--loader ffcv)")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="override a config key, e.g. --set train.lr=0.05 (repeatable)")] = None,
+        "--set", metavar="KEY=VALUE", help=f"override a config key, {SET_EXAMPLES} (repeatable)")] = None,
     resume: Annotated[bool, typer.Option("--resume",
                                          help="continue the run in --out from its last checkpoint")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress or tables")] = False,
@@ -430,7 +432,7 @@ def grid(
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set, for every run (as "
                                                 "train's --data-dir)")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="override a config key in every run, e.g. --set train.epochs=10 "
+        "--set", metavar="KEY=VALUE", help=f"override a config key in every run, {SET_EXAMPLES} "
                                            "(repeatable; not a key the grid's axes sweep)")] = None,
     out: Annotated[Text, typer.Option(help="grid directory (default runs/grids/GRID_NAME); one folder per run "
                                            "inside")] = None,
@@ -462,7 +464,7 @@ def tune(
     config: Annotated[Text, typer.Option(help="TOML preset every trial starts from")] = None,
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="a config key for every trial (repeatable)")] = None,
+        "--set", metavar="KEY=VALUE", help=f"a config key for every trial, {SET_EXAMPLES} (repeatable)")] = None,
     quick: Annotated[Optional[int], typer.Option(metavar="N", help="every trial on the first N training images of "
                                                  "each class (data.train_per_class)")] = None,
     trials: Annotated[Optional[int], typer.Option(help="budget: trials per contender (default 8)")] = None,
@@ -523,7 +525,8 @@ def reproduce(
                                            "runs/reproduce/TARGET-SCALE; a table's --out lets a figure reuse its "
                                            "runs)")] = None,
     set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(
-        "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
+        f"override a config key in every run, {SET_EXAMPLES} (repeatable); the verdicts then say not comparable"))]
+    = None,
     model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "
                                                  "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
     launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays, as fastfair grid's: a pre-empted "

@@ -3,14 +3,21 @@ preset, a target's prefix, the run's ETA and the evaluation bar, and ``reproduce
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import fastfair
-from fastfair import cli
+from fastfair import cli, config
 from fastfair.errors import UserError
 from helpers import demo_train
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _said(capsys, argv) -> tuple[int, str]:
@@ -19,12 +26,42 @@ def _said(capsys, argv) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+# 2. a list of strings as typed in bash: the --set help's example, which the run below is given
+QUOTED_LIST = """--set eval.attacks='["clean","pgd20"]'"""
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """A one-epoch demo run on a few images per class (seconds)."""
+    """A one-epoch demo run on a few images per class (seconds), typed in bash with :data:`QUOTED_LIST`."""
     out = tmp_path_factory.mktemp("run") / "demo"
-    assert cli.main(demo_train(out, "--quick", "10", "--quick-test", "3", "--set", "data.batch_size=50")) == 0
+    argv = " ".join(shlex.quote(a) for a in demo_train(out, "--quick", "10", "--quick-test", "3", "--set",
+                                                          "data.batch_size=50"))
+    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m fastfair {argv} {QUOTED_LIST}"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
     return out
+
+
+# ---- 2. a list of strings given with --set -------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["train", "grid", "tune", "reproduce"])
+def test_the_set_help_shows_a_quoted_list(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the help on one line per option
+    assert cli.main([command, "--help"]) == 0
+    assert QUOTED_LIST.partition(" ")[2] in capsys.readouterr().out
+
+
+def test_a_quoted_list_typed_in_bash_is_the_list(demo_run):
+    assert config.load_run(demo_run).eval.attacks == ["clean", "pgd20"]
+    (record,) = [json.loads(p.read_text()) for p in (demo_run / "eval").glob("*-test.json")]
+    assert list(record["results"]) == ["clean", "pgd20"]
+
+
+@pytest.mark.parametrize("typed", ["eval.attacks=[clean,pgd20]", "eval.attacks=clean,pgd20"])
+def test_a_list_the_shell_unquoted_says_how_to_quote_it(typed, capsys):
+    code, err = _said(capsys, ["train", "--config", "demo", "--set", typed])
+    assert (code, err) == (2, f"fastfair: error: eval.attacks takes a list; got {typed.partition('=')[2]!r}. Strings in "
+                              f"a list keep their double quotes inside single quotes: {QUOTED_LIST}\n")
 
 
 # ---- 1. fastfair eval --eps, and fastfair.evaluate(eps=) checked the same way ----------------------------------
