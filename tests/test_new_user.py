@@ -60,8 +60,9 @@ def test_a_quoted_list_typed_in_bash_is_the_list(demo_run):
 @pytest.mark.parametrize("typed", ["eval.attacks=[clean,pgd20]", "eval.attacks=clean,pgd20"])
 def test_a_list_the_shell_unquoted_says_how_to_quote_it(typed, capsys):
     code, err = _said(capsys, ["train", "--config", "demo", "--set", typed])
-    assert (code, err) == (2, f"fastfair: error: eval.attacks takes a list; got {typed.partition('=')[2]!r}. Strings in "
-                              f"a list keep their double quotes inside single quotes: {QUOTED_LIST}\n")
+    got = typed.partition("=")[2]
+    assert (code, err) == (2, f"fastfair: error: eval.attacks takes a list; got {got!r}. Strings in a list keep their "
+                              f"double quotes inside single quotes: {QUOTED_LIST}\n")
 
 
 # ---- 1. fastfair eval --eps, and fastfair.evaluate(eps=) checked the same way ----------------------------------
