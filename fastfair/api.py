@@ -19,6 +19,7 @@ from fastfair.errors import Interrupted, UserError, WriteError
 from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
+from fastfair.preset_files import preset_names
 from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
@@ -243,7 +244,7 @@ def train(config: str | None = None, *, out: str | Path | None = None, resume: b
     ``--quiet``."""
     keys = flag_keys(**flags)
     return run_training(config, keys, sets or {}, out, resume=resume, quiet=not progress,
-                        flag_names=said_as(keys, cli=False))
+                        flag_names=said_as(keys, cli=False), cli=False)
 
 
 def flag_keys(**flags: Any) -> dict[str, Any]:
@@ -260,9 +261,14 @@ def flag_keys(**flags: Any) -> dict[str, Any]:
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],
                  out: str | Path | None, *, resume: bool, quiet: bool,
-                 flag_names: dict[str, str] | None = None) -> Path:
+                 flag_names: dict[str, str] | None = None, cli: bool = True) -> Path:
     """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python.
-    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`)."""
+    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`); ``cli``: whether from the command line
+    (a message then names flags, else keywords)."""
+    if preset and preset in METHODS and not _is_preset(preset):
+        method = f"--method {preset}" if cli else f"method={preset!r}".replace("'", '"')
+        raise UserError(f"{preset!r} is a training method, not a preset or config file: did you mean {method}? "
+                        "(presets: fastfair presets)")
 
     saved = RunDir(out).config if out else None
     if resume:
@@ -276,6 +282,11 @@ def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | di
     run = Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
     fit(cfg, run, resume, quiet)
     return run
+
+
+def _is_preset(name: str) -> bool:
+    """Whether ``name`` is a TOML file or a shipped preset (``fastfair presets``)."""
+    return Path(name).is_file() or name.removesuffix(".toml") in preset_names()
 
 
 def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:

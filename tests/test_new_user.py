@@ -115,3 +115,16 @@ def test_evaluate_takes_one_eps_per_class_and_records_it():
 def test_evaluate_refuses_the_eps_eval_refuses(attacks, eps, says):
     with pytest.raises(UserError, match=says.replace("[", r"\[")):
         fastfair.evaluate(_model(), _data(), attacks=attacks, eps=eps, progress=False)
+
+
+# ---- 3. a method's name where a preset goes --------------------------------------------------------------------
+
+def test_a_method_given_as_a_preset_suggests_the_method_keyword():
+    with pytest.raises(UserError, match=r"'me-trades' is a training method, not a preset or config file: did you "
+                                        r'mean method="me-trades"\?'):
+        fastfair.train("me-trades")
+
+
+def test_a_method_given_to_config_suggests_the_method_flag(capsys):
+    code, err = _said(capsys, ["train", "--config", "me-trades"])
+    assert code == 2 and "did you mean --method me-trades?" in err and err.count("\n") == 1
