@@ -128,3 +128,20 @@ def test_a_method_given_as_a_preset_suggests_the_method_keyword():
 def test_a_method_given_to_config_suggests_the_method_flag(capsys):
     code, err = _said(capsys, ["train", "--config", "me-trades"])
     assert code == 2 and "did you mean --method me-trades?" in err and err.count("\n") == 1
+
+
+# ---- 4. a target named by its presets' prefix ------------------------------------------------------------------
+
+def test_a_prefix_of_presets_suggests_their_target_and_names_them(capsys):
+    code, err = _said(capsys, ["reproduce", "me-table2"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("fastfair: error: no paper table or figure 'me-table2'. Did you mean me-t2? The 8 presets "
+                          "named me-table2* (me-table2-me-trades-l15, me-table2-me-trades-l18, me-table2-me-trades-l24 "
+                          "and 5 more) are rows of me-t2 (8 of its 8 rows), ")
+
+
+def test_a_preset_named_as_a_target_says_its_target_and_how_to_train_it(capsys):
+    code, err = _said(capsys, ["reproduce", "me-table2-trades-l9", "--list"])
+    assert code == 2
+    assert ("is a row of me-t2 (1 of its 8 rows); train it alone with: fastfair train --config "
+            "me-table2-trades-l9") in err

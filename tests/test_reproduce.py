@@ -185,7 +185,9 @@ def test_full_scale_without_cifar10_stops_at_once_naming_data_dir(tmp_path, caps
 
 
 def test_unknown_table_and_subset_without_npz_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="targets: .*cfa-t1"):
+    with pytest.raises(UserError, match="targets: .*cfa-t1"):  # nothing like it: every target named
+        reproduce("xyz", out=str(tmp_path))
+    with pytest.raises(UserError, match=r"'cfa-t9'. Did you mean cfa-t\d"):
         reproduce("cfa-t9", out=str(tmp_path))
     with pytest.raises(UserError, match="--data-dir FILE.npz"):
         reproduce("me-t3", scale="subset", data_dir=str(tmp_path), out=str(tmp_path))
