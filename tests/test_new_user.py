@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 import fastfair
 from fastfair import cli, config
 from fastfair.errors import UserError
+from fastfair.reproduce import tables
 from helpers import demo_train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,3 +147,29 @@ def test_a_preset_named_as_a_target_says_its_target_and_how_to_train_it(capsys):
     assert code == 2
     assert ("is a row of me-t2 (1 of its 8 rows); train it alone with: fastfair train --config "
             "me-table2-trades-l9") in err
+
+
+# ---- 6. reproduce --list: numbers first, pending targets a short line each, counts in the singular -------------
+
+def test_list_opens_with_the_paper_numbers_and_ends_with_short_pending_lines(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    targets = re.findall(r"^([a-z][\w-]*): ", out, re.M)
+    first = tables.tables()[targets[0]]
+    assert not first.protocol and any(r.numbers and first.own(r) for r in first.rows)
+    protocols = [k for k in targets if k in tables.tables() and tables.tables()[k].protocol]
+    assert protocols and targets.index(protocols[0]) > max(targets.index(k) for k in targets
+                                                           if k in tables.tables() and not tables.tables()[k].protocol)
+    pending = out.split("\npending (")[1].splitlines()[1:]
+    assert {line.partition(":")[0] for line in pending} == set(tables.pending())
+    assert all(len(line) <= 100 for line in pending) and any(line.endswith("…") for line in pending)
+    assert re.search(r"^benz-f1: .*; 1 row, 1 run \(", out, re.M) and " x 1 seed [" in out and " x 5 seeds [" in out
+    assert " 1 rows" not in out and " 1 runs" not in out and "seed(s)" not in out
+
+
+def test_a_pending_target_by_name_is_listed_whole(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["reproduce", "me-t5", "--list"]) == 0
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if s.startswith("me-t5: ")]
+    assert line.endswith(tables.pending()["me-t5"].pending) and len(line) > 100
