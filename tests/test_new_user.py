@@ -16,7 +16,7 @@ import torch
 import fastfair
 from fastfair import cli, config
 from fastfair.errors import UserError
-from fastfair.reproduce import tables
+from fastfair.reproduce import cost, tables
 from helpers import demo_train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,16 +153,18 @@ def test_a_preset_named_as_a_target_says_its_target_and_how_to_train_it(capsys):
 
 def test_list_opens_with_the_paper_numbers_and_ends_with_short_pending_lines(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(cost, "estimate", lambda *args: "-")  # each row's config resolved: seconds, not tested here
     assert cli.main(["reproduce", "--list"]) == 0
     out = capsys.readouterr().out
+    known, waiting = tables.tables(), tables.pending()
     targets = re.findall(r"^([a-z][\w-]*): ", out, re.M)
-    first = tables.tables()[targets[0]]
+    first = known[targets[0]]
     assert not first.protocol and any(r.numbers and first.own(r) for r in first.rows)
-    protocols = [k for k in targets if k in tables.tables() and tables.tables()[k].protocol]
-    assert protocols and targets.index(protocols[0]) > max(targets.index(k) for k in targets
-                                                           if k in tables.tables() and not tables.tables()[k].protocol)
+    protocols = [i for i, k in enumerate(targets) if k in known and known[k].protocol]
+    others = [i for i, k in enumerate(targets) if k in known and not known[k].protocol]
+    assert protocols and min(protocols) > max(others)
     pending = out.split("\npending (")[1].splitlines()[1:]
-    assert {line.partition(":")[0] for line in pending} == set(tables.pending())
+    assert [line.partition(":")[0] for line in pending] == list(waiting) == targets[-len(waiting):]
     assert all(len(line) <= 100 for line in pending) and any(line.endswith("…") for line in pending)
     assert re.search(r"^benz-f1: .*; 1 row, 1 run \(", out, re.M) and " x 1 seed [" in out and " x 5 seeds [" in out
     assert " 1 rows" not in out and " 1 runs" not in out and "seed(s)" not in out
