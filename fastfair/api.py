@@ -119,10 +119,12 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     wanted = per_class.attack_names(attacks)
     per_class.check_substitute(wanted, substitute is not None)
     aa_backend = per_class.aa_backend_for(wanted, aa_backend)
-    radius = None if eps is None else per_class.check_eps(eps, wanted, None, "eps")
     given = {"eps": configs.EvalConfig.eps if eps is None else eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed,
              "clip_start": clip_start, "batch_size": batch_size}
+    radius = eps
     eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
+    if radius is not None:  # as fastfair eval --eps: its count once the model's classes are known
+        radius = per_class.check_eps(eps, wanted, None, "eps")
     x, y = _tensors(data)
     model = _model(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -150,7 +152,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
         prog = Progress(enabled=progress)
-        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted)) as advance:
+        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted),
+                       unit="attack step") as advance:
             results = per_class.evaluate(model, batches, wanted, eps=settings["eps"], alpha=settings["alpha"],
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,

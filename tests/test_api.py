@@ -192,7 +192,7 @@ def test_autoattack_from_python_is_the_cli_s(tmp_path):
 
 
 def test_per_class_eps_needs_one_value_per_class(data):
-    with pytest.raises(fastfair.UserError, match="needs 4 values, one per class; got \\[3\\]"):
+    with pytest.raises(fastfair.UserError, match=r"eps: 3 radii for a model of 4 classes; give one number"):
         fastfair.evaluate(tiny_model(), data, attacks=["pgd3"], eps=[0.1, 0.1, 0.1])
     r = fastfair.evaluate(tiny_model(), data, attacks=["pgd3"], eps=[0.0, 0.0, 0.1, 0.1])
     clean = fastfair.evaluate(tiny_model(), data, attacks=["clean"])

@@ -2,12 +2,14 @@
 preset, a target's prefix, the run's ETA and the evaluation bar, and ``reproduce --list``."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,10 @@ import torch
 
 import fastfair
 from fastfair import cli, config
+from fastfair.attacks.names import parse_attack
 from fastfair.errors import UserError
+from fastfair.evaluation import per_class
+from fastfair.progress import Progress, RunRemaining
 from fastfair.reproduce import cost, tables
 from helpers import demo_train
 
@@ -110,7 +115,7 @@ def test_evaluate_takes_one_eps_per_class_and_records_it():
 
 
 @pytest.mark.parametrize("attacks, eps, says", [
-    ("fgsm", 8, "eps: eval.eps=8.0 is out of range"),
+    ("fgsm", 8, "^eval.eps=8.0 is out of range"),
     ("fgsm", [0.01, 0.02], "eps: 2 radii for a model of 4 classes"),
     ("clean", 0.03, "eps does nothing for clean"),
 ])
@@ -175,3 +180,52 @@ def test_a_pending_target_by_name_is_listed_whole(monkeypatch, capsys):
     assert cli.main(["reproduce", "me-t5", "--list"]) == 0
     (line,) = [s for s in capsys.readouterr().out.splitlines() if s.startswith("me-t5: ")]
     assert line.endswith(tables.pending()["me-t5"].pending) and len(line) > 100
+
+
+# ---- 5. progress: the run's ETA, and an evaluation bar that moves within a batch --------------------------------
+
+class _Clock:
+    """Seconds that advance 10 per reading: a 30 s period fires every third step, whatever the machine's pace."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 10.0
+        return self.t
+
+
+def test_a_training_line_gives_the_epochs_eta_and_the_runs(tmp_path, capsys):
+    p = Progress(enabled=True, every_s=30.0, clock=_Clock())
+    p.console.file = io.StringIO()  # not a terminal: plain lines
+    with p.task("epoch 2/3", 6, images_per_step=64, later=6) as advance:  # epoch 3's six steps after this one
+        for _ in range(6):
+            advance()
+    # a step per 10 s: at step 3, 3 steps of this epoch and 6 of the next are left
+    assert capsys.readouterr().out.splitlines() == ["epoch 2/3  step 3/6  6 img/s  ETA 0:00:30, run 0:01:30"]
+
+
+def test_the_bar_shows_the_runs_time_left():
+    task = types.SimpleNamespace(remaining=3.0, speed=0.1)  # rich's task: 3 steps left at a step per 10 s
+    assert RunRemaining(later=6).render(task).plain == "run 0:01:30"
+    assert RunRemaining(later=6).render(types.SimpleNamespace(remaining=6.0, speed=None)).plain == "run -:--:--"
+
+
+def test_an_evaluation_ticks_each_attack_step_of_a_batch():
+    x, y = _data()
+    model, ticks = _model(), []
+    attack = parse_attack("pgd3")
+    eps = torch.full((4,), 8 / 255)
+    per_class.confusion(model, [(x, y)], attack, eps, eps / 4, 4, progress=lambda n=1: ticks.append(n))
+    # one batch: three PGD steps and the prediction, each a tick as it happens, as progress_units plans them
+    assert ticks == [1, 1, 1, 1] == [1] * per_class.progress_units(["pgd3"])
+    assert per_class.progress_units(["clean", "fgsm", "pgd20x2", "transfer:pgd20"]) == 1 + 2 + 41 + 1
+
+
+def test_an_evaluation_line_counts_attack_steps(capsys):
+    p = Progress(enabled=True, every_s=30.0, clock=_Clock())
+    p.console.file = io.StringIO()
+    with p.task("eval clean,pgd20 on test", 42, unit="attack step") as advance:
+        for _ in range(4):
+            advance(1)
+    assert capsys.readouterr().out.splitlines() == ["eval clean,pgd20 on test  attack step 3/42  ETA 0:06:30"]

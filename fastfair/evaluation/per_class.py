@@ -43,10 +43,31 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
     model.eval()
     dev = eps_c.device
+    cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+    planned, ticked = forward_passes(attack), [0]
+
+    def step(*_) -> None:  # a forward pass of the attack: the bar moves within a batch (a PGD-20 batch is long)
+        if ticked[0] < planned - 1:
+            ticked[0] += 1
+            progress()
+
+    hook = model.register_forward_hook(step) if progress is not None and planned > 1 else None
+    try:
+        return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute,
+                          entropy, nonfinite, planned, ticked)
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute, entropy,
+               nonfinite, planned: int, ticked: list[int]) -> torch.Tensor:
+    """:func:`confusion`'s loop; ``progress`` gets ``planned`` ticks a batch, ``ticked[0]`` of them given already."""
+    dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
     seen = torch.zeros(num_classes, dtype=torch.long, device=dev)  # images of each class so far (NAME/N)
-    cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     for i, (x, y) in enumerate(loader):
+        ticked[0] = 0
         if attack.per_class:
             x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
         if len(y):
@@ -65,7 +86,7 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
                 p = logits.float().softmax(1)
                 entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
         if progress is not None:
-            progress()
+            progress(planned - ticked[0])
     return conf.view(num_classes, num_classes)
 
 
@@ -79,7 +100,15 @@ def _first_of_each_class(x, y, seen, n: int):
 
 def progress_units(attack_names: list[str]) -> int:
     """Progress ticks per loader batch that :func:`evaluate` makes for these attacks."""
-    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in names.expand(attack_names))
+    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else forward_passes(parse_attack(n))
+               for n in names.expand(attack_names))
+
+
+def forward_passes(attack: EvalAttack) -> int:
+    """The model's forward passes a batch plans under ``attack``: a step each (a transfer attack's are the
+    substitute's), then the prediction; :func:`confusion` ticks the progress once per pass."""
+    steps = attack.pgd.steps * attack.pgd.restarts if attack.pgd is not None and not attack.transfer else 0
+    return steps + 1
 
 
 def attack_names(attacks: str | Sequence[str]) -> list[str]:
@@ -314,7 +343,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
                            clip_start=cfg.eval.clip_start, test_per_class=cap, substitute=sub_model)
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
-    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
+    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks),
+                   unit="attack step") as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
