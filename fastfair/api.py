@@ -19,6 +19,7 @@ from fastfair.errors import Interrupted, UserError, WriteError
 from fastfair.evaluation import per_class
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
+from fastfair.preset_files import preset_names
 from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
@@ -93,7 +94,7 @@ EVALUATE_KEYS = {"eps": "eval.eps", "alpha": "eval.alpha", "cw_kappa": "eval.cw_
 @stopping.says("this evaluation returned no result; with out=, AutoAttack's per-image progress is kept beside it and "
                "the same call resumes it")
 def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequence[str] = ("clean", "pgd20", "cw20"),
-             eps: float | Sequence[float] = 8 / 255, alpha: float | Sequence[float] = 2 / 255,
+             eps: float | Sequence[float] | None = None, alpha: float | Sequence[float] = 2 / 255,
              classes: Sequence[str] | None = None, batch_size: int = 256, seed: int = 0, bf16: bool = False,
              aa_backend: str = "auto", cw_kappa: float = 50.0, clip_start: bool = True,
              out: str | Path | None = None, source: dict | None = None, progress: bool = True,
@@ -103,7 +104,9 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     ``attacks``: names as ``fastfair eval --attacks`` takes them (clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT,
     tpgdK@grid, cwinf, nattack, transfer:NAME, NAME/N, corrupt:NAME@S, aa), a list or one comma-separated string.
     ``eps``/``alpha``: one radius/step or one per class, in [0, 1] as images are (8/255, not 8): the config's
-    eval.eps and eval.alpha, refused as ``fastfair train --set eval.eps=8`` is (:data:`EVALUATE_KEYS`).
+    eval.eps and eval.alpha, refused as ``fastfair train --set eval.eps=8`` is (:data:`EVALUATE_KEYS`), and ``eps``
+    as ``fastfair eval --eps`` (one per class of the model, not with aa, some attack reading it); None: eval.eps's
+    default, 8/255.
     ``data``: (x, y) tensors, x float (N, C, H, W) in [0, 1] and y integer labels, or an iterable of batches.
     ``out``: a JSON path; an earlier file of the same weights, data and settings keeps its other attacks, another
     is moved to ``previous/`` beside it. ``source``: what to record about where the model came from.
@@ -116,9 +119,12 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     wanted = per_class.attack_names(attacks)
     per_class.check_substitute(wanted, substitute is not None)
     aa_backend = per_class.aa_backend_for(wanted, aa_backend)
-    given = {"eps": eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed, "clip_start": clip_start,
-             "batch_size": batch_size}
+    given = {"eps": configs.EvalConfig.eps if eps is None else eps, "alpha": alpha, "cw_kappa": cw_kappa, "seed": seed,
+             "clip_start": clip_start, "batch_size": batch_size}
+    radius = eps
     eps, alpha, cw_kappa, seed, clip_start, batch_size = (check_value(EVALUATE_KEYS[k], v) for k, v in given.items())
+    if radius is not None:  # as fastfair eval --eps: its count once the model's classes are known
+        radius = per_class.check_eps(eps, wanted, None, "eps")
     x, y = _tensors(data)
     model = _model(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -129,6 +135,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         classes = [str(i) for i in range(c)] if classes is None else [str(n) for n in classes]
         if len(classes) != c:
             raise UserError(f"{len(classes)} class names for a model with {c} outputs")
+        if radius is not None:  # one per class of this model's
+            per_class.check_eps(radius, wanted, c, "eps")
         check_labels("y", y.numpy(), len(x), c)
         y = y.long()
         if substitute is not None and not isinstance(substitute, torch.nn.Module):
@@ -144,7 +152,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
         prog = Progress(enabled=progress)
-        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted)) as advance:
+        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted),
+                       unit="attack step") as advance:
             results = per_class.evaluate(model, batches, wanted, eps=settings["eps"], alpha=settings["alpha"],
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
@@ -238,7 +247,7 @@ def train(config: str | None = None, *, out: str | Path | None = None, resume: b
     ``--quiet``."""
     keys = flag_keys(**flags)
     return run_training(config, keys, sets or {}, out, resume=resume, quiet=not progress,
-                        flag_names=said_as(keys, cli=False))
+                        flag_names=said_as(keys, cli=False), cli=False)
 
 
 def flag_keys(**flags: Any) -> dict[str, Any]:
@@ -255,9 +264,14 @@ def flag_keys(**flags: Any) -> dict[str, Any]:
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],
                  out: str | Path | None, *, resume: bool, quiet: bool,
-                 flag_names: dict[str, str] | None = None) -> Path:
+                 flag_names: dict[str, str] | None = None, cli: bool = True) -> Path:
     """Resolve and check the config, then train and evaluate in ``out``; the one path of the CLI and of Python.
-    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`)."""
+    ``flag_names``: how each key of ``flags`` was given (:func:`said_as`); ``cli``: whether from the command line
+    (a message then names flags, else keywords)."""
+    if preset and preset in METHODS and not _is_preset(preset):
+        method = f"--method {preset}" if cli else f"method={preset!r}".replace("'", '"')
+        raise UserError(f"{preset!r} is a training method, not a preset or config file: did you mean {method}? "
+                        "(presets: fastfair presets)")
 
     saved = RunDir(out).config if out else None
     if resume:
@@ -271,6 +285,11 @@ def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | di
     run = Path(out or f"runs/{cfg.method.name}-{cfg.data.dataset}")
     fit(cfg, run, resume, quiet)
     return run
+
+
+def _is_preset(name: str) -> bool:
+    """Whether ``name`` is a TOML file or a shipped preset (``fastfair presets``)."""
+    return Path(name).is_file() or name.removesuffix(".toml") in preset_names()
 
 
 def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:

@@ -27,6 +27,8 @@ CHECKPOINT_HELP = ("in a run dir: last, epoch (train.select=epoch's), or best_<p
                    "add _avg for the EMA/FAWA model (default: the run's train.select)")
 SPLIT_HELP = "test | val"
 RB_PANEL = "a RobustBench model by name (rb:NAME)"
+# a value is read as TOML: a list of strings keeps its double quotes only inside the shell's single quotes
+SET_EXAMPLES = "e.g. --set train.lr=0.05, or a list of strings: --set eval.attacks='[\"clean\",\"pgd20\"]'"
 Text = Optional[str]  # an option that, left out, leaves the config's value as it is
 
 
@@ -144,7 +146,7 @@ def train(
     beton_dir: Annotated[Text, typer.Option(help="folder of .beton files from `fastfair data convert` (for "
                                                  "--loader ffcv)")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="override a config key, e.g. --set train.lr=0.05 (repeatable)")] = None,
+        "--set", metavar="KEY=VALUE", help=f"override a config key, {SET_EXAMPLES} (repeatable)")] = None,
     resume: Annotated[bool, typer.Option("--resume",
                                          help="continue the run in --out from its last checkpoint")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress or tables")] = False,
@@ -194,6 +196,16 @@ def _split(split: str) -> str:
     return split
 
 
+def _floats(text: str, flag: str) -> float | list[float]:
+    """A number, or comma-separated numbers (one per class), as ``--eps`` takes them."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag} takes a number in [0, 1] (8/255 is 0.0314) or one per class, comma-separated such as "
+                        f"0.0314,0.0157; got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
 def _batch_size(batch_size: int | None) -> int | None:
     """``--batch-size``, checked as the key it sets (data.eval_batch_size) before anything loads."""
     from fastfair.checks import check_value
@@ -226,6 +238,11 @@ def eval_(
         help="AutoAttack backend: auto (the official pyautoattack, else a git-installed autoattack) | "
              "pyautoattack | autoattack | torchattacks (its sub-attacks set to the standard numbers)")] = "auto",
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
+    eps: Annotated[Text, typer.Option(
+        metavar="EPS|E1,E2,...", help="the attacks' L-inf radius in [0, 1] as images are (8/255 is 0.0314), as "
+                                      "train's eval.eps; or one per class, comma-separated (not with aa); default "
+                                      "the run's eval.eps (8/255 for a file or rb:NAME); recorded in the JSON")]
+    = None,
     per_class: Annotated[Optional[int], typer.Option(
         metavar="N", help="every attack on the first N test images of each class (file order) instead of the run's "
                           "test set, e.g. a quick AutoAttack check; written to eval/<checkpoint>-test-firstN.json")]
@@ -250,18 +267,20 @@ def eval_(
     = None,
 ) -> None:
     from fastfair import build
-    from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_per_class, check_substitute,
-                                               evaluate_checkpoint)
+    from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_eps, check_per_class,
+                                               check_substitute, evaluate_checkpoint)
     from fastfair.reports.summary import lines
 
-    # what fastfair.evaluate checks the same way, before the model or data load
+    # what fastfair.evaluate checks the same way, before the model or data load (--eps's count once it has loaded)
     names = attack_names(attacks)
     aa_backend_for(names, aa_backend)
     check_per_class(per_class, _split(split))
     if substitute is not None:
         check_substitute(names, True)
+    radius = None if eps is None else check_eps(_floats(eps, "--eps"), names, None, "--eps")
     common = dict(attacks=names, split=split, data_dir=data_dir, device=device, batch_size=_batch_size(batch_size),
-                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute)
+                  amp=bf16, quiet=quiet, aa_backend=aa_backend, seed=seed, per_class=per_class, substitute=substitute,
+                  eps=radius)
     foreign = {"--dataset": dataset, "--normalize": normalize, "--num-classes": num_classes}
     robustbench = {"--threat": threat, "--model-dir": model_dir}
     if target.startswith("rb:"):
@@ -413,7 +432,7 @@ def grid(
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set, for every run (as "
                                                 "train's --data-dir)")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="override a config key in every run, e.g. --set train.epochs=10 "
+        "--set", metavar="KEY=VALUE", help=f"override a config key in every run, {SET_EXAMPLES} "
                                            "(repeatable; not a key the grid's axes sweep)")] = None,
     out: Annotated[Text, typer.Option(help="grid directory (default runs/grids/GRID_NAME); one folder per run "
                                            "inside")] = None,
@@ -445,7 +464,7 @@ def tune(
     config: Annotated[Text, typer.Option(help="TOML preset every trial starts from")] = None,
     data_dir: Annotated[Text, typer.Option(help="folder (or .npz file) holding the data set")] = None,
     sets: Annotated[Optional[List[str]], typer.Option(
-        "--set", metavar="KEY=VALUE", help="a config key for every trial (repeatable)")] = None,
+        "--set", metavar="KEY=VALUE", help=f"a config key for every trial, {SET_EXAMPLES} (repeatable)")] = None,
     quick: Annotated[Optional[int], typer.Option(metavar="N", help="every trial on the first N training images of "
                                                  "each class (data.train_per_class)")] = None,
     trials: Annotated[Optional[int], typer.Option(help="budget: trials per contender (default 8)")] = None,
@@ -506,7 +525,8 @@ def reproduce(
                                            "runs/reproduce/TARGET-SCALE; a table's --out lets a figure reuse its "
                                            "runs)")] = None,
     set_: Annotated[Optional[List[str]], typer.Option("--set", metavar="KEY=VALUE", help=(
-        "override a config key in every run (repeatable); the verdicts then say not comparable"))] = None,
+        f"override a config key in every run, {SET_EXAMPLES} (repeatable); the verdicts then say not comparable"))]
+    = None,
     model_dir: Annotated[Text, typer.Option(help="where RobustBench's weights are, for rows that are its released "
                                                  "models (Tian et al.'s RST; default ./models, RobustBench's)")] = None,
     launcher: Annotated[str, typer.Option(help="local | submitit (SLURM job arrays, as fastfair grid's: a pre-empted "

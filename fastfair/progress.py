@@ -2,7 +2,8 @@
 
 On a terminal a rich bar redraws in place. Where the output is a file or a pipe, a bar would write
 nothing useful, so every ``every_s`` seconds one plain line says where the loop is:
-``epoch 3/10  step 120/391  1850 img/s  ETA 0:02:27``. Lines and (when ``log_file`` is given) the
+``epoch 3/10  step 120/391  1850 img/s  ETA 0:02:27, run 0:19:40`` (the run: its later epochs' steps at this
+epoch's pace, validation not counted). Lines and (when ``log_file`` is given) the
 same periodic lines are appended to a log file too, so a run folder tells how far it got.
 
 Only host values are read: the step count and the wall clock. No tensor is read per step, so the
@@ -20,7 +21,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
+from rich.progress import (BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.progress import Progress as RichProgress
 
 from fastfair.rundir import append_text
@@ -49,8 +52,10 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, enabled: bool = True, every_s: float = EVERY_S, log_file: str | Path | None = None):
+    def __init__(self, enabled: bool = True, every_s: float = EVERY_S, log_file: str | Path | None = None,
+                 clock=None):
         self.enabled, self.every_s = enabled, every_s
+        self.clock = clock or time.monotonic  # seconds; a test's own clock renders without racing the real one
         self.console = Console(highlight=False)
         self.log_file: Path | None = None
         # lines said before the run folder was ready (the quick-run note): written when it is attached
@@ -82,32 +87,37 @@ class Progress:
         elif self.log_file:
             append_text(line + "\n", self.log_file)
 
-    def line(self, description: str, done: int, total: int, seconds: float, images_per_step: int | None) -> str:
-        """``description  step done/total  N img/s  ETA h:mm:ss`` from host numbers."""
+    def line(self, description: str, done: int, total: int, seconds: float, images_per_step: int | None,
+             later: int = 0, unit: str = "step") -> str:
+        """``description  step done/total  N img/s  ETA h:mm:ss`` from host numbers; with ``later`` (steps of the
+        run after this task, as fast as this one's) ``ETA h:mm:ss, run h:mm:ss``."""
         rate = done / seconds if seconds > 0 else 0.0
         speed = f"  {rate * images_per_step:.0f} img/s" if images_per_step else ""
         eta = _clock((total - done) / rate) if rate > 0 else "?"
-        return f"{description}  step {done}/{total}{speed}  ETA {eta}"
+        run = (f", run {_clock((total - done + later) / rate) if rate > 0 else '?'}" if later else "")
+        return f"{description}  {unit} {done}/{total}{speed}  ETA {eta}{run}"
 
     @contextlib.contextmanager
-    def task(self, description: str, total: int, images_per_step: int | None = None):
-        """Yields ``advance()``: a transient bar on a terminal; on other output and in the log file a
-        plain line every ``every_s`` seconds."""
+    def task(self, description: str, total: int, images_per_step: int | None = None, later: int = 0,
+             unit: str = "step"):
+        """Yields ``advance(n=1)``: a transient bar on a terminal; on other output and in the log file a plain line
+        every ``every_s`` seconds. ``later``: the steps the run still has after this task (a training run's later
+        epochs), which its ETA includes; ``unit``: what ``total`` counts."""
         bar_on = self.enabled and self.console.is_terminal
         plain_on = self.enabled and not bar_on
         if not (bar_on or plain_on or self.log_file):
-            yield lambda: None
+            yield lambda n=1: None
             return
-        t0 = last = time.monotonic()
+        t0 = last = self.clock()
         done = 0
 
-        def tick() -> None:
+        def tick(n: int = 1) -> None:
             nonlocal done, last
-            done += 1
-            now = time.monotonic()
+            done += n
+            now = self.clock()
             if now - last >= self.every_s and done < total:
                 last = now
-                text = self.line(description, done, total, now - t0, images_per_step)
+                text = self.line(description, done, total, now - t0, images_per_step, later, unit)
                 if plain_on:
                     print(text, flush=True)
                 self._to_file(text)
@@ -115,12 +125,24 @@ class Progress:
         if not bar_on:
             yield tick
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn())
-        with RichProgress(*columns, console=self.console, transient=True) as bar:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit + "s"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), *([RunRemaining(later)] if later else []))
+        with RichProgress(*columns, console=self.console, transient=True, get_time=self.clock) as bar:
             tid = bar.add_task(description, total=total)
 
-            def advance() -> None:
-                bar.advance(tid)
-                tick()
+            def advance(n: int = 1) -> None:
+                bar.advance(tid, n)
+                tick(n)
             yield advance
+
+
+class RunRemaining(ProgressColumn):
+    """The run's time left on a bar: this task's steps left and ``later`` more, at the task's speed."""
+
+    def __init__(self, later: int):
+        super().__init__()
+        self.later = later
+
+    def render(self, task) -> Text:
+        left = (task.remaining or 0) + self.later
+        return Text(f"run {_clock(left / task.speed) if task.speed else '-:--:--'}", style="progress.remaining")

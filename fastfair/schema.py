@@ -113,6 +113,16 @@ def field_docs(cls) -> dict[str, str]:
     return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
 
 
+def _list_example(key: str, value: Any, item: Any) -> str:
+    """How to type ``key``'s list, made of the words the user gave: a list of strings needs its double quotes, which
+    the shell removes unless the whole value is in single quotes."""
+    if item is not str:
+        return f"Type it as --set {key}=[1,2]"
+    words = [w.strip(" '\"") for w in str(value).strip("[] ").split(",") if w.strip(" '\"")] or ["a", "b"]
+    listed = ",".join(f'"{w}"' for w in words)
+    return f"Strings in a list keep their double quotes inside single quotes: --set {key}='[{listed}]'"
+
+
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Check ``value`` against the field type; ints are accepted for floats."""
     origin = typing.get_origin(typ)
@@ -124,9 +134,9 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
                 pass
         raise UserError(f"{key}: {value!r} is not a {typ}")
     if origin is list:
-        if not isinstance(value, list):
-            raise UserError(f"{key} takes a list, for example {key}=[1, 2]; got {value!r}")
         (item,) = typing.get_args(typ)
+        if not isinstance(value, list):
+            raise UserError(f"{key} takes a list; got {value!r}. {_list_example(key, value, item)}")
         return [coerce(key, v, item) for v in value]
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

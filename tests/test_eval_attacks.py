@@ -42,7 +42,7 @@ def test_attack_names_are_checked_and_counted():
     check_attack_names(["clean", "fgsm", "pgd50x5", "cw20", "tpgd20@grid", "aa"])
     with pytest.raises(UserError, match="unknown attack"):
         check_attack_names(["pgd20", "autoatack"])
-    assert progress_units(["clean", "aa", "tpgd20@grid"]) == 1 + 5 + 4
+    assert progress_units(["clean", "aa", "tpgd20@grid"]) == 1 + 5 + 4 * 21  # a tick per PGD step and prediction
 
 
 def test_fgsm_per_class_matches_the_hand_computed_step():

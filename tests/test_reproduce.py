@@ -119,13 +119,13 @@ def test_list_shows_every_table_its_runs_and_cost(capsys):
     # (the H200 lease measured PGD-AT on ResNet-18), else which are missing
     measured = out.count("GPU hours of training on NVIDIA H200 (evaluation extra)")
     assert measured >= 1 and measured + out.count("no GPU figure yet") == len(tables.tables())
-    assert "tian-iclr-t2-madry               Madry x 3 seed(s) [fgsmrs avg/worst/per class, pgd20 " \
+    assert "tian-iclr-t2-madry               Madry x 3 seeds [fgsmrs avg/worst/per class, pgd20 " \
            "avg/worst/per class," in out
-    assert "tian-iclr-t2-standard            standard WRN-32-10 (transfer substitute) x 3 seed(s) [no numbers of " \
+    assert "tian-iclr-t2-standard            standard WRN-32-10 (transfer substitute) x 3 seeds [no numbers of " \
            "its own: the transfer substitute of the other rows" in out
     # ICLR Tables 2, 3 and 4: the RST row is the released model, evaluated
     assert out.count("RobustBench's Carmon2019Unlabeled, evaluated, not trained]") == 3
-    assert "tian-kdd-t5-cifar100-madry       CIFAR-100, adversarial training x 3 seed(s) [pgd20 cv/mcd; follows " \
+    assert "tian-kdd-t5-cifar100-madry       CIFAR-100, adversarial training x 3 seeds [pgd20 cv/mcd; follows " \
            "paper]" in out
 
 
@@ -185,7 +185,9 @@ def test_full_scale_without_cifar10_stops_at_once_naming_data_dir(tmp_path, caps
 
 
 def test_unknown_table_and_subset_without_npz_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="targets: .*cfa-t1"):
+    with pytest.raises(UserError, match="targets: .*cfa-t1"):  # nothing like it: every target named
+        reproduce("xyz", out=str(tmp_path))
+    with pytest.raises(UserError, match=r"'cfa-t9'. Did you mean cfa-t\d"):
         reproduce("cfa-t9", out=str(tmp_path))
     with pytest.raises(UserError, match="--data-dir FILE.npz"):
         reproduce("me-t3", scale="subset", data_dir=str(tmp_path), out=str(tmp_path))

@@ -56,6 +56,7 @@ def test_a_drawer_without_rows_and_a_reused_preset_without_paper_are_refused(mon
 
 
 def test_a_pending_item_is_listed_with_its_route_and_refused_by_name(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the whole line: narrower terminals get it cut (tests/test_new_user.py)
     monkeypatch.setattr(registry, "FIGURES", dict(registry.FIGURES))  # what the test registers goes with it
     registry.pending("me", "Table 41", "a test table", "needs what is not here; run: fastfair x")
     with pytest.raises(ValueError, match="registered twice"):

@@ -21,7 +21,8 @@ from fastfair.attacks import names
 from fastfair.data.background import class_index, named, parse_colour, read_masks, replace_background
 from fastfair.data.subsets import dropped_note
 from fastfair.evaluation.homing import probabilities
-from fastfair.evaluation.per_class import check_attack_names, evaluate, fingerprint, settings_of, weights_sha256
+from fastfair.evaluation.per_class import (check_attack_names, evaluate, fingerprint, progress_units, settings_of,
+                                           weights_sha256)
 from fastfair.errors import UserError
 from fastfair.progress import Progress
 from fastfair.reports import figures
@@ -59,7 +60,8 @@ def background_counts(path, *, cls: str, mask: str, colour: str = "white", attac
 
     def counts(net, images, version: str) -> dict:
         loader = build.eval_loader(cfg, (images, labels), dev, cl)
-        with prog.task(f"{','.join(attacks)} on {named(bundle.classes[c])}, {version}", len(loader)) as advance:
+        with prog.task(f"{','.join(attacks)} on {named(bundle.classes[c])}, {version}",
+                       len(loader) * progress_units(attacks), unit="attack step") as advance:
             out = evaluate(net, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, seed=seed, clip_start=cfg.eval.clip_start, progress=advance)
         return {name: entry["confusion"][c] for name, entry in out.items() if "confusion" in entry}

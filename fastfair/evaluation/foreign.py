@@ -264,17 +264,17 @@ def load_foreign(path: Path, *, model: str, dataset: str, normalize: str | None,
 def evaluate_foreign(path: Path, *, model: str, dataset: str, normalize: str | None, num_classes: int | None,
                      attacks: list[str], split: str, data_dir: str | None, device: str, batch_size: int | None,
                      amp: bool, quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None,
-                     substitute: str | None = None, eps: float | None = None, alpha: float | None = None,
+                     substitute: str | None = None, eps=None, alpha: float | None = None,
                      run_dir: Path | None = None) -> dict:
     """``fastfair eval FILE --model ARCH``: the same per-class attacks, table and JSON as for a fastfair checkpoint;
     the JSON's ``source`` says which file (and its SHA-256), architecture and normalisation were used. It goes
     beside the file, or into ``run_dir/eval/`` (a reproduce row's)."""
     cfg, dev, net, bundle, data, source = load_foreign(
         path, model=model, dataset=dataset, normalize=normalize, num_classes=num_classes, split=split,
-        device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class, eps=eps, alpha=alpha)
+        device=device, data_dir=data_dir, batch_size=batch_size, per_class=per_class, alpha=alpha)
     if run_dir is not None:  # the JSON goes to RUN/eval/, the weights stay where they are
         path = Path(run_dir) / "checkpoints" / path.name
     return evaluate_loaded(path, net, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": None, "source": source},
                            title=f"{path.name} ({model}, normalisation: {source['normalization']['source']})",
-                           substitute=substitute)
+                           substitute=substitute, eps=eps)

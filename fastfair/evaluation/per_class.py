@@ -16,9 +16,10 @@ from typing import Sequence
 
 import torch
 
-from fastfair import build, display
+from fastfair import build, display, rules
 from fastfair.config import load_saved_text
 from fastfair.attacks import autoattack, corruptions, names
+from fastfair.attacks.corruptions import Corrupt
 from fastfair.attacks.names import EvalAttack, parse_attack
 from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
@@ -42,10 +43,31 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
     model.eval()
     dev = eps_c.device
+    cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+    planned, ticked = forward_passes(attack), [0]
+
+    def step(*_) -> None:  # a forward pass of the attack: the bar moves within a batch (a PGD-20 batch is long)
+        if ticked[0] < planned - 1:
+            ticked[0] += 1
+            progress()
+
+    hook = model.register_forward_hook(step) if progress is not None and planned > 1 else None
+    try:
+        return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute,
+                          entropy, nonfinite, planned, ticked)
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute, entropy,
+               nonfinite, planned: int, ticked: list[int]) -> torch.Tensor:
+    """:func:`confusion`'s loop; ``progress`` gets ``planned`` ticks a batch, ``ticked[0]`` of them given already."""
+    dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
     seen = torch.zeros(num_classes, dtype=torch.long, device=dev)  # images of each class so far (NAME/N)
-    cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     for i, (x, y) in enumerate(loader):
+        ticked[0] = 0
         if attack.per_class:
             x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
         if len(y):
@@ -64,7 +86,7 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
                 p = logits.float().softmax(1)
                 entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
         if progress is not None:
-            progress()
+            progress(planned - ticked[0])
     return conf.view(num_classes, num_classes)
 
 
@@ -78,7 +100,15 @@ def _first_of_each_class(x, y, seen, n: int):
 
 def progress_units(attack_names: list[str]) -> int:
     """Progress ticks per loader batch that :func:`evaluate` makes for these attacks."""
-    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else 1 for n in names.expand(attack_names))
+    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else forward_passes(parse_attack(n))
+               for n in names.expand(attack_names))
+
+
+def forward_passes(attack: EvalAttack) -> int:
+    """The model's forward passes a batch plans under ``attack``: a step each (a transfer attack's are the
+    substitute's), then the prediction; :func:`confusion` ticks the progress once per pass."""
+    steps = attack.pgd.steps * attack.pgd.restarts if attack.pgd is not None and not attack.transfer else 0
+    return steps + 1
 
 
 def attack_names(attacks: str | Sequence[str]) -> list[str]:
@@ -123,6 +153,32 @@ def check_substitute(attack_names: list[str], substitute_given: bool, given_as: 
     if capped and distributed.current().enabled:
         raise UserError("NAME/N (the first N images of each class) runs on one process, not under torchrun, whose "
                         "ranks each see every world-th image")
+
+
+def check_eps(eps, attack_names: list[str], num_classes: int | None, given_as: str) -> float | list[float]:
+    """An eps given for one evaluation (``fastfair eval --eps``, ``fastfair.evaluate(eps=)``), checked before any
+    attack runs: within [0, 1] as eval.eps is, one radius or one per class (of ``num_classes``, once the model is
+    known), read by some attack, and one radius where AutoAttack runs. Returns it as the config would hold it."""
+    try:
+        value = rules.check("eval.eps", list(eps) if isinstance(eps, tuple) else eps, float, rules.IMAGE_RANGE,
+                            per_class=True)
+    except UserError as err:
+        raise UserError(f"{given_as}: {err}") from None
+    if isinstance(value, list) and num_classes is not None and len(value) != num_classes:
+        raise UserError(f"{given_as}: {len(value)} radii for a model of {num_classes} classes; give one number, or "
+                        f"one per class ({num_classes})")
+    expanded = names.expand(attack_names)
+    if not any(n == autoattack.NAME or _has_radius(parse_attack(n)) for n in expanded):
+        raise UserError(f"{given_as} does nothing for {', '.join(attack_names)}: clean and corrupt: attacks have no "
+                        "radius; add an attack such as pgd20, or leave it out")
+    if isinstance(value, list) and autoattack.NAME in expanded:
+        raise UserError(f"{given_as}: AutoAttack takes one radius for every class; give one number, or evaluate "
+                        "aa apart from the per-class attacks")
+    return value
+
+
+def _has_radius(attack: EvalAttack) -> bool:
+    return attack.pgd is not None or (attack.search is not None and not isinstance(attack.search, Corrupt))
 
 
 def weights_sha256(model) -> str:
@@ -238,11 +294,12 @@ def check_per_class(per_class: int | None, split: str) -> None:
 def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_dir: str | None = None,
                         device: str = "auto", batch_size: int | None = None, amp: bool = False,
                         quiet: bool = False, aa_backend: str = "auto", seed: int | None = None,
-                        per_class: int | None = None, substitute: str | None = None) -> dict:
+                        per_class: int | None = None, substitute: str | None = None, eps=None) -> dict:
     """Evaluate a checkpoint file per class; writes ``RUN/eval/<checkpoint>-<split>.json`` and prints a table.
 
     ``seed`` defaults to the checkpoint's ``eval.seed``; ``per_class`` evaluates the first N test images of each
-    class instead of the run's test set (its ``data.test_per_class``, all images unless a quick run)."""
+    class instead of the run's test set (its ``data.test_per_class``, all images unless a quick run); ``eps``
+    (``--eps``: one radius or one per class) replaces the run's eval.eps."""
     path = Path(path)
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size, test_per_class=per_class)
@@ -253,16 +310,19 @@ def evaluate_checkpoint(path, *, attacks: list[str], split: str = "test", data_d
     return evaluate_loaded(path, model, cfg, dev, bundle, data, attacks=attacks, split=split, amp=amp, quiet=quiet,
                            aa_backend=aa_backend, seed=seed, record={"epoch": ck["epoch"], **EPOCH_NUMBERING},
                            title=f"{path.stem} (epoch {ck['epoch']})",
-                           own_test_per_class=own, substitute=substitute)
+                           own_test_per_class=own, substitute=substitute, eps=eps)
 
 
 def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[str], split: str, amp: bool,
                     quiet: bool, aa_backend: str, seed: int | None, record: dict, title: str,
-                    own_test_per_class: int = 0, substitute: str | None = None) -> dict:
+                    own_test_per_class: int = 0, substitute: str | None = None, eps=None) -> dict:
     """Evaluate a loaded model (from ``path``) per class; writes the JSON beside ``path``'s run and prints a
     table. ``record`` adds what the result must say about where the model came from. A test set capped to
     other than ``own_test_per_class`` images a class (``--per-class``) gets its own file. ``transfer:`` attacks
-    run on ``substitute`` (a run folder or checkpoint; default the config's ``eval.substitute``)."""
+    run on ``substitute`` (a run folder or checkpoint; default the config's ``eval.substitute``). ``eps`` (``--eps``:
+    one radius or one per class) replaces the config's eval.eps."""
+    if eps is not None:  # known to fit once the model's classes are: before any attack runs
+        cfg.eval.eps = check_eps(eps, attacks, len(bundle.classes), "--eps")
     seed = cfg.eval.seed if seed is None else seed
     loader = build.eval_loader(cfg, distributed.shard(data), dev, build.channels_last(cfg, dev))
     quiet = quiet or not distributed.current().is_main
@@ -283,7 +343,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
                            clip_start=cfg.eval.clip_start, test_per_class=cap, substitute=sub_model)
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
-    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks)) as advance:
+    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks),
+                   unit="attack step") as advance:
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,

@@ -225,19 +225,19 @@ def reported_line(source: dict, results: dict) -> str:
 def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str | None, attacks: list[str],
                          split: str, data_dir: str | None, device: str, batch_size: int | None, amp: bool,
                          quiet: bool, aa_backend: str, seed: int | None, per_class: int | None = None,
-                         substitute: str | None = None, eps: float = EPS, alpha: float | None = None,
+                         substitute: str | None = None, eps=None, alpha: float | None = None,
                          run_dir: Path | None = None) -> dict:
     """``fastfair eval rb:NAME``: the per-class attacks, table and JSON of any model file, the JSON beside the
     weights (``MODEL_DIR/<dataset>/<threat>/eval/``; in ``run_dir/eval/`` where given: a reproduce row's), its
-    ``source`` naming the model and RobustBench's numbers. ``eps`` defaults to the leaderboard's 8/255 and
-    ``alpha`` (the PGD step) to fastfair's default for it."""
+    ``source`` naming the model and RobustBench's numbers. ``eps`` (one radius or one per class) defaults to the
+    leaderboard's 8/255 and ``alpha`` (the PGD step) to fastfair's default for it."""
     check_threat(dataset, threat)
     entry(name, dataset, threat)  # an unknown name fails before the data loads
     # the data: the data set's folder, or its images in an .npz file (fastfair's npz data set)
     data = "npz" if data_dir and str(data_dir).endswith(".npz") else dataset
     cfg = config.resolve(None, {"method.name": "standard", "data.dataset": data, "data.data_dir": data_dir,
                                 "train.device": device, "data.eval_batch_size": batch_size,
-                                "data.test_per_class": per_class, "eval.eps": eps,
+                                "data.test_per_class": per_class, "eval.eps": EPS,
                                 **({"eval.alpha": alpha} if alpha is not None else {})})
     dev = build.device(cfg)
     bundle, splits = build.splits(cfg)  # the data before the weights, which may be fetched first: a long wait
@@ -254,7 +254,7 @@ def evaluate_robustbench(name: str, *, dataset: str, threat: str, model_dir: str
     record = evaluate_loaded(path, net, cfg, dev, bundle, splits[split],
                              attacks=attacks, split=split, amp=amp, quiet=quiet, aa_backend=aa_backend, seed=seed,
                              record={"epoch": None, "source": source},
-                             title=f"{name} (RobustBench, {dataset} {threat})", substitute=substitute)
+                             title=f"{name} (RobustBench, {dataset} {threat})", substitute=substitute, eps=eps)
     if not quiet:
         print(reported_line(source, record["results"]))
     return record

@@ -10,6 +10,7 @@ averaged one.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 from fastfair import config
@@ -32,9 +33,10 @@ from fastfair.scaleout.launchers import LAUNCHERS, parse_gpus
 
 
 def listing(seeds: int | None, echo=print, only: str | None = None, scale: str = "full") -> None:
-    """Every table and figure (or ``only`` that one) with its rows, each row's seeds at ``scale``
+    """Every target (or ``only`` that one) with its rows, each row's seeds at ``scale``
     (:func:`~fastfair.reproduce.runs.row_seeds`: ``seeds`` where given, else its paper's count at a comparable scale)
-    and what it costs, then the pending ones with their routes."""
+    and what it costs: the targets with the paper's numbers first, then the protocols without, then the pending ones,
+    a line each cut to the terminal's width (``only`` a pending one: its whole reason and route)."""
     waiting = tables.pending()
     if only in waiting:
         chosen, waiting = {}, {only: waiting[only]}
@@ -51,24 +53,53 @@ def listing(seeds: int | None, echo=print, only: str | None = None, scale: str =
     def seeds_of(row) -> int:
         return runs.row_seeds(row, seeds, scale)
 
-    for key, table in chosen.items():
-        echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {len(table.rows)} rows, "
-             f"{sum(map(seeds_of, table.rows))} runs (seeds: {runs.seeds_text(list(table.rows), seeds, scale)})")
-        if table.spec:
-            echo(f"  draws: {table.spec.caption}" + (f" (partial: {table.spec.partial})" if table.spec.partial else ""))
-        elif table.figure:
-            echo("  draws: nothing yet (no drawer registered): the rows' numbers only")
-        for row in table.rows:
-            released = (f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else
-                        f"; the authors' released model, evaluated, not trained: {row.released.place(None)} (or "
-                        f"under --model-dir)" if row.released else "")
-            echo(f"  {row.preset:<32} {row.row} x {seeds_of(row)} seed(s) [{_what_it_reports(row, table)}; "
-                 f"follows {row.follows}{released}]")
-        for pending in table.pending:
-            echo(f"  not run yet: {pending}")
-        echo(f"  cost: {cost.estimate(table, seeds_of, speeds)}")
+    def kind(table) -> int:  # 0: the paper's numbers in its rows, 1: a plot drawn from its runs, 2: a protocol
+        return 2 if table.protocol else 0 if any(r.numbers and table.own(r) for r in table.rows) else 1
+
+    headings = ("with the paper's numbers (each result printed beside them, with a verdict):",
+                "drawn from their runs (the paper's plot; no numbers of the paper's to compare in their rows):",
+                "protocols without paper numbers (run and reported, no verdicts):")
+    for order, heading in enumerate(headings):
+        group = {k: t for k, t in chosen.items() if kind(t) == order}
+        if group and not only:
+            echo(f"\n{heading}")
+        for key, table in group.items():
+            _list_target(key, table, seeds, scale, seeds_of, speeds, echo)
+    if waiting and not only:
+        echo("\npending (they cannot run here; why, and the route to run them: fastfair reproduce NAME --list):")
     for key, spec in waiting.items():
-        echo(f"{key}: {PAPERS[spec.source].cite}, {spec.item}: {spec.caption}; pending: {spec.pending}")
+        line = f"{key}: {PAPERS[spec.source].cite}, {spec.item}: {spec.caption}; pending: {spec.pending}"
+        echo(line if only else fit(line))
+
+
+def plural(n: int, word: str) -> str:
+    """``1 row``, ``2 rows``."""
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def fit(line: str, width: int | None = None) -> str:
+    """``line`` cut to ``width`` (default the terminal's, $COLUMNS where set), its end marked."""
+    width = width or shutil.get_terminal_size().columns
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _list_target(key: str, table: tables.Table, seeds: int | None, scale: str, seeds_of, speeds, echo) -> None:
+    """A target's lines of ``--list``: its title, runs and seeds, what it draws, its rows, what it lacks, its cost."""
+    echo(f"{key}: {table.title} ({PAPERS[table.source].title}); {plural(len(table.rows), 'row')}, "
+         f"{plural(sum(map(seeds_of, table.rows)), 'run')} (seeds: {runs.seeds_text(list(table.rows), seeds, scale)})")
+    if table.spec:
+        echo(f"  draws: {table.spec.caption}" + (f" (partial: {table.spec.partial})" if table.spec.partial else ""))
+    elif table.figure:
+        echo("  draws: nothing yet (no drawer registered): the rows' numbers only")
+    for row in table.rows:
+        released = (f"; RobustBench's {row.robustbench}, evaluated, not trained" if row.robustbench else
+                    f"; the authors' released model, evaluated, not trained: {row.released.place(None)} (or "
+                    f"under --model-dir)" if row.released else "")
+        echo(f"  {row.preset:<32} {row.row} x {plural(seeds_of(row), 'seed')} [{_what_it_reports(row, table)}; "
+             f"follows {row.follows}{released}]")
+    for pending in table.pending:
+        echo(f"  not run yet: {pending}")
+    echo(f"  cost: {cost.estimate(table, seeds_of, speeds)}")
 
 
 def _what_it_reports(row, table: tables.Table) -> str:

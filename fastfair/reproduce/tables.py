@@ -19,6 +19,7 @@ from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureSpec, figure_number
 from fastfair.reproduce.paper import PAPERS, PaperRow, load, protocol_title
 from fastfair.preset_files import preset_names
+from fastfair.suggest import hint
 
 
 @dataclass(frozen=True)
@@ -130,5 +131,29 @@ def get(key: str) -> Table:
         return known[key]
     if (spec := pending().get(key)) is not None:
         raise UserError(f"{key} ({PAPERS[spec.source].cite}, {spec.item}: {spec.caption}) is pending: {spec.pending}")
+    said = _by_prefix(key, known) or hint(key, known)
+    if said:
+        raise UserError(f"no paper table or figure {key!r}.{said} (fastfair reproduce --list shows every target)")
     raise UserError(f"no paper table or figure {key!r}; targets: {', '.join(known)} (fastfair reproduce --list "
                     "shows them)")
+
+
+def few(items: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` and how many more."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _by_prefix(key: str, known: dict[str, Table]) -> str:
+    """`` Did you mean T? ...`` where ``key`` begins the names of presets (``me-table2`` of ``me-table2-*``): the
+    targets they are rows of, the one most made of them first; '' where it begins none."""
+    presets = sorted({r.preset for t in known.values() for r in t.rows if r.preset.startswith(key)}, key=_natural)
+    if not presets:
+        return ""
+    share = {k: sum(r.preset in presets for r in t.rows) for k, t in known.items()}
+    targets = sorted((k for k, n in share.items() if n), key=lambda k: (-share[k] / len(known[k].rows), -share[k]))
+    rows = [f"{k} ({share[k]} of its {len(known[k].rows)} rows)" for k in targets]
+    alone = f"; train it alone with: fastfair train --config {key}" if presets == [key] else ""
+    many = len(presets) != 1
+    return (f" Did you mean {targets[0]}? The {len(presets)} preset{'s' * many} named {key}* ({few(presets)}) "
+            f"{'are rows' if many else 'is a row'} of {few(rows)}{alone}")

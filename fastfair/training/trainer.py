@@ -302,8 +302,9 @@ class Trainer:
         done = within["step"] if within else 0  # steps an interrupted epoch had saved
         vote = distributed.StopVote()
         t0 = time.perf_counter()
-        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps,
-                                images_per_step=batch) as advance:
+        # the run's ETA: the later epochs at this one's steps (a later phase's batch size may change them)
+        with self.progress.task(f"epoch {epoch + 1}/{self.cfg.train.epochs}", steps, images_per_step=batch,
+                                later=(self.cfg.train.epochs - epoch - 1) * steps) as advance:
             try:
                 for i, (x, y) in enumerate(self.train_loader):
                     if i < done:  # a saved step's batch: drawn and dropped, so the loader's stream goes on as it did
