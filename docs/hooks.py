@@ -149,14 +149,13 @@ def what_it_does(cls, base: type) -> str:
 
 def undocumented() -> list[str]:
     """Every method without its docstring, option without a description, key without its help, and command or
-    option of the CLI without help text: what the pages would show empty (an argument's help may be its command's)."""
+    argument or option of the CLI without help text: what the pages would show empty."""
     out = [f"method {n}: no docstring" for n in METHODS if not own_doc(METHODS.get(n), Method)]
     out += [f"option {n}: no docstring" for n in OPTIONS if not what_it_does(OPTIONS.get(n), Option)]
     out += [f"{owner}: {key} has no help" for owner, key, _, doc, _ in declared_keys() if not doc.strip()]
     for path, command in commands(typer.main.get_command(cli.app)):
         out += [f"{path}: no help"] * (not help_text(command.help))
-        out += [f"{path}: {p.opts[0]} has no help" for p in params(command)
-                if not is_argument(p) and not help_text(p.help)]
+        out += [f"{path}: {p.opts[0]} has no help" for p in params(command) if not help_text(p.help)]
     return out
 
 

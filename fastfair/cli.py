@@ -19,6 +19,8 @@ app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial traini
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 data_app = typer.Typer(help="data preparation", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+# what a command taking a run or a checkpoint reads from it
+RUN_OR_CHECKPOINT = "a run folder (its selected checkpoint) or a checkpoint file"
 
 FAIRNESS = "fairness options (shorthands for --set keys)"
 SEED_HELP = "seed of every random start of the attacks (default: the run's eval.seed); recorded in the JSON"
@@ -215,7 +217,9 @@ def _batch_size(batch_size: int | None) -> int | None:
 @app.command("eval", help="per-class evaluation of a run, a checkpoint, a model file fastfair did not write "
                           "(with --model), or a RobustBench model by name (rb:NAME)")
 def eval_(
-    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT|MODEL_FILE|rb:NAME")],
+    target: Annotated[str, typer.Argument(
+        metavar="RUN_DIR|CHECKPOINT|MODEL_FILE|rb:NAME",
+        help=f"{RUN_OR_CHECKPOINT}, a model file fastfair did not write (with --model), or RobustBench's model NAME")],
     attacks: Annotated[str, typer.Option(help="comma-separated: clean, fgsm, pgdK, pgdKxR, cwK, tpgdK@tT, "
                                               "tpgdK@grid (1/T in 2,5,10,50), cwinf[K] (C&W's L-inf optimisation "
                                               "attack), nattack[K] (NATTACK, query-based), transfer:NAME (NAME made "
@@ -249,7 +253,7 @@ def eval_(
     = None,
     model: Annotated[Text, typer.Option(
         help="architecture (fastfair models) of a model file fastfair did not write: a state dict, also nested "
-             "under state_dict/model/net, with the authors' key names (see README, Any model)",
+             "under state_dict/model/net, with the authors' key names (docs/evaluation-and-report.md, Any model)",
         rich_help_panel="a model file fastfair did not write")] = None,
     dataset: Annotated[Text, typer.Option(help="its data set (fastfair datasets; default cifar10)",
                                           rich_help_panel="a model file fastfair did not write")] = None,
@@ -315,7 +319,7 @@ def eval_(
 
 @app.command(help="per-class diagnostics of a checkpoint (features, weights, entropy, t-SNE)")
 def diagnose(
-    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT", help=RUN_OR_CHECKPOINT)],
     attack: Annotated[str, typer.Option(help="attack for the adversarial side (clean, fgsm, pgdK, cwK, "
                                              "tpgdK@tT)")] = "pgd20",
     split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
@@ -339,7 +343,7 @@ def diagnose(
 
 @app.command(help="Markdown report with PNG figures and LaTeX tables of one or more runs")
 def report(
-    runs: Annotated[List[str], typer.Argument(metavar="RUN_DIR...")],
+    runs: Annotated[List[str], typer.Argument(metavar="RUN_DIR...", help="one run folder, or several to compare")],
     out: Annotated[Text, typer.Option(help="output folder (default RUN_DIR/report for one run; for several, "
                                            "report-A-vs-B beside the first run)")] = None,
     label: Annotated[Optional[List[str]], typer.Option(
@@ -361,7 +365,9 @@ def report(
                   "class and the runs re-trained without one class each (data.drop_classes; the grid "
                   "tian-kdd-fig4-homing), then write the misclassified and homing matrices (homing.md, .json, .png)")
 def homing(
-    runs: Annotated[List[str], typer.Argument(metavar="GRID_DIR|RUN_DIR...")],
+    runs: Annotated[List[str], typer.Argument(
+        metavar="GRID_DIR|RUN_DIR...",
+        help="a grid folder, or run folders: exactly one trained on every class, the others each without one class")],
     attack: Annotated[str, typer.Option(help="the attack on every model (pgdK, cwK, fgsm, tpgdK@tT)")] = "pgd20",
     out: Annotated[Text, typer.Option(help="output folder (default GRID_DIR/homing, or RUN_DIR/homing of the run "
                                            "on every class)")] = None,
@@ -385,7 +391,7 @@ def homing(
                   "given foreground masks (fastfair data masks makes approximate ones); written to its own file "
                   "eval/<checkpoint>-test-background-<class>-<colour>.json, with Fig. 6's examples as .png beside it")
 def background(
-    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT", help=RUN_OR_CHECKPOINT)],
     class_: Annotated[str, typer.Option("--class", help="the class whose test images get the new background "
                                                          "(index or name, e.g. 3 or cat)")],
     mask: Annotated[str, typer.Option(metavar="FILE.npz", help="foreground masks of the class's test images: "
@@ -646,7 +652,8 @@ def _load_source(dataset: Text, data_dir: Text, default: str):
                                  "mnist-subset.npz), made from the official data set files: the same images in the "
                                  "same order for anyone who has them")
 def subset_data(
-    dataset: Annotated[str, typer.Argument(metavar="cifar10|mnist")],
+    dataset: Annotated[str, typer.Argument(metavar="cifar10|mnist",
+                                           help="the data set whose official files --data-dir holds")],
     data_dir: Annotated[Text, typer.Option(help="torchvision's folder of the official files (cifar-10-batches-py/, "
                                                 "MNIST/raw/), as --data-dir of training; downloaded there when "
                                                 "missing and possible")] = None,
@@ -725,8 +732,9 @@ def masks(
                                    "det (D_det) and rand (D_rand) move each image by a targeted L2 PGD and relabel "
                                    "it; the settings are recorded in it (features_params)")
 def features(
-    kind: Annotated[str, typer.Argument(metavar="robust|non-robust|det|rand")],
-    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT")],
+    kind: Annotated[str, typer.Argument(metavar="robust|non-robust|det|rand",
+                                        help="which of Ilyas et al.'s (2019) data sets to build")],
+    target: Annotated[str, typer.Argument(metavar="RUN_DIR|CHECKPOINT", help=RUN_OR_CHECKPOINT)],
     out: Annotated[str, typer.Option(metavar="FILE.npz", help="the .npz to write")],
     checkpoint: Annotated[str, typer.Option(help=CHECKPOINT_HELP)] = "auto",
     steps: Annotated[Optional[int], typer.Option(help="descent steps (default Ilyas et al.'s: 1000 for robust and "
