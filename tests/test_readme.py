@@ -59,16 +59,20 @@ def test_every_command_it_shows_has_the_options_it_uses():
 
 
 def numbers(text: str) -> tuple[str, list[float]]:
-    """``text`` with each number replaced by '#', and the numbers."""
+    """``text`` with each number replaced by '#', and the numbers (which class is worst is not compared: two classes
+    within a few images of each other trade places between CPUs and thread counts)."""
+    text = re.sub(r"worst class \d+", "worst class K", text)
     found = re.findall(r"\d+(?:\.\d+)?", text)
     return re.sub(r"\d+(?:\.\d+)?", "#", text), [float(n) for n in found]
 
 
 @pytest.mark.slow
 def test_the_demo_prints_what_the_readme_says(tmp_path):
-    """The README quotes one run on an fp32-only CPU. Another CPU's kernels round differently and may take a few of
-    the 360 test images the other way, so the lines must match word for word, the epoch may differ, and each
-    accuracy lie within 3 points (11 images of a class of 36) of the quoted one."""
+    """The README quotes one run on an fp32-only CPU with 2 threads. Another CPU's kernels, or another thread count
+    (1 here under pytest-xdist: tests/conftest.py item 6), round differently and take a few of the 360 test images the
+    other way (measured on this AVX2 EPYC with 1 thread: clean 89.1, cw20 76.0, worst 42.4 against 88.8, 74.3,
+    40.5), so the lines must match word for word, the epoch and which class is worst may differ, and each accuracy
+    lie within 3 points (about 11 images of a class's 36) of the quoted one."""
     quoted = next(b for b in blocks("text") if b.startswith("run: runs/me-trades-digits"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "fastfair", "train", "--config", "demo"], cwd=tmp_path, env=env,

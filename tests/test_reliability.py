@@ -218,7 +218,8 @@ def test_ffcv_conversion_on_a_full_disk_keeps_the_previous_files_and_a_too_small
     _fake_ffcv(monkeypatch, fails=False)
     assert cli.main(convert) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert set(before) == {"train.beton", "val.beton", "test.beton", "meta.json"}
+    files = {f"{split}.beton" for split in ("train", "val", "test")}  # each with the sidecar of its verified hash
+    assert set(before) == {*files, *(f"{f}.verified.json" for f in files), "meta.json"}
     capsys.readouterr()
     _fake_ffcv(monkeypatch, fails=True)
     assert cli.main(convert) == 74

@@ -289,14 +289,16 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_u
     assert one_go.returncode == 0, one_go.stderr[-3000:]
 
     out = tmp_path / "run"
-    proc = start(torchrun(out), env)
+    launch = torchrun(out)
+    proc = start(launch, env)
     wait_held(markers, proc, count=2)  # both ranks wait before their fifth step
     proc.send_signal(signal.SIGTERM)  # to torchrun, as SLURM, docker stop or kill would: it passes it on to the ranks
     _, _, err = ended(proc)
     # each rank runs step 5, sees its signal at the boundary after it, and the ranks agree one step later
     said = (f"fastfair: interrupted by SIGTERM in epoch 1 of 1 (6 of 20 steps saved); torchrun's own report after "
             f"this line (exit code 1) is how it ends on a signal (fastfair-torchrun ends here); continue with: "
-            f"torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume")
+            f"torchrun --nproc-per-node 2 --master-port {launch[launch.index('--master-port') + 1]} -m fastfair train "
+            f"--out {out} --resume")  # the launcher's options as given, the run's settings from its folder
     assert err.count("fastfair: interrupted") == 1 and said in err.splitlines(), err[-3000:]  # rank 0 says it
     assert RunDir(out).train_log.read_text().splitlines()[-1] == said and released_lock(out)
     saved = torch.load(RunDir(out).interrupted, weights_only=True)
