@@ -17,11 +17,13 @@ BRACKET = 60 / 23 ** 6  # the width, in log space, at which fastfair's bracketin
 
 def solver_tol(ref, float32: bool) -> Tol:
     """KL-ball weights of fastfair's solver against the code's cvxpy (ECOS): ECOS's own accuracy, plus fastfair's
-    bracket on the dual scalar (a relative error of at most its log-space width in each weight), plus one rounding
-    within u of the weight where fastfair returns float32."""
+    bracket on the dual scalar: the root and the scalar returned both lie in the final bracket, so they differ by
+    at most its log-space width, and a weight moves relatively by that times its log-derivative in the scalar,
+    taken as at most 2 (not derived: the one factor here that is assumed); plus one rounding within u of the
+    weight where fastfair returns float32."""
     top = float(torch.as_tensor(ref).double().abs().max())
-    value = ECOS + (BRACKET + (U32 if float32 else 0.0)) * top
-    return Tol(value, "ECOS 1e-8 + (60/23^6" + (" + u" if float32 else "") + ")·max|w|")
+    value = ECOS + (2 * BRACKET + (U32 if float32 else 0.0)) * top
+    return Tol(value, "ECOS 1e-8 + (2·60/23^6" + (" + u" if float32 else "") + ")·max|w|")
 
 
 def batch_weights_tol(margin, y, rho, margin_err: float) -> Tol:
