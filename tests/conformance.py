@@ -21,6 +21,7 @@ import functools
 import importlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -114,20 +115,38 @@ def golden(name: str) -> Golden:
 
 
 @dataclass(frozen=True)
+class Tol:
+    """A check's tolerance and, in a few words, how it follows from the quantity and float32 rounding (the
+    tolerance column of docs/conformance.md): made by the derivation helpers below, never a bare number."""
+
+    value: float
+    how: str
+
+    def __post_init__(self):
+        if not self.how:
+            raise ValueError("a tolerance says how it was derived")
+
+
+@dataclass(frozen=True)
 class Check:
-    """One compared quantity: ``diff`` (max abs difference, or the stated measure) must be <= ``tol``."""
+    """One compared quantity: ``diff`` (max abs difference, or the stated measure) must be <= ``tol.value``."""
 
     method: str
     quantity: str
     reference: str
     diff: float
-    tol: float
+    tol: Tol
     measure: str = "max abs diff"
     detail: str = ""  # what the measured column adds (how many sign-noise flips), not checked for staleness
 
+    def __post_init__(self):
+        if not isinstance(self.tol, Tol):
+            raise TypeError(f"{self.method} / {self.quantity}: a tolerance is a Tol from a derivation helper, "
+                            f"not {self.tol!r}")
+
     @property
     def ok(self) -> bool:
-        return bool(self.diff <= self.tol)
+        return bool(self.diff <= self.tol.value)
 
 
 @dataclass(frozen=True)
@@ -182,26 +201,37 @@ REL = "max abs diff / max abs ref"
 # -- float32 rounding: where the tolerances come from --------------------------------------------------------
 
 U32 = 2.0 ** -24  # float32 unit roundoff
+U64 = 2.0 ** -53  # float64 unit roundoff
 # A float32 sum of n terms, in any order the CPU's kernels choose (blocked, vectorised, FMA), differs from the exact
 # sum by at most gamma(n) * sum |terms| with probability >= 1 - 2 n exp(-LAMBDA^2 / 2) per sum (Higham & Mary 2019,
 # "A new approach to probabilistic rounding error analysis", Thm 3.1: lambda sqrt(n) u); LAMBDA 6 makes that 1e-7.
 LAMBDA = 6.0
 
 
-def gamma(n: int) -> float:
-    """Probabilistic bound on the relative rounding error of an n-term float32 sum (Higham & Mary 2019, Thm 3.1)."""
-    return LAMBDA * math.sqrt(n) * U32
+def gamma(n: int, unit: float = U32) -> float:
+    """Probabilistic bound on the relative rounding error of an n-term sum, float32 unless ``unit`` says otherwise
+    (Higham & Mary 2019, Thm 3.1)."""
+    return LAMBDA * math.sqrt(n) * unit
 
 
 def head_bound(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A bound on |float32 logits - exact logits| of a :class:`TinyNet` ``model`` (in its own mode) at ``x``, per
     element: the head's sum of 1024 + 1 terms errs by at most gamma(1025) of its sum of |terms| (Higham & Mary 2019,
     Thm 3.1), on either side (2x); the features it sums carry the same relative error (:func:`routing_ties`)
-    that the head's |W| sums no larger."""
+    that the head's |W| sums no larger. A model whose head is a cosine head (``.head``, HE: s cos(W_k, h)) under
+    TinyNet's features: a cosine is a dot product of two unit vectors, within gamma(n) of its sum of |terms|, after
+    two normalisations, each a norm of n squares (within gamma(n) / 2 relative, the square root halving it) that
+    moves the cosine by that fraction of itself: s (gamma(n) sum|h_i w_i| + gamma(n) |cos|), 2x as above."""
     net = copy.deepcopy(model).double()
     with torch.no_grad():
         h = net.features(x.detach().double()).flatten(1)
-        return 2 * gamma(net.fc.in_features + 1) * (h.abs() @ net.fc.weight.abs().t() + net.fc.bias.abs())
+        head = net.fc if hasattr(net, "fc") else net.head
+        if isinstance(head, nn.Linear):
+            bias = head.bias.abs() if head.bias is not None else 0.0
+            return 2 * gamma(head.in_features + 1) * (h.abs() @ head.weight.abs().t() + bias)
+        hn, wn = F.normalize(h, dim=1), F.normalize(head.weight, dim=1)
+        n = head.weight.shape[1]
+        return 2 * float(head.scale) * gamma(n) * (hn.abs() @ wn.abs().t() + (hn @ wn.t()).abs())
 
 
 def routing_ties(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -322,6 +352,199 @@ K_TOL = 5e-2
 FRACTION = "fraction of elements differing"
 
 
+# -- tolerances of compared values, derived from float32 rounding -------------------------------------------
+
+ONE_STEP = Tol(0.0, "0 beyond sign noise (SIGN_NOISE, routing_ties)")
+K_STEP = Tol(K_TOL, "measured spread (K_TOL)")
+
+
+def exact(why: str) -> Tol:
+    """0: the quantity is a count, a decision or a copy, equal on both sides whatever the rounding (``why``)."""
+    return Tol(0.0, why)
+
+
+def rounded(ref, roundings: int, what: str) -> Tol:
+    """``roundings`` float32 roundings of values up to ``ref``'s largest magnitude, each within u of it (IEEE 754
+    round to nearest): ``what`` says which roundings."""
+    return Tol(roundings * U32 * float(torch.as_tensor(ref).double().abs().max()), f"{roundings}u·max|ref|: {what}")
+
+
+def ce_sums_tol(z: torch.Tensor, y: torch.Tensor, classes: int = 10) -> Tol:
+    """Per-class sums of CE(z, y) over a class's rows, from the same float32 logits ``z`` on both sides: each sum
+    within gamma(n_c) of its (non-negative) value (Higham & Mary 2019, Thm 3.1), each term's log-softmax
+    normalisation within gamma(C) max|z| of its row, which moves CE by at most twice that (|dCE/dz|_1 <= 2);
+    independent, so in root sum of squares, sqrt(2) for ours and the reference."""
+    z = z.detach().double()
+    ce = F.cross_entropy(z, y, reduction="none")
+    norm = 2 * gamma(z.shape[1]) * z.abs().amax(1)
+    worst = 0.0
+    for c in range(classes):
+        rows = y == c
+        if rows.any():
+            worst = max(worst, math.hypot(gamma(int(rows.sum())) * float(ce[rows].sum()),
+                                          float(norm[rows].norm())))
+    return Tol(math.sqrt(2) * worst, "√2 ‖gamma(n_c)·Σ CE, 2 gamma(C)·max|z| per row‖")
+
+
+def worst_of(tols) -> Tol:
+    """The loosest of several tolerances of one check that compares its worst case (a max over epochs, parts)."""
+    return max(tols, key=lambda t: t.value)
+
+
+class Logged(nn.Module):
+    """A float64 copy of a :class:`TinyNet` that keeps each forward's input and logits (for :func:`logit_tol`)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.net = copy.deepcopy(model).double()
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x):
+        with torch.enable_grad():
+            z = self.net(x.double())
+        self.seen.append((x.detach(), z))
+        return z
+
+    def __getattr__(self, name):  # what a method reads of its model (HE's margin: model.head.scale) is the copy's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.net, name)
+
+
+def logit_error(model: nn.Module, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """One side's float32 error of each logit of ``model`` at ``x`` as a loss reads it: :func:`head_bound`, plus
+    the row's log-softmax normalisation (a C-term sum: gamma(C) of the row's largest |z|), which moves a row's
+    log-probabilities as an error of that size in its logits would."""
+    return head_bound(model, x) + gamma(z.shape[1]) * z.detach().abs().amax(1, keepdim=True)
+
+
+def logit_bounds(quantity: Callable[[nn.Module], torch.Tensor], model: nn.Module, sides: int = 2) -> torch.Tensor:
+    """Both sides' float32 error of each element of ``quantity(model)``: a mean (or sum) of non-negative per-row
+    terms, or a vector of such, evaluated through ``model`` (a :class:`TinyNet`) in float64 to take its derivative
+    w.r.t. every logit it reads. To first order the error is a linear combination of independent rounding errors:
+    the mean's (gamma(rows)|Q|, rows all the rows of every forward it made, the terms' sum of |terms| being their
+    sum) and each logit's (:func:`logit_error`) times |dQ/dz|; Higham & Mary's model (2019, Thm 3.1: independent,
+    mean zero, bounded) bounds such a combination by the root sum of squares of its parts at the same lambda, and
+    ours and the reference err independently: sqrt(``sides``) times that (1 against a float64 reference)."""
+    logged = Logged(model)
+    with torch.enable_grad():
+        q = torch.as_tensor(quantity(logged)).double().flatten()
+    values = q.detach()
+    zs = [z for _, z in logged.seen]
+    rows = sum(len(z) for z in zs)
+    errs = [logit_error(model, x, z) for x, z in logged.seen]
+    bounds = torch.zeros(q.numel(), dtype=torch.float64)
+    for k in range(q.numel()):
+        grads = torch.autograd.grad(q[k], zs, retain_graph=True, allow_unused=True)
+        carried = sum(float((g * e).square().sum()) for g, e in zip(grads, errs) if g is not None)
+        bounds[k] = math.sqrt(sides) * math.sqrt((gamma(rows) * float(values[k])) ** 2 + carried)
+    return bounds
+
+
+def logit_tol(quantity: Callable[[nn.Module], torch.Tensor], model: nn.Module, sides: int = 2) -> Tol:
+    """:func:`logit_bounds` of the worst element of ``quantity``."""
+    rows = []
+
+    def counted(net):
+        out = quantity(net)
+        rows.append(sum(len(z) for _, z in net.seen))
+        return out
+
+    worst = float(logit_bounds(counted, model, sides).max())
+    return Tol(worst, f"{_sides(sides)}‖gamma({rows[0]})|Q|, dQ/dz·logit error‖")
+
+
+def _sides(sides: int) -> str:
+    return "√2 " if sides == 2 else ""
+
+
+def relative(tol: Tol, ref) -> Tol:
+    """``tol`` as a fraction of max|``ref``| (for the measure :data:`REL`)."""
+    return Tol(tol.value / float(torch.as_tensor(ref).double().abs().max()), f"{tol.how} / max|ref|")
+
+
+def softmax_tol(model: nn.Module, x: torch.Tensor) -> Tol:
+    """Both sides' float32 error of softmax(``model``(``x``)) (a :class:`TinyNet` in its own mode), per element:
+    a logit error e (:func:`logit_error`) moves p_i by at most p_i (e_i + sum_j p_j e_j) to first order, and the
+    softmax's exponentials and division round within 3u of p_i, its C-term sum within gamma(C) of it; sqrt(2)
+    for ours and the reference. The bound of the worst element."""
+    net = copy.deepcopy(model).double()
+    with torch.no_grad():
+        z = net(x.detach().double())
+    e, p = logit_error(model, x, z), z.softmax(1)
+    bound = p * (e + (p * e).sum(1, keepdim=True)) + (gamma(z.shape[1]) + 3 * U32) * p
+    return Tol(math.sqrt(2) * float(bound.max()), "√2 p·(e + Σ p e) + (gamma(C) + 3u) p")
+
+
+def weight_grad_tol(quantity: Callable[[nn.Module], torch.Tensor], model: nn.Module, sides: int = 2) -> Tol:
+    """Both sides' float32 error of the weight gradient of ``quantity(model)`` (a :class:`TinyNet`), relative to
+    its largest element (the measure :data:`REL`). Each parameter's gradient element is a float32 sum over the
+    batch (and positions) of n products: within gamma(n) of its sum of |terms| (Higham & Mary 2019, Thm 3.1),
+    computed here in float64 from each layer's input and output gradient; the products' factors carry in the
+    relative error of the longest sum the forward and backward chain (BN's batch sums of N H W, as for
+    :data:`SIGN_NOISE`), gamma(that). Independent errors add in root sum of squares under the same model, and
+    ours and the reference err independently: sqrt(``sides``) times that (1 against a float64 reference)."""
+    net = copy.deepcopy(model).double()
+    seen: list[tuple[nn.Module, list]] = []
+
+    def keep(module, args, out):
+        if out.requires_grad:
+            record = [args[0].detach()]
+            seen.append((module, record))
+            out.register_hook(lambda g: record.append(g.detach()))
+
+    handles = [mod.register_forward_hook(keep) for mod in net.modules()
+               if isinstance(mod, (nn.Conv2d, nn.Linear, nn.BatchNorm2d)) or hasattr(mod, "unit_weight")]
+    logged = Logged(model)
+    logged.net = net
+    with torch.enable_grad():
+        q = torch.as_tensor(quantity(logged)).double().sum()
+        grad = torch.autograd.grad(q, [p for p in net.parameters()])
+    for h in handles:
+        h.remove()
+    sums: dict[tuple[nn.Module, str], list] = {}  # (layer, weight or bias) -> [terms, sum of |terms|]
+
+    def add(key, n, s):
+        n0, s0 = sums.get(key, (0, 0.0))
+        sums[key] = (n0 + n, s0 + s)
+
+    for mod, record in seen:
+        if len(record) < 2:
+            continue  # a forward the quantity does not depend on
+        inp, gout = record
+        if isinstance(mod, nn.Conv2d):
+            n = gout[:, 0].numel()
+            add((mod, "w"), n, torch.nn.grad.conv2d_weight(inp.abs(), mod.weight.shape, gout.abs(), mod.stride,
+                                                          mod.padding))
+            add((mod, "b"), n, gout.abs().sum((0, 2, 3)))
+        elif isinstance(mod, nn.Linear):
+            n = gout.shape[0]
+            add((mod, "w"), n, gout.abs().t() @ inp.abs())
+            add((mod, "b"), n, gout.abs().sum(0))
+        elif hasattr(mod, "unit_weight"):  # a cosine head: s sum_n g_n h_n / |h_n|, through W / |W| (graph)
+            n = gout.shape[0]
+            terms = float(mod.scale) * gout.abs().t() @ F.normalize(inp, dim=1).abs()
+            if mod.weight_norm == "graph":  # (I - w w^T) / |W|: at most twice the terms over the row's norm
+                terms = 2 * terms / mod.weight.detach().norm(dim=1, keepdim=True)
+            add((mod, "w"), n, terms)
+        else:
+            n = gout[:, 0].numel()
+            dims = (0, 2, 3)
+            if mod.training:
+                mean, var = inp.mean(dims, keepdim=True), inp.var(dims, unbiased=False, keepdim=True)
+            else:
+                mean, var = mod.running_mean.view(1, -1, 1, 1), mod.running_var.view(1, -1, 1, 1)
+            xhat = (inp - mean) / (var + mod.eps).sqrt()
+            add((mod, "w"), n, (gout * xhat).abs().sum(dims))
+            add((mod, "b"), n, gout.abs().sum(dims))
+    longest = max(n for n, _ in sums.values())
+    worst = max(float((math.hypot(gamma(n), gamma(longest)) * s).max()) for n, s in sums.values())
+    scale = max(float(g.abs().max()) for g in grad)
+    return Tol(math.sqrt(sides) * worst / scale,
+               f"{_sides(sides)}‖gamma(n), gamma({longest})‖·Σ|terms| / max|grad|")
+
+
 def standin_grad(g):
     """A gradient with the code's signs whose noise elements (kept by the generator) are below SIGN_NOISE."""
     sign, noise = g.t("step_grad_sign").float(), g.t("step_grad_noise")
@@ -332,7 +555,9 @@ def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads, reference=
     """(unexplained elements, what the measured column adds) of one fastfair step (the attack ``one``, in its
     BN mode, on a fresh ``model_fn()``) from each of the code's iterates ``its[k]`` of the first ``len(its[0])``
     images, compared with ``its[k + 1]`` under :func:`step_flips` with the code's gradients ``grads[k]``;
-    ``reference``: the kl objective's logits of those images (a teacher's), as :func:`descend` takes them."""
+    ``reference``: the kl objective's logits of those images (a teacher's), as :func:`descend` takes them.
+    A kl step's noise elements are those of :func:`kl_grad` (the model's own clean logits; a teacher's reference
+    or a model without TinyNet's features keeps the code's)."""
     n = its.shape[1]
     worst = flips = 0
     for k in range(len(grads)):
@@ -341,7 +566,10 @@ def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads, reference=
             ours = descend(one, model, x[:n], y[:n], eps_c, alpha_c, its[k],
                            reference=None if reference is None else reference[:n])
             routed = routing_ties(model, its[k])
-        f, unexplained = step_flips(ours, its[k + 1], grads[k], alpha, routed)
+            grad = grads[k]
+            if one.objective == "kl" and reference is None and hasattr(model, "features"):
+                grad = kl_grad(model, x[:n], its[k], grad)
+        f, unexplained = step_flips(ours, its[k + 1], grad, alpha, routed)
         flips, worst = flips + f, max(worst, unexplained)
     return worst, f"{flips} noise flips in {len(grads)} steps"
 
@@ -420,19 +648,43 @@ decide which flip: its tolerance is 5 % of the elements, against 1.4 % measured 
 fastfair with and without oneDNN, while a step 10 % smaller moves 35 %, one step fewer 30 % and the other BN
 mode 59 %.
 
-Tolerances follow from float32 rounding, not from one machine's result: a float32 sum of n terms, in whatever
-order a CPU's kernels choose, is within gamma(n) = 6 sqrt(n) u of its sum of |terms| (u = 2^-24; Higham & Mary
-2019, Thm 3.1). So the teacher's soft-label logits are checked per element against twice that bound of the
-network's head (measure "max abs diff / its float32 bound", tolerance 1), and a one-step element may also go the
-other way where the exact (float64) forward puts a ReLU input or a max-pool's top two within float32's error of a
-tie (`conformance.routing_ties`): float32 may route the gradient either way there, however large it is. The
-checks run on CI twice, the second time with the CPU kernels held to AVX2 (`.ci/run`).
+Tolerances follow from the quantity's magnitude and float32 rounding, not from one machine's result, and the
+tolerance column says how: a float32 sum of n terms, in whatever order a CPU's kernels choose, is within
+gamma(n) = 6 sqrt(n) u of its sum of \\|terms\\| (u = 2^-24; Higham & Mary 2019, Thm 3.1). Each check's bound is
+computed from its own inputs in float64 (`tests/conformance.py`, "tolerances of compared values"):
+
+- `logit_tol` (losses, per-class sums): the mean's rounding gamma(rows)·\\|Q\\| and each logit's error (`head_bound`,
+  the head's 1024-term sum, plus the row's log-softmax normalisation) carried by the float64 derivative dQ/dz,
+  combined as Higham & Mary's model combines independent roundings (root sum of squares at the same lambda);
+  √2 where ours and the reference both round (1 against a float64 reference).
+- `weight_grad_tol` (weight gradients, relative to the largest): each gradient element's own float32 sum over the
+  batch and positions, gamma(n)·Σ\\|terms\\| computed from every layer's input and output gradient, with the
+  relative error its factors carry in (the longest sum of the network, BN's batch sums of N·H·W).
+- `softmax_tol`, `ce_sums_tol`, `rounded` (k roundings of float32 of the largest value, for quantities
+  that are one or a few operations on exact inputs), `exact` (counts, decisions, copies: 0).
+- Statistical checks (the code's random draws) use LAMBDA = 6 standard deviations of their sampling law.
+- Two tolerances are measured, with the reason they must be: the K-step attack's spread (below) and the C&W
+  search's distances.
+
+The teacher's soft-label logits are checked per element against their float32 bound (measure "max abs diff / its
+float32 bound", tolerance 1), and a one-step element may also go the other way where the exact (float64) forward
+puts a ReLU input or a max-pool's top two within float32's error of a tie (`conformance.routing_ties`): float32 may
+route the gradient either way there, however large it is; a kl step's gradient elements within float32 error of 0
+are told by `conformance.kl_grad`. The checks run on CI twice, the second time with the CPU kernels held to AVX2
+(`.ci/run`).
 """
 
 
 def rows(checks: list[Check]) -> list[tuple[str, str, str, str]]:
-    """The columns of the table that must not go stale: method, quantity, reference, tolerance."""
-    return [(c.method, c.quantity, c.reference, f"{c.tol:.0e} ({c.measure})") for c in checks]
+    """The columns of the table that must not go stale: method, quantity, reference, tolerance (its value, the
+    measure, and how it was derived; a derivation's ``|`` escaped for the Markdown table)."""
+    return [(c.method, c.quantity, c.reference, f"{c.tol.value:.0e} ({c.measure}): {c.tol.how}".replace("|", "\\|"))
+            for c in checks]
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a Markdown table row (split on the pipes not escaped)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
 def render(checks: list[Check], measured_on: str) -> str:

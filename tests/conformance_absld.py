@@ -6,8 +6,11 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, U32, Check, case, differing, differs, fixed_start, golden,
-                         head_bound, inputs, max_diff, rel_diff, steps_from_code, weight_grad)
+from torch.nn import functional as F
+
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, ce_sums_tol, differing,
+                         differs, fixed_start, gamma, golden, head_bound, inputs, logit_tol, max_diff, rel_diff,
+                         rounded, steps_from_code, weight_grad, weight_grad_tol, worst_of)
 from fastfair import config
 from fastfair.training import optim
 from fastfair.methods import METHODS
@@ -15,11 +18,9 @@ from fastfair.methods.absld import TEMPERATURES, soft_label_logits
 from fastfair.training.class_state import ClassState
 
 PRESET = "trix-rebuttal-t1-absld"  # the preset that follows the code
-TAU_TOL = 1e-6  # float32 temperatures near 1, updated by steps of at most 0.1
 # q = z / tau_adv / tau_nat: two float32 divisions on each side, in either order, each within u |q|
 DIVISIONS = 4 * U32
 BOUND = "max abs diff / its float32 bound"
-RISK_TOL = 1e-5  # sums of 2-40 float32 CE values (sums up to ~30, ulp 2e-6), added in another order
 
 differs("ABSLD", "loss value: the code's log(q + 1e-5) in the teacher's entropy term adds a constant of the student "
                  "(the gradient is the same); fastfair's loss is below the code's by it (at most 1e-5)", "(no key)")
@@ -45,6 +46,22 @@ def set_temperatures(state, tau):
         state.set(vector, t)
 
 
+def temperature_tol(updates) -> Tol:
+    """Both sides' error of temperatures after the ``updates`` (each: temperatures before, the risks, the rate,
+    the risks' error from :func:`ce_sums_tol`), by temperature_update's tau - rate (L - mean L) / max |L - mean L|:
+    a risk error d moves the gap by at most 2 d and its max likewise, so the ratio (of size <= 1) by at most
+    4 d / max|gap|, which the rate scales; the mean of C risks rounds within gamma(C) max|L| on each side (as a
+    risk error of twice that); the division, product and difference round within u of max(|tau|, rate) each,
+    three on each side. An epoch's error carries into the next (the clip to [low, high] does not grow it)."""
+    err = 0.0
+    for tau, risk, rate, risk_err in updates:
+        risk = risk.double()
+        gap = risk - risk.mean()
+        d = risk_err + 2 * gamma(len(risk)) * float(risk.abs().max())
+        err += rate * 4 * d / float(gap.abs().max()) + 2 * 3 * U32 * max(float(tau.abs().max()), rate)
+    return Tol(err, "Σ epochs (rate·4 risk error / max|gap| + 6u·max(|tau|, rate))")
+
+
 @case("absld-loop")
 def temperatures():
     g = golden("absld_loop")
@@ -52,7 +69,7 @@ def temperatures():
     m, state = absld_method(teacher=torch.nn.Identity())
     y, order = g.t("labels"), g.t("batch_order")
     start, batch = g.meta["loop"]["start_epochs"], g.meta["loop"]["batch_size"]
-    risks, taus, soft = [], [], []
+    risks, taus, soft, risk_tols, updates = [], [], [], [], []
     for e in range(len(g.t("tau_adv"))):
         logits = {k: g.t(f"{k}_logits")[e] for k in ("teacher", "nat", "adv")}
         q_adv, _ = soft_label_logits(logits["teacher"][order], state["absld_temp_adv"][y[order]],
@@ -63,17 +80,23 @@ def temperatures():
         stats = state.read()
         risks.append(max(max_diff(stats["statistics"]["ce_sum_adv"], g.t("risk_adv")[e]),
                          max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat")[e])))
+        risk_tol = worst_of([ce_sums_tol(logits["adv"], y), ce_sums_tol(logits["nat"], y)])
+        risk_tols.append(risk_tol)
         # 0-based epoch start + e is the code's 1-based start + e + 1; the trainer hands the next epoch's lr
-        m.end_epoch(state, start + e, {**stats, "lr_next": optim.schedule(m.cfg.train)(start + e + 1, 0.0)})
+        lr_next = optim.schedule(m.cfg.train)(start + e + 1, 0.0)
+        updates.append([(state[vector].clone(), g.t(key)[e], m.temperature_rate(lr_next), risk_tol.value)
+                        for (vector, _), key in zip(TEMPERATURES, ("risk_adv", "risk_nat"))])
+        m.end_epoch(state, start + e, {**stats, "lr_next": lr_next})
         taus.append(max(max_diff(state["absld_temp_adv"], g.t("tau_adv")[e]),
                         max_diff(state["absld_temp_nat"], g.t("tau_nat")[e])))
     epochs = f"{len(taus)} epochs, {start + 1}-{start + len(taus)}, the rate's decay after {start + 3}"
     return [
         Check("ABSLD", f"soft-label logits z_T / tau_adv[y] / tau_nat[y] handed to the attack ({epochs})", ref,
-              max(soft), DIVISIONS * float(g.t("q_logits").abs().max())),
-        Check("ABSLD", f"per-class error risks: sums of CE on x' and on x ({epochs})", ref, max(risks), RISK_TOL),
+              max(soft), rounded(g.t("q_logits"), 4, "two divisions on each side")),
+        Check("ABSLD", f"per-class error risks: sums of CE on x' and on x ({epochs})", ref, max(risks),
+              worst_of(risk_tols)),
         Check("ABSLD", f"class temperatures tau_adv, tau_nat after each epoch's update ({epochs})", ref, max(taus),
-              TAU_TOL),
+              worst_of([temperature_tol(u) for u in zip(*updates)])),
     ]
 
 
@@ -102,22 +125,38 @@ def step():
                  for w, q in ((a, q_adv.softmax(1)), (1 - a, q_nat.softmax(1))))
     state.count(logits, y, loss.detach())
     stats = state.read()
-    m.end_epoch(state, 0, {**stats, "lr_next": optim.schedule(m.cfg.train)(1, 0.0)})
+    taus_before = [state[vector].clone() for vector, _ in TEMPERATURES]
+    lr_next = optim.schedule(m.cfg.train)(1, 0.0)
+    m.end_epoch(state, 0, {**stats, "lr_next": lr_next})
+
+    def exact_loss(net):
+        return m.objective(net, x, g.t("x_adv"), y, state)[0]
+
+    def risks(net):  # the statistics' per-class CE sums, of the exact logits
+        named = m.objective(net, x, g.t("x_adv"), y, state)[1]
+        return torch.cat([torch.zeros(10, dtype=torch.float64).index_add(
+            0, y, F.cross_entropy(named[k], y, reduction="none")) for k in ("adv", "nat")])
+
+    risk_tol = logit_tol(risks, model)
+    tau_tol = worst_of([temperature_tol([(tau, g.t(key), m.temperature_rate(lr_next), risk_tol.value)])
+                        for tau, key in zip(taus_before, ("risk_adv", "risk_nat"))])
     return [
         Check("ABSLD", "soft-label logits of the teacher's clean forward (both terms)", g.ref("soft labels"),
               max(float(((q - g.t(key)).double().abs() / q_bound).max())
-                  for q, key in ((q_adv, "q_adv_logits"), (q_nat, "q_nat_logits"))), 1, BOUND),
-        Check("ABSLD", "one attack step (KL to the soft labels) from each of the code's x_k", ref, worst, 0, STEPS,
-              detail),
-        Check("ABSLD", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
+                  for q, key in ((q_adv, "q_adv_logits"), (q_nat, "q_nat_logits"))),
+              Tol(1.0, "per element: head_bound / tau + 4u|q|"), BOUND),
+        Check("ABSLD", "one attack step (KL to the soft labels) from each of the code's x_k", ref, worst, ONE_STEP,
+              STEPS, detail),
+        Check("ABSLD", "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_STEP, FRACTION),
         Check("ABSLD", "loss on the code's x_adv, plus the code's 1e-5 constant", g.ref("loss"),
-              max_diff(loss.detach() + offset, g.t("loss")), 1e-6, detail=f"the constant: {float(offset):.1e}"),
+              max_diff(loss.detach() + offset, g.t("loss")), logit_tol(exact_loss, model),
+              detail=f"the constant: {float(offset):.1e}"),
         Check("ABSLD", "weight gradient on the code's x_adv", g.ref("loss"),
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
         Check("ABSLD", "per-class error risks of the step's train-mode forwards", g.ref("risk"),
               max(max_diff(stats["statistics"]["ce_sum_adv"], g.t("risk_adv")),
-                  max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat"))), RISK_TOL),
+                  max_diff(stats["statistics"]["ce_sum_nat"], g.t("risk_nat"))), risk_tol),
         Check("ABSLD", "class temperatures after the epoch's update", g.ref("temperatures"),
               max(max_diff(state["absld_temp_adv"], g.t("tau_after")[0]),
-                  max_diff(state["absld_temp_nat"], g.t("tau_after")[1])), TAU_TOL),
+                  max_diff(state["absld_temp_nat"], g.t("tau_after")[1])), tau_tol),
     ]

@@ -7,8 +7,9 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, golden, inputs, max_diff,
-                         kl_grad, rel_diff, routing_ties, step_flips, weight_grad)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, case, differing, differs, exact, golden,
+                         inputs, kl_grad, logit_tol, max_diff, rel_diff, routing_ties, step_flips, weight_grad,
+                         weight_grad_tol)
 from conformance_fat import code_grad, decode
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
@@ -77,10 +78,11 @@ def attack_checks(g, m, state, name, x, y):
     with served(m, name, its[0], {"its": its, "moved": moved}) as walked:
         stops = walked(inputs().model("eval"), x, y, state["eps"], state["alpha"])
     return [
-        Check("BAT", f"{what}: one attack step from each of the code's x_k (the rows it moves)", ref, worst, 0, STEPS,
+        Check("BAT", f"{what}: one attack step from each of the code's x_k (the rows it moves)", ref, worst, ONE_STEP,
+              STEPS,
               f"{flips} noise flips in {len(codes)} steps"),
         Check("BAT", f"{what}: the rows each check stops and the point each keeps (fastfair's engine over the "
-                     "code's steps)", ref, max_diff(stops, its[-1]), 0),
+                     "code's steps)", ref, max_diff(stops, its[-1]), exact("the code's own iterates, kept or not")),
     ]
 
 
@@ -100,14 +102,18 @@ def bat():
     x_lc = m.x_last_clean
     out.append(Check("BAT", "K-step attacks from the code's starts (last clean and first adversarial examples)",
                      g.ref(), max(differing(x_lc, code["lastclean"][-1]), differing(x_fa, code["firstadv"][-1])),
-                     K_TOL, FRACTION))
+                     K_STEP, FRACTION))
     m.x_last_clean = code["lastclean"][-1]
     model = inp.model("train")
     loss, _ = m.objective(model, x, code["firstadv"][-1], y, state)
+
+    def exact_loss(net):
+        return m.objective(net, x, code["firstadv"][-1], y, state)[0]
+
     ref = g.ref("loss")
     return out + [
         Check("BAT", "loss on the code's last clean and first adversarial examples", ref,
-              max_diff(loss.detach(), g.t("loss")), 1e-6),
+              max_diff(loss.detach(), g.t("loss")), logit_tol(exact_loss, model)),
         Check("BAT", "weight gradient on the code's examples", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
     ]

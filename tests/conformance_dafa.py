@@ -2,17 +2,43 @@
 softmax_by_class statistic, and dafa-trades / dafa-at (losses.py trades_loss / madry_loss): attack
 steps, K-step result, loss, weight gradient, for each paper-vs-code key."""
 import dataclasses
+import math
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, Check, case, differing, differs, fixed_start, golden, inputs, max_diff,
-                         method, rel_diff, routing_ties, step_flips, weight_grad)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs, fixed_start,
+                         gamma, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff, rounded, routing_ties,
+                         softmax_tol, step_flips, weight_grad, weight_grad_tol)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.dafa import SIMILARITY, descend_twice
 
-# A weight is computed in float64 and stored in float32: one rounding of a value below 4 is at most
-# 2.4e-7 / 2; the summation order (vectorised here, a Python loop in the code) adds ~1e-16.
-W_TOL = 2e-7
+
+def similarity_weights_tol(logits, y, lam: float, ref, roundings: int) -> Tol:
+    """Both sides' float32 error of DAFA's W (Lee et al. 2024, Alg. 2) from the class similarity of float32
+    ``logits`` (a list of (N, C), each an epoch's; the worst) with labels ``y``, against ``ref``: each softmax
+    element within p (gamma(C) + 3u + 2u max|z|) of its exact value (the exponent z - max rounds within u of
+    its size, the exponential, division and C-term sum as :func:`softmax_tol`); a class's mean of n_c of them
+    within gamma(n_c) of it more: the similarity error d. W = 1 + lambda sum over the C - 1 other classes of +-
+    a product of two similarities (each <= 1), so W moves by at most lambda 2 (C - 1) d; sqrt(2) for ours and
+    the reference; then ``roundings`` float32 roundings within u of |W| (stored in float32, W eps / eps ...)."""
+    worst = 0.0
+    for z in logits:
+        z = z.double()
+        classes = z.shape[1]
+        p = z.softmax(1)
+        err = p * (gamma(classes) + 3 * U32 + 2 * U32 * z.abs().amax(1, keepdim=True))
+        for c in y.unique():
+            rows = y == c
+            d = gamma(int(rows.sum())) * p[rows].mean(0) + err[rows].mean(0)
+            worst = max(worst, float(d.max()) * lam * 2 * (classes - 1))
+    return Tol(math.sqrt(2) * worst + rounded(ref, roundings, "").value,
+               f"√2 lambda 2 (C-1)·similarity error + {roundings}u·max|W|")
+
+
+def stored_weights(ref) -> Tol:
+    """A weight computed in float64 and stored in float32: one rounding, within u of it (the summation order,
+    vectorised here and a Python loop in the code, moves the float64 value by ~1e-16 only)."""
+    return rounded(ref, 1, "float64 W stored in float32")
 
 differs("DAFA", "exact tie p_i(i) == p_j(j): the code subtracts as the easier class, the paper's Algorithm 2 "
                 "skips the pair (presets: code)", "method.tie_subtracts")
@@ -55,11 +81,11 @@ def weights():
     return [
         Check("DAFA", f"class weights W from {len(sims)} made-up similarity matrices (one with exact diagonal ties) "
                       f"x lambda {lams}, tie_subtracts = true (code)", g.ref(),
-              worst(code, "method.tie_subtracts=true"), W_TOL),
+              worst(code, "method.tie_subtracts=true"), stored_weights(code)),
         Check("DAFA", "the same with tie_subtracts = false (paper; equal to the code's where no tie)",
-              paper_ref(g, "paper_weights"), worst(paper, "method.tie_subtracts=false"), W_TOL),
+              paper_ref(g, "paper_weights"), worst(paper, "method.tie_subtracts=false"), stored_weights(paper)),
         Check("DAFA", "the same with clamp_negative = true: the code's W floored at 0 (lambda 3 makes some negative)",
-              g.ref(), worst(code.clamp(min=0), "method.clamp_negative=true"), W_TOL),
+              g.ref(), worst(code.clamp(min=0), "method.clamp_negative=true"), stored_weights(code)),
     ]
 
 
@@ -84,9 +110,11 @@ def loop_check(method_name: str, golden_name: str, who: str) -> Check:
     used = _run_loop(m, state, g.t("labels"), g.t("logits"), g.t("batch_order"), loop["batch_size"])
     ref = g.t("weights_used")
     diff = max(max_diff(u, ref[e].expand_as(u)) for e, u in enumerate(used))
+    # W, then W eps / eps and W alpha / alpha: the float32 W, its product and the quotient
+    tol = similarity_weights_tol(g.t("logits"), g.t("labels"), loop["dafa_lambda"], ref, 3)
     return Check(who, f"{method_name}: W, eps_k / eps and alpha_k / alpha in each of {loop['epochs']} epochs (warm-up "
                       f"{loop['dafa_warmup']}), from made-up training softmax through the softmax_by_class statistic",
-                 g.ref("weights_used"), diff, W_TOL)
+                 g.ref("weights_used"), diff, tol)
 
 
 @case("dafa-loop")
@@ -104,9 +132,11 @@ def attack_method(name: str, golden_name: str, *sets: str):
     return m, state
 
 
-def step_check(who, quantity, ref, g, take_step, model, bn_mode) -> Check:
+def step_check(who, quantity, ref, g, take_step, model, one) -> Check:
     """One step of ``take_step(x, y, x_k)`` from each of the code's x_k of the golden's step rows, ``model`` in the
-    attack's ``bn_mode`` deciding which elements a float32 routing tie may step either way (:func:`routing_ties`)."""
+    BN mode of the attack ``one`` deciding which elements a float32 routing tie may step either way
+    (:func:`routing_ties`) and, for the kl objective, which gradient elements lie within float32 error of 0
+    (:func:`kl_grad`)."""
     inp = inputs()
     pick, rows = g.t("pick"), g.t("step_rows")
     x, y = inp.x[pick][rows], inp.y[pick][rows]
@@ -116,11 +146,12 @@ def step_check(who, quantity, ref, g, take_step, model, bn_mode) -> Check:
     worst = flips = 0
     for k in range(len(grads)):
         ours = take_step(x, y, its[k])
-        with attack_mode(model, bn_mode):
+        with attack_mode(model, one.bn_mode):
             routed = routing_ties(model, its[k])
-        n, unexplained = step_flips(ours, its[k + 1], grads[k], alpha, routed)
+            grad = kl_grad(model, x, its[k], grads[k]) if one.objective == "kl" else grads[k]
+        n, unexplained = step_flips(ours, its[k + 1], grad, alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
-    return Check(who, quantity, ref, worst, 0, "elements not explained by float32 sign noise",
+    return Check(who, quantity, ref, worst, ONE_STEP, STEPS,
                  f"{flips} noise flips in {len(grads)} steps of {len(rows)} rows")
 
 
@@ -130,13 +161,17 @@ def loss_checks(who, label, m, state, g, ref) -> list[Check]:
     x, y, x_adv = inp.x[pick], inp.y[pick], g.t("x_adv")
     model = inp.model("train")
     loss, logits = m.objective(model, x, x_adv, y, state)
+
+    def exact_loss(net):
+        return m.objective(net, x, x_adv, y, state)[0]
+
     return [
         Check(who, f"{label}: loss on the code's x_adv (non-uniform W)", ref, max_diff(loss.detach(), g.t("loss")),
-              1e-5),
+              logit_tol(exact_loss, model)),
         Check(who, f"{label}: weight gradient on the code's x_adv", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
         Check(who, f"{label}: softmax the class similarity reads (the loss's train-mode forward of x_adv)", ref,
-              max_diff(logits.detach().softmax(1), g.t("stored_probs")), 1e-6),
+              max_diff(logits.detach().softmax(1), g.t("stored_probs")), softmax_tol(model, x_adv)),
     ]
 
 
@@ -165,14 +200,18 @@ def dafa_trades():
     row_m, row_state = attack_method("dafa-trades", "dafa_trades", "method.weight_terms=row")
     inp, pick = inputs(), g.t("pick")
     row_loss, _ = row_m.objective(inp.model("train"), inp.x[pick], g.t("x_adv"), inp.y[pick], row_state)
+
+    def row_exact(net):
+        return row_m.objective(net, inp.x[pick], g.t("x_adv"), inp.y[pick], row_state)[0]
+
     return [
         step_check("DAFA", "dafa-trades: one attack step (eps_y, alpha_y = W_y eps, W_y alpha) from each of the "
-                           "code's x_k", ref, g, take_step, model, one.bn_mode),
-        Check("DAFA", "dafa-trades: K-step attack from the code's start", ref, k_step((m, state), g), K_TOL,
+                           "code's x_k", ref, g, take_step, model, one),
+        Check("DAFA", "dafa-trades: K-step attack from the code's start", ref, k_step((m, state), g), K_STEP,
               FRACTION),
         *loss_checks("DAFA", "dafa-trades weight_terms = ce (code)", m, state, g, ref),
         Check("DAFA", "dafa-trades weight_terms = row: loss on the code's x_adv", paper_ref(g, "row_loss_paper"),
-              max_diff(row_loss.detach(), g.t("row_loss_paper")), 1e-5),
+              max_diff(row_loss.detach(), g.t("row_loss_paper")), logit_tol(row_exact, inp.model("train"))),
     ]
 
 
@@ -196,11 +235,13 @@ def dafa_at():
     eps_y = paper_state["eps"][inp.y[pick]].view(-1, 1, 1, 1)
     return [
         step_check("DAFA", "dafa-at second_step = true (code): one attack step (scaled step onto eps_y, then unscaled "
-                           "onto eps) from each of the code's x_k", ref, g, take_step, model, one.bn_mode),
-        Check("DAFA", "dafa-at: K-step attack from the code's start", ref, k_step((m, state), g), K_TOL,
+                           "onto eps) from each of the code's x_k", ref, g, take_step, model, one),
+        Check("DAFA", "dafa-at: K-step attack from the code's start", ref, k_step((m, state), g), K_STEP,
               FRACTION),
         *loss_checks("DAFA", "dafa-at", m, state, g, ref),
         Check("DAFA", "dafa-at second_step = false (paper): x' from the code's start stays within eps_y = W_y eps",
-              paper_ref(g, "eps_bound_paper"), max(0.0, float(((x_paper - inp.x[pick]).abs() - eps_y).max())), 1e-7,
+              paper_ref(g, "eps_bound_paper"), max(0.0, float(((x_paper - inp.x[pick]).abs() - eps_y).max())),
+              # x +- eps_y rounds within u (1 + eps_y), the difference x' - x within u eps_y
+              Tol(U32 * (1 + 2 * float(eps_y.max())), "u (1 + 2 eps_y): the projection's bound and the difference"),
               "max excess over eps_y"),
     ]

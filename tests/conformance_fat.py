@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from conformance import (FRACTION, K_TOL, LAMBDA, REL, SIGN_NOISE, U32, Check, case, differing, fixed_start, golden,
-                         inputs, max_diff, method, rel_diff, routing_ties, step_flips, weight_grad)
+from conformance import (FRACTION, K_STEP, LAMBDA, ONE_STEP, REL, SIGN_NOISE, STEPS, U32, Check, case, differing,
+                         exact, fixed_start, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff,
+                         routing_ties, step_flips, weight_grad, weight_grad_tol)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.fat import tau_at
 
@@ -130,7 +131,10 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
             ours = descend(one, model, x, y, state["eps"], state["alpha"], its[k], *targets,
                            None if noise is None else noise[k:k + 1])
             routed = routing_ties(model, its[k])
-        n, unexplained = step_flips(ours, its[k + 1], code_grad(codes[k]), alpha, routed)
+            grad = code_grad(codes[k])
+            if one.objective == "kl" and hasattr(model, "features"):
+                grad = kl_grad(model, x, its[k], grad)
+        n, unexplained = step_flips(ours, its[k + 1], grad, alpha, routed)
         flips, worst = flips + n, max(worst, unexplained)
         if attack.stop:  # the rule's state after the code's check at x_k, as fastfair's engine reaches it
             model = model_fn()
@@ -141,10 +145,10 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
     with fixed_start(m, its[0]), served:
         x_adv = m.perturb(model, x, y, state)
     return [
-        Check(label, "one attack step from each of the code's x_k", ref, worst, 0,
-              "elements not explained by float32 sign noise", f"{flips} noise flips in {len(codes)} steps"),
+        Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP, STEPS,
+              f"{flips} noise flips in {len(codes)} steps"),
         Check(label, "K-step attack from the code's start", ref,
-              differing(x_adv, its[-1]), K_TOL, FRACTION),
+              differing(x_adv, its[-1]), K_STEP, FRACTION),
     ]
 
 
@@ -200,12 +204,17 @@ def fat():
         x_adv = decode(g.arrays, prefix, x, m.cfg.attack.alpha, m.cfg.method.omega * noise)[-1]
         loss, _ = m.objective(model, x, x_adv, y, state)
         ref = g.ref("train")
+
+        def exact_loss(net, m=m, state=state, x_adv=x_adv):
+            return m.objective(net, x, x_adv, y, state)[0]
+
         out += [Check(f"FAT (tau {tau})", "loss on the code's x_adv", ref,
-                      max_diff(loss.detach(), g.t(f"{prefix}.loss")), 1e-6),
+                      max_diff(loss.detach(), g.t(f"{prefix}.loss")), logit_tol(exact_loss, model)),
                 Check(f"FAT (tau {tau})", "weight gradient on the code's x_adv", ref,
-                      rel_diff(weight_grad(model, loss), g.t(f"{prefix}.weight_grad")), 1e-5, REL)]
+                      rel_diff(weight_grad(model, loss), g.t(f"{prefix}.weight_grad")),
+                      weight_grad_tol(exact_loss, model), REL)]
     epochs = range(len(g.t("tau_schedule")))
     ours = torch.tensor([tau_at(e, 0, method("fat")[0].cfg.method.tau_milestones) for e in epochs])
     out.append(Check("FAT", "dynamic tau per epoch (epochs 0-119)", g.ref("tau_schedule"),
-                     max_diff(ours, g.t("tau_schedule")), 0))
+                     max_diff(ours, g.t("tau_schedule")), exact("integers from the same milestones")))
     return out

@@ -7,13 +7,15 @@ fastfair's side is TinyNet's features under fastfair's own cosine head (``model.
 HEADS registry) holding TinyNet's ``fc.weight``, prepared by the method's ``begin_epoch`` as a run is.
 """
 import dataclasses
+import math
 
 import torch
 from torch import nn
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
-                         max_diff, method, rel_diff, steps_from_code, weight_grad)
-from conformance_mart_eval import START, START_TOL, start_law
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs,
+                         exact, fixed_start, gamma, golden, head_bound, inputs, logit_tol, max_diff, method, rel_diff,
+                         steps_from_code, weight_grad, weight_grad_tol)
+from conformance_mart_eval import START, start_law, start_tol
 from fastfair import config
 from fastfair.attacks.names import parse_attack
 from fastfair.attacks.pgd import per_class
@@ -90,18 +92,27 @@ def training_checks(name: str, label: str) -> list[Check]:
     mg, _ = he_method(name, "graph")
     graph = net(mg, "train")
     loss_graph, _ = mg.objective(graph, x, g.t("x_adv"), y, state)
+
+    def exact_loss(model):
+        return m.objective(model, x, g.t("x_adv"), y, state)[0]
+
+    def exact_graph(model):
+        return mg.objective(model, x, g.t("x_adv"), y, state)[0]
+
     return [
-        Check(label, "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
+        Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP, STEPS, detail),
         Check(label, "random start: law of the code's x + 0.001 N(0, I)", ref,
-              start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")), START_TOL, START),
-        Check(label, "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
-        # float32 sums of 16 rows in another order
-        Check(label, "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
+              start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")),
+              start_tol(x, g.t("start")), START),
+        Check(label, "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_STEP, FRACTION),
+        Check(label, "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")),
+              logit_tol(exact_loss, model)),
         Check(label, "weight gradient on the code's x_adv (he.weight_norm=data)", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
         # the paper's reading: the same loss, the class weights' gradient through W / norm(W) (float64 from the code's)
         Check(label, "weight gradient on the code's x_adv (he.weight_norm=graph): the code's through W / norm(W)", ref,
-              rel_diff(weight_grad(graph, loss_graph), projected(g.t("weight_grad"))), 1e-5, REL),
+              rel_diff(weight_grad(graph, loss_graph), projected(g.t("weight_grad"))),
+              weight_grad_tol(exact_graph, graph), REL),
     ]
 
 
@@ -114,9 +125,11 @@ def he():
         model = net(m, "eval")
         with torch.no_grad():
             cos = model(inp.x) / m.cfg.model.head_scale
-        # cosines of 1024-long float32 dot products: ~1e-7
+        # head_bound over s: both sides' cosine error, in quadrature
+        bound = float(head_bound(model, inp.x).max()) / float(m.cfg.model.head_scale)
         out.append(Check("HE", f"cosine logits s cos / s, eval BN, 64 images (he.weight_norm={weight_norm})",
-                         g.ref(), max_diff(cos, g.t("cos")), 1e-6))
+                         g.ref(), max_diff(cos, g.t("cos")),
+                         Tol(math.sqrt(2) * bound, "√2 head_bound / s: gamma(n)(Σ|h w| + |cos|), 2x features")))
     return out
 
 
@@ -163,12 +176,28 @@ def he_train():
     want = g.t("change")
     got = two_steps("data")
     k = 10 * FEATURES
+    # The change is lr times the (momentum-summed) gradients, within weight_grad_tol of its scale (taken at the
+    # first step; the second's weights differ by one small step), plus the rounding of each parameter's update
+    # w - lr (g + wd w) in float32 (three operations a step, two steps, each side), within u of |w|, which is
+    # much larger than the change. The unit rows after: that error, plus their normalisation by a norm of
+    # FEATURES squares (within gamma(FEATURES) / 2 relative, on each side) of values up to max|row|.
+    m, state = he_method("he_pgd", "data")
+    x_adv, inp = g.t("x_adv"), inputs()
+    n = x_adv.shape[1]
+    grad_tol = weight_grad_tol(lambda model: m.objective(model, inp.x[:n], x_adv[0], inp.y[:n], state)[0],
+                               net(m, "train"))
+    weights = torch.cat([q.detach().flatten() for q in HENet("train", 1.0).parameters()]).double()
+    scale = float(want.double().abs().max())
+    change_tol = Tol(grad_tol.value + 2 * 6 * U32 * float(weights.abs().max()) / scale,
+                     "weight_grad_tol + 12u·max|w| / max|change|")
+    rows = float(want[-k:].double().abs().max())
+    rows_tol = Tol(change_tol.value * scale + gamma(FEATURES) * rows,
+                   "change's bound × max|change| + 2 gamma(n)/2·max|row|")
     return [
-        # two SGD steps on 8 images: float32 gradients to ~1e-6 of the largest, the update likewise
         Check("PGD-HE", "two training steps: change of every parameter (he.weight_norm=data)", ref,
-              rel_diff(got, want), 1e-5, REL),
+              rel_diff(got, want), change_tol, REL),
         Check("PGD-HE", "two training steps: class weights after the steps, unit rows as the code's forward "
-              "writes them (he.weight_norm=data)", ref, max_diff(got[-k:], want[-k:]), 1e-6),
+              "writes them (he.weight_norm=data)", ref, max_diff(got[-k:], want[-k:]), rows_tol),
     ]
 
 
@@ -203,10 +232,11 @@ def he_pgd20():
         wrong = model(ours).argmax(1) != y
     label = f"PGD-20 evaluation of HE (fastfair {name}, s = {s:g})"
     return [
-        Check(label, "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
+        Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP, STEPS, detail),
         Check(label, "random start: law of the code's x + U(-eps, eps) (eval.clip_start=false)", ref,
-              start_law(attack.ops, attack.init, x, y, eps_c, start), START_TOL, START),
-        Check(label, "20-step attack from the code's start", ref, differing(ours, g.t("result")), K_TOL, FRACTION),
-        Check(label, "per-image incorrect decision after 20 steps", ref, float((wrong != g.t("incorrect")).sum()), 0,
+              start_law(attack.ops, attack.init, x, y, eps_c, start), start_tol(x, start), START),
+        Check(label, "20-step attack from the code's start", ref, differing(ours, g.t("result")), K_STEP, FRACTION),
+        Check(label, "per-image incorrect decision after 20 steps", ref, float((wrong != g.t("incorrect")).sum()),
+              exact("a decision per image"),
               "images decided differently"),
     ]

@@ -5,8 +5,10 @@ import dataclasses
 
 import torch
 
-from conformance import (FRACTION, K_TOL, STEPS, Check, case, differing, differs, golden, inputs,
-                         max_diff, steps_from_code)
+import math
+
+from conformance import (FRACTION, K_STEP, LAMBDA, ONE_STEP, STEPS, Check, Tol, case, differing, differs, exact,
+                         golden, inputs, max_diff, steps_from_code)
 from conformance_trades import code_loss_checks
 from fastfair import config
 from fastfair.attacks.names import parse_attack
@@ -15,9 +17,17 @@ from fastfair.data import DeviceLoader
 from fastfair.evaluation.per_class import confusion
 
 START = "max relative diff: std of x_0 - x, share of x_0 outside [0, 1]"
-# 16 images: the std of 49k draws is within 1 % of its law, the share outside [0, 1] (a few hundred
-# elements, at saturated pixels) within about 15 %; a wrong law (clipped, uniform vs normal, scale) is off by far more.
-START_TOL = 0.3
+
+
+def start_tol(x, want) -> Tol:
+    """Two independent draws of the same law (ours, the code's ``want`` from ``x``), m elements each: the share
+    outside [0, 1] is k / m with k about Poisson (k a few hundred, at saturated pixels), so the relative difference
+    of two such counts has sd sqrt(2 / k); a sample std of m draws has relative sd 1 / sqrt(2 m), the difference of
+    two 1 / sqrt(m). LAMBDA (6) sd each: a false alarm once in 5e8 runs. A wrong law (clipped: no share outside,
+    uniform vs normal or another scale: another std) is off by far more."""
+    m, k = x.numel(), int(((want < 0) | (want > 1)).sum())
+    value = LAMBDA * max(math.sqrt(2 / k) if k else 0.0, 1 / math.sqrt(m))
+    return Tol(value, f"{LAMBDA:g} sd of two draws: sqrt(2/k), k = {k} outside")
 
 
 def start_law(ops, init, x, y, eps_c, want) -> float:
@@ -37,11 +47,12 @@ def start_law(ops, init, x, y, eps_c, want) -> float:
 
 @case("mart")
 def mart():
-    # the code's 1.0000001 - p_y and + 1e-12 inside its logs move the loss by about 1e-7, within code_loss_checks'
+    # the code's 1.0000001 - p_y and + 1e-12 inside its logs move the loss by about 1e-7, within its logit_tol
     checks, (m, state, x, y) = code_loss_checks("MART", "mart")
     g = golden("mart")
     return checks + [Check("MART", "random start: law of the code's x + 0.001 N(0, I)", g.ref(),
-                           start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")), START_TOL, START)]
+                           start_law(m.attack.ops, m.attack.init, x, y, state["eps"], g.t("start")),
+                           start_tol(x, g.t("start")), START)]
 
 
 # -- PGD-20 evaluation: TRADES pgd_attack_cifar10.py and MART train_wideresnet.py _pgd_whitebox ---------
@@ -89,14 +100,14 @@ def eval_checks(name: str, label: str):
     start = g.t("start")
     ours, wrong, diag = run_eval(code, x, y, inp.model("eval"), start)
     return [
-        Check(label, "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
+        Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP, STEPS, detail),
         Check(label, "random start: law of the code's x + U(-eps, eps) (eval.clip_start=false)", ref,
-              start_law(attack.ops, attack.init, x, y, eps_c, start), START_TOL, START),
-        Check(label, "20-step attack from the code's start", ref, differing(ours, g.t("result")), K_TOL, FRACTION),
-        Check(label, "per-image incorrect decision after 20 steps", ref, float((wrong != want_wrong).sum()), 0,
-              "images decided differently"),
-        Check(label, "per-class robust counts through fastfair eval's confusion", ref, max_diff(diag, robust), 0,
-              "max abs diff (images)"),
+              start_law(attack.ops, attack.init, x, y, eps_c, start), start_tol(x, start), START),
+        Check(label, "20-step attack from the code's start", ref, differing(ours, g.t("result")), K_STEP, FRACTION),
+        Check(label, "per-image incorrect decision after 20 steps", ref, float((wrong != want_wrong).sum()),
+              exact("a decision per image"), "images decided differently"),
+        Check(label, "per-class robust counts through fastfair eval's confusion", ref, max_diff(diag, robust),
+              exact("counts of images"), "max abs diff (images)"),
     ]
 
 

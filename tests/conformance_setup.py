@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import conftest  # noqa: F401  (this checkout's presets, also under make.py doc)
-from conformance import Check, case, differs, golden
+from conformance import (Check, case, differs, exact, golden)
 
 _CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # every run folder and checkpoint these checks write, removed when the process ends
@@ -293,7 +293,8 @@ def lr_check(label: str, g, presets: list[str]) -> Check:
         if wrong:
             detail.append(f"{p}: epochs {wrong[:3]}")
     return Check(label, f"lr of every epoch ({len(theirs)} epochs, {len(presets)} configs)", g.ref("lr"),
-                 float(bad), 0, "epochs differing", "; ".join(detail))
+                 float(bad), exact("epochs counted (a rate within 1e-9 of the code's float64 one: a match)"),
+                 "epochs differing", "; ".join(detail))
 
 
 def facts_check(label: str, g, presets: list[str], deliberate: dict[str, str]) -> Check:
@@ -314,14 +315,15 @@ def facts_check(label: str, g, presets: list[str], deliberate: dict[str, str]) -
                 detail.append(f"{p}: {k} {ours[k]!r} (code {v!r})")
     detail += [f"recorded: {', '.join(sorted(known))}"] if known else []
     return Check(label, f"training setup: {', '.join(theirs)} ({len(presets)} configs)", g.ref("setup"), float(bad),
-                 0, "values differing", "; ".join(detail))
+                 exact("settings compared as written"), "values differing", "; ".join(detail))
 
 
 def selection_check(label: str, g, presets: list[str], *sets: str) -> Check:
     results, code = g.t("select.results", torch.float64).numpy(), int(g.arrays["select.kept"])
     wrong = [p for p in presets if kept_epoch(p, results, *sets) != code]
     return Check(label, f"epoch kept by the checkpoint rule ({len(results)} made-up epochs, {len(presets)} configs)",
-                 g.ref("select"), float(len(wrong)), 0, "configs differing", ", ".join(wrong))
+                 g.ref("select"), float(len(wrong)), exact("an epoch chosen from the same float64 results"),
+                 "configs differing", ", ".join(wrong))
 
 
 def split_check(label: str, g, presets: list[str]) -> Check:
@@ -343,7 +345,8 @@ def split_check(label: str, g, presets: list[str]) -> Check:
         diff += sum(int((a != b).sum()) for a, b in zip(ours, theirs))
         same.add(int(is_val[parts["val"][0]].sum()))
     return Check(label, f"validation split: images per class on each side (made-up labels, 50,000 images, "
-                 f"{len(presets)} configs)", g.ref("split"), float(diff), 0, "class counts differing",
+                 f"{len(presets)} configs)", g.ref("split"), float(diff), exact("counts of images"),
+                 "class counts differing",
                  f"validation images in common: {', '.join(map(str, sorted(same)))} of {len(val)} (recorded)")
 
 
@@ -371,7 +374,8 @@ def run_epoch_order() -> Check:
     stepped = lr_per_epoch_cfg(t.cfg)
     return Check("setup: fastfair's trainer", "lr recorded by Trainer.run_epoch = the rate of each epoch's first "
                  "step (3 epochs, milestones 1, 2)", "fastfair/training/trainer.py::Trainer.run_epoch",
-                 max(abs(a - b) for a, b in zip(recorded, stepped)) + abs(len(recorded) - len(stepped)), 0)
+                 max(abs(a - b) for a, b in zip(recorded, stepped)) + abs(len(recorded) - len(stepped)),
+                 exact("the same float64 rate, read twice"))
 
 
 @case("setup-order")
@@ -510,4 +514,4 @@ def he():
     cfg = resolve("tian-iclr-t5-he")
     ours = {"s": cfg.model.head_scale, "m": cfg.sections["he"].margin}
     return [Check("setup: tian-iclr-t5-he", "HE scale s and margin m (the README's PGD-AT + HE command)", g.ref("he"),
-                  max(abs(ours[k] - g.meta["he"][k]) for k in ours), 0)]
+                  max(abs(ours[k] - g.meta["he"][k]) for k in ours), exact("settings as written"))]

@@ -1,14 +1,14 @@
 """TRADES against yaodongyu/TRADES's trades_loss: attack steps, K-step result, loss and weight gradient."""
 import dataclasses
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, fixed_start, golden, inputs, max_diff,
-                         method, rel_diff, steps_from_code, weight_grad)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, case, differing, fixed_start, golden, inputs,
+                         logit_tol, max_diff, method, rel_diff, steps_from_code, weight_grad, weight_grad_tol)
 
 
 def code_loss_checks(label: str, name: str):
     """The checks of a TRADES-style authors' training loss (golden ``name``, fastfair method ``name`` with the
     code's eps, step, steps and beta): one step from each of the code's x_k, the K-step result from its start,
-    the loss and weight gradient on its x_adv (float32 sums of 16 rows in another order: 1e-5). Also returns
+    the loss and weight gradient on its x_adv (tolerances: logit_tol, weight_grad_tol). Also returns
     (method, state, x, y) for a case's own checks."""
     g, inp = golden(name), inputs()
     s = g.meta["settings"]
@@ -23,12 +23,17 @@ def code_loss_checks(label: str, name: str):
         x_adv = m.perturb(inp.model("train"), x, y, state)
     model = inp.model("train")
     loss, _ = m.objective(model, x, g.t("x_adv"), y, state)
+
+    def exact_loss(net):
+        return m.objective(net, x, g.t("x_adv"), y, state)[0]
+
     checks = [
-        Check(label, "one attack step from each of the code's x_k", ref, worst, 0, STEPS, detail),
-        Check(label, "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
-        Check(label, "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
+        Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP, STEPS, detail),
+        Check(label, "K-step attack from the code's start", ref, differing(x_adv, g.t("x_adv")), K_STEP, FRACTION),
+        Check(label, "loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")),
+              logit_tol(exact_loss, model)),
         Check(label, "weight gradient on the code's x_adv", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
     ]
     return checks, (m, state, x, y)
 

@@ -5,9 +5,10 @@ from unittest import mock
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, Check, case, differing, fixed_start, golden, inputs, max_diff, method,
-                         rel_diff, routing_ties, step_flips, weight_grad)
-from conformance_dafa import W_TOL, loop_check, set_weights
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, case, differing, exact, fixed_start,
+                         golden, inputs, logit_tol, max_diff, method, rel_diff, routing_ties, softmax_tol, step_flips,
+                         weight_grad, weight_grad_tol)
+from conformance_dafa import loop_check, set_weights, similarity_weights_tol
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods import trix
 
@@ -68,12 +69,14 @@ def split():
     return [
         Check("TRIX", f"batch class weights of the split (DAFA Alg. 2, lambda 1, on the clean softmax of {len(y)} "
                       "images, one class absent)", g.ref("tar_weights"),
-              max_diff(trix.batch_weights(z, y, classes), g.t("tar_weights")), W_TOL),
+              max_diff(trix.batch_weights(z, y, classes), g.t("tar_weights")),
+              similarity_weights_tol([z], y, 1.0, g.t("tar_weights"), 1)),
         Check("TRIX", "strong (targeted) rows: fastfair's targeting vs the code's y_t != y", ref,
-              float((strong != code_strong).sum()), 0, "rows differing"),
+              float((strong != code_strong).sum()), exact("a decision per row"), "rows differing"),
         Check("TRIX", "target distribution per row, exact: enumerating the code's first draw (rejection = an "
                       "accepted first draw) and fastfair's shift (different random streams, same distribution)", ref,
-              max_diff(ff_p, code_p), 0, "max abs diff of each row's P(target)"),
+              max_diff(ff_p, code_p), exact("ratios of counts of draws, the same on both sides"),
+              "max abs diff of each row's P(target)"),
     ]
 
 
@@ -101,21 +104,26 @@ def attack():
             n, unexplained = step_flips(ours, its[k + 1, j:j + 1], grads[k, j:j + 1], alpha[j:j + 1], routed)
             flips, worst = flips + n, max(worst, unexplained)
         checks.append(Check("TRIX", f"one attack step of a {label} row (W_y-scaled eps, step) from each of the code's "
-                                    "x_k", ref, worst, 0, "elements not explained by float32 sign noise",
+                                    "x_k", ref, worst, ONE_STEP, STEPS,
                             f"{flips} noise flips in {len(grads)} steps"))
     # the whole perturb (split, targets, K steps) from the code's start, the code's draw of the targets fed in
     with fixed_start(m, g.t("x_start")), mock.patch.object(trix, "draw_targets", lambda y, c: y_t.clone()):
         x_adv = m.perturb(inputs().model("train"), x, y, state)
     model = inputs().model("train")
     loss, logits = m.objective(model, x, g.t("x_adv"), y, state)
+
+    def exact_loss(net):
+        return m.objective(net, x, g.t("x_adv"), y, state)[0]
+
     return checks + [
         Check("TRIX", "K-step attack (split, the code's targets, 10 steps) from the code's start", ref,
-              differing(x_adv, g.t("x_adv")), K_TOL, FRACTION),
-        Check("TRIX", "loss on the code's x_adv (non-uniform W)", ref, max_diff(loss.detach(), g.t("loss")), 1e-5),
+              differing(x_adv, g.t("x_adv")), K_STEP, FRACTION),
+        Check("TRIX", "loss on the code's x_adv (non-uniform W)", ref, max_diff(loss.detach(), g.t("loss")),
+              logit_tol(exact_loss, model)),
         Check("TRIX", "weight gradient on the code's x_adv", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
         Check("TRIX", "softmax the class similarity reads (the loss's train-mode forward of x_adv)", ref,
-              max_diff(logits.detach().softmax(1), g.t("stored_probs")), 1e-6),
+              max_diff(logits.detach().softmax(1), g.t("stored_probs")), softmax_tol(model, g.t("x_adv"))),
     ]
 
 

@@ -5,8 +5,9 @@ import math
 
 import torch
 
-from conformance import (FRACTION, K_TOL, REL, STEPS, Check, case, differing, differs, fixed_start, golden, inputs,
-                         max_diff, method, one_steps, rel_diff, weight_grad)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Logged, Tol, case, differing,
+                         differs, fixed_start, gamma, golden, inputs, logit_bounds, logit_tol, max_diff, method,
+                         one_steps, rel_diff, weight_grad, weight_grad_tol)
 from fastfair.methods.wat import hedge_weights
 
 K = 10
@@ -43,11 +44,21 @@ def hedge():
         factor = max(factor, max_diff(state["loss_weight"], want[epoch, :K] + want[epoch, K]))
         w, w_avg = hedge_weights(state["wat_cum_loss"], state["wat_cum_avg"][0], m.cfg.method.eta, True)
         split = max(split, max_diff(torch.cat([w, w_avg.reshape(1)]), want[epoch]))
-    # float32 sums of six epochs' losses (about 20: ulp 2e-6, times eta) and a softmax: ~4e-7 measured on weights ~1
+    # The cumulative costs are float32 sums of up to E epochs' costs, each within gamma(E) of its sum of |terms|;
+    # Hedge's weights softmax(-eta cum) move by at most w 2 eta d for a cost error d, and round as a softmax does
+    # (the exponent eta cum within u of its size twice, the exponentials and division 3u, the K+1-term sum
+    # gamma(K+1)), each relative to the weight; on each side (sqrt 2). The factor w_y + w_avg: two of them, and the
+    # sum's rounding.
+    cum = costs.double().abs().cumsum(0)
+    top, eta = float(cum.max()), m.cfg.method.eta
+    w_top = float(want.abs().max())
+    per = w_top * (2 * eta * gamma(len(costs)) * top + gamma(K + 1) + 3 * U32 + 2 * U32 * eta * top)
+    weights_tol = Tol(math.sqrt(2) * per, "√2 max w (2 eta gamma(E)·Σ|costs| + gamma(K+1) + 3u + 2u eta max|cum|)")
+    factor_tol = Tol(2 * weights_tol.value + U32 * 2 * w_top, "2 × the weights' bound + u·max|w_y + w_avg|")
     return [
         Check("WAT", f"class factor w_y + w_avg after each of {len(costs)} epochs of made-up validation costs", ref,
-              factor, 2e-6),
-        Check("WAT", "the K + 1 Hedge weights (classes, average expert) after each epoch", ref, split, 2e-6),
+              factor, factor_tol),
+        Check("WAT", "the K + 1 Hedge weights (classes, average expert) after each epoch", ref, split, weights_tol),
     ]
 
 
@@ -77,12 +88,25 @@ def validate():
     d = math.ceil(len(y) / b) * b
     n = torch.bincount(y, minlength=K).double()
     means = torch.cat([want[:K] * d / (K * n), want[K:] * d / len(y)])
-    # float32 sums of a dozen rows of about 3: rounding ~1e-6
+    # Both sides sum the eval-mode TRADES rows of each class (and of all): logit_bounds of those sums, as a
+    # fraction of each, carries to the divided costs, whose division rounds once more (u) on each side
+    def sums(net):
+        net.eval()
+        rows = m.ops.row_loss(net(x), net(x_adv), y, ce_nat=1.0, kl=state["kl_weight"][y])
+        per_class = torch.zeros(K, dtype=torch.float64).index_add(0, y, rows.double())
+        return torch.cat([per_class, per_class.sum().reshape(1)])
+
+    exact_sums = sums(Logged(inputs().model("eval"))).detach()
+    share = float((logit_bounds(sums, inputs().model("eval")) / exact_sums).max()) + 2 * U32
+
+    def cost_tol(costs) -> Tol:
+        return Tol(share * float(costs.abs().max()), "max (logit_bounds / sum) of the class sums·max|cost| + 2u")
+
     return [
         Check("WAT", "per-class and average validation cost on the code's x_adv (val_divisor batches)", ref,
-              max_diff(out["batches"], want), 1e-5),
+              max_diff(out["batches"], want), cost_tol(want)),
         Check("WAT", "the same as class means (val_divisor count) vs the code's sums over the class counts", ref,
-              max_diff(out["count"], means), 1e-5),
+              max_diff(out["count"], means), cost_tol(means)),
     ]
 
 
@@ -102,14 +126,17 @@ def train():
     state.set("loss_weight_wat", w[:K] + w[K])
     model = inp.model("train")
     loss, _ = m.objective(model, x, g.t("x_adv"), y, state)
+
+    def exact_loss(net):
+        return m.objective(net, x, g.t("x_adv"), y, state)[0]
+
     return [
-        Check("WAT", "one training attack step from each of the code's x_k", ref, worst, 0,
+        Check("WAT", "one training attack step from each of the code's x_k", ref, worst, ONE_STEP,
               STEPS, detail),
         Check("WAT", "K-step training attack from the code's start", ref,
-              differing(x_k, its[-1]), K_TOL, FRACTION),
-        # float32 loss of about 10: rounding ~1e-6
+              differing(x_k, its[-1]), K_STEP, FRACTION),
         Check("WAT", "class-weighted training loss on the code's x_adv", ref, max_diff(loss.detach(), g.t("loss")),
-              1e-5),
+              logit_tol(exact_loss, model)),
         Check("WAT", "weight gradient on the code's x_adv", ref,
-              rel_diff(weight_grad(model, loss), g.t("weight_grad")), 1e-5, REL),
+              rel_diff(weight_grad(model, loss), g.t("weight_grad")), weight_grad_tol(exact_loss, model), REL),
     ]

@@ -130,7 +130,8 @@ def make_doc() -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
         raise SystemExit("make.py: error: failing checks; fix them first:\n" +
-                         "\n".join(f"  {c.method} / {c.quantity}: {c.diff:.3g} > {c.tol:.0e}" for c in bad))
+                         "\n".join(f"  {c.method} / {c.quantity}: {c.diff:.3g} > {c.tol.value:.3g} ({c.tol.how})"
+                                   for c in bad))
     on = (f"torch {torch.__version__.split('+')[0]}, {platform.machine()} CPU, "
           f"ATen kernels {torch.backends.cpu.get_cpu_capability()}")
     conformance.DOC.write_text(conformance.render(checks, on))
