@@ -144,3 +144,13 @@ def block_network(monkeypatch) -> None:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(socket.socket, "connect", only_local)
+
+
+def tiny_npz(path, test_classes):
+    """An .npz of 10 classes of random 8x8 grey images: 8 train images each, 3 test images of each of
+    ``test_classes`` (a test set that lacks some classes)."""
+    rng = np.random.default_rng(0)
+    y_test = np.repeat(np.asarray(test_classes), 3)
+    np.savez(path, x_train=rng.integers(0, 256, (80, 8, 8), dtype=np.uint8), y_train=np.arange(80) % 10,
+             x_test=rng.integers(0, 256, (len(y_test), 8, 8), dtype=np.uint8), y_test=y_test)
+    return path

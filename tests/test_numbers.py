@@ -16,6 +16,7 @@ from fastfair.attacks import autoattack
 from fastfair.data import DeviceLoader
 from fastfair.evaluation import measures, per_class
 from fastfair.reproduce import paper, verdict, write
+from helpers import tiny_npz
 
 C = 10
 
@@ -121,19 +122,10 @@ def test_images_holding_nan_or_inf_are_refused_with_the_range_check(bad):
         fastfair.evaluate(ReadsItsLabel(), (x, y), attacks=["clean"], progress=False)
 
 
-def _tiny_npz(path, test_classes):
-    """10 classes of random 8x8 grey images: 8 train images each, 3 test images of each of ``test_classes``."""
-    rng = np.random.default_rng(0)
-    y_test = np.repeat(np.asarray(test_classes), 3)
-    np.savez(path, x_train=rng.integers(0, 256, (80, 8, 8), dtype=np.uint8), y_train=np.arange(80) % C,
-             x_test=rng.integers(0, 256, (len(y_test), 8, 8), dtype=np.uint8), y_test=y_test)
-    return path
-
-
 def test_eval_and_report_of_a_test_set_without_some_classes_name_them(tmp_path, capsys):
     """The CLI route: a run whose test split holds classes 0-4 only; eval's table, the record and the report's
     Markdown and LaTeX tables leave 5-9 out and say so."""
-    data = _tiny_npz(tmp_path / "part.npz", range(5))
+    data = tiny_npz(tmp_path / "part.npz", range(5))
     run = tmp_path / "run"
     assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(run), "--method", "pgd-at",
                      "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",

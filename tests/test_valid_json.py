@@ -15,6 +15,7 @@ import pytest
 
 from fastfair import cli
 from fastfair.rundir import append_jsonl, read_json, write_json_atomic
+from helpers import tiny_npz
 
 C = 10
 
@@ -39,20 +40,11 @@ def test_the_json_writers_refuse_nan_and_inf_and_write_null(tmp_path):
     assert read_json(tmp_path / "r.json") == {"cells": [1.0, None]}
 
 
-def _tiny_npz(path, test_classes):
-    """10 classes of random 8x8 grey images: 8 train images each, 3 test images of each of ``test_classes``."""
-    rng = np.random.default_rng(0)
-    y_test = np.repeat(np.asarray(test_classes), 3)
-    np.savez(path, x_train=rng.integers(0, 256, (80, 8, 8), dtype=np.uint8), y_train=np.arange(80) % C,
-             x_test=rng.integers(0, 256, (len(y_test), 8, 8), dtype=np.uint8), y_test=y_test)
-    return path
-
-
 @pytest.fixture(scope="module")
 def diagnosed(tmp_path_factory):
     """A run whose test split holds classes 0-4 only, diagnosed: (run, what diagnose printed)."""
     tmp = tmp_path_factory.mktemp("absent")
-    data = _tiny_npz(tmp / "part.npz", range(5))
+    data = tiny_npz(tmp / "part.npz", range(5))
     run = tmp / "run"
     assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(run), "--method", "pgd-at",
                      "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",
