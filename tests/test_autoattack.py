@@ -1,4 +1,6 @@
 """AutoAttack: the standard configuration, AA <= PGD-20 on every class, and resuming from saved flags."""
+import importlib.util
+
 import numpy as np
 import pyautoattack  # a declared dependency: the official backend runs for real in CI
 import pytest
@@ -9,6 +11,10 @@ from fastfair import build, data
 from fastfair.attacks import autoattack
 from fastfair.evaluation.per_class import evaluate
 from fastfair.rundir import load_checkpoint
+
+# the torchattacks backend is an extra (pip install -e ".[torchattacks]"; .ci/run installs it)
+needs_torchattacks = pytest.mark.skipif(importlib.util.find_spec("torchattacks") is None,
+                                        reason="the torchattacks extra is not installed")
 
 
 def test_standard_settings_are_the_standard_version():
@@ -22,6 +28,7 @@ def test_standard_settings_are_the_standard_version():
     assert autoattack.standard_settings(5)["apgd-t"]["n_target_classes"] == 4  # at most C - 1 targets
 
 
+@needs_torchattacks
 def test_torchattacks_backend_objects_carry_the_standard_numbers():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
     bk = autoattack.build_backend(model, 8 / 255, 10, "torchattacks")
@@ -53,6 +60,7 @@ def _model_and_loader(n_per_class, batch):
 
 
 @pytest.mark.slow
+@needs_torchattacks
 def test_aa_is_at_most_pgd20_on_every_class(tmp_path):
     # one batch: Square's 5000 queries run once (CPU time is dominated by them)
     model, loader, cfg, classes = _model_and_loader(n_per_class=2, batch=20)

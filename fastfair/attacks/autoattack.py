@@ -202,7 +202,8 @@ def build_backend(model, eps: float, num_classes: int, name: str = "auto", seed:
         backend = BACKENDS.get(name)(model, eps, num_classes, seed)
     except ImportError as err:
         raise UserError(f"AutoAttack backend {name!r} is not installed ({err}); pip install pyautoattack==0.2.0 "
-                        "(the default), or torchattacks, or pick another with --aa-backend") from None
+                        "(the default), or pip install 'fastfair[torchattacks]', or pick another with --aa-backend"
+                        ) from None
     want = standard_settings(num_classes)
     if backend.settings != want:
         raise RuntimeError(f"{name} built a non-standard AutoAttack: {backend.settings} != {want}")
