@@ -166,6 +166,9 @@ def fetch(name: str, *, dataset: str = "cifar10", threat: str = THREAT, model_di
             for left in tmp.parent.glob(f"{tmp.name}?*"):  # gdown's own temporary file beside its output
                 left.unlink(missing_ok=True)
             why = " ".join(str(err).split())[:200]
+            if type(err).__name__ == "ChunkedEncodingError":  # urllib3 >= 2 raises where a transfer is cut short
+                raise UserError(f"the download of {url} ended early (the connection broke: {why}); run the same "
+                                f"command again, or download it in a browser and save it as {path.resolve()}") from None
             raise UserError(f"could not fetch {name}'s weights ({type(err).__name__}: {why}); "
                             f"{place(name, dataset, threat, model_dir)}") from None
         with tmp.open("rb") as f:
