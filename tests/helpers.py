@@ -154,3 +154,16 @@ def tiny_npz(path, test_classes):
     np.savez(path, x_train=rng.integers(0, 256, (80, 8, 8), dtype=np.uint8), y_train=np.arange(80) % 10,
              x_test=rng.integers(0, 256, (len(y_test), 8, 8), dtype=np.uint8), y_test=y_test)
     return path
+
+
+def run_without_some_classes(folder: Path, test_classes) -> Path:
+    """FOLDER/run: one tiny epoch of PGD-AT on :func:`tiny_npz`, whose test split holds ``test_classes`` only."""
+    from fastfair import cli  # the CLI as a user types it
+
+    data, run = tiny_npz(folder / "part.npz", test_classes), folder / "run"
+    assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(run), "--method", "pgd-at",
+                     "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",
+                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean', 'fgsm']", "--set",
+                     "data.batch_size=16", "--set", "data.val_per_class=2", "--set", "train.lr_milestones=[]",
+                     "--set", "train.progress=false", "--quiet"]) == 0
+    return run

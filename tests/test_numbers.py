@@ -16,7 +16,7 @@ from fastfair.attacks import autoattack
 from fastfair.data import DeviceLoader
 from fastfair.evaluation import measures, per_class
 from fastfair.reproduce import paper, verdict, write
-from helpers import tiny_npz
+from helpers import run_without_some_classes
 
 C = 10
 
@@ -125,13 +125,7 @@ def test_images_holding_nan_or_inf_are_refused_with_the_range_check(bad):
 def test_eval_and_report_of_a_test_set_without_some_classes_name_them(tmp_path, capsys):
     """The CLI route: a run whose test split holds classes 0-4 only; eval's table, the record and the report's
     Markdown and LaTeX tables leave 5-9 out and say so."""
-    data = tiny_npz(tmp_path / "part.npz", range(5))
-    run = tmp_path / "run"
-    assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(run), "--method", "pgd-at",
-                     "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",
-                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean', 'fgsm']", "--set",
-                     "data.batch_size=16", "--set", "data.val_per_class=2", "--set", "train.lr_milestones=[]",
-                     "--set", "train.progress=false", "--quiet"]) == 0
+    run = run_without_some_classes(tmp_path, range(5))
     capsys.readouterr()
     assert cli.main(["eval", str(run), "--attacks", "clean,fgsm", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

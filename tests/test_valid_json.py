@@ -15,7 +15,7 @@ import pytest
 
 from fastfair import cli
 from fastfair.rundir import append_jsonl, read_json, write_json_atomic
-from helpers import tiny_npz
+from helpers import run_without_some_classes
 
 C = 10
 
@@ -44,13 +44,7 @@ def test_the_json_writers_refuse_nan_and_inf_and_write_null(tmp_path):
 def diagnosed(tmp_path_factory):
     """A run whose test split holds classes 0-4 only, diagnosed: (run, what diagnose printed)."""
     tmp = tmp_path_factory.mktemp("absent")
-    data = tiny_npz(tmp / "part.npz", range(5))
-    run = tmp / "run"
-    assert cli.main(["train", "--dataset", "npz", "--data-dir", str(data), "--out", str(run), "--method", "pgd-at",
-                     "--epochs", "1", "--model", "tiny-cnn", "--set", "model.width=4", "--set", "attack.steps=1",
-                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean', 'fgsm']", "--set",
-                     "data.batch_size=16", "--set", "data.val_per_class=2", "--set", "train.lr_milestones=[]",
-                     "--set", "train.progress=false", "--quiet"]) == 0
+    run = run_without_some_classes(tmp, range(5))
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert cli.main(["diagnose", str(run), "--attack", "fgsm", "--tsne", "0", "--device", "cpu"]) == 0
     return run, printed.getvalue()
