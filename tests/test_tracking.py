@@ -5,6 +5,7 @@ from fastfair import config
 from fastfair.errors import UserError
 from fastfair.reports import tracking
 from fastfair.training.trainer import Trainer, final_evaluation
+from helpers import needs_extra
 
 
 def _cfg(track):
@@ -14,7 +15,7 @@ def _cfg(track):
 
 
 def test_tensorboard_holds_every_epoch_per_class_and_the_final_figure(tmp_path):
-    pytest.importorskip("tensorboard")  # the optional extra; CI installs it
+    needs_extra("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = _cfg("tensorboard")
@@ -43,10 +44,10 @@ def test_a_missing_tracker_package_is_one_user_error_naming_the_extra(tmp_path, 
     cfg = _cfg("wandb")
     real = tracking.importlib.import_module
 
-    def without_wandb(name):
+    def without_wandb(name, package=None):  # the one importlib: torch's lazy imports pass through it too
         if name == "wandb":
             raise ImportError("No module named 'wandb'")
-        return real(name)
+        return real(name, package)
 
     monkeypatch.setattr(tracking.importlib, "import_module", without_wandb)
     with pytest.raises(UserError, match=r"pip install 'fastfair\[wandb\]'"):
