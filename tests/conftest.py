@@ -12,7 +12,11 @@
 3. ``fastfair.presets`` (pyproject maps ``configs/`` to it) is always this checkout's folder, so
    the presets under test are the ones beside the tests.
 4. After the run, one line counts the tests skipped for want of the real data subsets and says
-   where they go (``helpers.real_data``).
+   where they go (``helpers.real_data``), and one the tests skipped for want of an optional extra, with the install
+   line that runs them (``helpers.needs_extra``). With ``FASTFAIR_EXTRA_SKIPS=FILE`` (.ci/run's first leg, the
+   README's command on the ``test`` extra alone) the latter tests' node ids go to FILE, for the second leg to run once
+   the extras are in; a skip that names an extra's package without its install line fails that run, as such a test
+   would be run by neither leg.
 5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
    ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
 6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
@@ -27,6 +31,7 @@
 import importlib.abc
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -97,17 +102,34 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """4. One line for the tests skipped for want of the real data (helpers.real_data), saying how to run them."""
-    from helpers import NO_REAL_DATA, SHARED
+    """4. One line for the tests skipped for want of the real data (helpers.real_data), saying how to run them; one
+    for those skipped for want of an extra (helpers.needs_extra)."""
+    from helpers import EXTRAS, INSTALL_LINE, NO_REAL_DATA, SHARED
 
-    skipped = [r for r in terminalreporter.stats.get("skipped", [])
-               if isinstance(r.longrepr, tuple) and NO_REAL_DATA in str(r.longrepr[2])]
-    if skipped:
+    skips = [(r.nodeid, str(r.longrepr[2]).removeprefix("Skipped: "))
+             for r in terminalreporter.stats.get("skipped", []) if isinstance(r.longrepr, tuple)]
+    no_data = [s for s in skips if NO_REAL_DATA in s[1]]
+    if no_data:
         terminalreporter.write_line(
-            f"fastfair: {len(skipped)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; make them from the "
+            f"fastfair: {len(no_data)} tests skipped: no real CIFAR-10/MNIST subset at {SHARED}; make them from the "
             f"official data sets there with `fastfair data subset cifar10 --out {SHARED}/cifar10-subset.npz` and the "
             "same for mnist (--data-dir where torchvision's files are), or set FASTFAIR_SHARED_DATA=DIR where they "
-            "are (README: The two commands)")
+            "are (docs/guides/8-contributing.md: The whole suite and CI)")
+    for_extra = {nodeid: match[1] for nodeid, reason in skips if (match := INSTALL_LINE.fullmatch(reason))}
+    if for_extra:
+        extras = sorted({e for listed in for_extra.values() for e in listed.split(",")})
+        terminalreporter.write_line(f"fastfair: {len(for_extra)} tests skipped for want of an optional extra; "
+                                    f'pip install -e ".[{",".join(extras)}]" runs them')
+    if os.environ.get("FASTFAIR_EXTRA_SKIPS"):
+        Path(os.environ["FASTFAIR_EXTRA_SKIPS"]).write_text("".join(f"{n}\n" for n in sorted(set(for_extra))))
+        packages = re.compile("|".join(re.escape(d) for dists in EXTRAS.values() for d in dists) + "|No module named")
+        forgotten = [(n, r) for n, r in skips if n not in for_extra and packages.search(r)]
+        for nodeid, reason in forgotten:
+            terminalreporter.write_line(f"fastfair: {nodeid} skipped for want of a package without its install line "
+                                        f"({reason}): skip it with helpers.needs_extra, so the second leg runs it",
+                                        red=True)
+        if forgotten:  # the session's exit status is read after this hook
+            terminalreporter._session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -1,17 +1,27 @@
 """Shared test helpers: the real CIFAR-10 subset, cut small for fast CPU runs."""
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import os
+import re
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import pytest
+from packaging.requirements import Requirement
 
 from fastfair import config
 from fastfair.methods import METHODS
 from fastfair.training.class_state import ClassState
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 # FASTFAIR_SHARED_DATA, else ../shared/data next to the checkout; worktrees one level deeper
 # (/work/wt/NAME) find it further up.
@@ -29,6 +39,33 @@ def real_data(name: str = "cifar10-subset.npz") -> Path:
     if not path.is_file():
         pytest.skip(f"{NO_REAL_DATA}: {path} not found")
     return path
+
+
+# pyproject.toml's optional extras (``test`` aside: every test needs it), each with the distributions it installs
+EXTRAS = {name: [Requirement(r).name for r in reqs] for name, reqs in tomllib.loads(
+    (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"].items()
+    if name != "test"}
+# a skip for want of an extra has its install line as its reason, and only that (conftest counts them, and .ci/run's
+# second leg runs exactly these tests once the extras are in)
+INSTALL_LINE = re.compile(r'pip install -e "\.\[([\w,]+)\]"')
+
+
+def install_line(extra: str) -> str:
+    return f'pip install -e ".[{extra}]"'
+
+
+def needs_extra(extra: str, module: str | None = None):
+    """Skips the test, or the module when called at its top level, unless every distribution of pyproject's
+    ``extra`` is installed (installed, not merely importable: torchattacks' wheel carries a partial ``robustbench``
+    folder); then returns ``module`` imported, if named."""
+    for dist in EXTRAS[extra]:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(install_line(extra), allow_module_level=True)
+    return importlib.import_module(module) if module else None
+
+
 CIFAR10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 

@@ -13,7 +13,7 @@ from fastfair.evaluation import robustbench as rb
 from fastfair.methods.absld import temperature_update
 from fastfair.training.teacher import load_teacher
 
-from helpers import NPZ_TRAIN, demo_train, small_npz, trained_demo
+from helpers import NPZ_TRAIN, demo_train, needs_extra, small_npz, trained_demo
 
 # two epochs of the cut-down demo with its lr decayed after the first: the second trains with the temperatures the
 # first epoch's update set, at a tenth of the rate
@@ -95,8 +95,8 @@ def test_temperature_update_steps_against_the_gap_clips_and_keeps_equal_risks():
     assert torch.equal(temperature_update(tau, torch.full((3,), 2.0), 0.1, 0.5, 5.0), tau)
 
 
-@pytest.mark.skipif(not rb.installed(), reason="the rb: teacher needs fastfair[robustbench] (CI installs it)")
 def test_reproduce_plans_the_absld_row_with_its_teacher_in_model_dir_or_leaves_it_out(tmp_path):
+    needs_extra("robustbench")  # the rb: teacher
     from fastfair.reproduce import runs, tables
 
     npz = tmp_path / "tiny.npz"

@@ -1,20 +1,17 @@
 """AutoAttack: the standard configuration, AA <= PGD-20 on every class, and resuming from saved flags."""
-import importlib.util
 
 import numpy as np
 import pyautoattack  # a declared dependency: the official backend runs for real in CI
 import pytest
 import torch
 from evalreport_helpers import cheap_aa_backend, digits_run
+from helpers import needs_extra
 
 from fastfair import build, data
 from fastfair.attacks import autoattack
 from fastfair.evaluation.per_class import evaluate
 from fastfair.rundir import load_checkpoint
 
-# the torchattacks backend is an extra (pip install -e ".[torchattacks]"; .ci/run installs it)
-needs_torchattacks = pytest.mark.skipif(importlib.util.find_spec("torchattacks") is None,
-                                        reason="the torchattacks extra is not installed")
 
 
 def test_standard_settings_are_the_standard_version():
@@ -28,8 +25,8 @@ def test_standard_settings_are_the_standard_version():
     assert autoattack.standard_settings(5)["apgd-t"]["n_target_classes"] == 4  # at most C - 1 targets
 
 
-@needs_torchattacks
 def test_torchattacks_backend_objects_carry_the_standard_numbers():
+    needs_extra("torchattacks")
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
     bk = autoattack.build_backend(model, 8 / 255, 10, "torchattacks")
     assert bk.name == "torchattacks" and bk.settings == autoattack.standard_settings(10)
@@ -60,8 +57,8 @@ def _model_and_loader(n_per_class, batch):
 
 
 @pytest.mark.slow
-@needs_torchattacks
 def test_aa_is_at_most_pgd20_on_every_class(tmp_path):
+    needs_extra("torchattacks")
     # one batch: Square's 5000 queries run once (CPU time is dominated by them)
     model, loader, cfg, classes = _model_and_loader(n_per_class=2, batch=20)
     # twice the training radius, so that attacks have points to break

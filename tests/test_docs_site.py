@@ -13,10 +13,10 @@ import pytest
 import typer
 
 from fastfair.methods import METHODS, OPTIONS, Method, Option
+from helpers import needs_extra
 
 ROOT = Path(__file__).resolve().parents[1]
-for _package in ("mkdocs", "material", "mkdocstrings_handlers.python"):
-    pytest.importorskip(_package, reason=f"{_package} is not installed: pip install -e '.[docs]'")
+needs_extra("docs")
 
 
 def _hooks():

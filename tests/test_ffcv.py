@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from fastfair import data
 from fastfair.data import ffcv as fl  # imports the ffcv package lazily, so it needs no importorskip
 from fastfair.errors import UserError
+from helpers import needs_extra
 
-pytest.importorskip("ffcv")
+needs_extra("ffcv")
 # numba's dispatcher finaliser raises a harmless KeyError when FFCV's generated pipelines are freed
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

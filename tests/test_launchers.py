@@ -13,6 +13,7 @@ from fastfair.errors import UserError
 from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus
+from helpers import needs_extra
 
 from test_grid import TINY, _alive
 
@@ -26,7 +27,7 @@ def test_gpu_lists():
 
 @pytest.mark.slow
 def test_submitit_local_mode_runs_a_two_run_grid(tmp_path):
-    pytest.importorskip("submitit")
+    needs_extra("submitit")
     path = tmp_path / "g.toml"
     path.write_text(TINY + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\n[launcher.submitit]\ncluster = "local"\n')
     out = tmp_path / "out"

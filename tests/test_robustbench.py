@@ -16,10 +16,9 @@ import torch
 from fastfair import cli
 from fastfair.errors import UserError
 from fastfair.evaluation import robustbench as rb
-from helpers import block_network, CIFAR10, cifar_layout_npz, write_model
+from helpers import block_network, CIFAR10, cifar_layout_npz, needs_extra, write_model
 
-if not rb.installed():  # its package __init__ needs what fastfair does not: no import
-    pytest.skip("the rb: path needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
+needs_extra("robustbench")  # its package __init__ needs what fastfair does not: no import
 
 NAME = "Ding2020MMA"  # the smallest single model of RobustBench's CIFAR-10 Linf list (a WRN-28-4, 5.8 M weights)
 

@@ -28,6 +28,7 @@ from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import read_state
+from helpers import needs_extra
 
 from test_grid import _alive
 
@@ -435,7 +436,7 @@ def test_a_preempted_submitit_task_requeues_and_ends_with_the_uninterrupted_weig
     task requeues itself, its run saved at a step boundary first, and the requeued task resumes it. Simulated on
     submitit's local executor, whose requeue restarts the task: the test sends USR2 to the task and its run as
     SLURM would, at a step it chose (the executor's own timer would pick the moment by the clock)."""
-    pytest.importorskip("submitit")
+    needs_extra("submitit")
     (tmp_path / "g.toml").write_text('base = "demo"\n[set]\n"model.width" = 4\n"train.epochs" = 2\n"train.device" = '
                                      '"cpu"\n"attack.steps" = 1\n"train.val_attack" = "fgsm"\n"eval.attacks" = '
                                      '["clean", "fgsm"]\n[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n'

@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 
 from fastfair import cli
 from fastfair.tuning.study import Settings, hopeless, running
+from helpers import needs_extra
+
+optuna = needs_extra("tune", "optuna")
 
 ROOT = Path(__file__).parents[1]
 # trials of seconds: the demo digits, a 4-channel CNN, one attack step, FGSM validation, one epoch, 10 images a class

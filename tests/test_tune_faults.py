@@ -7,12 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 
 from fastfair import cli
 from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.scaleout.jobs import read_state
+from helpers import needs_extra
+
+optuna = needs_extra("tune", "optuna")
 
 ROOT = Path(__file__).parents[1]
 # tests/test_tune.py's TINY trials, with 20 epochs so a trial stopped after its first is far from its end whatever the

@@ -1,7 +1,6 @@
 """Search spaces of `fastfair tune` (issue 51 item 2): declared beside the keys, overridden by a TOML file, checked."""
 from __future__ import annotations
 
-import optuna
 import pytest
 from typer.testing import CliRunner
 
@@ -12,6 +11,9 @@ from fastfair.methods import METHODS, OPTIONS
 from fastfair.preset_files import preset_names
 from fastfair.schema import Tune
 from fastfair.tuning.space import checked, default_space, describe, load_space, suggest
+from helpers import needs_extra
+
+optuna = needs_extra("tune", "optuna")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

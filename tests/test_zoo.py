@@ -13,10 +13,9 @@ from fastfair import cli
 from fastfair.evaluation import robustbench as rb
 from fastfair.reports import zoo
 from fastfair.scaleout import launchers
-from helpers import block_network, cifar_layout_npz, write_model
+from helpers import block_network, cifar_layout_npz, needs_extra, write_model
 
-if not rb.installed():
-    pytest.skip("fastfair zoo needs fastfair[robustbench] (CI installs it)", allow_module_level=True)
+needs_extra("robustbench")  # its package __init__ needs what fastfair does not: no import
 
 SMALL = ("Ding2020MMA", "Wong2020Fast")  # the two smallest single models of the CIFAR-10 Linf list
 
