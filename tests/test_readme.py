@@ -58,6 +58,22 @@ def test_every_command_it_shows_has_the_options_it_uses():
         assert used <= options, f"README: {' '.join(argv)}: {sorted(used - options)} not options of the command"
 
 
+def section_commands(text: str, heading: str) -> list[str]:
+    """The command lines of the first ```bash block under ``## heading``, without their comments."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)[1]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("heading", ["Install", "The two commands"])
+def test_the_docs_home_page_shows_the_readme_s_commands(heading):
+    """The site's home page shows the README's install and two commands (without the README's comments, which
+    would scroll on the site's narrower page)."""
+    home = (ROOT / "docs" / "index.md").read_text()
+    assert section_commands(home, heading) == section_commands(README, heading)
+    assert len(section_commands(README, heading)) >= 2
+
+
 def numbers(text: str) -> tuple[str, list[float]]:
     """``text`` with each number replaced by '#', and the numbers (which class is worst is not compared: two classes
     within a few images of each other trade places between CPUs and thread counts)."""
