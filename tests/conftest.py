@@ -118,11 +118,12 @@ def pytest_terminal_summary(terminalreporter):
     for_extra = {nodeid: match[1] for nodeid, reason in skips if (match := INSTALL_LINE.fullmatch(reason))}
     if for_extra:
         extras = sorted({e for listed in for_extra.values() for e in listed.split(",")})
-        terminalreporter.write_line(f"fastfair: {len(for_extra)} tests skipped for want of an optional extra; "
-                                    f'pip install -e ".[{",".join(extras)}]" runs them')
+        terminalreporter.write_line(f"fastfair: {len(for_extra)} tests or test modules skipped for want of an optional "
+                                    f'extra; pip install -e ".[{",".join(extras)}]" runs them')
     if os.environ.get("FASTFAIR_EXTRA_SKIPS"):
         Path(os.environ["FASTFAIR_EXTRA_SKIPS"]).write_text("".join(f"{n}\n" for n in sorted(set(for_extra))))
-        packages = re.compile("|".join(re.escape(d) for dists in EXTRAS.values() for d in dists) + "|No module named")
+        packages = re.compile("|".join(re.escape(d) for dists in EXTRAS.values() for d in dists)
+                              + r"|No module named|fastfair\[|pip install")
         forgotten = [(n, r) for n, r in skips if n not in for_extra and packages.search(r)]
         for nodeid, reason in forgotten:
             terminalreporter.write_line(f"fastfair: {nodeid} skipped for want of a package without its install line "
