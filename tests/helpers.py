@@ -54,15 +54,20 @@ def install_line(extra: str) -> str:
     return f'pip install -e ".[{extra}]"'
 
 
+def extra_installed(extra: str) -> bool:
+    """Whether every distribution of pyproject's ``extra`` is installed (installed, not merely importable:
+    torchattacks' wheel carries a partial ``robustbench`` folder)."""
+    try:
+        return all(importlib.metadata.version(dist) for dist in EXTRAS[extra])
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def needs_extra(extra: str, module: str | None = None):
-    """Skips the test, or the module when called at its top level, unless every distribution of pyproject's
-    ``extra`` is installed (installed, not merely importable: torchattacks' wheel carries a partial ``robustbench``
-    folder); then returns ``module`` imported, if named."""
-    for dist in EXTRAS[extra]:
-        try:
-            importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pytest.skip(install_line(extra), allow_module_level=True)
+    """Skips the test, or the module when called at its top level, with the extra's install line as the reason,
+    unless the extra is installed; then returns ``module`` imported, if named."""
+    if not extra_installed(extra):
+        pytest.skip(install_line(extra), allow_module_level=True)
     return importlib.import_module(module) if module else None
 
 

@@ -2,14 +2,13 @@
 which methods fit a user's own training loop is what the method registry says."""
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 from fastfair.methods import METHODS, Method
-from helpers import EXTRAS, install_line
+from helpers import EXTRAS, extra_installed, install_line
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
@@ -27,9 +26,10 @@ def test_every_example_runs(tmp_path, monkeypatch, capsys):
     namespace: dict = {}
     ran, missing = 0, set()
     for code in blocks():
-        need = re.match(r"# needs: (\w+)", code)
-        if need and importlib.util.find_spec(need[1]) is None:
-            missing.add(next(extra for extra, dists in EXTRAS.items() if need[1] in dists))
+        need = re.match(r"# needs: (\w+)", code)  # a distribution of an extra
+        extra = need and next(extra for extra, dists in EXTRAS.items() if need[1] in dists)
+        if extra and not extra_installed(extra):
+            missing.add(extra)
             continue
         exec(compile(code, f"{DOC}:block{ran}", "exec"), namespace)
         ran += 1
