@@ -137,7 +137,7 @@ def quoted_demo() -> str:
     return next(b for b in blocks("text") if b.startswith("run: runs/me-trades-digits"))
 
 
-# The demo's evaluation on this AVX-512-bf16 EPYC, one thread, torch 2.13 (2026-12-02): bf16 training took other
+# The demo's evaluation on this AVX-512-bf16 EPYC, one thread, torch 2.13 (2026-12-02): bf16 training took some
 # images the other way than the README's fp32 run (clean 89.6, cw20 75.6, worst class 8: 33.3 where the README
 # quotes 88.8, 74.3, class 3: 40.5). Per-class accuracies and class sizes of its test split.
 BF16_CLEAN = [97.1, 77.8, 97.1, 75.7, 91.9, 100.0, 100.0, 100.0, 69.7, 86.5]
@@ -173,14 +173,19 @@ def test_the_demo_check_takes_another_cpu_s_run_and_refuses_a_wrong_quote():
 def test_the_demo_prints_what_the_readme_says(tmp_path):
     """The README quotes one run on an fp32-only CPU with 2 threads. What varies: a CPU with native bf16 trains in
     bf16, and another thread count (1 here under pytest-xdist: tests/conftest.py item 6) or instruction set sums in
-    another order; each change takes the training elsewhere, and the trained model classifies a few of the 360 test
-    images the other way, as another seed would: clean, cw20 and the worst class moved by 0.3 to 7 points between
-    the CPUs and thread counts measured (the worst class of about 36 images moves 2.8 points an image, and which
-    class is worst changes). So every line must match word for word with the same numbers (image count, eps, seed,
-    paths and commands), the selected epoch may differ, and each accuracy lie within its band from the counts
-    (:func:`bands`: about 6 points for clean, 8 for cw20, 35 for the worst class). It still fails when the demo
-    regresses (its robust accuracy or its clean accuracy falls by 10 points, 3 to 4 images a class) or prints
-    other lines, and when the README's quote is wrong (the test above)."""
+    another order; each takes the training elsewhere, and the model classifies some of the 360 test images the other
+    way, as another seed would. Measured on this AVX-512-bf16 EPYC (torch 2.13, 2026-12-02; "AVX2" is
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 with train.amp=off, which prints the README's quote to the
+    digit), clean / cw20 / worst class under cw20:
+        AVX2 fp32, 2 threads: 88.8 / 74.3 / class 3: 40.5 (the quote)   AVX2 fp32, 1 thread: 89.1 / 76.0 / 8: 42.4
+        bf16, 2 threads:      89.4 / 74.3 / class 8: 39.4               bf16, 1 thread:      89.6 / 75.6 / 8: 33.3
+        bf16, 1 thread, train.seed 1 and 2: 90.9 / 72.7 / 1: 38.9 and 91.9 / 77.4 / 8: 48.5
+    The worst class holds about 36 images (2.8 points an image) and moved up to 7 points across CPUs and threads,
+    15 across seeds; which class is worst changes. So every line must match word for word with the same numbers
+    (image count, eps, seed, paths, commands), the selected epoch may differ, and each accuracy lie within its band
+    from the counts (:func:`bands`: about 6 points for clean, 8 for cw20, 35 for the worst class). It still fails
+    when the demo regresses (its clean or robust accuracy 10 points lower, 3 to 4 images a class) or prints other
+    lines, and when the README's quote is wrong (the test above)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "fastfair", "train", "--config", "demo"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1200)
