@@ -461,7 +461,7 @@ def grid(
                   "Optuna at an equal budget; the final fronts evaluated once on the test set, then one comparison "
                   "(STUDY/comparison.md, STUDY/fronts.png; docs/tune.md). Re-run the command to continue a study")
 def tune(
-    study: Annotated[Text, typer.Argument(metavar="[STUDY]", help="a study folder to continue, --show or --worker "
+    study: Annotated[Text, typer.Argument(metavar="STUDY", help="a study folder to continue, --show or --worker "
                                                                   "(default for a new one: runs/tune/NAME)")] = None,
     methods: Annotated[Text, typer.Option(
         "--methods", "--method", help="comma-separated contenders: a method, + train's fairness flags "
@@ -486,8 +486,8 @@ def tune(
     seed: Annotated[int, typer.Option(help="the samplers' seed")] = 0,
     rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
                                            "sum")] = "worst@avg-1",
-    workers: Annotated[int, typer.Option(help="worker processes on this machine a GPU (on the CPU: in all), on one "
-                                              "storage")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes on this machine, per GPU of --gpus (on the CPU: in "
+                                              "all), sharing the study's storage")] = 1,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else the "
                                            "CPU): --workers processes on each")] = "auto",
     prune_after: Annotated[Optional[int], typer.Option(
@@ -839,11 +839,28 @@ def _stop_said(callback):
 
 
 def _every_command(group) -> None:
+    _flags_untyped(group)
     for command in group.commands.values():
         if hasattr(command, "commands"):
             _every_command(command)
         else:
+            _flags_untyped(command)
             command.callback = _stop_said(command.callback)
+
+
+def _flags_untyped(command) -> None:
+    """A flag takes no value, so its help shows no type (typer shows ``<bool>`` beside --quiet, and --help)."""
+    for param in command.params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    help_option = command.get_help_option  # made once a context asks for it
+
+    def untyped_help(ctx):
+        option = help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    command.get_help_option = untyped_help
 
 
 def main(argv: list[str] | None = None) -> int:
