@@ -152,8 +152,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
         prog = Progress(enabled=progress)
-        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted),
-                       unit="attack step") as advance:
+        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted, c),
+                       unit="pass") as advance:
             results = per_class.evaluate(model, batches, wanted, eps=settings["eps"], alpha=settings["alpha"],
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
