@@ -96,6 +96,13 @@ def plans(settings: dict[str, dict]) -> dict[str, int]:
             "square": s["n_restarts"] * s["n_queries"] * FORWARD}
 
 
+def image_passes(images: int, points: int, num_classes: int) -> int:
+    """Model passes times the images in each that AutoAttack plans on ``images``, ``points`` of them classified
+    correctly (the clean pass finds them; the sub-attacks attack them): its work wherever a pass costs in proportion
+    to its batch, for an estimate before it runs."""
+    return images * FORWARD + points * sum(plans(standard_settings(num_classes)).values())
+
+
 def planned_units(num_classes: int) -> int:
     """The progress units :func:`evaluate_split` plans per loader batch: the clean pass, then every sub-attack on
     every point (points the clean pass or an earlier sub-attack settles are dropped from the plan as it runs)."""

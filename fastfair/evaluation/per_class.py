@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -339,10 +340,12 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     prog = Progress(enabled=not quiet)
     with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks, len(bundle.classes)),
                    unit="pass") as advance:
+        t0 = time.perf_counter()
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
                            clip_start=cfg.eval.clip_start, substitute=sub_model)
+        seconds = time.perf_counter() - t0
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
@@ -352,6 +355,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     if distributed.current().is_main:
         kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
     record["path"] = str(out)
+    if advance.done and seconds > 0:  # passes times their images a second here, for the closing lines' estimates
+        record["image_passes_per_s"] = advance.done * len(data[1]) / len(loader) / seconds
     if not quiet:
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")
