@@ -24,10 +24,6 @@ from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
 from fastfair.suggest import hint
-from fastfair.training import teacher
-from fastfair.training.class_state import ClassState
-from fastfair.training.trainer import Trainer, final_evaluation
-from fastfair.tuning import study as studies
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -201,6 +197,9 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
     state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md).
     ``train_counts``: images per class of your training set, which class_balanced and ldam read."""
 
+    from fastfair.training import teacher
+    from fastfair.training.class_state import ClassState
+
     cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset}, sets or {})
     check_config(cfg)  # the values train would refuse (its epoch warnings do not apply to your loop)
     dev = device if isinstance(device, torch.device) else build.device_named(device)  # as --device is read
@@ -295,6 +294,8 @@ def _is_preset(name: str) -> bool:
 def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     """Train under the run folder's lock, then evaluate; a stop signal (Ctrl-C, SIGTERM, SIGUSR1) saves at a step
     boundary, releases the lock and says in one line what was kept and how to go on."""
+    # imported here, not above: a command refused while its config resolves need not load the trainer (seconds)
+    from fastfair.training.trainer import Trainer, final_evaluation
 
     trainer = None
     training = True
@@ -377,6 +378,8 @@ def tune(methods: str | Sequence[str] | None = None, *, study: str | Path | None
     if unknown:
         raise UserError(f"fastfair.tune() has no option {unknown[0]!r}.{hint(unknown[0], TUNE_OPTIONS)} Options: "
                         f"{', '.join(TUNE_OPTIONS)}")
+    from fastfair.tuning import study as studies
+
     if methods is not None and not isinstance(methods, str):
         methods = ",".join(methods)
     return studies.tune(None if study is None else str(study), methods=methods, config_name=config,

@@ -13,7 +13,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from fastfair import stopping
-from fastfair.errors import Interrupted, UserError, WriteError
+from fastfair.errors import Interrupted, UserError, WriteError, no_checkpoint
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -198,6 +198,14 @@ def _split(split: str) -> str:
     return split
 
 
+def _there(target: str) -> str:
+    """A run folder or checkpoint ``target`` that exists; one that does not is the loader's error, said before the
+    command imports torch (seconds on a busy machine) for nothing."""
+    if not Path(target).exists():
+        raise no_checkpoint(Path(target))
+    return target
+
+
 def _floats(text: str, flag: str) -> float | list[float]:
     """A number, or comma-separated numbers (one per class), as ``--eps`` takes them."""
     try:
@@ -270,6 +278,8 @@ def eval_(
                                                  "(default ./models, as RobustBench)", rich_help_panel=RB_PANEL)]
     = None,
 ) -> None:
+    if not (target.startswith("rb:") or model):  # a fastfair run or checkpoint
+        _there(target)
     from fastfair import build
     from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_eps, check_per_class,
                                                check_substitute, evaluate_checkpoint)
@@ -331,6 +341,7 @@ def diagnose(
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
 ) -> None:
+    _there(target)
     from fastfair import build
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
@@ -413,6 +424,7 @@ def background(
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress or table")] = False,
 ) -> None:
+    _there(target)
     from fastfair import build
     from fastfair.evaluation.background import background_counts
     from fastfair.evaluation.per_class import attack_names
@@ -754,6 +766,7 @@ def features(
     force: Annotated[bool, typer.Option("--force", help="replace --out if it exists")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
 ) -> None:
+    _there(target)
     from fastfair.data.features import write_features
 
     with stopping.says("nothing was written; run the same command again"):
