@@ -794,7 +794,12 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
     if "extra argument" in err.format_message():
         return _one_word(words)
     param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
-    if param is None or ctx is None:
+    if param is None or ctx is None or ctx.command_path not in ("fastfair train", "fastfair eval"):
+        return None
+    flag = f"--{param.name.replace('_', '-')}"
+    given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
+        [b for a, b in zip(words, words[1:]) if a == flag]
+    if not given:  # a missing argument, an unknown option: click's line says it, without the imports below (seconds)
         return None
     from fastfair.api import TRAIN_FLAGS
     from fastfair.checks import check_value
@@ -802,10 +807,8 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
 
     # the commands fastfair.train and fastfair.evaluate are: their flags that set a config key
     keys = {"fastfair train": TRAIN_FLAGS, "fastfair eval": {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}}
-    key, flag = keys.get(ctx.command_path, {}).get(param.name), f"--{param.name.replace('_', '-')}"
-    given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
-        [b for a, b in zip(words, words[1:]) if a == flag]
-    if key is None or not given:
+    key = keys[ctx.command_path].get(param.name)
+    if key is None:
         return None
     try:
         check_value(key, parse_set([f"{key}={given[-1]}"])[key])
