@@ -124,7 +124,8 @@ class Progress:
         if not bar_on:
             yield Ticks(total, said)
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit + "s"),
+        units = unit + ("es" if unit.endswith("s") else "s")  # steps, passes
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(units),
                    TimeElapsedColumn(), TimeRemainingColumn(), *([RunRemaining(later)] if later else []))
         with RichProgress(*columns, console=self.console, transient=True, get_time=self.clock) as bar:
             tid = bar.add_task(description, total=total)
