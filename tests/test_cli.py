@@ -151,9 +151,11 @@ def test_usage_mistakes_are_one_error_line():
     (["tune", "--methods", "trades"], "fastfair.tuning.study", "tune", "the study's runs stopped with it"),
 ])
 def test_ctrl_c_in_a_long_command_is_one_line_saying_how_to_go_on(argv, module, function, says, monkeypatch,
-                                                                   capsys):
+                                                                   capsys, tmp_path):
     def pressed(*args, **kwargs):
         raise KeyboardInterrupt
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.pt").touch()  # there: a checkpoint that is not is refused before the command's work begins
     monkeypatch.setattr(importlib.import_module(module), function, pressed)
     assert cli.main(argv) == 130
     err = capsys.readouterr().err.strip().splitlines()
