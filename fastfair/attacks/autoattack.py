@@ -410,10 +410,10 @@ def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, s
                 flags.save(path)
         left = _left(flags, plan, batch)
         if left:
-            log(f"AutoAttack, standard version ({bk.name} {bk.version}), on {_todo(flags, 0).size} of {n} images "
-                f"(the others are misclassified already): {sum(left.values()):,} model passes planned, "
-                f"{SUBATTACKS[0]} the first {left.get(SUBATTACKS[0], 0):,}; the time left is said as each sub-attack "
-                "ends")
+            first, points = next(iter(left)), int(((flags.broken_by == ROBUST) & ~flags.tried.all(0)).sum())
+            log(f"AutoAttack, standard version ({bk.name} {bk.version}), on {points} of {n} images (the others "
+                f"{'settled in the saved run' if resumed else 'misclassified already'}): {sum(left.values()):,} model "
+                f"passes planned, {first} the first {left[first]:,}; the time left is said as each sub-attack ends")
         seconds, t_start, done_start = {}, time.perf_counter(), meter.done if meter is not None else 0
         for k, name in enumerate(SUBATTACKS):
             t0 = time.perf_counter()
