@@ -236,12 +236,18 @@ def test_the_eta_follows_the_work_of_every_sub_attack(monkeypatch, capsys):
     y[::4] = (y[::4] + 1) % 4  # two clean mistakes: dropped from the plan as the clean pass finds them
     loader = DeviceLoader(x, y, 8, device="cpu", train=False)
     monkeypatch.setattr(autoattack.time, "perf_counter", lambda: model.t)
+
     p = Progress(enabled=True, every_s=500.0, clock=lambda: model.t)
     p.console.file = io.StringIO()  # not a terminal: plain lines, each said at a simulated time
     said = []
-    with p.task("eval aa", progress_units(["aa"], 4), unit="pass") as ticks:
-        evaluate(model, loader, ["aa"], eps=0.02, alpha=0.01, classes=list("abcd"), progress=ticks,
-                 log=lambda line: said.append((model.t, line)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 4-class linear model: a second thread only waits (and spins on a shared machine)
+    try:
+        with p.task("eval aa", progress_units(["aa"], 4), unit="pass") as ticks:
+            evaluate(model, loader, ["aa"], eps=0.02, alpha=0.01, classes=list("abcd"), progress=ticks,
+                     log=lambda line: said.append((model.t, line)))
+    finally:
+        torch.set_num_threads(threads)
     end = model.t
     assert ticks.done == ticks.total  # what was planned and not needed was dropped, the rest counted
     lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
