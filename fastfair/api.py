@@ -24,10 +24,6 @@ from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
 from fastfair.suggest import hint
-from fastfair.training import teacher
-from fastfair.training.class_state import ClassState
-from fastfair.training.trainer import Trainer, final_evaluation
-from fastfair.tuning import study as studies
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -152,8 +148,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
         out = Path(out) if out is not None else None
         batches = _Batches(x, y, batch_size, device)
         prog = Progress(enabled=progress)
-        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted),
-                       unit="attack step") as advance:
+        with prog.task(f"eval {','.join(wanted)}", len(batches) * per_class.progress_units(wanted, c),
+                       unit="pass") as advance:
             results = per_class.evaluate(model, batches, wanted, eps=settings["eps"], alpha=settings["alpha"],
                                          classes=classes, cw_kappa=cw_kappa,
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
@@ -200,6 +196,9 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
     Per step: ``x_adv = m.perturb(model, x, y, state)``, then ``loss, logits = m.objective(model, x, x_adv, y,
     state)`` (per-class weights applied); ``state["eps"]`` etc. are the per-class vectors (docs/api.md).
     ``train_counts``: images per class of your training set, which class_balanced and ldam read."""
+
+    from fastfair.training import teacher
+    from fastfair.training.class_state import ClassState
 
     cfg = configs.resolve(config, {"method.name": name, "data.dataset": dataset}, sets or {})
     check_config(cfg)  # the values train would refuse (its epoch warnings do not apply to your loop)
@@ -295,6 +294,8 @@ def _is_preset(name: str) -> bool:
 def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     """Train under the run folder's lock, then evaluate; a stop signal (Ctrl-C, SIGTERM, SIGUSR1) saves at a step
     boundary, releases the lock and says in one line what was kept and how to go on."""
+    # imported here, not above: a command refused while its config resolves need not load the trainer (seconds)
+    from fastfair.training.trainer import Trainer, final_evaluation
 
     trainer = None
     training = True
@@ -377,6 +378,8 @@ def tune(methods: str | Sequence[str] | None = None, *, study: str | Path | None
     if unknown:
         raise UserError(f"fastfair.tune() has no option {unknown[0]!r}.{hint(unknown[0], TUNE_OPTIONS)} Options: "
                         f"{', '.join(TUNE_OPTIONS)}")
+    from fastfair.tuning import study as studies
+
     if methods is not None and not isinstance(methods, str):
         methods = ",".join(methods)
     return studies.tune(None if study is None else str(study), methods=methods, config_name=config,

@@ -13,7 +13,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from fastfair import stopping
-from fastfair.errors import Interrupted, UserError, WriteError
+from fastfair.errors import Interrupted, UserError, WriteError, no_checkpoint
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -198,6 +198,14 @@ def _split(split: str) -> str:
     return split
 
 
+def _there(target: str) -> str:
+    """A run folder or checkpoint ``target`` that exists; one that does not is the loader's error, said before the
+    command imports torch (seconds on a busy machine) for nothing."""
+    if not Path(target).exists():
+        raise no_checkpoint(Path(target))
+    return target
+
+
 def _floats(text: str, flag: str) -> float | list[float]:
     """A number, or comma-separated numbers (one per class), as ``--eps`` takes them."""
     try:
@@ -270,6 +278,8 @@ def eval_(
                                                  "(default ./models, as RobustBench)", rich_help_panel=RB_PANEL)]
     = None,
 ) -> None:
+    if not (target.startswith("rb:") or model):  # a fastfair run or checkpoint
+        _there(target)
     from fastfair import build
     from fastfair.evaluation.per_class import (aa_backend_for, attack_names, check_eps, check_per_class,
                                                check_substitute, evaluate_checkpoint)
@@ -331,6 +341,7 @@ def diagnose(
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
 ) -> None:
+    _there(target)
     from fastfair import build
     from fastfair.evaluation.diagnose import diagnose_checkpoint
 
@@ -413,6 +424,7 @@ def background(
     seed: Annotated[Optional[int], typer.Option(help=SEED_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress or table")] = False,
 ) -> None:
+    _there(target)
     from fastfair import build
     from fastfair.evaluation.background import background_counts
     from fastfair.evaluation.per_class import attack_names
@@ -461,7 +473,7 @@ def grid(
                   "Optuna at an equal budget; the final fronts evaluated once on the test set, then one comparison "
                   "(STUDY/comparison.md, STUDY/fronts.png; docs/tune.md). Re-run the command to continue a study")
 def tune(
-    study: Annotated[Text, typer.Argument(metavar="[STUDY]", help="a study folder to continue, --show or --worker "
+    study: Annotated[Text, typer.Argument(metavar="STUDY", help="a study folder to continue, --show or --worker "
                                                                   "(default for a new one: runs/tune/NAME)")] = None,
     methods: Annotated[Text, typer.Option(
         "--methods", "--method", help="comma-separated contenders: a method, + train's fairness flags "
@@ -486,8 +498,8 @@ def tune(
     seed: Annotated[int, typer.Option(help="the samplers' seed")] = 0,
     rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
                                            "sum")] = "worst@avg-1",
-    workers: Annotated[int, typer.Option(help="worker processes on this machine a GPU (on the CPU: in all), on one "
-                                              "storage")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes on this machine, per GPU of --gpus (on the CPU: in "
+                                              "all), sharing the study's storage")] = 1,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else the "
                                            "CPU): --workers processes on each")] = "auto",
     prune_after: Annotated[Optional[int], typer.Option(
@@ -754,6 +766,7 @@ def features(
     force: Annotated[bool, typer.Option("--force", help="replace --out if it exists")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress")] = False,
 ) -> None:
+    _there(target)
     from fastfair.data.features import write_features
 
     with stopping.says("nothing was written; run the same command again"):
@@ -781,7 +794,12 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
     if "extra argument" in err.format_message():
         return _one_word(words)
     param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
-    if param is None or ctx is None:
+    if param is None or ctx is None or ctx.command_path not in ("fastfair train", "fastfair eval"):
+        return None
+    flag = f"--{param.name.replace('_', '-')}"
+    given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
+        [b for a, b in zip(words, words[1:]) if a == flag]
+    if not given:  # a missing argument, an unknown option: click's line says it, without the imports below (seconds)
         return None
     from fastfair.api import TRAIN_FLAGS
     from fastfair.checks import check_value
@@ -789,10 +807,8 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
 
     # the commands fastfair.train and fastfair.evaluate are: their flags that set a config key
     keys = {"fastfair train": TRAIN_FLAGS, "fastfair eval": {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}}
-    key, flag = keys.get(ctx.command_path, {}).get(param.name), f"--{param.name.replace('_', '-')}"
-    given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
-        [b for a, b in zip(words, words[1:]) if a == flag]
-    if key is None or not given:
+    key = keys[ctx.command_path].get(param.name)
+    if key is None:
         return None
     try:
         check_value(key, parse_set([f"{key}={given[-1]}"])[key])
@@ -839,11 +855,28 @@ def _stop_said(callback):
 
 
 def _every_command(group) -> None:
+    _flags_untyped(group)
     for command in group.commands.values():
         if hasattr(command, "commands"):
             _every_command(command)
         else:
+            _flags_untyped(command)
             command.callback = _stop_said(command.callback)
+
+
+def _flags_untyped(command) -> None:
+    """A flag takes no value, so its help shows no type (typer shows ``<bool>`` beside --quiet, and --help)."""
+    for param in command.params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    help_option = command.get_help_option  # made once a context asks for it
+
+    def untyped_help(ctx):
+        option = help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    command.get_help_option = untyped_help
 
 
 def main(argv: list[str] | None = None) -> int:

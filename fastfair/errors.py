@@ -21,6 +21,12 @@ class WriteError(UserError):
         return WriteError(self.what, f"continue with: {command}")
 
 
+def no_checkpoint(path) -> UserError:
+    """A run folder or checkpoint file that is not there: said by the loader, and by the CLI before it imports torch,
+    so the mistake costs no seconds of imports."""
+    return UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+
+
 class Interrupted(Exception):
     """A stop signal (Ctrl-C, SIGTERM, SIGUSR1; :mod:`fastfair.stopping`), turned into one line saying what was kept
     and how to continue; the CLI exits with 128 + ``signum``. An empty message says nothing (torchrun's other

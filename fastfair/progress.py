@@ -47,7 +47,8 @@ def note_in_log(log_file: str | Path, line: str) -> None:
         append_text(line + "\n", log)
 
 
-def _clock(seconds: float) -> str:
+def hms(seconds: float) -> str:
+    """``h:mm:ss`` of a number of seconds, as the ETAs say a time."""
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
@@ -93,47 +94,98 @@ class Progress:
         run after this task, as fast as this one's) ``ETA h:mm:ss, run h:mm:ss``."""
         rate = done / seconds if seconds > 0 else 0.0
         speed = f"  {rate * images_per_step:.0f} img/s" if images_per_step else ""
-        eta = _clock((total - done) / rate) if rate > 0 else "?"
-        run = (f", run {_clock((total - done + later) / rate) if rate > 0 else '?'}" if later else "")
+        eta = hms((total - done) / rate) if rate > 0 else "?"
+        run = (f", run {hms((total - done + later) / rate) if rate > 0 else '?'}" if later else "")
         return f"{description}  {unit} {done}/{total}{speed}  ETA {eta}{run}"
 
     @contextlib.contextmanager
     def task(self, description: str, total: int, images_per_step: int | None = None, later: int = 0,
              unit: str = "step"):
-        """Yields ``advance(n=1)``: a transient bar on a terminal; on other output and in the log file a plain line
+        """Yields :class:`Ticks`: a transient bar on a terminal; on other output and in the log file a plain line
         every ``every_s`` seconds. ``later``: the steps the run still has after this task (a training run's later
         epochs), which its ETA includes; ``unit``: what ``total`` counts."""
         bar_on = self.enabled and self.console.is_terminal
         plain_on = self.enabled and not bar_on
         if not (bar_on or plain_on or self.log_file):
-            yield lambda n=1: None
+            yield Ticks(total)
             return
         t0 = last = self.clock()
-        done = 0
 
-        def tick(n: int = 1) -> None:
-            nonlocal done, last
-            done += n
+        def said(ticks: Ticks) -> None:
+            nonlocal last
             now = self.clock()
-            if now - last >= self.every_s and done < total:
+            if now - last >= self.every_s and ticks.done < ticks.total:
                 last = now
-                text = self.line(description, done, total, now - t0, images_per_step, later, unit)
+                text = self.line(description, ticks.done, ticks.total, now - t0, images_per_step, later, unit)
                 if plain_on:
                     print(text, flush=True)
                 self._to_file(text)
 
         if not bar_on:
-            yield tick
+            yield Ticks(total, said)
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit + "s"),
+        units = unit + ("es" if unit.endswith("s") else "s")  # steps, passes
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(units),
                    TimeElapsedColumn(), TimeRemainingColumn(), *([RunRemaining(later)] if later else []))
         with RichProgress(*columns, console=self.console, transient=True, get_time=self.clock) as bar:
             tid = bar.add_task(description, total=total)
 
-            def advance(n: int = 1) -> None:
-                bar.advance(tid, n)
-                tick(n)
-            yield advance
+            def shown(ticks: Ticks) -> None:
+                bar.update(tid, completed=ticks.done, total=ticks.total)
+                said(ticks)
+            yield Ticks(total, shown)
+
+
+# a model pass in progress units: a forward 1, a backward to its input 2 more, as a backward costs about twice a
+# forward's arithmetic (Kaplan et al. 2020, Scaling Laws for Neural Language Models, Sec. 2.1: 2N and 4N FLOPs a token),
+# so an evaluation's units track its work whichever attack does it (PGD's steps, AutoAttack's sub-attacks, Square's
+# queries)
+FORWARD, BACKWARD = 1, 2
+
+
+class PassMeter:
+    """A forward hook (``model.register_forward_hook(meter)``) that ticks :class:`Ticks` by the model's passes within
+    the plan of the piece of work under way (:meth:`piece`): a forward counts :data:`FORWARD`, one whose input requires
+    grad (an attack's step: a backward to the input follows) :data:`FORWARD` + :data:`BACKWARD`. Passes beyond the
+    plan are not counted, and plan a piece left unused is dropped; passes outside a piece count nothing."""
+
+    def __init__(self, ticks: "Ticks"):
+        self.ticks, self.left, self.done = ticks, 0, 0
+
+    def __call__(self, module, inputs, output) -> None:
+        if self.left > 0:
+            n = min(self.left, FORWARD + BACKWARD * bool(getattr(inputs[0], "requires_grad", False)))
+            self.left -= n
+            self.done += n
+            self.ticks(n)
+
+    @contextlib.contextmanager
+    def piece(self, planned: int):
+        """Count the passes of the work inside up to ``planned`` units; drop what it did not use."""
+        self.left = planned
+        try:
+            yield
+        finally:
+            left, self.left = self.left, 0
+            if left:
+                self.ticks.drop(left)
+
+
+class Ticks:
+    """The work of a :meth:`Progress.task`: ``ticks(n)`` says n more units are done; ``ticks.drop(n)`` that n units
+    of the plan will not be done after all (an attack that broke every image before its last iteration), so the
+    total shrinks instead of the count jumping: the rate, and with it the ETA, stays that of the work done."""
+
+    def __init__(self, total: int, shown=lambda ticks: None):
+        self.done, self.total, self._shown = 0, total, shown
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        self._shown(self)
+
+    def drop(self, n: int) -> None:
+        self.total -= n
+        self._shown(self)
 
 
 class RunRemaining(ProgressColumn):
@@ -145,4 +197,4 @@ class RunRemaining(ProgressColumn):
 
     def render(self, task) -> Text:
         left = (task.remaining or 0) + self.later
-        return Text(f"run {_clock(left / task.speed) if task.speed else '-:--:--'}", style="progress.remaining")
+        return Text(f"run {hms(left / task.speed) if task.speed else '-:--:--'}", style="progress.remaining")

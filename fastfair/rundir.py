@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from fastfair import safe_load, stopping
-from fastfair.errors import UserError, WriteError
+from fastfair.errors import UserError, WriteError, no_checkpoint
 from fastfair.suggest import hint
 
 CHECKPOINTS = "checkpoints"
@@ -769,7 +769,7 @@ def load_checkpoint(path: str | Path, map_location="cpu", needs: tuple[str, ...]
     (empty, truncated, another program's, or holding objects other than tensors) is a UserError."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"no checkpoint at {path}; pass a run directory or a .pt file written by fastfair train")
+        raise no_checkpoint(path)
     if truncated(path):
         raise UserError(f"{path} {TRUNCATED}; pass another .pt file, or copy this one again")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; torch.load on other files fails obscurely

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastfair
-from fastfair import api, cli, progress
+from fastfair import cli, progress
 from fastfair.rundir import RunDir
 
 ATTACKS = ["clean", "pgd3"]
@@ -108,8 +108,9 @@ def test_evaluate_shows_the_cli_s_progress_unless_told_not_to(data, capsys, monk
     clock = itertools.count(step=100.0)  # every tick is past the plain line's 30 s
     monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     fastfair.evaluate(tiny_model(), data, attacks=ATTACKS, batch_size=8)
-    # a line, as fastfair eval prints to a log; 5 batches of a clean pass and pgd3's 3 steps and prediction
-    assert "eval clean,pgd3  attack step 1/25" in capsys.readouterr().out
+    # a line, as fastfair eval prints to a log, in model passes: 5 batches of a clean pass (1) and pgd3's 3 steps (a
+    # forward and a backward: 3 each) and prediction (1)
+    assert "eval clean,pgd3  pass 1/55" in capsys.readouterr().out
     fastfair.evaluate(tiny_model(), data, attacks=ATTACKS, batch_size=8, progress=False)
     assert capsys.readouterr().out == ""
 
@@ -122,8 +123,10 @@ def test_to_pandas_without_pandas_names_the_install(data, monkeypatch):
 
 
 def test_train_says_which_preset_keys_it_changed_and_shows_what_the_cli_shows(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(api.Trainer, "fit", lambda self: None)  # the line is said as the trainer starts
-    monkeypatch.setattr(api, "final_evaluation", lambda *args, **kwargs: None)
+    from fastfair.training import trainer  # what fastfair.train runs, imported where it runs
+
+    monkeypatch.setattr(trainer.Trainer, "fit", lambda self: None)  # the line is said as the trainer starts
+    monkeypatch.setattr(trainer, "final_evaluation", lambda *args, **kwargs: None)
     fastfair.train("demo", out=tmp_path / "run", method="pgd-at", epochs=1)
     said = "preset demo: method.name me-trades -> pgd-at (from method=), train.epochs 15 -> 1 (from epochs=)"
     assert capsys.readouterr().out.splitlines()[0] == said

@@ -24,7 +24,9 @@ from fastfair.attacks import pgd
 from helpers import NPZ_TRAIN, small_npz
 
 TRAIN = ["train", "--config", "demo", "--out", "{tmp}/out"]
-EVAL = ["eval", "{tmp}/no-run"]  # every eval check below runs before the target is read
+# a folder that is no run: every eval check below runs before the target is read (one that is not there at all is
+# refused first, before torch loads: tests/test_cli_startup.py)
+EVAL = ["eval", "{tmp}"]
 
 
 def model(features: int = 3 * 4 * 4) -> torch.nn.Module:

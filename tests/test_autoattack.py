@@ -91,15 +91,23 @@ def test_resumes_from_saved_flags_and_ignores_stale_ones(tmp_path, monkeypatch):
     for line, name in zip(done, autoattack.SUBATTACKS):
         worst = line.split("worst class")[1].rsplit(" ", 2)[0].strip(" :")  # "worst class: cat 21.3 %" or "3: 0.0 %"
         assert f"robust accuracy {after[name]:.2f}%, worst class" in line and worst in classes  # named
-    ticks = {"n": 0}
+    calls = {"apgd-ce": 0}
 
-    def stop_after_one_apgd_batch():
-        ticks["n"] += 1
-        if ticks["n"] == len(loader) + 1:
-            raise KeyboardInterrupt
+    def cut_after_one_apgd_batch(model, eps, num_classes, seed):  # the same backend, stopped in apgd-ce's 2nd batch
+        bk = cheap_aa_backend(model, eps, num_classes, seed)
+        attack = bk.attacks["apgd-ce"]
 
+        def once(x, y):
+            calls["apgd-ce"] += 1
+            if calls["apgd-ce"] == 2:
+                raise KeyboardInterrupt
+            return attack(x, y)
+        bk.attacks["apgd-ce"] = once
+        return bk
+
+    monkeypatch.setitem(autoattack.BACKENDS._items, "cut", (cut_after_one_apgd_batch, "test stand-in"))
     with pytest.raises(KeyboardInterrupt):
-        evaluate(model, loader, ["aa"], state_prefix=tmp_path / "cut", progress=stop_after_one_apgd_batch, **kw)
+        evaluate(model, loader, ["aa"], state_prefix=tmp_path / "cut", **{**kw, "aa_backend": "cut"})
     with np.load(tmp_path / "cut.aa.npz") as f:
         assert f["tried"][0].any() and not f["tried"][0].all() and not f["tried"][1:].any()
     resumed = evaluate(model, loader, ["aa"], state_prefix=tmp_path / "cut", **kw)["aa"]
@@ -193,3 +201,62 @@ def test_recheck_passes_a_consistent_result_and_refuses_a_disagreement():
     xf, flags = _flags_after(model, x, 0.05)  # image 0 moved by 0.05 > eps
     with pytest.raises(UserError, match="1 lie outside the eps-ball"):
         autoattack.recheck(model, xf, flags, 0.02, 4)
+
+
+class _Timed(torch.nn.Module):
+    """A 4-class linear model whose passes take simulated time: a forward 1 s, one with a backward to its input 2 s
+    more (a cost the progress units do not assume exactly: they count a backward as two forwards)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.t = torch.nn.Linear(3 * 4 * 4, 4), 0.0
+
+    def forward(self, x):
+        self.t += 3.0 if x.requires_grad else 1.0
+        return self.lin(x.flatten(1))
+
+
+def test_the_eta_follows_the_work_of_every_sub_attack(monkeypatch, capsys):
+    """The official sub-attacks on a model whose passes take simulated time: each ETA said, from the first plain line
+    on (and each 'left' line as a sub-attack ends), is within a factor 1.5 of the time the run then still took."""
+    import io
+
+    from fastfair.data import DeviceLoader
+    from fastfair.evaluation.per_class import progress_units
+    from fastfair.progress import Progress
+
+    model = _Timed().eval()
+    x = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8)
+    with torch.no_grad():
+        y = model.lin(x.float().flatten(1) / 255).argmax(1)
+    y[::4] = (y[::4] + 1) % 4  # two clean mistakes: dropped from the plan as the clean pass finds them
+    loader = DeviceLoader(x, y, 8, device="cpu", train=False)
+    monkeypatch.setattr(autoattack.time, "perf_counter", lambda: model.t)
+
+    p = Progress(enabled=True, every_s=500.0, clock=lambda: model.t)
+    p.console.file = io.StringIO()  # not a terminal: plain lines, each said at a simulated time
+    said = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 4-class linear model: a second thread only waits (and spins on a shared machine)
+    try:
+        with p.task("eval aa", progress_units(["aa"], 4), unit="pass") as ticks:
+            evaluate(model, loader, ["aa"], eps=0.02, alpha=0.01, classes=list("abcd"), progress=ticks,
+                     log=lambda line: said.append((model.t, line)))
+    finally:
+        torch.set_num_threads(threads)
+    end = model.t
+    assert ticks.done == ticks.total  # what was planned and not needed was dropped, the rest counted
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    etas = [float(sum(int(v) * 60 ** i for i, v in enumerate(reversed(line.split("ETA ")[1].split(":")))))
+            for line in lines]
+    times = [500.0 * (i + 1) for i in range(len(lines))]  # a line every 500 simulated seconds
+    left = [(t, line) for t, line in said if line.startswith("AutoAttack: ") and " left, " in line]
+    assert len(lines) > 5 and [line.split(" left, ")[0] for _, line in left] == [
+        "AutoAttack: apgd-t, fab-t, square", "AutoAttack: fab-t, square", "AutoAttack: square"]
+    for t, line in left:
+        etas.append(float(sum(int(v) * 60 ** i for i, v in enumerate(reversed(line.split("about ")[1].split()[0]
+                                                                               .split(":"))))))
+        times.append(t)
+    for eta, t in zip(etas, times):
+        assert (end - t) / 1.5 <= eta <= 1.5 * (end - t), (eta, end - t, t)

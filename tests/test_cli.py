@@ -151,9 +151,11 @@ def test_usage_mistakes_are_one_error_line():
     (["tune", "--methods", "trades"], "fastfair.tuning.study", "tune", "the study's runs stopped with it"),
 ])
 def test_ctrl_c_in_a_long_command_is_one_line_saying_how_to_go_on(argv, module, function, says, monkeypatch,
-                                                                   capsys):
+                                                                   capsys, tmp_path):
     def pressed(*args, **kwargs):
         raise KeyboardInterrupt
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.pt").touch()  # there: a checkpoint that is not is refused before the command's work begins
     monkeypatch.setattr(importlib.import_module(module), function, pressed)
     assert cli.main(argv) == 130
     err = capsys.readouterr().err.strip().splitlines()
@@ -259,3 +261,38 @@ def test_ctrl_c_line_is_in_train_log_too(tmp_path, monkeypatch, capsys):
     assert said == [f"fastfair: interrupted in epoch 1 of 1 (0 saved); continue with: fastfair train --out {out} "
                     "--resume"]
     assert RunDir(out).train_log.read_text().splitlines()[-1] == said[0]
+
+
+def _help_words(capsys, argv) -> str:
+    """The words of a command's help, its wrapped lines and box drawing undone."""
+    assert cli.main(argv) == 0
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", capsys.readouterr().out).split())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["tune", "--help"],
+                                  ["data", "features", "--help"]])
+def test_a_flag_shows_no_type_in_help(argv, capsys):
+    words = _help_words(capsys, argv)
+    assert "--help -h Show this message" in words and "<bool>" not in words  # a flag takes no value
+    assert "<int>" in words or argv == ["--help"]  # an option that takes one still says its type
+
+
+def test_tune_help_reads_whole(capsys):
+    words = _help_words(capsys, ["tune", "--help"])
+    assert ("--workers <int> worker processes on this machine, per GPU of --gpus (on the CPU: in all), sharing the "
+            "study's storage") in words
+    assert "fastfair tune [OPTIONS] [STUDY]" in words and "[[STUDY]]" not in words
+
+
+@pytest.mark.skipif(importlib.util.find_spec("optuna") is None, reason="fastfair tune needs pip install -e '.[tune]'")
+@pytest.mark.parametrize("methods, says", [
+    ("tradez", "--methods: unknown method 'tradez'. Did you mean trades, me-trades? Known: absld,"),
+    ("cfa", "--methods: unknown method 'cfa'. Did you mean --method trades --ccm --ccr --fawa (CFA-TRADES;"),
+    ("trades,trades+cmm", "after '+' come train's fairness flags, each once (ccm, ccr, ema, fawa; ema or fawa), e.g. "
+                          "trades+ccm+ccr+fawa. Did you mean ccm?"),
+])
+def test_a_typo_in_tune_methods_gets_a_did_you_mean(methods, says, tmp_path, capsys):
+    assert cli.main(["tune", "--methods", methods, "--out", str(tmp_path / "study")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("fastfair: error: ") and says in err[0], err
+    assert not (tmp_path / "study").exists()

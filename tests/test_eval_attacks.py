@@ -42,7 +42,10 @@ def test_attack_names_are_checked_and_counted():
     check_attack_names(["clean", "fgsm", "pgd50x5", "cw20", "tpgd20@grid", "aa"])
     with pytest.raises(UserError, match="unknown attack"):
         check_attack_names(["pgd20", "autoatack"])
-    assert progress_units(["clean", "aa", "tpgd20@grid"]) == 1 + 5 + 4 * 21  # a tick per PGD step and prediction
+    # a model pass each: a PGD step a forward and a backward (1 + 2), a prediction a forward; AutoAttack's plan
+    aa = 1 + 3 * 100 + 9 * 3 * 100 + 9 * 4 * 100 + 5000  # clean pass, apgd-ce, apgd-t, fab-t, square (10 classes)
+    assert progress_units(["clean", "aa", "tpgd20@grid"], 10) == 1 + aa + 4 * (3 * 20 + 1)
+    assert progress_units(["aa"], 4) == 1 + 3 * 100 + 3 * 3 * 100 + 3 * 4 * 100 + 5000  # 3 targets for 4 classes
 
 
 def test_fgsm_per_class_matches_the_hand_computed_step():

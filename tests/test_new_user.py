@@ -20,7 +20,7 @@ from fastfair import cli, config
 from fastfair.attacks.names import parse_attack
 from fastfair.errors import UserError
 from fastfair.evaluation import per_class
-from fastfair.progress import Progress, RunRemaining
+from fastfair.progress import Progress, RunRemaining, Ticks
 from fastfair.reproduce import cost, tables
 from helpers import demo_train
 
@@ -216,16 +216,36 @@ def test_an_evaluation_ticks_each_attack_step_of_a_batch():
     model, ticks = _model(), []
     attack = parse_attack("pgd3")
     eps = torch.full((4,), 8 / 255)
-    per_class.confusion(model, [(x, y)], attack, eps, eps / 4, 4, progress=lambda n=1: ticks.append(n))
-    # one batch: three PGD steps and the prediction, each a tick as it happens, as progress_units plans them
-    assert ticks == [1, 1, 1, 1] == [1] * per_class.progress_units(["pgd3"])
-    assert per_class.progress_units(["clean", "fgsm", "pgd20x2", "transfer:pgd20"]) == 1 + 2 + 41 + 1
+    per_class.confusion(model, [(x, y)], attack, eps, eps / 4, 4, progress=Ticks(0, lambda t: ticks.append(t.done)))
+    # one batch: three PGD steps (a forward and a backward: 3 units each) and the prediction (1), each counted as it
+    # happens, as progress_units plans them
+    assert ticks == [3, 6, 9, 10] and ticks[-1] == per_class.progress_units(["pgd3"], 4)
+    assert per_class.progress_units(["clean", "fgsm", "pgd20x2", "transfer:pgd20"], 4) == 1 + 4 + 121 + 1
 
 
 def test_an_evaluation_line_counts_attack_steps(capsys):
     p = Progress(enabled=True, every_s=30.0, clock=_Clock())
     p.console.file = io.StringIO()
-    with p.task("eval clean,pgd20 on test", 42, unit="attack step") as advance:
+    with p.task("eval clean,pgd20 on test", 62, unit="pass") as advance:
         for _ in range(4):
-            advance(1)
-    assert capsys.readouterr().out.splitlines() == ["eval clean,pgd20 on test  attack step 3/42  ETA 0:06:30"]
+            advance(3)
+    assert capsys.readouterr().out.splitlines() == ["eval clean,pgd20 on test  pass 9/62  ETA 0:02:57"]
+
+
+def test_the_next_lines_say_what_autoattack_s_first_look_is_and_costs():
+    from fastfair.reports.summary import _autoattack_commands
+
+    # an evaluation of 360 images, 90 % classified correctly, that ran 20,000 passes x images a second here
+    record = {"split": "test", "images": 360, "classes": [str(c) for c in range(10)], "image_passes_per_s": 20_000.0,
+              "results": {"clean": {"summary": {"overall": 90.0}}}}
+    (first, why), (whole, why_whole) = _autoattack_commands("runs/x", record)
+    # AutoAttack plans a forward per image, then 11,600 passes per correctly classified one (10 classes): on 200
+    # images 200 + 180 x 11,600 = 2,088,200, 104 s; on 360, 360 + 324 x 11,600, 188 s
+    assert (first, why) == ("fastfair eval runs/x --attacks aa --per-class 20",
+                            "standard AutoAttack on 20 images a class, a first look: about 2 min here")
+    assert (whole, why_whole) == ("fastfair eval runs/x --attacks aa",
+                                  "standard AutoAttack on the whole test set: about 3 min here")
+    assert _autoattack_commands("runs/x", {**record, "image_passes_per_s": 1e6})[0][1].endswith(
+        "a first look: under a minute here")
+    del record["image_passes_per_s"]  # no pace measured: what it is, without a time
+    assert _autoattack_commands("runs/x", record)[0][1] == "standard AutoAttack on 20 images a class, a first look"

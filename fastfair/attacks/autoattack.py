@@ -25,6 +25,7 @@ all images and labels, eps, seed and settings.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -41,12 +42,12 @@ from fastfair import display
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.evaluation import measures
+from fastfair.progress import BACKWARD, FORWARD, PassMeter, Ticks, hms
 from fastfair.registry import Registry
 from fastfair.rundir import load_npz, write_npz_atomic
 
 NAME = "aa"  # the attack name in ``fastfair eval --attacks``
 SUBATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")
-PROGRESS_UNITS = 1 + len(SUBATTACKS)  # progress ticks per loader batch: the clean pass, then each sub-attack
 # float32 rounding of x + eps can land a few ulps outside the ball; anything beyond this is a real violation
 BALL_TOLERANCE = 1e-6
 # Standard-version settings per sub-attack (official autoattack.py, set_version('standard'),
@@ -79,6 +80,33 @@ def standard_settings(num_classes: int) -> dict[str, dict]:
     for k in ("apgd-t", "fab-t"):
         out[k]["n_target_classes"] = min(9, num_classes - 1)
     return out
+
+
+def plans(settings: dict[str, dict]) -> dict[str, int]:
+    """Progress units (model passes: :data:`~fastfair.progress.FORWARD`, :data:`~fastfair.progress.BACKWARD`) each
+    sub-attack plans for one batch of points, from its settings as the official code runs them: APGD a forward and a
+    backward per iteration, per restart and (APGD-T) per target class (autopgd_base.py); FAB-T per target class and
+    iteration a forward and a backward (the gradient of the logit difference) and a forward (is the point adversarial
+    yet; fab_base.py); Square a forward per query (square.py). A sub-attack that breaks every point early uses less."""
+    step = FORWARD + BACKWARD
+    a, t, f, s = (settings[k] for k in SUBATTACKS)
+    return {"apgd-ce": a["n_restarts"] * a["n_iter"] * step,
+            "apgd-t": t["n_target_classes"] * t["n_restarts"] * t["n_iter"] * step,
+            "fab-t": f["n_target_classes"] * f["n_restarts"] * f["n_iter"] * (step + FORWARD),
+            "square": s["n_restarts"] * s["n_queries"] * FORWARD}
+
+
+def image_passes(images: int, points: int, num_classes: int) -> int:
+    """Model passes times the images in each that AutoAttack plans on ``images``, ``points`` of them classified
+    correctly (the clean pass finds them; the sub-attacks attack them): its work wherever a pass costs in proportion
+    to its batch, for an estimate before it runs."""
+    return images * FORWARD + points * sum(plans(standard_settings(num_classes)).values())
+
+
+def planned_units(num_classes: int) -> int:
+    """The progress units :func:`evaluate_split` plans per loader batch: the clean pass, then every sub-attack on
+    every point (points the clean pass or an earlier sub-attack settles are dropped from the plan as it runs)."""
+    return FORWARD + sum(plans(standard_settings(num_classes)).values())
 
 
 @dataclass
@@ -326,25 +354,41 @@ def recheck(model, x: torch.Tensor, flags: Flags, eps: float, batch: int) -> dic
 
 
 def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: str | Path | None = None,
-                   backend: str = "auto", seed: int = 0, progress: Callable[[], None] | None = None,
+                   backend: str = "auto", seed: int = 0, progress: Ticks | None = None,
                    log: Callable[[str], None] | None = None,
                    classes: list[str] | None = None) -> tuple[torch.Tensor, dict]:
     """Run standard AutoAttack over a split: ((C, C) confusion after attack, record of the run).
 
     The record names the backend, its version, seed and settings, the robust accuracy after each
-    sub-attack and the re-check. ``progress`` is called ``PROGRESS_UNITS * len(loader)`` times in total.
+    sub-attack and the re-check. ``progress`` counts the model's passes, :func:`planned_units` per loader batch, less
+    the plan of points nothing needs to attack. ``log`` hears what AutoAttack will attack and its plan, each
+    sub-attack's result as it ends and the time the rest will take at the pace measured so far.
     The official sub-attacks reseed torch's generators; the caller's stream is restored afterwards.
     ``classes`` names the classes in the log lines (their indices without it).
     """
     model.eval()
     x, y = _collect(loader)
-    n, batch = len(y), loader.batch_size
+    meter = PassMeter(progress) if progress is not None else None
+    hook = model.register_forward_hook(meter) if meter is not None else None
+    try:
+        return _evaluate_split(model, x, y, loader.batch_size, eps, num_classes, state_path, backend, seed, meter,
+                               log or (lambda line: None), classes)
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, seed, meter, log,
+                    classes) -> tuple[torch.Tensor, dict]:
+    n = len(y)
     n_batches = -(-n // batch)
-    tick = progress or (lambda: None)
+    piece = meter.piece if meter is not None else lambda planned: contextlib.nullcontext()
+    drop = meter.ticks.drop if meter is not None else lambda units: None
     devices = [x.device] if x.device.type == "cuda" else []
     with attack_mode(model, "eval"), torch.autocast(x.device.type, enabled=False), \
             torch.random.fork_rng(devices=devices):
         bk = build_backend(model, eps, num_classes, backend, seed)
+        plan = plans(bk.settings)
         fp = _fingerprint(model, y, x, eps, bk)
         path = Path(state_path) if state_path else None
         if path:
@@ -352,31 +396,39 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
         clean, y_np = x.cpu().numpy(), y.cpu().numpy()
         flags = Flags.load(path, fp, clean) if path else None
         resumed = flags is not None
-        if resumed and log:  # the fingerprint covers the weights, every image and label, eps and the backend's seed
+        if resumed:  # the fingerprint covers the weights, every image and label, eps and the backend's seed
+            drop(n_batches * FORWARD)
             finished = sum(not ((flags.broken_by == ROBUST) & ~flags.tried[k]).any() for k in range(len(SUBATTACKS)))
             log(f"AutoAttack: {'reused' if finished == len(SUBATTACKS) else 'resuming'} {path} (same model, data, "
                 f"attack, seed; {finished} of {len(SUBATTACKS)} sub-attacks finished)")
-        if flags is None:
-            pred = _predict(model, x, batch)
+        else:
+            with piece(n_batches * FORWARD):
+                pred = _predict(model, x, batch)
             broken = np.where((pred == y).cpu().numpy(), ROBUST, CLEAN_WRONG).astype(np.int8)
             flags = Flags(broken, pred.cpu().numpy(), np.zeros((len(SUBATTACKS), n), bool), clean.copy(), fp)
             if path:
                 flags.save(path)
-        for _ in range(n_batches):
-            tick()
-        seconds = {}
+        left = _left(flags, plan, batch)
+        if left:
+            first, points = next(iter(left)), int(((flags.broken_by == ROBUST) & ~flags.tried.all(0)).sum())
+            log(f"AutoAttack, standard version ({bk.name} {bk.version}), on {points} of {n} images (the others "
+                f"{'settled in the saved run' if resumed else 'misclassified already'}): {sum(left.values()):,} model "
+                f"passes planned, {first} the first {left[first]:,}; the time left is said as each sub-attack ends")
+        seconds, t_start, done_start = {}, time.perf_counter(), meter.done if meter is not None else 0
         for k, name in enumerate(SUBATTACKS):
             t0 = time.perf_counter()
-            todo = np.flatnonzero((flags.broken_by == ROBUST) & ~flags.tried[k])
+            todo = _todo(flags, k)
             chunks = [todo[i:i + batch] for i in range(0, len(todo), batch)]
+            drop((n_batches - len(chunks)) * plan[name])  # points settled already: no work planned for them
             for idx_np in chunks:
                 idx = torch.from_numpy(idx_np).to(x.device)
                 xb, yb = x[idx], y[idx]
-                with torch.enable_grad():
-                    adv = bk.attacks[name](xb, yb).detach()
+                with piece(plan[name]):
+                    with torch.enable_grad():
+                        adv = bk.attacks[name](xb, yb).detach()
+                    p = _predict(model, adv, batch)
                 # a success must stay in the eps-ball and the image range, whatever the backend did
                 in_ball, in_range = _inside(adv, xb, eps)
-                p = _predict(model, adv, batch)
                 fooled = ((p != yb) & in_ball & in_range).cpu().numpy()
                 flags.broken_by[idx_np[fooled]] = 1 + k
                 flags.pred[idx_np[fooled]] = p.cpu().numpy()[fooled]
@@ -384,16 +436,19 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
                 flags.tried[k, idx_np] = True
                 if path:
                     flags.save(path)
-                tick()
-            for _ in range(n_batches - len(chunks)):
-                tick()
             seconds[name] = round(time.perf_counter() - t0, 3)
-            if log:  # each sub-attack can take many minutes: say what it left standing as soon as it ends
-                worst, worst_acc = _worst_class_after(flags.broken_by, y_np, k, num_classes)
-                how = "reused" if resumed and not chunks else f"done in {seconds[name]:.0f} s"
-                log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) {how}: robust accuracy "
-                    f"{_robust_after(flags.broken_by, k):.2f}%, "
-                    f"{display.worst_class_text(classes[worst] if classes else f'class {worst}', worst_acc)}")
+            # each sub-attack can take many minutes: say what it left standing as soon as it ends
+            worst, worst_acc = _worst_class_after(flags.broken_by, y_np, k, num_classes)
+            how = "reused" if resumed and not chunks else f"done in {seconds[name]:.0f} s"
+            log(f"AutoAttack {name} ({k + 1}/{len(SUBATTACKS)}) {how}: robust accuracy "
+                f"{_robust_after(flags.broken_by, k):.2f}%, "
+                f"{display.worst_class_text(classes[worst] if classes else f'class {worst}', worst_acc)}")
+            left = _left(flags, plan, batch)
+            done = (meter.done if meter is not None else 0) - done_start
+            if left and done:  # the pace of the passes run so far, in this call
+                pace = done / (time.perf_counter() - t_start)
+                log(f"AutoAttack: {', '.join(left)} left, {sum(left.values()):,} model passes: about "
+                    f"{hms(sum(left.values()) / pace)} at this pace ({pace:,.0f} passes/s)")
         checked = recheck(model, x, flags, eps, batch)
     after = {"clean": 100.0 * float((flags.broken_by != CLEAN_WRONG).mean()),
              **{name: _robust_after(flags.broken_by, k) for k, name in enumerate(SUBATTACKS)}}
@@ -403,3 +458,15 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
               "backend_version": bk.version, "seed": bk.seed, "precision": "fp32", "settings": bk.settings,
               "robust_after": after, "recheck": checked, "seconds_this_call": seconds, "resumed": resumed}
     return conf.view(num_classes, num_classes), record
+
+
+def _todo(flags: Flags, k: int) -> np.ndarray:
+    """Indices of the points sub-attack ``k`` still has to attack: robust so far and not yet tried by it."""
+    return np.flatnonzero((flags.broken_by == ROBUST) & ~flags.tried[k])
+
+
+def _left(flags: Flags, plan: dict[str, int], batch: int) -> dict[str, int]:
+    """{sub-attack: the passes it plans for the points it has still to attack}, for those with any: an estimate, as
+    a later sub-attack attacks only the points the earlier ones leave robust."""
+    chunks = {name: -(-_todo(flags, k).size // batch) for k, name in enumerate(SUBATTACKS)}
+    return {name: chunks[name] * plan[name] for name in SUBATTACKS if chunks[name]}

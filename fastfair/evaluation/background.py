@@ -61,7 +61,7 @@ def background_counts(path, *, cls: str, mask: str, colour: str = "white", attac
     def counts(net, images, version: str) -> dict:
         loader = build.eval_loader(cfg, (images, labels), dev, cl)
         with prog.task(f"{','.join(attacks)} on {named(bundle.classes[c])}, {version}",
-                       len(loader) * progress_units(attacks), unit="attack step") as advance:
+                       len(loader) * progress_units(attacks, bundle.num_classes), unit="pass") as advance:
             out = evaluate(net, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, seed=seed, clip_start=cfg.eval.clip_start, progress=advance)
         return {name: entry["confusion"][c] for name, entry in out.items() if "confusion" in entry}

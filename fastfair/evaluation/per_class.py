@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -26,7 +27,7 @@ from fastfair.data import subset_note as data_subset_note
 from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
-from fastfair.progress import Progress
+from fastfair.progress import BACKWARD, FORWARD, PassMeter, Progress
 from fastfair.rundir import EPOCH_NUMBERING, RunDir, read_json, state_sha256, write_bytes_atomic, write_json_atomic
 from fastfair.scaleout import distributed
 
@@ -40,53 +41,46 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     (:func:`measures.check_finite` reads it once, after the loop).
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
-    first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``."""
+    first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``. ``progress``
+    (:class:`fastfair.progress.Ticks`) counts the model's passes as they run, :func:`planned_units` a batch."""
     model.eval()
     dev = eps_c.device
     cast = torch.autocast(dev.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-    planned, ticked = forward_passes(attack), [0]
-
-    def step(*_) -> None:  # a forward pass of the attack: the bar moves within a batch (a PGD-20 batch is long)
-        if ticked[0] < planned - 1:
-            ticked[0] += 1
-            progress()
-
-    hook = model.register_forward_hook(step) if progress is not None and planned > 1 else None
+    meter = PassMeter(progress) if progress is not None else None  # the bar moves within a batch (PGD-20's is long)
+    hook = model.register_forward_hook(meter) if meter is not None else None
     try:
-        return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute,
-                          entropy, nonfinite, planned, ticked)
+        return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
+                          nonfinite)
     finally:
         if hook is not None:
             hook.remove()
 
 
-def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, progress, seed, substitute, entropy,
-               nonfinite, planned: int, ticked: list[int]) -> torch.Tensor:
-    """:func:`confusion`'s loop; ``progress`` gets ``planned`` ticks a batch, ``ticked[0]`` of them given already."""
+def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
+               nonfinite) -> torch.Tensor:
+    """:func:`confusion`'s loop; ``meter`` counts each batch's passes against :func:`planned_units`."""
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
     seen = torch.zeros(num_classes, dtype=torch.long, device=dev)  # images of each class so far (NAME/N)
     for i, (x, y) in enumerate(loader):
-        ticked[0] = 0
-        if attack.per_class:
-            x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
-        if len(y):
-            with cast, seeds.seeded(seed, attack.seed_name, i, device=dev):
-                x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
-                with torch.no_grad():
-                    logits = model(x_adv)
-            if logits.shape[1] != num_classes:  # a prediction past C would land in the next row's cells
-                raise UserError(f"the model returns {logits.shape[1]} logits per image and the data has "
-                                f"{num_classes} classes; evaluate it on the data set it was trained for")
-            if nonfinite is not None:
-                nonfinite += (~torch.isfinite(logits)).any(1).sum()
-            pred = logits.argmax(1)
-            conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
-            if entropy is not None:
-                p = logits.float().softmax(1)
-                entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
-        if progress is not None:
-            progress(planned - ticked[0])
+        with meter.piece(planned_units(attack)) if meter is not None else contextlib.nullcontext():
+            if attack.per_class:
+                x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
+            if len(y):
+                with cast, seeds.seeded(seed, attack.seed_name, i, device=dev):
+                    x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
+                    with torch.no_grad():
+                        logits = model(x_adv)
+                if logits.shape[1] != num_classes:  # a prediction past C would land in the next row's cells
+                    raise UserError(f"the model returns {logits.shape[1]} logits per image and the data has "
+                                    f"{num_classes} classes; evaluate it on the data set it was trained for")
+                if nonfinite is not None:
+                    nonfinite += (~torch.isfinite(logits)).any(1).sum()
+                pred = logits.argmax(1)
+                conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
+                if entropy is not None:
+                    p = logits.float().softmax(1)
+                    entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
     return conf.view(num_classes, num_classes)
 
 
@@ -98,17 +92,18 @@ def _first_of_each_class(x, y, seen, n: int):
     return x[keep], y[keep], seen + onehot.sum(0)
 
 
-def progress_units(attack_names: list[str]) -> int:
-    """Progress ticks per loader batch that :func:`evaluate` makes for these attacks."""
-    return sum(autoattack.PROGRESS_UNITS if n == autoattack.NAME else forward_passes(parse_attack(n))
+def progress_units(attack_names: list[str], num_classes: int) -> int:
+    """Progress units (model passes, :data:`fastfair.progress.FORWARD` and ``BACKWARD``) :func:`evaluate` plans per
+    loader batch for these attacks on a ``num_classes``-way model (AutoAttack's targets depend on it)."""
+    return sum(autoattack.planned_units(num_classes) if n == autoattack.NAME else planned_units(parse_attack(n))
                for n in names.expand(attack_names))
 
 
-def forward_passes(attack: EvalAttack) -> int:
-    """The model's forward passes a batch plans under ``attack``: a step each (a transfer attack's are the
-    substitute's), then the prediction; :func:`confusion` ticks the progress once per pass."""
+def planned_units(attack: EvalAttack) -> int:
+    """The progress units a batch plans under ``attack``: a forward and a backward each step (a transfer attack's
+    are the substitute's, not counted), then the prediction's forward; :func:`confusion` counts them as they run."""
     steps = attack.pgd.steps * attack.pgd.restarts if attack.pgd is not None and not attack.transfer else 0
-    return steps + 1
+    return steps * (FORWARD + BACKWARD) + FORWARD
 
 
 def attack_names(attacks: str | Sequence[str]) -> list[str]:
@@ -343,12 +338,14 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
                            clip_start=cfg.eval.clip_start, test_per_class=cap, substitute=sub_model)
     fp = fingerprint(model, data, settings)
     prog = Progress(enabled=not quiet)
-    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks),
-                   unit="attack step") as advance:
+    with prog.task(f"eval {','.join(attacks)} on {split}", len(loader) * progress_units(attacks, len(bundle.classes)),
+                   unit="pass") as advance:
+        t0 = time.perf_counter()
         results = evaluate(model, loader, attacks, eps=cfg.eval.eps, alpha=cfg.eval.alpha, classes=bundle.classes,
                            cw_kappa=cfg.eval.cw_kappa, amp_dtype=torch.bfloat16 if amp else None, progress=advance,
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
                            clip_start=cfg.eval.clip_start, substitute=sub_model)
+        seconds = time.perf_counter() - t0
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
@@ -358,6 +355,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     if distributed.current().is_main:
         kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
     record["path"] = str(out)
+    if advance.done and seconds > 0:  # passes times their images a second here, for the closing lines' estimates
+        record["image_passes_per_s"] = advance.done * len(data[1]) / len(loader) / seconds
     if not quiet:
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")

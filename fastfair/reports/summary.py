@@ -72,12 +72,30 @@ def lines(record: dict, averaged: dict | None = None, figure: Path | None = None
 
 
 def _autoattack_commands(target: str, record: dict) -> list[tuple[str, str]]:
-    """AutoAttack on the same images; on a whole test set, a capped first look too (AutoAttack is slow on a CPU)."""
+    """AutoAttack on the same images; on a whole test set, a capped first look too (AutoAttack is slow on a CPU), each
+    with its time at this evaluation's pace where it was measured."""
     aa = f"fastfair eval {target} --attacks aa"
     if record["split"] != "test":
-        return [(f"{aa} --split {record['split']}", "AutoAttack on the same images")]
+        return [(f"{aa} --split {record['split']}", "AutoAttack on the same images" + _cost(record, record["images"]))]
     cap = record.get("test_per_class", 0)
     if cap:
-        return [(f"{aa} --per-class {cap}", f"AutoAttack on the same {cap} images a class")]
-    return [(f"{aa} --per-class {AA_QUICK}", f"AutoAttack on {AA_QUICK} images a class: a first look"),
-            (aa, "AutoAttack on the whole test set (slow on a CPU)")]
+        return [(f"{aa} --per-class {cap}", f"AutoAttack on the same {cap} images a class" +
+                 _cost(record, record["images"]))]
+    first = min(record["images"], AA_QUICK * len(record["classes"]))
+    return [(f"{aa} --per-class {AA_QUICK}", f"standard AutoAttack on {AA_QUICK} images a class, a first look" +
+             _cost(record, first)),
+            (aa, "standard AutoAttack on the whole test set" + _cost(record, record["images"]))]
+
+
+def _cost(record: dict, images: int) -> str:
+    """``: about 3 min here`` (or ``under a minute``, ``about 2.5 h``): AutoAttack's planned work on ``images``
+    (:func:`autoattack.image_passes`; its points the share the model classifies correctly) at the pace this evaluation
+    measured; '' where none was measured."""
+    if not record.get("image_passes_per_s"):
+        return ""
+    share = record["results"].get("clean", {}).get("summary", {}).get("overall", 100.0) / 100
+    work = autoattack.image_passes(images, round(images * share), len(record["classes"]))
+    seconds = work / record["image_passes_per_s"]
+    if seconds < 60:
+        return ": under a minute here"
+    return f": about {seconds / 60:.0f} min here" if seconds < 90 * 60 else f": about {seconds / 3600:.1f} h here"

@@ -48,6 +48,7 @@ from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus, slot_envs
 from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.methods import METHODS
+from fastfair.suggest import hint
 from fastfair.tuning.front import comparison_markdown, comparison_text, draw_fronts, paper_points, pareto, parse_rule
 from fastfair.tuning.space import default_space, describe, load_space, suggest
 
@@ -82,12 +83,15 @@ class Contender:
     @classmethod
     def parse(cls, text: str) -> Contender:
         method, *flags = text.strip().split("+")
-        if method not in METHODS:
-            raise UserError(f"--methods: no method {method!r}; see fastfair methods")
+        try:
+            METHODS.get(method)
+        except UserError as err:  # the registry's message: its did-you-mean and the known methods
+            raise UserError(f"--methods: {err}") from None
         bad = [f for f in flags if f not in FLAGS]
         if bad or len(set(flags)) != len(flags) or {"ema", "fawa"} <= set(flags):
             raise UserError(f"--methods: {text!r}: after '+' come train's fairness flags, each once "
-                            f"({', '.join(FLAGS)}; ema or fawa), e.g. trades+ccm+ccr+fawa")
+                            f"({', '.join(FLAGS)}; ema or fawa), e.g. trades+ccm+ccr+fawa."
+                            f"{hint(bad[0], FLAGS) if bad else ''}")
         return cls(text.strip(), method, tuple(flags))
 
     def sets(self) -> dict[str, Any]:
