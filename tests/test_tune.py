@@ -48,7 +48,7 @@ def _completed(storage: str, name: str) -> set:
 
 def test_bad_inputs_are_one_line_before_any_folder_is_made(tmp_path, capsys):
     out = tmp_path / "s"
-    assert "no method 'nope'" in _error(capsys, "--methods", "nope", "--out", out)
+    assert "unknown method 'nope'" in _error(capsys, "--methods", "nope", "--out", out)
     assert "trades+ccm+ccm" in _error(capsys, "--methods", "trades+ccm+ccm", "--out", out)
     assert "rule" in _error(capsys, "--methods", "trades", "--rule", "best", "--out", out)
     assert "--trials takes a positive number" in _error(capsys, "--methods", "trades", "--trials", 0, "--out", out)
@@ -72,7 +72,7 @@ def test_the_python_api_checks_what_the_command_checks(tmp_path):
 
     with pytest.raises(fastfair.UserError, match="no option 'trial'. Did you mean trials?"):
         fastfair.tune("trades", trial=3)
-    with pytest.raises(fastfair.UserError, match="no method 'nope'"):  # a list is the comma-separated contenders
+    with pytest.raises(fastfair.UserError, match="unknown method 'nope'"):  # a list is the comma-separated contenders
         fastfair.tune(["trades", "nope"], out=tmp_path / "s")
     with pytest.raises(fastfair.UserError, match="--trials takes a positive number"):
         fastfair.tune("trades", trials=0, out=tmp_path / "s")
