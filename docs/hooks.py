@@ -166,7 +166,9 @@ def conformance_tables() -> tuple[list[list[str]], list[list[str]]]:
         if line.startswith("## "):
             current = checks if line == "## Checks" else differences if line.startswith("## Deliberate") else None
         elif current is not None and line.startswith("| ") and not line.startswith(("| method |", "| --- |")):
-            current.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+            # unescaped here because table() escapes each cell again: escaped twice, a pipe (a backslash, then '|')
+            # would split the generated page's cell
+            current.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]])
     return checks, differences
 
 
