@@ -211,7 +211,8 @@ def conformance_section(name: str) -> list[str]:
     lines = ["## Conformance with the authors' code", ""]
     if mine:
         lines += [f"The checks of [Conformance](../../conformance.md) about it ({len(mine)}), run on each CI run:", "",
-                  *table(["case", "quantity", "reference", "tolerance", "measured"], mine), ""]
+                  *table(["case", "quantity", "reference", "float64 tolerance", "measured", "float32 smoke tolerance",
+                         "measured"], mine), ""]
     else:
         lines += ["No check compares it with an authors' code or a paper's equation yet.", ""]
     if theirs:

@@ -26,7 +26,7 @@ def model_at(inp, epoch: int) -> TinyNet:
     state = {}
     for k, v in inp.state.items():
         if v.is_floating_point():
-            d = 0.05 * torch.randn(v.shape, generator=g)
+            d = 0.05 * torch.randn(v.shape, generator=g, dtype=torch.float32).to(v.dtype)  # one draw, any precision
             state[k] = v + (d.abs() if "running_var" in k else d)
         else:
             state[k] = v + 10 * (epoch + 1)

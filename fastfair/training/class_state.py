@@ -105,7 +105,8 @@ class ClassState:
         self.add_vector("loss_weight", 1.0)  # per-class loss weights: ones unless an option adds a factor
 
     def _per_class(self, name: str, value) -> torch.Tensor:
-        t = torch.as_tensor(value, dtype=torch.float32, device=self.device)
+        # torch's default dtype: float32, float64 in the float64 conformance checks (tests/conformance.py)
+        t = torch.as_tensor(value, dtype=torch.get_default_dtype(), device=self.device)
         t = (t.expand(self.num_classes) if t.dim() == 0 else t).clone()
         if t.shape != (self.num_classes,):
             raise UserError(f"per-class vector {name!r} needs {self.num_classes} values (one per class), "
@@ -138,7 +139,8 @@ class ClassState:
 
     def set(self, name: str, value) -> None:
         """Set a base or a factor; the vectors it enters are recomputed."""
-        self._named()[name].copy_(torch.as_tensor(value, dtype=torch.float32))
+        target = self._named()[name]
+        target.copy_(torch.as_tensor(value, dtype=target.dtype))
         self.refresh()
 
     def refresh(self) -> None:
