@@ -73,8 +73,9 @@ def encode(prefix, x, iterates, grads, eps, alpha, moved=None, noise=None) -> di
 
 
 def decode(arrays, prefix, x, alpha, noise=None) -> list[torch.Tensor]:
-    """The code's iterates x_0..x_K from a trace."""
+    """The code's iterates x_0..x_K from a trace, in ``x``'s dtype (the float64 trace rounded, in a float32 run)."""
     t = {k.split(".", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith(prefix + ".")}
+    t = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in t.items()}
     its = [t["start"]]
     for k in range(len(t["codes"])):
         m = t["moved"][k] if "moved" in t else None
