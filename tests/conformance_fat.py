@@ -73,15 +73,17 @@ def encode(prefix, x, iterates, grads, eps, alpha, moved=None, noise=None) -> di
 
 
 def decode(arrays, prefix, x, alpha, noise=None) -> list[torch.Tensor]:
-    """The code's iterates x_0..x_K from a trace, in ``x``'s dtype (the float64 trace rounded, in a float32 run)."""
+    """The code's iterates x_0..x_K from a trace, replayed in the trace's float64 and handed back in ``x``'s dtype
+    (each rounded once, in a float32 run: a row the code stopped keeps the same point)."""
     t = {k.split(".", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith(prefix + ".")}
-    t = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in t.items()}
+    t = {k: v.double() if v.is_floating_point() else v for k, v in t.items()}
+    x64 = x.double()
     its = [t["start"]]
     for k in range(len(t["codes"])):
         m = t["moved"][k] if "moved" in t else None
-        n = None if noise is None else noise[k]
-        its.append(replay_step(its[-1], x, t["codes"][k], t["eps"], alpha, m, n) + t["residual"][k])
-    return its
+        n = None if noise is None else noise[k].double()
+        its.append(replay_step(its[-1], x64, t["codes"][k], t["eps"], alpha, m, n) + t["residual"][k])
+    return [it.to(x.dtype) for it in its]
 
 
 class Flip(nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
+from fastfair.ops.losses import widened
 from fastfair.registry import Registry
 
 
@@ -52,8 +53,8 @@ class SoftmaxByClass(Statistic):
                      "n": torch.zeros(num_classes, device=device)}
 
     def update(self, logits, y):
-        self.sums["p"].index_add_(0, y, logits.detach().float().softmax(1))
-        self.sums["n"].index_add_(0, y, torch.ones_like(y, dtype=torch.float32))
+        self.sums["p"].index_add_(0, y, widened(logits.detach()).softmax(1))
+        self.sums["n"].index_add_(0, y, torch.ones_like(y, dtype=self.sums["n"].dtype))
 
     def value(self, sums):
         return sums["p"] / sums["n"].clamp(min=1)[:, None]
@@ -68,7 +69,7 @@ class CESumByClass(Statistic):
         self.sums = {"ce": torch.zeros(num_classes, device=device)}
 
     def update(self, logits, y):
-        ce = torch.nn.functional.cross_entropy(logits.detach().float(), y, reduction="none")
+        ce = torch.nn.functional.cross_entropy(widened(logits.detach()), y, reduction="none")
         self.sums["ce"].index_add_(0, y, ce)
 
     def value(self, sums):

@@ -13,7 +13,7 @@ each ``meta`` and writes ``NAME.npz`` and ``NAME.json``.
 
 A generator that declares ``FLOAT64`` (the list of what it patches so that the authors' code computes in
 float64, beside what every float64 run gets: :data:`FLOAT64_RUN`) runs in float64: the fixed inputs and TinyNet
-in float64 (``conformance.precision``), torch's default dtype float64, and their ``.float()`` casts made no-ops;
+in float64 (``conformance.precision``), torch's default dtype float64, and their ``.float()`` casts made ``.double()``;
 ``meta`` records ``dtype`` and the patches. One without it runs in float32, as the golden values were first made.
 Nothing of the authors' code is copied: it is imported from the checkout at generation time only.
 """
@@ -76,19 +76,32 @@ FLOAT64_RUN = [
     "inputs and TinyNet .double() (conformance.precision(torch.float64))",
     "torch.set_default_dtype(torch.float64): their torch.randn / torch.zeros / torch.tensor draw and allocate in "
     "float64",
-    "torch.Tensor.float returns the tensor itself: their .float() casts keep float64",
+    "torch.Tensor.float is torch.Tensor.double: their .float() casts (of values, masks, counts) give float64",
+    "torch.tensor / zeros / ones / empty / full with dtype=torch.float (float32) allocate float64",
 ]
+FACTORIES = ("tensor", "zeros", "ones", "empty", "full")
 
 
 @contextlib.contextmanager
 def float64_casts():
-    """Their ``.float()`` casts (written for float32 models) keep a float64 tensor float64."""
-    saved = torch.Tensor.float
-    torch.Tensor.float = lambda self, *a, **k: self
+    """Their ``.float()`` casts (written for float32 models) give float64, of a float as of a mask or a count, and
+    their tensors made with ``dtype=torch.float`` are float64."""
+    saved = torch.Tensor.float, {name: getattr(torch, name) for name in FACTORIES}
+
+    def widen(make):
+        def made(*args, dtype=None, **kwargs):
+            return make(*args, dtype=torch.float64 if dtype == torch.float32 else dtype, **kwargs)
+        return made
+
+    torch.Tensor.float = torch.Tensor.double
+    for name, make in saved[1].items():
+        setattr(torch, name, widen(make))
     try:
         yield
     finally:
-        torch.Tensor.float = saved
+        torch.Tensor.float = saved[0]
+        for name, make in saved[1].items():
+            setattr(torch, name, make)
 
 
 @contextlib.contextmanager
