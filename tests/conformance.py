@@ -243,6 +243,14 @@ def load_cases() -> dict[str, Callable[[], list[Check]]]:
     return CASES
 
 
+def normals(seed: int, shape) -> torch.Tensor:
+    """N(0, 1) draws (float32 values, as a float64 tensor) that are the same on every CPU: numpy's PCG64. Made-up
+    inputs are drawn so: torch.randn's Box-Muller rounds differently in its vectorised (AVX2, AVX-512) and plain
+    kernels (up to 2.4e-6 apart, measured), which a float64 check resolves."""
+    draws = np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
+    return torch.from_numpy(draws).double()
+
+
 def max_diff(a, b) -> float:
     """max |a - b| in float64 (0 for empty tensors)."""
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()

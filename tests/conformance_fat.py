@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -20,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from conformance import (FRACTION, K_STEP, LAMBDA, ONE_STEP, REL, SIGN_NOISE, STEPS, U32, U64, Check, case,
-                         differing, exact, fixed_start, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff,
-                         routing_ties, sign_noise, step_flips, weight_grad, weight_grad_tol, working_dtype)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, SIGN_NOISE, STEPS, U32, U64, Check, case,
+                         differing, exact, fixed_start, golden, inputs, kl_grad, logit_tol, max_diff, method, normals,
+                         rel_diff, routing_ties, sign_noise, step_flips, weight_grad, weight_grad_tol, working_dtype)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.fat import tau_at
 
@@ -163,20 +162,12 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
 
 def fat_noise(g, prefix: str) -> torch.Tensor:
     """The unit N(0, I) draws FAT's code added at each step, per row of the whole batch: its torch.randn was
-    served slices of a bank drawn from a seeded generator (row r of the moving rows got row r of the bank's step)."""
+    served slices of a bank of :func:`conformance.normals` (row r of the moving rows got row r of the bank's step)."""
     meta = g.meta["noise"]
-    bank = torch.randn(meta["shape"], generator=torch.Generator().manual_seed(meta["seed"]), dtype=torch.float32)
-    # The same uniform draws give each normal by Box-Muller, sqrt(-2 log u1) cos(2 pi u2), whose float32 math
-    # differs by kernel (ATen's vectorised AVX2/AVX-512 normal_fill against its plain one: up to 2.4e-6 measured):
-    # about 8 roundings of u and cos's argument's 2 pi u, times the radius r <= sqrt(2 log 2^24) (u1 >= 2^-24),
-    # per draw and side; the sum of n such errors of either sign within LAMBDA sqrt(n) of one (Higham & Mary 2019).
-    # Another sequence moves the sum by ~sqrt(n) (its standard deviation): 1e4 times more.
-    n = bank.numel()
-    per_draw = 2 * (8 + 2 * math.pi) * U32 * math.sqrt(2 * math.log(2.0 ** 24))
-    assert abs(float(bank.double().sum()) - meta["sum"]) <= LAMBDA * math.sqrt(n) * per_draw, \
-        "torch draws this seed differently now"
+    bank = normals(meta["seed"], meta["shape"])
+    assert float(bank.sum()) == meta["sum"], "numpy draws this seed differently now"
     moved = g.t(f"{prefix}.moved")
-    bank = bank.to(working_dtype())  # the float32 draws, in the precision (the generator's bank is the same)
+    bank = bank.to(working_dtype())
     out = torch.zeros_like(bank)
     for k in range(len(moved)):
         out[k, moved[k]] = bank[k, :int(moved[k].sum())]
