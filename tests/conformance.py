@@ -11,6 +11,11 @@ in step with them.
 
 Each golden file is ``tests/golden/NAME.npz`` (arrays, loaded without pickle) beside
 ``NAME.json``: where every array came from (repository, commit, file, function) and the settings.
+
+Both sides run in float64 (:func:`precision`: the authors' code when ``make.py`` generates, fastfair when a case
+runs), so a check's tolerance is a float64 rounding bound, about 1e-10 relative, the same on every CPU's kernels;
+each case also runs once in float32 (fastfair's real dtype path) against the same float64 golden values, at its
+float32 bound: the smoke check.
 """
 from __future__ import annotations
 
@@ -35,6 +40,31 @@ from fastfair.attacks.pgd import attack_mode, descend
 from helpers import make_method
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
+DTYPES = (torch.float64, torch.float32)  # the check, then the smoke check
+_PRECISION = [torch.float32]
+
+
+@contextlib.contextmanager
+def precision(dtype: torch.dtype):
+    """Within the block, inputs, models, golden arrays, torch's default dtype (what fastfair's and the authors'
+    per-class tensors and random draws are made in) and every tolerance's unit roundoff are ``dtype``'s."""
+    saved = torch.get_default_dtype()
+    _PRECISION.append(dtype)
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        _PRECISION.pop()
+        torch.set_default_dtype(saved)
+
+
+def working_dtype() -> torch.dtype:
+    """The dtype the checks run in now (:func:`precision`)."""
+    return _PRECISION[-1]
+
+
+class Float32Golden(Exception):
+    """A float64 check asked for a golden file still made in float32 (its repository could not be had)."""
 DOC = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 
 
@@ -58,14 +88,14 @@ class Inputs:
     """The fixed inputs every golden value starts from."""
 
     state: dict[str, torch.Tensor]  # TinyNet's weights and BN buffers
-    x: torch.Tensor  # (N, 3, 32, 32) float32 in [0, 1]: uint8 images / 255
+    x: torch.Tensor  # (N, 3, 32, 32) in [0, 1]: uint8 images / 255, in the dtype of the precision
     y: torch.Tensor  # (N,) int64
 
-    def model(self, mode: str = "train", dtype=torch.float32) -> TinyNet:
-        """A fresh TinyNet holding the fixed weights, in ``mode`` ('train' or 'eval')."""
+    def model(self, mode: str = "train") -> TinyNet:
+        """A fresh TinyNet holding the fixed weights, in ``mode`` ('train' or 'eval'), in ``x``'s dtype."""
         net = TinyNet()
         net.load_state_dict(self.state)
-        return net.to(dtype).train(mode == "train")
+        return net.to(self.x.dtype).train(mode == "train")
 
     def teacher(self) -> TinyNet:
         """A distillation teacher (ABSLD): the fixed TinyNet in eval mode, its head's weights and bias times 3, so
@@ -77,16 +107,22 @@ class Inputs:
         return net
 
 
-def inputs_from(arrays) -> Inputs:
+def inputs_from(arrays, dtype: torch.dtype = torch.float32) -> Inputs:
     state = {k[len("state."):]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith("state.")}
-    x = torch.from_numpy(np.asarray(arrays["x_uint8"])).float() / 255.0
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    x = torch.from_numpy(np.asarray(arrays["x_uint8"])).to(dtype) / 255.0
     return Inputs(state, x, torch.from_numpy(np.asarray(arrays["y"])).long())
 
 
-@functools.cache
 def inputs() -> Inputs:
+    """The fixed inputs in the dtype of the precision (:func:`precision`)."""
+    return _inputs(working_dtype())
+
+
+@functools.cache
+def _inputs(dtype: torch.dtype) -> Inputs:
     with np.load(GOLDEN / "inputs.npz", allow_pickle=False) as f:
-        return inputs_from(dict(f))
+        return inputs_from(dict(f), dtype)
 
 
 @dataclass(frozen=True)
@@ -95,8 +131,10 @@ class Golden:
     meta: dict
 
     def t(self, key: str, dtype=None) -> torch.Tensor:
-        """Array ``key`` as a tensor (float64 arrays stay float64 unless ``dtype`` says otherwise)."""
+        """Array ``key`` as a tensor, a floating one in the dtype of the precision unless ``dtype`` says otherwise."""
         out = torch.from_numpy(np.array(self.arrays[key]))
+        if dtype is None and out.is_floating_point():
+            dtype = working_dtype()
         return out if dtype is None else out.to(dtype)
 
     def ref(self, quantity: str | None = None) -> str:
@@ -107,8 +145,16 @@ class Golden:
         return f"{src['repository']}@{src['commit'][:7]}:{src['file']}::{src['function']}"
 
 
-@functools.cache
 def golden(name: str) -> Golden:
+    """Golden file ``name``; a float64 check of one still made in float32 raises :class:`Float32Golden`."""
+    g = _golden(name)
+    if working_dtype() == torch.float64 and g.meta.get("dtype") != "float64":
+        raise Float32Golden(f"{name} was made in float32")
+    return g
+
+
+@functools.cache
+def _golden(name: str) -> Golden:
     with np.load(GOLDEN / f"{name}.npz", allow_pickle=False) as f:
         arrays = dict(f)
     return Golden(arrays, json.loads((GOLDEN / f"{name}.json").read_text()))
@@ -159,17 +205,30 @@ class Difference:
 
 
 CASES: dict[str, Callable[[], list[Check]]] = {}
+SETTINGS_ONLY: set[str] = set()  # cases that compare settings, schedules and orders exactly: no arithmetic to round
 DIFFERENCES: list[Difference] = []
 
 
-def case(name: str):
-    """Register a conformance case: a function returning its :class:`Check` rows (run once, cached)."""
+def case(name: str, arithmetic: bool = True):
+    """Register a conformance case: a function returning its :class:`Check` rows (run by :func:`checks`);
+    ``arithmetic=False``: its checks compare settings exactly, the same in any precision, so it runs once (in
+    fastfair's float32)."""
     def register(fn):
         if name in CASES:
             raise ValueError(f"conformance case {name!r} registered twice")
-        CASES[name] = functools.cache(fn)
+        CASES[name] = fn
+        if not arithmetic:
+            SETTINGS_ONLY.add(name)
         return fn
     return register
+
+
+@functools.cache
+def checks(name: str, dtype: torch.dtype) -> list[Check]:
+    """Case ``name``'s rows with both sides in ``dtype`` (:func:`precision`), run once; in float64 a case whose
+    golden file is still float32 raises :class:`Float32Golden`."""
+    with precision(dtype):
+        return CASES[name]()
 
 
 def differs(method: str, what: str, key: str) -> None:
@@ -182,6 +241,14 @@ def load_cases() -> dict[str, Callable[[], list[Check]]]:
     for path in sorted(Path(__file__).resolve().parent.glob("conformance_*.py")):
         importlib.import_module(path.stem)
     return CASES
+
+
+def normals(seed: int, shape) -> torch.Tensor:
+    """N(0, 1) draws (float32 values, as a float64 tensor) that are the same on every CPU: numpy's PCG64. Made-up
+    inputs are drawn so: torch.randn's Box-Muller rounds differently in its vectorised (AVX2, AVX-512) and plain
+    kernels (up to 2.4e-6 apart, measured), which a float64 check resolves."""
+    draws = np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
+    return torch.from_numpy(draws).double()
 
 
 def max_diff(a, b) -> float:
@@ -202,16 +269,21 @@ REL = "max abs diff / max abs ref"
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 U64 = 2.0 ** -53  # float64 unit roundoff
+
+
+def unit() -> float:
+    """The unit roundoff of the precision the checks run in: every derived tolerance is in it."""
+    return U64 if working_dtype() == torch.float64 else U32
 # A float32 sum of n terms, in any order the CPU's kernels choose (blocked, vectorised, FMA), differs from the exact
 # sum by at most gamma(n) * sum |terms| with probability >= 1 - 2 n exp(-LAMBDA^2 / 2) per sum (Higham & Mary 2019,
 # "A new approach to probabilistic rounding error analysis", Thm 3.1: lambda sqrt(n) u); LAMBDA 6 makes that 1e-7.
 LAMBDA = 6.0
 
 
-def gamma(n: int, unit: float = U32) -> float:
-    """Probabilistic bound on the relative rounding error of an n-term sum, float32 unless ``unit`` says otherwise
-    (Higham & Mary 2019, Thm 3.1)."""
-    return LAMBDA * math.sqrt(n) * unit
+def gamma(n: int, u: float | None = None) -> float:
+    """Probabilistic bound on the relative rounding error of an n-term sum in the precision's :func:`unit`, or in
+    ``u`` (a sum that is float64 whatever the precision: numpy's) (Higham & Mary 2019, Thm 3.1)."""
+    return LAMBDA * math.sqrt(n) * (unit() if u is None else u)
 
 
 def head_bound(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -293,6 +365,11 @@ def _receptive_field(layers, mask: torch.Tensor, channels: int) -> torch.Tensor:
 SIGN_NOISE = 1e-4
 
 
+def sign_noise() -> float:
+    """:data:`SIGN_NOISE` in the precision's unit: the same four sums, gamma(16,384) = 8.5e-14 in float64."""
+    return SIGN_NOISE * unit() / U32
+
+
 def kl_grad(model: nn.Module, x: torch.Tensor, x_k: torch.Tensor, coded: torch.Tensor) -> torch.Tensor:
     """A gradient for :func:`step_flips` of the ``kl`` objective KL(p(x) || p(x_k)) at ``x_k`` (``model`` a
     :class:`TinyNet` in the attack's BN mode): ``coded`` (the code's signs, its noise elements below SIGN_NOISE)
@@ -311,8 +388,8 @@ def kl_grad(model: nn.Module, x: torch.Tensor, x_k: torch.Tensor, coded: torch.T
     with torch.no_grad():
         ratio = (head_bound(model, x_k) + head_bound(model, x)).amax(1) / (z.detach() - z_nat).abs().amax(1)
     grad = grad / grad.flatten(1).abs().amax(1).view(-1, 1, 1, 1)  # each sample's largest 1, as ``coded``'s
-    exact = torch.where(grad.abs() <= (SIGN_NOISE + ratio).view(-1, 1, 1, 1), torch.zeros_like(grad), grad)
-    return torch.where(coded.abs() <= SIGN_NOISE * coded.flatten(1).abs().amax(1).view(-1, 1, 1, 1), coded.double(),
+    exact = torch.where(grad.abs() <= (sign_noise() + ratio).view(-1, 1, 1, 1), torch.zeros_like(grad), grad)
+    return torch.where(coded.abs() <= sign_noise() * coded.flatten(1).abs().amax(1).view(-1, 1, 1, 1), coded.double(),
                        exact)
 
 
@@ -324,7 +401,7 @@ def step_flips(ours: torch.Tensor, theirs: torch.Tensor, grad: torch.Tensor, alp
     ours, theirs, grad = ours.double(), theirs.double(), grad.double()
     differ = (ours - theirs).abs() > 1e-6
     scale = grad.flatten(1).abs().amax(1).view((-1,) + (1,) * (grad.dim() - 1))
-    noise = grad.abs() <= SIGN_NOISE * scale
+    noise = grad.abs() <= sign_noise() * scale
     if routed is not None:
         noise = noise | routed
     # a sign flip moves the element by at most 2 alpha (both sides then clip to the same ball)
@@ -334,7 +411,7 @@ def step_flips(ours: torch.Tensor, theirs: torch.Tensor, grad: torch.Tensor, alp
     return int(differ.sum()), int((differ & ~(noise & within)).sum())
 
 
-STEPS = "elements not explained by float32 sign noise"
+STEPS = "elements not explained by sign noise"
 # The K-step results run free from the code's start: a float32-noise sign flip (step_flips) sends one element
 # the other way and its later gradients with it, and how far that spreads depends on the CPU's kernels.
 # This bound is measured, not derived, and must be: rounding bounds how large a gradient element's error is
@@ -366,7 +443,7 @@ def exact(why: str) -> Tol:
 def rounded(ref, roundings: int, what: str) -> Tol:
     """``roundings`` float32 roundings of values up to ``ref``'s largest magnitude, each within u of it (IEEE 754
     round to nearest): ``what`` says which roundings."""
-    return Tol(roundings * U32 * float(torch.as_tensor(ref).double().abs().max()), f"{roundings}u·max|ref|: {what}")
+    return Tol(roundings * unit() * float(torch.as_tensor(ref).double().abs().max()), f"{roundings}u·max|ref|: {what}")
 
 
 def ce_sums_tol(z: torch.Tensor, y: torch.Tensor, classes: int = 10) -> Tol:
@@ -473,7 +550,7 @@ def softmax_tol(model: nn.Module, x: torch.Tensor) -> Tol:
     with torch.no_grad():
         z = net(x.detach().double())
     e, p = logit_error(model, x, z), z.softmax(1)
-    bound = p * (e + (p * e).sum(1, keepdim=True)) + (gamma(z.shape[1]) + 3 * U32) * p
+    bound = p * (e + (p * e).sum(1, keepdim=True)) + (gamma(z.shape[1]) + 3 * unit()) * p
     return Tol(math.sqrt(2) * float(bound.max()), "√2 p·(e + Σ p e) + (gamma(C) + 3u) p")
 
 
@@ -546,7 +623,11 @@ def weight_grad_tol(quantity: Callable[[nn.Module], torch.Tensor], model: nn.Mod
 
 
 def standin_grad(g):
-    """A gradient with the code's signs whose noise elements (kept by the generator) are below SIGN_NOISE."""
+    """The code's gradient of each step over each image's largest magnitude (``record.steps_record``: its sign, and
+    whether it lies within the precision's :func:`sign_noise` of 0); a float32 golden file kept only the signs and
+    the float32 noise elements: a gradient with those signs, its noise elements below SIGN_NOISE."""
+    if "step_grad" in g.arrays:
+        return g.t("step_grad")
     sign, noise = g.t("step_grad_sign").float(), g.t("step_grad_noise")
     return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
 
@@ -629,9 +710,9 @@ def weight_grad(model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
 
 HEADER = """# Conformance with the authors' code
 
-Written by `python tests/golden/make.py doc` from the checks in `tests/conformance_*.py`;
+Written by `python tests/golden/make.py doc` from the checks in `tests/conformance_*.py`, one table per case;
 `tests/test_conformance.py` runs every check on each CI run and fails when this page no longer
-lists exactly those checks with these references and tolerances (the measured column is from the
+lists exactly those checks with these references and tolerances (the measured columns are from the
 last regeneration: {measured_on}). Golden values: `python tests/golden/make.py golden --authors DIR`
 (DIR holds a checkout of each repository named below, as `owner+name` or `name`; see
 `tests/golden/README.md`).
@@ -641,45 +722,82 @@ A reference `owner/name@commit:file::function` is the authors' code, run on the 
 batch of its images); a reference naming a paper and equation is an independent float64
 evaluation of that equation, sharing no code with fastfair.
 
+Each check runs twice. **float64**: the golden values were made with the authors' code in float64 (model and
+inputs `.double()`, their float32 casts patched; each golden file's JSON lists the patches), and fastfair runs in
+float64 too, so a tolerance is a float64 rounding bound (u = 2^-53), about 1e-10 of the quantity or less, the same
+whatever a CPU's kernels (AVX2, AVX-512, plain) do with it: a KL weight 0.1 % off fails. **float32 smoke**:
+fastfair in float32, its real dtype path, against the same float64 golden values at its float32 bound
+(u = 2^-24). A case whose repository could not be had keeps float32 golden values and its float32 check only;
+the `setup-*` cases compare settings, schedules and orders exactly, the same in any precision: they run once, and
+both columns show that run.
+
 An attack is checked exactly one step at a time, from each of the code's iterates (0 elements unexplained
-by a float32 gradient sign within noise of zero). The K-step result, run free from the code's start, may
-differ in a few elements, because one such sign flip carries through the later steps and the CPU's kernels
-decide which flip: its tolerance is 5 % of the elements, against 1.4 % measured for TRADES and 2.2 % between
-fastfair with and without oneDNN, while a step 10 % smaller moves 35 %, one step fewer 30 % and the other BN
-mode 59 %.
+by a gradient sign within rounding noise of zero in the precision). The K-step result, run free from the code's
+start, may differ in a few elements, because one such sign flip carries through the later steps and the CPU's
+kernels decide which flip: its tolerance is 5 % of the elements, against 1.4 % measured for TRADES in float32 and
+2.2 % between fastfair with and without oneDNN (0 in float64, where a flip needs a gradient element within 2e-13
+of its image's largest), while a step 10 % smaller moves 35 %, one step fewer 30 % and the other BN mode 59 %.
 
-Tolerances follow from the quantity's magnitude and float32 rounding, not from one machine's result, and the
-tolerance column says how: a float32 sum of n terms, in whatever order a CPU's kernels choose, is within
-gamma(n) = 6 sqrt(n) u of its sum of \\|terms\\| (u = 2^-24; Higham & Mary 2019, Thm 3.1). Each check's bound is
-computed from its own inputs in float64 (`tests/conformance.py`, "tolerances of compared values"):
+Tolerances follow from the quantity's magnitude and the precision's rounding, not from one machine's result, and
+the tolerance columns say how: a sum of n terms, in whatever order a CPU's kernels choose, is within
+gamma(n) = 6 sqrt(n) u of its sum of \\|terms\\| (u = 2^-53 in float64, 2^-24 in float32; Higham & Mary 2019,
+Thm 3.1). Each check's bound is computed from its own inputs in float64 (`tests/conformance.py`, "tolerances of
+compared values"):
 
-- `logit_tol` (losses, per-class sums): the mean's rounding gamma(rows)·\\|Q\\| and each logit's error (`head_bound`,
-  the head's 1024-term sum, plus the row's log-softmax normalisation) carried by the float64 derivative dQ/dz,
-  combined as Higham & Mary's model combines independent roundings (root sum of squares at the same lambda);
-  √2 where ours and the reference both round (1 against a float64 reference).
-- `weight_grad_tol` (weight gradients, relative to the largest): each gradient element's own float32 sum over the
+- `logit_tol` (losses, per-class sums): the mean's rounding gamma(rows)·\\|Q\\| and each logit's error
+  (`head_bound`, the head's 1024-term sum, plus the row's log-softmax normalisation) carried by the float64
+  derivative dQ/dz, combined as Higham & Mary's model combines independent roundings (root sum of squares at the
+  same lambda); √2 where ours and the reference both round.
+- `weight_grad_tol` (weight gradients, relative to the largest): each gradient element's own sum over the
   batch and positions, gamma(n)·Σ\\|terms\\| computed from every layer's input and output gradient, with the
   relative error its factors carry in (the longest sum of the network, BN's batch sums of N·H·W).
-- `softmax_tol`, `ce_sums_tol`, `rounded` (k roundings of float32 of the largest value, for quantities
-  that are one or a few operations on exact inputs), `exact` (counts, decisions, copies: 0).
+- `softmax_tol`, `ce_sums_tol`, `rounded` (k roundings of the largest value, for quantities that are one or a few
+  operations on exact inputs), `exact` (counts, decisions, copies: 0).
 - Statistical checks (the code's random draws) use LAMBDA = 6 standard deviations of their sampling law.
 - Two tolerances are measured, with the reason they must be: the K-step attack's spread (below) and the C&W
   search's distances.
 
-The teacher's soft-label logits are checked per element against their float32 bound (measure "max abs diff / its
-float32 bound", tolerance 1), and a one-step element may also go the other way where the exact (float64) forward
-puts a ReLU input or a max-pool's top two within float32's error of a tie (`conformance.routing_ties`): float32 may
-route the gradient either way there, however large it is; a kl step's gradient elements within float32 error of 0
-are told by `conformance.kl_grad`. The checks run on CI twice, the second time with the CPU kernels held to AVX2
-(`.ci/run`).
+The teacher's soft-label logits are checked per element against their bound (measure "max abs diff / its
+bound", tolerance 1), and a one-step element may also go the other way where the exact (float64) forward
+puts a ReLU input or a max-pool's top two within the precision's error of a tie (`conformance.routing_ties`): it
+may route the gradient either way there, however large it is; a kl step's gradient elements within rounding
+error of 0 are told by `conformance.kl_grad`.
 """
 
 
-def rows(checks: list[Check]) -> list[tuple[str, str, str, str]]:
-    """The columns of the table that must not go stale: method, quantity, reference, tolerance (its value, the
-    measure, and how it was derived; a derivation's ``|`` escaped for the Markdown table)."""
-    return [(c.method, c.quantity, c.reference, f"{c.tol.value:.0e} ({c.measure}): {c.tol.how}".replace("|", "\\|"))
-            for c in checks]
+def _tol(c: Check) -> str:
+    """A tolerance cell: its value, the measure, and how it was derived (a derivation's ``|`` escaped)."""
+    return f"{c.tol.value:.0e} ({c.measure}): {c.tol.how}".replace("|", "\\|")
+
+
+def _measured(c: Check) -> str:
+    return f"{c.diff:.1e}" + (f" ({c.detail})" if c.detail else "")
+
+
+def case_checks(name: str) -> tuple[list[Check] | None, list[Check]]:
+    """(float64 checks, or None where the golden file is still float32; float32 smoke checks) of case ``name``,
+    the two lists row for row the same quantities (one list twice for a case of settings: :func:`case`)."""
+    smoke = checks(name, torch.float32)
+    if name in SETTINGS_ONLY:
+        return smoke, smoke
+    try:
+        full = checks(name, torch.float64)
+    except Float32Golden:
+        return None, smoke
+    if [(c.method, c.quantity, c.reference) for c in full] != [(c.method, c.quantity, c.reference) for c in smoke]:
+        raise AssertionError(f"case {name}: its float64 and float32 runs compare different quantities")
+    return full, smoke
+
+
+NO_FLOAT64 = "none: its golden values are still float32 (tests/golden/README.md says which, and why)"
+
+
+def rows(name: str) -> list[tuple[str, str, str, str, str]]:
+    """The columns of case ``name``'s table that must not go stale: method, quantity, reference, the float64
+    tolerance and the float32 smoke tolerance (each: value, measure, how it was derived)."""
+    full, smoke = case_checks(name)
+    return [(c.method, c.quantity, c.reference, NO_FLOAT64 if full is None else _tol(full[i]), _tol(c))
+            for i, c in enumerate(smoke)]
 
 
 def cells(line: str) -> list[str]:
@@ -687,21 +805,39 @@ def cells(line: str) -> list[str]:
     return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
-def render(checks: list[Check], measured_on: str) -> str:
-    lines = [HEADER.format(measured_on=measured_on), "## Checks", "",
-             "| method | quantity | reference | tolerance | measured |", "| --- | --- | --- | --- | --- |"]
-    for (method, quantity, reference, tol), c in zip(rows(checks), checks):
-        detail = f" ({c.detail})" if c.detail else ""
-        lines.append(f"| {method} | {quantity} | `{reference}` | {tol} | {c.diff:.1e}{detail} |")
-    lines += ["", "## Deliberate differences, and the key that switches each", "",
+COLUMNS = ("method", "quantity", "reference", "float64 tolerance", "measured", "float32 smoke tolerance", "measured")
+
+
+def case_table(name: str) -> list[str]:
+    """Case ``name``'s section of docs/conformance.md: a heading naming the case, then its rows."""
+    full, smoke = case_checks(name)
+    lines = [f"### `{name}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for i, (method, quantity, reference, tol64, tol32) in enumerate(rows(name)):
+        got64 = "" if full is None else _measured(full[i])
+        lines.append(f"| {method} | {quantity} | `{reference}` | {tol64} | {got64} | {tol32} | {_measured(smoke[i])} |")
+    return lines + [""]
+
+
+def doc_sections(doc: str) -> dict[str, list[str]]:
+    """Case name -> its section's lines (heading, table, blank line) in the text of docs/conformance.md."""
+    out, current = {}, None
+    for line in doc.splitlines():
+        if line.startswith("## "):
+            current = None
+        head = re.fullmatch(r"### `(.+)`", line)
+        if head:
+            current = out.setdefault(head.group(1), [])
+        if current is not None:
+            current.append(line)
+    return out
+
+
+def render(measured_on: str) -> str:
+    lines = [HEADER.format(measured_on=measured_on), "## Checks", ""]
+    for name in sorted(load_cases()):
+        lines += case_table(name)
+    lines += ["## Deliberate differences, and the key that switches each", "",
               "| method | difference | key |", "| --- | --- | --- |"]
     for d in sorted(DIFFERENCES, key=lambda d: (d.method, d.what)):
         lines.append(f"| {d.method} | {d.what} | `{d.key}` |")
     return "\n".join(lines) + "\n"
-
-
-def all_checks() -> list[Check]:
-    out: list[Check] = []
-    for name in sorted(load_cases()):
-        out += CASES[name]()
-    return out

@@ -8,9 +8,9 @@ import torch
 
 from torch.nn import functional as F
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, ce_sums_tol, differing,
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Tol, case, ce_sums_tol, differing,
                          differs, fixed_start, gamma, golden, head_bound, inputs, logit_tol, max_diff, rel_diff,
-                         rounded, steps_from_code, weight_grad, weight_grad_tol, worst_of)
+                         rounded, steps_from_code, unit, weight_grad, weight_grad_tol, worst_of)
 from fastfair import config
 from fastfair.training import optim
 from fastfair.methods import METHODS
@@ -18,9 +18,9 @@ from fastfair.methods.absld import TEMPERATURES, soft_label_logits
 from fastfair.training.class_state import ClassState
 
 PRESET = "trix-rebuttal-t1-absld"  # the preset that follows the code
-# q = z / tau_adv / tau_nat: two float32 divisions on each side, in either order, each within u |q|
-DIVISIONS = 4 * U32
-BOUND = "max abs diff / its float32 bound"
+# q = z / tau_adv / tau_nat: two divisions on each side, in either order, each within u |q|: DIVISIONS u |q|
+DIVISIONS = 4
+BOUND = "max abs diff / its bound"
 
 differs("ABSLD", "loss value: the code's log(q + 1e-5) in the teacher's entropy term adds a constant of the student "
                  "(the gradient is the same); fastfair's loss is below the code's by it (at most 1e-5)", "(no key)")
@@ -58,7 +58,7 @@ def temperature_tol(updates) -> Tol:
         risk = risk.double()
         gap = risk - risk.mean()
         d = risk_err + 2 * gamma(len(risk)) * float(risk.abs().max())
-        err += rate * 4 * d / float(gap.abs().max()) + 2 * 3 * U32 * max(float(tau.abs().max()), rate)
+        err += rate * 4 * d / float(gap.abs().max()) + 2 * 3 * unit() * max(float(tau.abs().max()), rate)
     return Tol(err, "Σ epochs (rate·4 risk error / max|gap| + 6u·max(|tau|, rate))")
 
 
@@ -111,7 +111,7 @@ def step():
     q_adv, q_nat = m.distil_from(x, y, state)
     # each side's teacher logits within head_bound of the exact ones, then divided by the temperatures (two roundings)
     tau = state["absld_temp_adv"][y] * state["absld_temp_nat"][y]
-    q_bound = head_bound(inp.teacher(), x) / tau[:, None] + DIVISIONS * q_adv.abs()
+    q_bound = head_bound(inp.teacher(), x) / tau[:, None] + DIVISIONS * unit() * q_adv.abs()
     one = dataclasses.replace(m.attack, steps=1)
     worst, detail = steps_from_code(g, lambda: inp.model("train"), one, x, y, state["eps"], state["alpha"],
                                     m.cfg.attack.alpha, reference=q_adv)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from conformance import (REL, U32, Check, TinyNet, Tol, case, differs, exact, golden, inputs, logit_tol, max_diff,
-                         rel_diff, rounded, weight_grad, weight_grad_tol)
+from conformance import (REL, Check, normals, TinyNet, Tol, case, differs, exact, golden, inputs, logit_tol, max_diff,
+                         rel_diff, rounded, unit, weight_grad, weight_grad_tol)
 from conformance_fat import Flip, attack_checks, decode
 from fastfair import config
 from fastfair.data.datasets import DataBundle, split
@@ -22,11 +22,10 @@ from fastfair.training.class_state import ClassState
 def model_at(inp, epoch: int) -> TinyNet:
     """A TinyNet standing for the trained model after ``epoch`` (made-up input of the averaging check): the fixed
     weights moved a little, BN counters advanced."""
-    g = torch.Generator().manual_seed(100 + epoch)
     state = {}
-    for k, v in inp.state.items():
+    for i, (k, v) in enumerate(inp.state.items()):
         if v.is_floating_point():
-            d = 0.05 * torch.randn(v.shape, generator=g)
+            d = 0.05 * normals(1000 * epoch + i, v.shape).to(v.dtype)  # the same on every CPU, in any precision
             state[k] = v + (d.abs() if "running_var" in k else d)
         else:
             state[k] = v + 10 * (epoch + 1)
@@ -71,7 +70,7 @@ def attack_case(prefix: str) -> list[Check]:
     m, state = preset_method(preset)
     ref = g.ref(prefix)
     out = [Check(label, "class-wise eps of the attack", ref, max_diff(state["eps"][y], g.t(f"{prefix}.eps")),
-                 rounded(g.t(f"{prefix}.eps"), 1, "the code's float64 eps held in float32"))]
+                 rounded(g.t(f"{prefix}.eps"), 4, "A_k ×100 and back, + lambda_1, × eps (as eps_k per epoch)"))]
     out += attack_checks(label, ref, m, state, g, prefix, lambda: inp.model("train"), x, y)
     if loss_too:
         x_adv = decode(g.arrays, prefix, x, m.cfg.attack.alpha)[-1]
@@ -125,7 +124,7 @@ def per_class():
         ratio.append(beta / (1 + beta))
         m.end_epoch(state, epoch, stats(robust[epoch]))
     ref = g.ref("per_class")
-    # eps_k = (lambda_1 + A_k) eps from float32 A_k through percent and back (two roundings of A_k <= 1, each
+    # eps_k = (lambda_1 + A_k) eps from A_k through percent and back (two roundings of A_k <= 1, each
     # within u eps_k once times eps), the sum and the product: four of eps_k's size. beta_k likewise (four of
     # beta_k's size), and b / (1 + b) moves by at most b / (1 + b)^2 <= its own size per relative error of b, plus
     # its sum and division: six of the ratio's size.
@@ -168,7 +167,7 @@ def averaging():
     # avg <- d avg + (1 - d) w rounds three times per epoch, each within u of the tensor's largest magnitude, and an
     # epoch's error carries on scaled by d < 1: 3 u per epoch on each side, relative to the tensor's scale (the
     # weights' scale hardly moves over 6 epochs of the made-up models)
-    averaged = Tol(2 * 3 * U32 * len(val), f"2·3u per update, {len(val)} updates")
+    averaged = Tol(2 * 3 * unit() * len(val), f"2·3u per update, {len(val)} updates")
     return [Check("CFA: FAWA", "epochs accepted by the worst-class gate (6 epochs)", ref,
                   float(sum(a != b for a, b in zip(accepted, g.t("fawa_accepted").tolist()))),
                   exact("a decision per epoch from the same accuracies"), "epochs differing"),

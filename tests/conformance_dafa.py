@@ -6,27 +6,27 @@ import math
 
 import torch
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs, fixed_start,
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Tol, case, differing, differs, fixed_start,
                          gamma, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff, rounded, routing_ties,
-                         softmax_tol, step_flips, weight_grad, weight_grad_tol)
+                         softmax_tol, step_flips, unit, weight_grad, weight_grad_tol)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.dafa import SIMILARITY, descend_twice
 
 
 def similarity_weights_tol(logits, y, lam: float, ref, roundings: int) -> Tol:
-    """Both sides' float32 error of DAFA's W (Lee et al. 2024, Alg. 2) from the class similarity of float32
+    """Both sides' rounding error of DAFA's W (Lee et al. 2024, Alg. 2) from the class similarity of
     ``logits`` (a list of (N, C), each an epoch's; the worst) with labels ``y``, against ``ref``: each softmax
     element within p (gamma(C) + 3u + 2u max|z|) of its exact value (the exponent z - max rounds within u of
     its size, the exponential, division and C-term sum as :func:`softmax_tol`); a class's mean of n_c of them
     within gamma(n_c) of it more: the similarity error d. W = 1 + lambda sum over the C - 1 other classes of +-
     a product of two similarities (each <= 1), so W moves by at most lambda 2 (C - 1) d; sqrt(2) for ours and
-    the reference; then ``roundings`` float32 roundings within u of |W| (stored in float32, W eps / eps ...)."""
+    the reference; then ``roundings`` roundings within u of |W| (stored in the state's dtype, W eps / eps ...)."""
     worst = 0.0
     for z in logits:
         z = z.double()
         classes = z.shape[1]
         p = z.softmax(1)
-        err = p * (gamma(classes) + 3 * U32 + 2 * U32 * z.abs().amax(1, keepdim=True))
+        err = p * (gamma(classes) + 3 * unit() + 2 * unit() * z.abs().amax(1, keepdim=True))
         for c in y.unique():
             rows = y == c
             d = gamma(int(rows.sum())) * p[rows].mean(0) + err[rows].mean(0)
@@ -35,10 +35,15 @@ def similarity_weights_tol(logits, y, lam: float, ref, roundings: int) -> Tol:
                f"√2 lambda 2 (C-1)·similarity error + {roundings}u·max|W|")
 
 
-def stored_weights(ref) -> Tol:
-    """A weight computed in float64 and stored in float32: one rounding, within u of it (the summation order,
-    vectorised here and a Python loop in the code, moves the float64 value by ~1e-16 only)."""
-    return rounded(ref, 1, "float64 W stored in float32")
+def stored_weights(ref, lam: float) -> Tol:
+    """W = 1 + lambda sum_j +-p_i(j) p_j(j) from the same similarity on both sides, summed in another order
+    (vectorised here, a Python loop in the code): on each side a C-term sum within gamma(C) of its sum of |terms|,
+    at most 1 + lambda (a row of p sums to 1, p_j(j) <= 1), each product within u of it (Higham & Mary 2019,
+    Thm 3.1); sqrt(2) for both sides, then one rounding to the state's dtype, within u of |W|."""
+    classes = ref.shape[-1]
+    return Tol(math.sqrt(2) * (gamma(classes) + unit()) * (1 + lam) + rounded(ref, 1, "").value,
+               "√2 (gamma(C) + u)(1 + lambda) + u·max|W|: W's C-term sum on each side, stored")
+
 
 differs("DAFA", "exact tie p_i(i) == p_j(j): the code subtracts as the easier class, the paper's Algorithm 2 "
                 "skips the pair (presets: code)", "method.tie_subtracts")
@@ -64,7 +69,7 @@ def set_weights(m, state, w) -> None:
 def end_epoch_weights(sim: torch.Tensor, lam: float, *sets: str) -> torch.Tensor:
     """W fastfair sets after a 1-epoch warm-up whose training adversarial softmax had class similarity ``sim``."""
     m, state = method("dafa-trades", f"method.dafa_lambda={lam}", "method.warmup=1", *sets)
-    m.end_epoch(state, 0, {"statistics": {SIMILARITY: sim.float()}})
+    m.end_epoch(state, 0, {"statistics": {SIMILARITY: sim}})
     return state["dafa_weight"].clone()
 
 
@@ -81,11 +86,13 @@ def weights():
     return [
         Check("DAFA", f"class weights W from {len(sims)} made-up similarity matrices (one with exact diagonal ties) "
                       f"x lambda {lams}, tie_subtracts = true (code)", g.ref(),
-              worst(code, "method.tie_subtracts=true"), stored_weights(code)),
+              worst(code, "method.tie_subtracts=true"), stored_weights(code, max(lams))),
         Check("DAFA", "the same with tie_subtracts = false (paper; equal to the code's where no tie)",
-              paper_ref(g, "paper_weights"), worst(paper, "method.tie_subtracts=false"), stored_weights(paper)),
+              paper_ref(g, "paper_weights"), worst(paper, "method.tie_subtracts=false"),
+              stored_weights(paper, max(lams))),
         Check("DAFA", "the same with clamp_negative = true: the code's W floored at 0 (lambda 3 makes some negative)",
-              g.ref(), worst(code.clamp(min=0), "method.clamp_negative=true"), stored_weights(code)),
+              g.ref(), worst(code.clamp(min=0), "method.clamp_negative=true"),
+              stored_weights(code, max(lams))),
     ]
 
 
@@ -242,6 +249,6 @@ def dafa_at():
         Check("DAFA", "dafa-at second_step = false (paper): x' from the code's start stays within eps_y = W_y eps",
               paper_ref(g, "eps_bound_paper"), max(0.0, float(((x_paper - inp.x[pick]).abs() - eps_y).max())),
               # x +- eps_y rounds within u (1 + eps_y), the difference x' - x within u eps_y
-              Tol(U32 * (1 + 2 * float(eps_y.max())), "u (1 + 2 eps_y): the projection's bound and the difference"),
+              Tol(unit() * (1 + 2 * float(eps_y.max())), "u (1 + 2 eps_y): the projection's bound and the difference"),
               "max excess over eps_y"),
     ]

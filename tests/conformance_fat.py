@@ -2,7 +2,8 @@
 step and from the code's start, the loss and weight gradient of its training step, and the dynamic tau schedule.
 
 Also the attack traces both this module and ``conformance_cfa.py`` read: a golden trace stores the code's start,
-per step the sign of the code's input gradient (2 where it is within float32 noise of zero, :data:`SIGN_NOISE`),
+per step the sign of the code's input gradient (2 where it is within float32 noise of zero, :data:`SIGN_NOISE`, 3
+where within float64's too, :func:`sign_noise`),
 the rows the code moved, and the residual that makes :func:`replay` give back the code's iterates bit for bit
 (the generator asserts it), so a trace is a few hundred KB instead of K full iterates.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from conformance import (FRACTION, K_STEP, LAMBDA, ONE_STEP, REL, SIGN_NOISE, STEPS, U32, Check, case, differing,
-                         exact, fixed_start, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff,
-                         routing_ties, step_flips, weight_grad, weight_grad_tol)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, SIGN_NOISE, STEPS, U32, U64, Check, case,
+                         differing, exact, fixed_start, golden, inputs, kl_grad, logit_tol, max_diff, method, normals,
+                         rel_diff, routing_ties, sign_noise, step_flips, weight_grad, weight_grad_tol, working_dtype)
 from fastfair.attacks.pgd import attack_mode, descend
 from fastfair.methods.fat import tau_at
 
@@ -32,21 +32,24 @@ def replay_step(x_k, x, code, eps, alpha, moved=None, noise=None):
     """The L-inf step the trace's sign code says the code took from x_k (before its residual)."""
     base = x_k if noise is None else x_k + noise
     eps = eps.view(ROW)
-    out = torch.min(torch.max(base + alpha * code.sign().float(), x - eps), x + eps).clamp(0.0, 1.0)
+    out = torch.min(torch.max(base + alpha * code.sign().to(x.dtype), x - eps), x + eps).clamp(0.0, 1.0)
     return out if moved is None else torch.where(moved.view(ROW), out, x_k)
 
 
 def sign_code(grad: torch.Tensor) -> torch.Tensor:
-    """int8 sign of the gradient, doubled where it is within float32 noise of zero (as step_flips judges)."""
+    """int8 sign of the gradient, doubled where it is within float32 noise of zero and tripled where within
+    float64's too (as step_flips judges in each precision)."""
     scale = grad.flatten(1).abs().amax(1).view(ROW)
-    noise = grad.abs() <= SIGN_NOISE * scale
-    return (grad.sign() * torch.where(noise, 2.0, 1.0)).to(torch.int8)
+    level = 1 + (grad.abs() <= SIGN_NOISE * scale).to(grad.dtype) + (grad.abs() <= SIGN_NOISE * U64 / U32 * scale)
+    return (grad.sign() * level).to(torch.int8)
 
 
 def code_grad(code: torch.Tensor) -> torch.Tensor:
-    """A gradient with the code's signs whose near-zero elements are exactly the code's: for step_flips."""
-    c = code.float()
-    return torch.where(c.abs() == 2, c.sign() * SIGN_NOISE / 10, c)
+    """A gradient with the code's signs whose near-zero elements are exactly the code's in the precision: for
+    step_flips."""
+    c = code.to(working_dtype())
+    noise = c.abs() >= (3 if working_dtype() == torch.float64 else 2)
+    return torch.where(noise, c.sign() * sign_noise() / 10, c.sign())
 
 
 def encode(prefix, x, iterates, grads, eps, alpha, moved=None, noise=None) -> dict:
@@ -69,14 +72,17 @@ def encode(prefix, x, iterates, grads, eps, alpha, moved=None, noise=None) -> di
 
 
 def decode(arrays, prefix, x, alpha, noise=None) -> list[torch.Tensor]:
-    """The code's iterates x_0..x_K from a trace."""
+    """The code's iterates x_0..x_K from a trace, replayed in the trace's float64 and handed back in ``x``'s dtype
+    (each rounded once, in a float32 run: a row the code stopped keeps the same point)."""
     t = {k.split(".", 1)[1]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith(prefix + ".")}
+    t = {k: v.double() if v.is_floating_point() else v for k, v in t.items()}
+    x64 = x.double()
     its = [t["start"]]
     for k in range(len(t["codes"])):
         m = t["moved"][k] if "moved" in t else None
-        n = None if noise is None else noise[k]
-        its.append(replay_step(its[-1], x, t["codes"][k], t["eps"], alpha, m, n) + t["residual"][k])
-    return its
+        n = None if noise is None else noise[k].double()
+        its.append(replay_step(its[-1], x64, t["codes"][k], t["eps"], alpha, m, n) + t["residual"][k])
+    return [it.to(x.dtype) for it in its]
 
 
 class Flip(nn.Module):
@@ -156,19 +162,12 @@ def attack_checks(label: str, ref: str, m, state, g, prefix: str, model_fn, x, y
 
 def fat_noise(g, prefix: str) -> torch.Tensor:
     """The unit N(0, I) draws FAT's code added at each step, per row of the whole batch: its torch.randn was
-    served slices of a bank drawn from a seeded generator (row r of the moving rows got row r of the bank's step)."""
+    served slices of a bank of :func:`conformance.normals` (row r of the moving rows got row r of the bank's step)."""
     meta = g.meta["noise"]
-    bank = torch.randn(meta["shape"], generator=torch.Generator().manual_seed(meta["seed"]))
-    # The same uniform draws give each normal by Box-Muller, sqrt(-2 log u1) cos(2 pi u2), whose float32 math
-    # differs by kernel (ATen's vectorised AVX2/AVX-512 normal_fill against its plain one: up to 2.4e-6 measured):
-    # about 8 roundings of u and cos's argument's 2 pi u, times the radius r <= sqrt(2 log 2^24) (u1 >= 2^-24),
-    # per draw and side; the sum of n such errors of either sign within LAMBDA sqrt(n) of one (Higham & Mary 2019).
-    # Another sequence moves the sum by ~sqrt(n) (its standard deviation): 1e4 times more.
-    n = bank.numel()
-    per_draw = 2 * (8 + 2 * math.pi) * U32 * math.sqrt(2 * math.log(2.0 ** 24))
-    assert abs(float(bank.double().sum()) - meta["sum"]) <= LAMBDA * math.sqrt(n) * per_draw, \
-        "torch draws this seed differently now"
+    bank = normals(meta["seed"], meta["shape"])
+    assert float(bank.sum()) == meta["sum"], "numpy draws this seed differently now"
     moved = g.t(f"{prefix}.moved")
+    bank = bank.to(working_dtype())
     out = torch.zeros_like(bank)
     for k in range(len(moved)):
         out[k, moved[k]] = bank[k, :int(moved[k].sum())]

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs,
-                         exact, fixed_start, gamma, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff,
-                         routing_ties, step_flips, weight_grad, weight_grad_tol)
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Tol, case, differing, differs, exact,
+                         fixed_start, gamma, golden, inputs, kl_grad, logit_tol, max_diff, method, rel_diff,
+                         routing_ties, step_flips, unit, weight_grad, weight_grad_tol, working_dtype)
 from fastfair import config
 from fastfair.attacks.pgd import attack_mode, descend
 
@@ -26,14 +26,14 @@ LOSS_EPOCH = 20  # the attack and loss run with the class weights of this (0-bas
 
 
 def multipliers_tol(lams, m) -> Tol:
-    """Both sides' float32 error of the multipliers after each update lam <- normalise(lam + rate gap), summed
+    """Both sides' rounding error of the multipliers after each update lam <- normalise(lam + rate gap), summed
     over the updates (an error carries on unscaled): the gap of two accuracies (a count over 300 on the code's
     side, a percentage on fastfair's) and its product with the rate round within 2u of the rate, the sum within
     u of |lam|, the normalisation's C-term total within gamma(C) of it (a relative error it hands every lam) and
     its quotient and product within 2u of |lam|: (3u + gamma(C)) max|lam| + 2u rate per update and side."""
     lams = lams.double()
     rate = max(2 * m.cfg.method.rate_weight, m.cfg.method.rate_margin)
-    per = [(3 * U32 + gamma(10)) * float(lam.abs().max()) + 2 * U32 * rate for lam in lams]
+    per = [(3 * unit() + gamma(10)) * float(lam.abs().max()) + 2 * unit() * rate for lam in lams]
     return Tol(2 * sum(per), f"2 Σ {len(per)} updates ((3u + gamma(C))·max|lam| + 2u·rate)")
 
 
@@ -43,7 +43,7 @@ def weights_tol(lam_tol: Tol, diffs) -> Tol:
     operations, exp within 1 ulp)."""
     top = float(diffs.double().abs().max())
     factor = float(diffs[:, 2].double().abs().max())
-    return Tol((2 + 2 * factor) * lam_tol.value + 2 * 3 * U32 * top,
+    return Tol((2 + 2 * factor) * lam_tol.value + 2 * 3 * unit() * top,
                "(2 + 2 max eps factor)·multiplier error + 6u·max|w|")
 VAL_PER_CLASS = 300  # data_loader.py: each class's training images 4700:5000 validate
 LABEL = {"frl-rw": "FRL reweight", "frl": "FRL reweight + remargin", "frl-rm": "FRL remargin"}
@@ -135,9 +135,10 @@ def variant_checks(name: str) -> list[Check]:
     eps = g.t("eps").view(-1, 1, 1, 1)
     its = replay(g.t("start"), g.t("signs"), x, eps, g.t("step"))
     k_steps = len(its) - 1
-    noise = torch.from_numpy(np.unpackbits(g.arrays["noise"])[:g.arrays["signs"].size].reshape(g.arrays["signs"].shape))
-    # step_flips reads a gradient only for which elements are float32 noise: the stored mask, as 0 / 1
-    grads = (~noise.bool()).double()
+    # step_flips reads a gradient only for which elements are noise in the precision: the stored mask, as 0 / 1
+    packed = g.arrays["noise64" if working_dtype() == torch.float64 else "noise"]
+    noise = torch.from_numpy(np.unpackbits(packed)[:g.arrays["signs"].size].reshape(g.arrays["signs"].shape))
+    grads = (~noise.bool()).to(working_dtype())
     alpha = m.step_sizes(y, state)
     one = dataclasses.replace(m.attack, steps=1)
     worst = flips = 0

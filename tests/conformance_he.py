@@ -12,9 +12,9 @@ import math
 import torch
 from torch import nn
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs,
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Tol, case, differing, differs,
                          exact, fixed_start, gamma, golden, head_bound, inputs, logit_tol, max_diff, method, rel_diff,
-                         steps_from_code, weight_grad, weight_grad_tol)
+                         steps_from_code, unit, weight_grad, weight_grad_tol)
 from conformance_mart_eval import START, start_law, start_tol
 from fastfair import config
 from fastfair.attacks.names import parse_attack
@@ -178,7 +178,7 @@ def he_train():
     k = 10 * FEATURES
     # The change is lr times the (momentum-summed) gradients, within weight_grad_tol of its scale (taken at the
     # first step; the second's weights differ by one small step), plus the rounding of each parameter's update
-    # w - lr (g + wd w) in float32 (three operations a step, two steps, each side), within u of |w|, which is
+    # w - lr (g + wd w) in the precision (three operations a step, two steps, each side), within u of |w|, which is
     # much larger than the change. The unit rows after: that error, plus their normalisation by a norm of
     # FEATURES squares (within gamma(FEATURES) / 2 relative, on each side) of values up to max|row|.
     m, state = he_method("he_pgd", "data")
@@ -188,7 +188,7 @@ def he_train():
                                net(m, "train"))
     weights = torch.cat([q.detach().flatten() for q in HENet("train", 1.0).parameters()]).double()
     scale = float(want.double().abs().max())
-    change_tol = Tol(grad_tol.value + 2 * 6 * U32 * float(weights.abs().max()) / scale,
+    change_tol = Tol(grad_tol.value + 2 * 6 * unit() * float(weights.abs().max()) / scale,
                      "weight_grad_tol + 12u·max|w| / max|change|")
     rows = float(want[-k:].double().abs().max())
     rows_tol = Tol(change_tol.value * scale + gamma(FEATURES) * rows,

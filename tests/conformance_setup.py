@@ -378,7 +378,7 @@ def run_epoch_order() -> Check:
                  exact("the same float64 rate, read twice"))
 
 
-@case("setup-order")
+@case("setup-order", arithmetic=False)
 def order():
     return [run_epoch_order()]
 
@@ -411,7 +411,7 @@ def configs(*names: str) -> list[str]:
     return out
 
 
-@case("setup-cfa")
+@case("setup-cfa", arithmetic=False)
 def cfa():
     g = golden("setup_cfa")
     label = "setup: CFA code presets"
@@ -424,7 +424,7 @@ differs("setup: CFA code presets", ON_TEST + "; the code saves every model withi
         "the last 5, fastfair the best alone", "train.select")
 
 
-@case("setup-dafa")
+@case("setup-dafa", arithmetic=False)
 def dafa():
     g = golden("setup_dafa")
     label = "setup: DAFA code presets"
@@ -440,7 +440,7 @@ differs("setup: DAFA code presets", "the code trains on all 50,000 images; fastf
         "data.val_per_class")
 
 
-@case("setup-trix")
+@case("setup-trix", arithmetic=False)
 def trix():
     g = golden("setup_trix")
     label = "setup: TRIX code presets"
@@ -459,7 +459,7 @@ differs("setup: TRIX code presets", "the code trains on all 50,000 images; fastf
         "per class for its per-epoch validation", "data.val_per_class")
 
 
-@case("setup-frl")
+@case("setup-frl", arithmetic=False)
 def frl():
     g = golden("setup_frl")
     label = "setup: FRL code presets"
@@ -473,7 +473,7 @@ FRL_PIXELS = ("frlrmrw.py fine-tunes its PreActResNet18 on [0, 1] pixels; fastfa
 differs("setup: FRL code presets", FRL_PIXELS, "train.init_from")
 
 
-@case("setup-wat")
+@case("setup-wat", arithmetic=False)
 def wat():
     g = golden("setup_wat")
     label = "setup: WAT code grids"
@@ -491,7 +491,7 @@ differs("setup: WAT code grids", "the code saves every third epoch (3, ..., 99) 
         "without choosing one; fastfair evaluates the last epoch (100)", "train.select")
 
 
-@case("setup-faal")
+@case("setup-faal", arithmetic=False)
 def faal():
     g = golden("setup_faal")
     label = "setup: FAAL code grid"
@@ -507,7 +507,7 @@ differs("setup: FAAL code grid", "equal scores: the code keeps the later epoch (
         "better average, then the earlier epoch (untested: the made-up results have no ties)", "train.select")
 
 
-@case("setup-he")
+@case("setup-he", arithmetic=False)
 def he():
     """tian-iclr-t5-he says it follows Pang et al.'s PGD-HE code for s and m (and nothing else)."""
     g = golden("setup_he")

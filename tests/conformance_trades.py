@@ -5,15 +5,17 @@ from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, case, di
                          logit_tol, max_diff, method, rel_diff, steps_from_code, weight_grad, weight_grad_tol)
 
 
-def code_loss_checks(label: str, name: str):
+def code_loss_checks(label: str, name: str, *sets: str, constants=None):
     """The checks of a TRADES-style authors' training loss (golden ``name``, fastfair method ``name`` with the
-    code's eps, step, steps and beta): one step from each of the code's x_k, the K-step result from its start,
-    the loss and weight gradient on its x_adv (tolerances: logit_tol, weight_grad_tol). Also returns
-    (method, state, x, y) for a case's own checks."""
+    code's eps, step, steps and beta, then ``sets``): one step from each of the code's x_k, the K-step result from
+    its start, the loss and weight gradient on its x_adv (tolerances: logit_tol, weight_grad_tol). ``constants``:
+    (model, x, x_adv, y) -> the code's loss minus fastfair's from constants only the code has, added to
+    fastfair's loss before both comparisons (float64 resolves them). Also returns (method, state, x, y) for a
+    case's own checks."""
     g, inp = golden(name), inputs()
     s = g.meta["settings"]
     m, state = method(name, f"attack.eps={s['epsilon']}", f"attack.alpha={s['step_size']}",
-                      f"attack.steps={s['perturb_steps']}", f"method.kl_weight={s['beta']}")
+                      f"attack.steps={s['perturb_steps']}", f"method.kl_weight={s['beta']}", *sets)
     n = g.meta["batch"]
     x, y = inp.x[:n], inp.y[:n]
     ref = g.ref()
@@ -23,6 +25,8 @@ def code_loss_checks(label: str, name: str):
         x_adv = m.perturb(inp.model("train"), x, y, state)
     model = inp.model("train")
     loss, _ = m.objective(model, x, g.t("x_adv"), y, state)
+    if constants is not None:
+        loss = loss + constants(model, x, g.t("x_adv"), y)
 
     def exact_loss(net):
         return m.objective(net, x, g.t("x_adv"), y, state)[0]

@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Logged, Tol, case, differing,
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Logged, Tol, case, differing,
                          differs, fixed_start, gamma, golden, inputs, logit_bounds, logit_tol, max_diff, method,
-                         one_steps, rel_diff, weight_grad, weight_grad_tol)
+                         one_steps, rel_diff, unit, weight_grad, weight_grad_tol)
 from fastfair.methods.wat import hedge_weights
 
 K = 10
@@ -44,7 +44,7 @@ def hedge():
         factor = max(factor, max_diff(state["loss_weight"], want[epoch, :K] + want[epoch, K]))
         w, w_avg = hedge_weights(state["wat_cum_loss"], state["wat_cum_avg"][0], m.cfg.method.eta, True)
         split = max(split, max_diff(torch.cat([w, w_avg.reshape(1)]), want[epoch]))
-    # The cumulative costs are float32 sums of up to E epochs' costs, each within gamma(E) of its sum of |terms|;
+    # The cumulative costs are sums of up to E epochs' costs, each within gamma(E) of its sum of |terms|;
     # Hedge's weights softmax(-eta cum) move by at most w 2 eta d for a cost error d, and round as a softmax does
     # (the exponent eta cum within u of its size twice, the exponentials and division 3u, the K+1-term sum
     # gamma(K+1)), each relative to the weight; on each side (sqrt 2). The factor w_y + w_avg: two of them, and the
@@ -52,9 +52,9 @@ def hedge():
     cum = costs.double().abs().cumsum(0)
     top, eta = float(cum.max()), m.cfg.method.eta
     w_top = float(want.abs().max())
-    per = w_top * (2 * eta * gamma(len(costs)) * top + gamma(K + 1) + 3 * U32 + 2 * U32 * eta * top)
+    per = w_top * (2 * eta * gamma(len(costs)) * top + gamma(K + 1) + 3 * unit() + 2 * unit() * eta * top)
     weights_tol = Tol(math.sqrt(2) * per, "√2 max w (2 eta gamma(E)·Σ|costs| + gamma(K+1) + 3u + 2u eta max|cum|)")
-    factor_tol = Tol(2 * weights_tol.value + U32 * 2 * w_top, "2 × the weights' bound + u·max|w_y + w_avg|")
+    factor_tol = Tol(2 * weights_tol.value + unit() * 2 * w_top, "2 × the weights' bound + u·max|w_y + w_avg|")
     return [
         Check("WAT", f"class factor w_y + w_avg after each of {len(costs)} epochs of made-up validation costs", ref,
               factor, factor_tol),
@@ -97,7 +97,7 @@ def validate():
         return torch.cat([per_class, per_class.sum().reshape(1)])
 
     exact_sums = sums(Logged(inputs().model("eval"))).detach()
-    share = float((logit_bounds(sums, inputs().model("eval")) / exact_sums).max()) + 2 * U32
+    share = float((logit_bounds(sums, inputs().model("eval")) / exact_sums).max()) + 2 * unit()
 
     def cost_tol(costs) -> Tol:
         return Tol(share * float(costs.abs().max()), "max (logit_bounds / sum) of the class sums·max|cost| + 2u")

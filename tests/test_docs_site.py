@@ -86,3 +86,42 @@ def test_the_cli_page_names_every_option_of_eval_and_train():
         section = page.split(f"## `fastfair {name}`", 1)[1].split("\n## ", 1)[0]
         options = [o for p in root.commands[name].params if not hooks.is_argument(p) for o in p.opts]
         assert len(options) > 10 and all(f"`{o}`" in section for o in options)
+
+
+def _cells(line: str) -> int:
+    """How many cells a Markdown table row has: a backslash escapes the next character (an escaped backslash
+    before a pipe leaves the pipe a separator), every other pipe separates."""
+    seps, escaped = 0, False
+    for ch in line.strip().strip("|"):
+        seps += ch == "|" and not escaped
+        escaped = ch == "\\" and not escaped
+    return seps + 1
+
+
+def _tables(page: str) -> list[list[str]]:
+    """The Markdown tables of ``page``, each as its lines (header, separator, rows)."""
+    out, current = [], None
+    for line in page.splitlines():
+        if line.startswith("|"):
+            if current is None:
+                current = []
+                out.append(current)
+            current.append(line)
+        else:
+            current = None
+    return out
+
+
+def test_every_generated_table_row_has_its_header_s_columns():
+    """A '|' inside a cell (a tolerance's formula, |terms|) is escaped once, so no row of a generated method or
+    option page has more cells than its header; a twice-escaped pipe split 278 cells of the conformance tables."""
+    pages = {**{f"method {n}": hooks.method_page(n) for n in METHODS},
+             **{f"option {n}": hooks.option_page(n) for n in OPTIONS}}
+    bad, tables = [], 0
+    for where, page in pages.items():
+        for table in _tables(page):
+            tables += 1
+            width = _cells(table[0])
+            bad += [f"{where}: {line[:80]}" for line in table[1:] if _cells(line) != width]
+    assert tables > len(pages) and not bad, "\n".join(bad[:10])
+    assert any("Σ\\|terms\\|" in page for page in pages.values())  # the formulas are there, escaped once

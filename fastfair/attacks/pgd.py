@@ -57,11 +57,12 @@ def attack_mode(model: nn.Module, bn_mode: str):
 
 
 def per_class(value, num_classes: int, device, key: str = "attack.eps") -> torch.Tensor:
-    """A radius or step (a float, or one per class) as a float32 ``(C,)`` tensor on ``device``; a value given as
+    """A radius or step (a float, or one per class) as a ``(C,)`` tensor of torch's default dtype (float32; the
+    float64 conformance checks set float64) on ``device``; a value given as
     Python numbers is checked as the config key ``key`` is (attack.eps, attack.alpha, eval.eps: within [0, 1])."""
     if not isinstance(value, torch.Tensor):  # a tensor is the caller's (a training step's vector: no host read)
         value = rules.check(key, value, float, rules.IMAGE_RANGE, per_class=True)
-    t = torch.as_tensor(value, dtype=torch.float32, device=device)
+    t = torch.as_tensor(value, dtype=torch.get_default_dtype(), device=device)
     if t.dim() == 0:
         return t.expand(num_classes).contiguous()
     if t.shape != (num_classes,):

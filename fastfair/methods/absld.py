@@ -33,6 +33,7 @@ import torch
 from fastfair.errors import UserError
 from fastfair.methods import teacher
 from fastfair.methods.base import METHODS, Method
+from fastfair.ops.losses import widened
 from fastfair.schema import Key, Tune
 
 SCALINGS = ("product", "separate")
@@ -44,17 +45,17 @@ def temperature_update(tau: torch.Tensor, risk: torch.Tensor, rate: float, low: 
     """clip(tau - rate (L - mean L) / max |L - mean L|, low, high) (ABSLD code, the epoch loop's "update temp").
 
     Where every class has the same risk the code divides 0 by 0 and its temperatures become NaN; here they stay."""
-    gap = risk.float() - risk.float().mean()
+    gap = widened(risk) - widened(risk).mean()
     scale = gap.abs().max()
     if scale == 0:
         return tau.clone()
-    return (tau.float() - rate * gap / scale).clamp(low, high)
+    return (widened(tau) - rate * gap / scale).clamp(low, high)
 
 
 def soft_label_logits(z_teacher: torch.Tensor, tau_adv: torch.Tensor, tau_nat: torch.Tensor,
                       scaling: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits of q_adv, of q_nat): the teacher's logits over each row's class temperatures (module docstring)."""
-    z = z_teacher.float()
+    z = widened(z_teacher)
     if scaling == "product":
         both = z / tau_adv[:, None] / tau_nat[:, None]
         return both, both

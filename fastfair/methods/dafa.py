@@ -57,7 +57,7 @@ def dafa_weights(p: torch.Tensor, lam: float, tie_subtracts: bool = True) -> tor
     easier = ((d[:, None] >= d[None, :]) if tie_subtracts else (d[:, None] > d[None, :])) & off
     gain = (harder * p * d[None, :]).sum(1)  # sum_j p_i(j) p_j(j) over the easier classes j
     loss = (easier * p.T * d[:, None]).sum(1)  # sum_j p_j(i) p_i(i) over the harder classes j
-    return (1.0 + lam * (gain - loss)).float()
+    return (1.0 + lam * (gain - loss)).to(torch.get_default_dtype())  # float32, float64 in the float64 checks
 
 
 class DAFA(Method):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fastfair.errors import UserError
-from fastfair.ops.losses import label_mask
+from fastfair.ops.losses import label_mask, widened
 from fastfair.registry import Registry
 from fastfair.methods.options import Option, register
 from fastfair.models.heads import WEIGHT_NORMS
@@ -81,7 +81,7 @@ def _lis(cfg, epoch, head):
 def _cmp(cfg, epoch, head):
     m = cfg.he
     with torch.no_grad():
-        w = torch.nn.functional.normalize(head.weight.float(), dim=1)
+        w = torch.nn.functional.normalize(widened(head.weight), dim=1)
         gram = (w @ w.T).cpu().numpy().astype(np.float64)  # once per epoch, outside the step
     return cmp_scale(cmp_target(epoch, m.pmax_start, m.pmax_end, m.pmax_epoch), gram)
 

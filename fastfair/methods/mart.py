@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fastfair.methods.base import CODE_PGD10, METHODS, Method
-from fastfair.ops.losses import label_mask
+from fastfair.ops.losses import label_mask, widened
 from fastfair.schema import Key, Tune
 
 
@@ -14,7 +14,7 @@ def boosted_margin(z_adv: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     Wang et al. 2020, Sec. 3.3; code's 1.0001.
     """
-    p = F.softmax(z_adv.float(), dim=1)
+    p = F.softmax(widened(z_adv), dim=1)
     other = p.masked_fill(label_mask(y, p.shape[1]), -1.0).amax(dim=1)
     return -torch.log(1.0001 - other + 1e-12)
 
@@ -32,7 +32,8 @@ class MART(Method):
 
     def loss(self, model, x, x_adv, y, state):
         z_nat, z_adv = model(x), model(x_adv)
-        # 1 - p_y(x) keeps its gradient, as in MART's code (1.0000001 there; the 1e-7 is below fp32 noise here).
-        p_true = F.softmax(z_nat.float(), dim=1).gather(1, y[:, None]).squeeze(1)
+        # 1 - p_y(x) keeps its gradient, as in MART's code (1.0000001 there; the 1e-7 is below fp32 noise here:
+        # tests/conformance_mart_eval.py adds it, and the code's 1e-12 in its KL, to compare in float64).
+        p_true = F.softmax(widened(z_nat), dim=1).gather(1, y[:, None]).squeeze(1)
         rows = self.ops.row_loss(z_nat, z_adv, y, ce_adv=1.0, kl=self.cfg.method.kl_weight * (1.0 - p_true))
         return rows + boosted_margin(z_adv, y), z_adv

@@ -113,5 +113,6 @@ def train_counts(state: ClassState, who: str) -> torch.Tensor:
 
 
 def train_robust_fraction(stats: dict, state: ClassState) -> torch.Tensor:
-    """A_k of the finished epoch as a (C,) device tensor in [0, 1] (CFA Sec. 4.1: train robust accuracy)."""
-    return torch.tensor(stats["train_acc_per_class"], dtype=torch.float32, device=state.device) / 100.0
+    """A_k of the finished epoch as a (C,) device tensor in [0, 1] (CFA Sec. 4.1: train robust accuracy), in torch's
+    default dtype as the state's vectors are."""
+    return torch.tensor(stats["train_acc_per_class"], dtype=torch.get_default_dtype(), device=state.device) / 100.0

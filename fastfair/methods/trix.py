@@ -33,15 +33,16 @@ from fastfair.attacks.pgd import attack_mode
 from fastfair.methods.base import CODE_PGD10, METHODS
 from fastfair.methods.dafa import DAFATrades, dafa_weights
 from fastfair.methods.trades import TRADES_ATTACK
+from fastfair.ops.losses import widened
 from fastfair.schema import Key
 
 
 def batch_similarity(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(C, C) row k: mean softmax of z over the batch's class-k rows; zeros for absent classes (TRIX code
     ``calculate_class_weights_from_clean``)."""
-    p = z.detach().float().softmax(1)
-    sums = torch.zeros(num_classes, num_classes, device=z.device).index_add_(0, y, p)
-    counts = torch.zeros(num_classes, device=z.device).index_add_(0, y, torch.ones_like(y, dtype=torch.float32))
+    p = widened(z.detach()).softmax(1)
+    sums = torch.zeros(num_classes, num_classes, device=z.device, dtype=p.dtype).index_add_(0, y, p)
+    counts = torch.zeros(num_classes, device=z.device, dtype=p.dtype).index_add_(0, y, torch.ones_like(p[:, 0]))
     return sums / counts.clamp(min=1)[:, None]
 
 

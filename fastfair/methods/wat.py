@@ -48,6 +48,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.methods.base import CODE_PGD10, METHODS
 from fastfair.methods.trades import TRADES
+from fastfair.ops.losses import widened
 from fastfair.scaleout import distributed
 from fastfair.schema import Key, Tune
 
@@ -62,9 +63,9 @@ def hedge_weights(cum_loss: torch.Tensor, cum_avg: float | torch.Tensor, eta: fl
     Exponential weights of the cumulative validation losses S: Hedge started from uniform weights
     (WAT code: ``class_factor = exp(eta sum_t cost_t)``, weights = K class_factor / sum)."""
     k = cum_loss.shape[0]
-    entries = cum_loss.float()
+    entries = widened(cum_loss)
     if average_expert:
-        entries = torch.cat([entries, torch.as_tensor(cum_avg, dtype=torch.float32).reshape(1)])
+        entries = torch.cat([entries, torch.as_tensor(cum_avg, dtype=entries.dtype).reshape(1)])
     w = k * torch.softmax(eta * entries, dim=0)  # softmax: exp(eta S) / sum, without overflow
     if average_expert:
         return w[:k], w[k]
@@ -107,7 +108,7 @@ class WAT(TRADES):
     def _loss_sums(self, model, x, x_adv, y, state, sums, counts):
         z_nat, z_adv = model(x), model(x_adv)
         rows = self.ops.row_loss(z_nat, z_adv, y, ce_nat=1.0, kl=state["kl_weight"][y])
-        sums.index_add_(0, y, rows.float())
+        sums.index_add_(0, y, widened(rows))
         counts.index_add_(0, y, torch.ones_like(rows))
 
     def validation_pass(self, model: nn.Module, loader, state, epoch: int) -> dict:

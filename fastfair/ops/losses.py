@@ -18,6 +18,12 @@ import torch.nn.functional as F
 Weight = float | torch.Tensor
 
 
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is a narrower float (bf16 or fp16 logits under autocast), else as it is: the loss
+    maths runs in float32 at least, and a float64 model's (the conformance checks') stays float64."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def label_mask(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(N, C) bool one-hot of ``y``; unlike ``F.one_hot`` no range check, which reads y on the host (a sync)."""
     return torch.arange(num_classes, device=y.device) == y[:, None]
@@ -25,7 +31,7 @@ def label_mask(y: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 def cross_entropy(z: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     """Per-row CE against q = (1 - a) onehot(y) + a / C (Szegedy et al. 2016, Eq. in Sec. 7; ME paper Sec. 3.1)."""
-    logp = F.log_softmax(z.float(), dim=1)
+    logp = F.log_softmax(widened(z), dim=1)
     nll = -logp.gather(1, y[:, None]).squeeze(1)
     if smoothing == 0.0:
         return nll
@@ -34,20 +40,20 @@ def cross_entropy(z: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> t
 
 def entropy(z: torch.Tensor) -> torch.Tensor:
     """Per-row H(p) = -sum_i p_i log p_i of p = softmax(z) (ME paper Sec. 3.2.1, ME learning)."""
-    logp = F.log_softmax(z.float(), dim=1)
+    logp = F.log_softmax(widened(z), dim=1)
     return -(logp.exp() * logp).sum(dim=1)
 
 
 def trades_kl(z_nat: torch.Tensor, z_adv: torch.Tensor) -> torch.Tensor:
     """Per-row KL(p(x) || p(x')) = sum_i p_i(x) (log p_i(x) - log p_i(x')) (TRADES, Zhang et al. 2019, Eq. 5)."""
-    logp_nat = F.log_softmax(z_nat.float(), dim=1)
-    logp_adv = F.log_softmax(z_adv.float(), dim=1)
+    logp_nat = F.log_softmax(widened(z_nat), dim=1)
+    logp_adv = F.log_softmax(widened(z_adv), dim=1)
     return (logp_nat.exp() * (logp_nat - logp_adv)).sum(dim=1)
 
 
 def cw_margin(z: torch.Tensor, y: torch.Tensor, kappa: float = math.inf) -> torch.Tensor:
     """Per-row min(max_{j != y} z_j - z_y, kappa), the CW-inf margin (Carlini & Wagner 2017, Eq. f_6)."""
-    z = z.float()
+    z = widened(z)
     z_y = z.gather(1, y[:, None]).squeeze(1)
     others = z.masked_fill(label_mask(y, z.shape[1]), -math.inf)
     return (others.amax(dim=1) - z_y).clamp(max=kappa)
@@ -106,14 +112,14 @@ def row_loss(
 
     (the entropy weights are *subtracted*: ME-AT/ME-TRADES maximise entropy). Label smoothing
     applies to both CE terms. Terms whose weight is the float 0 (or not given) are skipped, so an
-    unused logits argument may be ``None``. Computed in fp32 whatever the input dtype. An unknown
+    unused logits argument may be ``None``. Computed in fp32 at least (:func:`widened`). An unknown
     weight name raises ``TypeError``.
     """
     check_weight_names(weights)
     out = torch.zeros(y.shape[0], device=y.device, dtype=torch.float32)
     if temperature != 1.0:
-        z_nat = None if z_nat is None else z_nat.float() / temperature
-        z_adv = None if z_adv is None else z_adv.float() / temperature
+        z_nat = None if z_nat is None else widened(z_nat) / temperature
+        z_adv = None if z_adv is None else widened(z_adv) / temperature
     logits = {"nat": z_nat, "adv": z_adv}
     for term in TERMS:
         weight = weights.get(term.name, 0.0)

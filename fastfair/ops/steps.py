@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
+from fastfair.ops.losses import widened
 
 INITS = ("uniform", "uniform_unclipped", "normal", "normal_clipped", "none")
 
@@ -15,11 +16,11 @@ INITS = ("uniform", "uniform_unclipped", "normal", "normal_clipped", "none")
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
     """x' <- clip_[0,1](clip_[x-eps_y, x+eps_y](x' + alpha_y sign(g))) (Madry et al. 2018, Eq. 2)."""
     shape = (-1,) + (1,) * (x.dim() - 1)
-    eps = eps_c[y].view(shape).float()
-    alpha = alpha_c[y].view(shape).float()
-    step = x_adv.float() + alpha * grad.float().sign()
-    x32 = x.float()
-    out = torch.minimum(torch.maximum(step, x32 - eps), x32 + eps).clamp(0.0, 1.0)
+    eps = widened(eps_c[y].view(shape))
+    alpha = widened(alpha_c[y].view(shape))
+    step = widened(x_adv) + alpha * widened(grad).sign()
+    x_wide = widened(x)
+    out = torch.minimum(torch.maximum(step, x_wide - eps), x_wide + eps).clamp(0.0, 1.0)
     return out.to(x_adv.dtype)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
+from fastfair.ops.losses import widened
 from fastfair.registry import Registry
 
 
@@ -52,8 +53,8 @@ class SoftmaxByClass(Statistic):
                      "n": torch.zeros(num_classes, device=device)}
 
     def update(self, logits, y):
-        self.sums["p"].index_add_(0, y, logits.detach().float().softmax(1))
-        self.sums["n"].index_add_(0, y, torch.ones_like(y, dtype=torch.float32))
+        self.sums["p"].index_add_(0, y, widened(logits.detach()).softmax(1))
+        self.sums["n"].index_add_(0, y, torch.ones_like(y, dtype=self.sums["n"].dtype))
 
     def value(self, sums):
         return sums["p"] / sums["n"].clamp(min=1)[:, None]
@@ -68,7 +69,7 @@ class CESumByClass(Statistic):
         self.sums = {"ce": torch.zeros(num_classes, device=device)}
 
     def update(self, logits, y):
-        ce = torch.nn.functional.cross_entropy(logits.detach().float(), y, reduction="none")
+        ce = torch.nn.functional.cross_entropy(widened(logits.detach()), y, reduction="none")
         self.sums["ce"].index_add_(0, y, ce)
 
     def value(self, sums):
@@ -105,7 +106,8 @@ class ClassState:
         self.add_vector("loss_weight", 1.0)  # per-class loss weights: ones unless an option adds a factor
 
     def _per_class(self, name: str, value) -> torch.Tensor:
-        t = torch.as_tensor(value, dtype=torch.float32, device=self.device)
+        # torch's default dtype: float32, float64 in the float64 conformance checks (tests/conformance.py)
+        t = torch.as_tensor(value, dtype=torch.get_default_dtype(), device=self.device)
         t = (t.expand(self.num_classes) if t.dim() == 0 else t).clone()
         if t.shape != (self.num_classes,):
             raise UserError(f"per-class vector {name!r} needs {self.num_classes} values (one per class), "
@@ -138,7 +140,8 @@ class ClassState:
 
     def set(self, name: str, value) -> None:
         """Set a base or a factor; the vectors it enters are recomputed."""
-        self._named()[name].copy_(torch.as_tensor(value, dtype=torch.float32))
+        target = self._named()[name]
+        target.copy_(torch.as_tensor(value, dtype=target.dtype))
         self.refresh()
 
     def refresh(self) -> None:

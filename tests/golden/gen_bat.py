@@ -26,6 +26,7 @@ from record import BATCH, Capture, load_function
 
 REPO = "silvercherry/Improving-Robust-Fairness-via-Balance-Adversarial-Training"
 PINNED = "9bcee67aedeea64cd5c3790e88d292f7dafe8a8f"
+FLOAT64 = []  # its code casts nothing the float64 run does not cover
 # train.py's argparse defaults the step reads; tau 1 of the first adversarial example is train.py line 106's
 SETTINGS = {"epsilon": 0.031, "num_steps": 10, "step_size": 0.007, "beta": 6.0, "log_interval": 100}
 ATTACKS = {"lastclean": "stop_to_lastclean", "firstadv": "stop_to_firstadv"}

@@ -18,6 +18,7 @@ from conformance import Recorder
 
 REPO = "rucy74/DAFA"
 PINNED = "c60ba8352d712c6108480a2ce7e7fa7abf30b48a"
+FLOAT64 = []  # utils.py, losses.py and train.py's loop cast nothing the float64 run does not cover
 # arguments.py defaults / scripts/trades_dafa.sh
 SETTINGS = {"epsilon": 0.031, "pgd_step_size": 0.007, "pgd_num_steps": 10, "beta": 6.0, "n_class": 10}
 LAMBDAS = [0.5, 1.0, 1.5, 3.0]  # code --dafa_lambda: CIFAR-10 1.0, CIFAR-100 / STL-10 1.5; 3.0 drives a W below 0
@@ -67,14 +68,15 @@ def paper_weights(s, lam):
 
 
 def made_up_epochs(rng, epochs, n, classes=10):
-    """(labels (n,), logits (epochs, n, C) float32): every class present; class k's own logit is raised by a
-    class- and epoch-dependent margin, so the per-class similarity differs between classes and epochs."""
+    """(labels (n,), logits (epochs, n, C): float32 values held in float64): every class present; class k's own
+    logit is raised by a class- and epoch-dependent margin, so the per-class similarity differs between classes and
+    epochs."""
     y = np.arange(n) % classes
     rng.shuffle(y)
     margin = rng.uniform(0.0, 3.0, (epochs, classes))
     z = rng.normal(0.0, 1.5, (epochs, n, classes))
     z[:, np.arange(n), y] += margin[:, y]
-    return y.astype(np.int64), z.astype(np.float32)
+    return y.astype(np.int64), z.astype(np.float32).astype(np.float64)
 
 
 def run_training_loop(train_py: Path, calculate_class_weights, loss_name: str, y, logits, batches, loop) -> np.ndarray:
@@ -156,13 +158,13 @@ def attack_golden(loss_fn, inp, weights, loss_name, step_rows, pick):
             "x_adv": x_adv.numpy(), "step_iterates": np.stack([t[step_rows].numpy() for t in its]),
             "step_grads": np.stack([g[step_rows].numpy() for g in rec.grads]),
             "loss": loss.detach().numpy(), "weight_grad": torch.cat([g.flatten() for g in grad]).numpy(),
-            "stored_probs": memory["probs"].astype(np.float32)}
+            "stored_probs": np.asarray(memory["probs"])}
 
 
 def row_weighted_trades(inp, pick, x_adv, w, beta):
     """Paper Algorithm 1 read as W_y times the whole TRADES row, in float64 (no code has it): mean_i W_{y_i}
     (CE(f(x_i), y_i) + beta KL(p(x_i) || p(x'_i))), train-mode forwards x then x'."""
-    model = inp.model("train", torch.float64)
+    model = inp.model("train").double()
     x, y = inp.x[pick].double(), inp.y[pick]
     z_nat, z_adv = model(x), model(torch.from_numpy(x_adv).double())
     logp_nat, logp_adv = z_nat.log_softmax(1), z_adv.log_softmax(1)

@@ -7,6 +7,7 @@ from record import BATCH, STEP_IMAGES, load_function, script_namespace
 
 REPO = "yaodongyu/TRADES"
 PINNED = "6e8e11b7c281371c2f027ffadfbaea80361f09de"
+FLOAT64 = []  # its torch.FloatTensor start noise stays a float32 draw, added to float64 x in float64
 SETTINGS = {"epsilon": 0.031, "num_steps": 20, "step_size": 0.003, "random": True}  # the script's defaults
 
 

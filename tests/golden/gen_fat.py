@@ -4,8 +4,9 @@ and CE loss) on the fixed inputs, and FAT.py's ``adjust_tau``.
 FAT.py is a script (argparse and data loading at the top level): its functions ``train`` and ``adjust_tau``
 are taken from the file's syntax tree and run in a namespace holding what they use (``args`` as FAT.py's
 defaults, its ``earlystop``), a one-batch loader and an optimizer whose ``step`` records the gradients.
-The code's step noise ``omega * torch.randn(shape)`` is served, for the run, from a bank drawn from a
-seeded generator: the draw at step k gives the first rows of the bank's step k, one per moving row in order.
+The code's step noise ``omega * torch.randn(shape)`` is served, for the run, from a bank of seeded draws
+(``conformance.normals``, the same on every CPU): the draw at step k gives the first rows of the bank's step k,
+one per moving row in order.
 """
 import argparse
 import ast
@@ -17,12 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from conformance import Recorder
+from conformance import Recorder, normals
 from conformance_fat import Flip, encode
 from record import Capture
 
 REPO = "zjfheart/Friendly-Adversarial-Training"
 PINNED = "80a064074891775146bca8c4d8a6b99c1499285a"
+FLOAT64 = ["the step noise omega * torch.randn served from a bank of float32 draws (conformance.normals), held in "
+           "float64"]
 # FAT.py's argparse defaults (CIFAR-10); rand_init True, randominit_type and loss_fn as its train() passes them
 SETTINGS = {"epsilon": 0.031, "num_steps": 10, "step_size": 0.007, "omega": 0.001, "rand_init": True, "tau": 0,
             "dynamictau": True}
@@ -60,7 +63,7 @@ def generate(path, inp):
     ns = functions(path / "FAT.py", {"train", "adjust_tau"},
                    {"args": args, "earlystop": earlystop.earlystop, "nn": nn, "datetime": datetime, "torch": torch})
     K, eps, alpha = SETTINGS["num_steps"], SETTINGS["epsilon"], SETTINGS["step_size"]
-    bank = torch.randn((K, BATCH, *x.shape[1:]), generator=torch.Generator().manual_seed(SEED))
+    bank = normals(SEED, (K, BATCH, *x.shape[1:])).to(x.dtype)  # the same on every CPU (conformance.normals)
     arrays = {}
     runs = [(f"tau{t}", t, inp.model("train"), y) for t in TAUS]
     runs += [(f"flip{t}", t, Flip(SETTINGS["step_size"]), torch.zeros_like(y)) for t in FLIP_TAUS]
@@ -107,7 +110,7 @@ def generate(path, inp):
         arrays.update(encode(prefix, x, full, grads, torch.full((BATCH,), eps), alpha, moved,
                              SETTINGS["omega"] * noise))
         if loss_sum is not None:
-            arrays[f"{prefix}.loss"] = np.float32(loss_sum)
+            arrays[f"{prefix}.loss"] = np.float64(loss_sum)
             arrays[f"{prefix}.weight_grad"] = opt.grad.numpy()
         print(f"FAT {prefix}: steps taken per row {moved.sum(0).tolist()}")
     epochs = 120  # FAT.py: --epochs 120; its loop calls adjust_tau(epoch + 1, args.dynamictau)

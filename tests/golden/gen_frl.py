@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from conformance import SIGN_NOISE, Recorder
+from conformance import SIGN_NOISE, U32, U64, Recorder
 from conformance_frl import EPOCHS, LOSS_EPOCH, VAL_PER_CLASS, batch, replay
 
 REPO = "hannxu123/fair_robust"
 PINNED = "a80547def881cb4ca99b50e7544f997f9a0210a7"
+FLOAT64 = []  # match_weight's torch.tensor(label == i, dtype=torch.float) masks: make.py's FLOAT64_RUN
 
 # variant -> (module, script, settings overridden on the script's defaults)
 VARIANTS = {"frl-rw": ("utils_frl", "frlrw.py", {}),
@@ -168,7 +169,9 @@ def run_step(mod, s: dict, inp, diffs):
     assert all(torch.equal(a, b) for a, b in zip(replayed, its + [x_adv])), "replay differs from the code's iterates"
     scale = torch.stack([g.flatten(1).abs().amax(1) for g in grads]).view(len(grads), -1, 1, 1, 1)
     noise = torch.stack(grads).abs() <= SIGN_NOISE * scale
+    noise64 = torch.stack(grads).abs() <= SIGN_NOISE * U64 / U32 * scale
     return {"start": its[0].numpy(), "signs": signs.numpy(), "noise": np.packbits(noise.numpy()),
+            "noise64": np.packbits(noise64.numpy()),
             "eps": eps.flatten().numpy(), "step": step.numpy(), "loss": losses[-1].numpy(),
             "weight_grad": opt.grads.numpy(), "weights": torch.stack([w0, w1, w2]).numpy()}
 

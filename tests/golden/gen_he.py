@@ -18,6 +18,7 @@ from record import BATCH, STEP_IMAGES, load_function, script_namespace, steps_re
 
 REPO = "ShawnXYang/AT_HE"
 PINNED = "dad6a41bb170bba94f9818e7ba891163143c3e10"
+FLOAT64 = []  # the AT_HE code casts nothing the float64 run does not cover
 # train_adv_cifar10.py defaults (epsilon, step size, steps); s and m of the README's commands:
 # `--loss=pgd_he --s=10.0 --m=0.2`, `--loss=trades_he --beta=6.0 --s=15.0 --m=0.2`
 ATTACK = {"epsilon": 0.031, "step_size": 0.007, "perturb_steps": 10}

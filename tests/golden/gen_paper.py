@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+FLOAT64 = []  # every equation is evaluated in float64 already
 REPO = None  # no public code: the references are the papers' equations
 PINNED = None
 
@@ -22,6 +23,7 @@ C = 10
 EPS_I, ALPHA_I = 8, 2  # x_adv: 5 CE sign steps of 2/255 in the 8/255 ball, all in integer units of 1/255
 POOL_TIE = 2e-6  # float32 rounding of a 27-term conv sum + BN: <= ~27 x 6e-8 of the layer's largest activation
 SIGN_NOISE = 1e-4  # conformance.SIGN_NOISE: a gradient element this small (of its sample's max) has no sure sign
+SIGN_NOISE64 = SIGN_NOISE * 2.0 ** -29  # conformance.sign_noise() in float64: the same sums at float64's unit
 
 SETTINGS = {
     "me_at": {"beta": 0.5},  # ME paper Table 3, ME-AT (beta = 0.5)
@@ -60,7 +62,8 @@ SOURCES = {
     "cmp.target": f"{TIAN_ICLR}, App. G, Eq. 6",
     "cmp.scale": f"{TIAN_ICLR}, App. G, Eq. 3 and 6: s with max_l S(s W~^T W~_l)_l = P^max_n (bisection)",
     "tpgd.p_true": f"{TIAN_KDD}, Eq. 3: S(f(x)/T)_y at the fixed point",
-    "tpgd.direction": f"{TIAN_KDD}, Eq. 3-4 (ICLR sub. Eq. 1-2): sign grad_x CE(S(f(x)/T), y); +-2: noise",
+    "tpgd.direction": f"{TIAN_KDD}, Eq. 3-4 (ICLR sub. Eq. 1-2): sign grad_x CE(S(f(x)/T), y); "
+                      "+-2: float32 noise, +-3: float64 noise too",
     "grad_keep": "samples without a max-pool near-tie in the train-mode forwards of x and x_adv (the weight "
                  "gradients are of sum_i keep_i rows_i / N)",
     "tpgd.pool_tie": "samples with a max-pool window whose top two inputs are within 2e-6 of the layer's largest "
@@ -124,12 +127,12 @@ def cosine_logits(features, weight, s):
 
 def nets(inp):
     """A fresh float64 TinyNet per use: a train-mode forward moves BN's running statistics."""
-    return lambda mode="train": inp.model(mode, dtype=torch.float64)
+    return lambda mode="train": inp.model(mode).double()
 
 
 def wgrad(loss, params):
     grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.flatten() for g in grads]).numpy().astype(np.float32)  # float32 keeps the file small
+    return torch.cat([g.flatten() for g in grads]).numpy()
 
 
 def fixed_point(net, x_u8, y):
@@ -283,8 +286,9 @@ def _generate(inp):
         zt = m(xk) * inv_t
         (g,) = torch.autograd.grad(ce(zt, y).sum(), xk)
         scale = g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)
-        noise = g.abs() <= SIGN_NOISE * scale
-        dirs.append((g.sign() * torch.where(noise, 2.0, 1.0)).to(torch.int8).numpy())
+        # 1, 2 where float32 has no sure sign, 3 where float64 has none either
+        level = 1.0 + (g.abs() <= SIGN_NOISE * scale).double() + (g.abs() <= SIGN_NOISE64 * scale).double()
+        dirs.append((g.sign() * level).to(torch.int8).numpy())
         ptrue.append(log_softmax(zt.detach()).exp().gather(1, y[:, None]).squeeze(1).numpy())
     out["tpgd.direction"] = np.stack(dirs)
     out["tpgd.pool_tie"] = pool_ties(m, xa)

@@ -2,15 +2,16 @@
 
 Attacks that run with the model in eval mode treat every image on its own (the batch-mean loss only
 scales each gradient by 1/N), so the per-step record of the first ``STEP_IMAGES`` images checks the step
-rule, and each gradient is kept as its sign and a mask of its float32-noise elements: golden files stay
-at a few hundred KB. Losses and weight gradients (train-mode BN) use the first ``BATCH`` images.
+rule, and each gradient is kept over its image's largest magnitude in float32 (its sign, and whether it lies
+within float64's or float32's sign noise of zero): golden files stay small. Losses and weight gradients (train-mode
+BN) use the first ``BATCH`` images.
 """
 import ast
 
 import numpy as np
 import torch
 
-from conformance import SIGN_NOISE, Recorder
+from conformance import Recorder
 
 BATCH, STEP_IMAGES = 16, 2
 
@@ -47,13 +48,13 @@ def script_namespace(**globals_):
 
 
 def steps_record(iterates, grads):
-    """The per-step record of the first STEP_IMAGES images: iterates (float32), each gradient's
-    sign (int8) and its elements within float32 noise of zero (conformance.SIGN_NOISE of the image's max)."""
+    """The per-step record of the first STEP_IMAGES images: iterates, and each gradient over its image's largest
+    magnitude in float32 (its sign, and whether it lies within a precision's sign noise of zero: conformance's
+    ``sign_noise``, 2e-13 of that in float64)."""
     its = torch.stack(iterates)[:, :STEP_IMAGES]
     g = torch.stack(grads)[:, :STEP_IMAGES]
     scale = g.flatten(2).abs().amax(2)[:, :, None, None, None]
-    return {"step_iterates": its.numpy(), "step_grad_sign": g.sign().to(torch.int8).numpy(),
-            "step_grad_noise": (g.abs() <= SIGN_NOISE * scale).numpy()}
+    return {"step_iterates": its.numpy(), "step_grad": (g / scale).to(torch.float32).numpy()}
 
 
 class Capture:
@@ -73,8 +74,9 @@ class Capture:
 
 
 def unit(g: torch.Tensor) -> np.ndarray:
-    """Gradients over each sample's largest magnitude, float16: what step_flips needs (sign, relative size)."""
-    return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float16)
+    """Gradients over each sample's largest magnitude, float32: what step_flips needs (sign, relative size, down to
+    float64's sign noise of 2e-13, which float16 would flush to zero)."""
+    return (g / g.flatten(1).abs().amax(1).view(-1, 1, 1, 1)).numpy().astype(np.float32)
 
 
 def training_loss_record(loss_fn, inp, settings: dict, x_adv_back: int) -> dict:
