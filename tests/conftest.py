@@ -13,8 +13,9 @@
    the presets under test are the ones beside the tests.
 4. After the run, one line counts the tests skipped for want of the real data subsets and says
    where they go (``helpers.real_data``).
-5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
-   ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
+5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow; each test's
+   CPU seconds are measured, a test outside the slow tier over ``fast_loop.TEST_LIMIT_S`` fails the session, and
+   ``--cpu-times FILE`` records them, from which that list is made (``fast_loop``).
 6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
    cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
    kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
@@ -81,9 +82,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if config.getoption("--cpu-times"):
-        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times"), fast_loop.read_slow()),
-                                      "fastfair-cpu-times")
+    """5. Each test's CPU seconds: the session fails when one outside the slow tier is over budget."""
+    config.pluginmanager.register(fast_loop.CpuTimes(fast_loop.read_slow(), config.getoption("--cpu-times")),
+                                  "fastfair-cpu-times")
 
 
 COLLECTED = pytest.StashKey[list]()  # every item collected, before -m or -k leaves any out (test_fast_loop)
