@@ -24,6 +24,9 @@
 7. Whatever a test does to torch's thread count is undone after it, so the count of 6. holds for every test of a
    worker: a helper that left two threads behind made the next test's training in that worker more than ten times
    slower (a 78 s fixture past 15 minutes), the way a CI run went past its 90 minutes.
+8. OpenMP's waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``, as every fastfair command sets it): on the loaded
+   2-core machine the README's demo trained at 8-16 images/s with spinning threads and 300-400 with sleeping ones,
+   the same numbers either way (issue 57, item 4).
 """
 import importlib.abc
 import importlib.util
@@ -32,7 +35,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# 8. OpenMP's idle threads sleep rather than spin (unless the caller chose): set before torch starts its OpenMP
+# runtime, and inherited by every process a test starts
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 import fast_loop
 
