@@ -90,7 +90,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     """5. Each test's CPU seconds: the session fails when one outside the slow tier is over budget."""
-    config.pluginmanager.register(fast_loop.CpuTimes(fast_loop.read_slow(), config.getoption("--cpu-times")),
+    config.pluginmanager.register(fast_loop.CpuTimes(fast_loop.read_slow(), config.getoption("--cpu-times"),
+                                                     controller=not hasattr(config, "workerinput")),
                                   "fastfair-cpu-times")
 
 

@@ -76,8 +76,8 @@ def _burn_suite(tmp_path: Path) -> Path:
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport fast_loop\n\n"
         "def pytest_configure(config):\n"
         "    config.addinivalue_line('markers', 'slow: slow')\n"
-        "    config.pluginmanager.register(fast_loop.CpuTimes(set(), config.getoption('--basetemp') and None, "
-        "limit=0.3), 'budget')\n")
+        "    config.pluginmanager.register(fast_loop.CpuTimes(set(), limit=0.3, "
+        "controller=not hasattr(config, 'workerinput')), 'budget')\n")
     (tmp_path / "test_burn.py").write_text(
         "import time\nimport pytest\n\n"
         "def burn(s):\n    t = time.process_time()\n    while time.process_time() - t < s:\n        pass\n\n"
