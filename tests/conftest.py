@@ -17,8 +17,9 @@
    README's command on the ``test`` extra alone) the latter tests' node ids go to FILE, for the second leg to run once
    the extras are in; a skip that names an extra's package without its install line fails that run, as such a test
    would be run by neither leg.
-5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow, and
-   ``--cpu-times FILE`` records each test's CPU seconds, from which that list is made (``fast_loop``).
+5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow; each test's
+   CPU seconds are measured, a test outside the slow tier over ``fast_loop.TEST_LIMIT_S`` fails the session, and
+   ``--cpu-times FILE`` records them, from which that list is made (``fast_loop``).
 6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
    cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
    kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
@@ -27,6 +28,9 @@
 7. Whatever a test does to torch's thread count is undone after it, so the count of 6. holds for every test of a
    worker: a helper that left two threads behind made the next test's training in that worker more than ten times
    slower (a 78 s fixture past 15 minutes), the way a CI run went past its 90 minutes.
+8. OpenMP's waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``, as every fastfair command sets it): on the loaded
+   2-core machine the README's demo trained at 8-16 images/s with spinning threads and 300-400 with sleeping ones,
+   the same numbers either way (issue 57, item 4).
 """
 import importlib.abc
 import importlib.util
@@ -36,7 +40,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# 8. OpenMP's idle threads sleep rather than spin (unless the caller chose): set before torch starts its OpenMP
+# runtime, and inherited by every process a test starts
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 import fast_loop
 
@@ -86,9 +94,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if config.getoption("--cpu-times"):
-        config.pluginmanager.register(fast_loop.CpuTimes(config.getoption("--cpu-times"), fast_loop.read_slow()),
-                                      "fastfair-cpu-times")
+    """5. Each test's CPU seconds: the session fails when one outside the slow tier is over budget."""
+    config.pluginmanager.register(fast_loop.CpuTimes(fast_loop.read_slow(), config.getoption("--cpu-times"),
+                                                     controller=not hasattr(config, "workerinput")),
+                                  "fastfair-cpu-times")
 
 
 COLLECTED = pytest.StashKey[list]()  # every item collected, before -m or -k leaves any out (test_fast_loop)

@@ -1,11 +1,14 @@
-"""Trained models for the evaluation and report tests, built once per test process and cached.
+"""Trained models for the evaluation and report tests, built once per test run and cached.
 
 Plain cached functions rather than conftest fixtures, so several test files share one training run
-without touching the shared conftest.
+without touching the shared conftest. The digits run is trained once for the whole run, whichever xdist worker
+asks first (the others wait on its lock, then read it): its users read it or copy it, never write into it.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
 import tempfile
 from pathlib import Path
 
@@ -33,14 +36,30 @@ def _train(out: Path, sets: list[str], flags: dict):
     return cfg
 
 
+def _shared(name: str) -> Path:
+    """A folder every worker of this pytest run sees under one name (xdist gives its workers one run id)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    folder = Path(tempfile.gettempdir()) / f"fastfair-tests-{run_id}" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @functools.lru_cache(maxsize=1)
 def digits_run():
-    """(run dir, config): tiny-cnn, PGD-AT on scikit-learn's digits, 4 epochs at eps 0.1."""
-    out = Path(tempfile.mkdtemp(prefix="fastfair-digits-")) / "run"
-    cfg = _train(out, ["attack.eps=0.1", "attack.alpha=0.025", "attack.steps=5", "eval.eps=0.1", "eval.alpha=0.01",
-                       "train.lr=0.05", "train.lr_milestones=[3]", "data.batch_size=64", "eval.attacks=['clean']"],
-                 {"method.name": "pgd-at", "data.dataset": "digits", "model.name": "tiny-cnn", "train.epochs": 4})
-    return out, cfg
+    """(run dir, config): tiny-cnn, PGD-AT on scikit-learn's digits, 4 epochs at eps 0.1; trained once a test run."""
+    from fastfair import config
+
+    sets = ["attack.eps=0.1", "attack.alpha=0.025", "attack.steps=5", "eval.eps=0.1", "eval.alpha=0.01",
+            "train.lr=0.05", "train.lr_milestones=[3]", "data.batch_size=64", "eval.attacks=['clean']"]
+    flags = {"method.name": "pgd-at", "data.dataset": "digits", "model.name": "tiny-cnn", "train.epochs": 4}
+    folder = _shared("digits")
+    out, done = folder / "run", folder / "done"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker trains; the others wait here, then find it done
+        if not done.is_file():
+            _train(out, sets, flags)
+            done.touch()
+    return out, config.resolve(None, flags, ["train.progress=false", "train.device='cpu'", *sets])
 
 
 def cifar_npz(folder: Path, train: int = 30, test: int = 8) -> Path:

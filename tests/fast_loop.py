@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 SLOW_LIST = Path(__file__).with_name("slow.txt")
 
 
@@ -49,53 +51,90 @@ def stale(listed: set[str], collected: set[str]) -> set[str]:
     return {nodeid for nodeid in listed if _file(nodeid) in files and nodeid not in collected}
 
 
+TEST_LIMIT_S = 30.0  # issue 57: no test outside the slow tier may take more CPU seconds than this
+SLOW_FROM_S = TEST_LIMIT_S / 2  # choose() lists every test dearer than this: a 2x margin below the limit
+
+
 class CpuTimes:
-    """A pytest plugin appending ``{"test", "cpu_s", "wall_s", "marked"}`` per test to a JSON-lines file (one file
-    per xdist worker, ``FILE.<worker>``, joined by :func:`read_record`); ``marked``: slow by its own file's marker,
-    so out of the loop whatever the list says."""
+    """A pytest plugin that measures each test's CPU seconds (setup, call and teardown; the process's own, all its
+    threads, and its finished child processes') where it runs, carries them to the controlling process on the
+    teardown report (``user_properties``, which xdist sends along), and there
 
-    def __init__(self, path: str, listed: set[str]):
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
-        self.path = Path(f"{path}.{worker}" if worker else path)
-        self.path.unlink(missing_ok=True)
-        self.listed = listed
+    - fails the session, naming them, when a test outside the slow tier took more than :data:`TEST_LIMIT_S`
+      (CPU seconds, not wall time: the load of a shared machine does not move them, a 2x slower CPU does, hence
+      :data:`SLOW_FROM_S`'s margin), so the suite's budget holds as tests are added;
+    - with ``record``, appends ``{"test", "cpu_s", "wall_s", "marked"}`` per test to that JSON-lines file
+      (``marked``: slow by its own file's marker, so out of the loop whatever the list says)."""
 
-    def pytest_runtest_protocol(self, item, nextitem):
-        # os.times(): user and system seconds of this process (all its threads) and of its waited-for children
-        before = os.times()
-        yield
-        after = os.times()
-        cpu = sum(after[:4]) - sum(before[:4])
-        with self.path.open("a") as f:
-            f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu, 3),
-                                "wall_s": round(after.elapsed - before.elapsed, 3),
-                                "marked": bool(item.get_closest_marker("slow")) and item.nodeid not in self.listed})
-                    + "\n")
+    def __init__(self, listed: set[str], record: str | None = None, limit: float = TEST_LIMIT_S,
+                 controller: bool = True):
+        self.listed, self.limit, self.over = listed, limit, []
+        self.record = Path(record) if record else None
+        self.controller = controller  # False in an xdist worker: the controller judges and records
+        if self.record and self.controller:
+            self.record.unlink(missing_ok=True)
+
+    @pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+    def pytest_runtest_setup(self, item):
+        item.stash[_STARTED] = os.times()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        if call.when == "teardown" and _STARTED in item.stash:
+            before, after = item.stash[_STARTED], os.times()
+            report.user_properties.append(
+                ("cpu_s", (round(sum(after[:4]) - sum(before[:4]), 3), round(after.elapsed - before.elapsed, 3))))
+        return report
+
+    def pytest_runtest_logreport(self, report):
+        if not self.controller or report.when != "teardown":
+            return
+        cpu, wall = dict(report.user_properties).get("cpu_s", (None, None))
+        if cpu is None:
+            return
+        slow = "slow" in report.keywords
+        if cpu > self.limit and not slow:
+            self.over.append((report.nodeid, cpu))
+        if self.record:
+            with self.record.open("a") as f:
+                f.write(json.dumps({"test": report.nodeid, "cpu_s": cpu, "wall_s": wall,
+                                    "marked": slow and report.nodeid not in self.listed}) + "\n")
+
+    def pytest_sessionfinish(self, session):
+        if self.over and session.exitstatus == 0:
+            session.exitstatus = 1  # pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for nodeid, cpu in sorted(self.over, key=lambda o: -o[1]):
+            terminalreporter.write_line(
+                f"fastfair: {nodeid} took {cpu:.1f} CPU s, over the {self.limit:.0f} s a test outside the slow tier "
+                "may take: make it cheaper, or mark it slow (@pytest.mark.slow, or regenerate tests/slow.txt: "
+                "tests/fast_loop.py)", red=True)
 
 
-CpuTimes.pytest_runtest_protocol.hookwrapper = True  # pytest reads the attribute (no pytest import here)
+_STARTED = pytest.StashKey[os.times_result]()
 
 
 def read_record(path: Path) -> tuple[dict[str, float], set[str]]:
-    """({node id: CPU seconds}, the ids marked slow in their files) from ``path`` and its per-worker files
-    ``path.gwN``."""
-    files = [path] if path.is_file() else sorted(path.parent.glob(f"{path.name}.gw*"))
-    if not files:
-        raise SystemExit(f"no record at {path} or {path}.gw*: run pytest with --cpu-times {path}")
-    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    """({node id: CPU seconds}, the ids marked slow in their files) from the record at ``path``."""
+    if not path.is_file():
+        raise SystemExit(f"no record at {path}: run pytest with --cpu-times {path}")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
     return {r["test"]: r["cpu_s"] for r in records}, {r["test"] for r in records if r["marked"]}
 
 
 def choose(cpu: dict[str, float], budget: float, marked: set[str] = frozenset()) -> list[str]:
-    """The tests to list as slow: the dearest first, until the loop's CPU seconds fit ``budget``. Tests ``marked``
-    slow in their files are out of the loop already; a file's last test in the loop is never taken, so every test
-    file keeps at least one test there (its cheapest)."""
+    """The tests to list as slow: every one dearer than :data:`SLOW_FROM_S`, then the dearest first until the loop's
+    CPU seconds fit ``budget``. Tests ``marked`` slow in their files are out of the loop already; a file's last test
+    in the loop is never taken, so every test file keeps at least one test there (its cheapest: if that one is
+    over :data:`TEST_LIMIT_S`, the session's check names it)."""
     left: dict[str, int] = {}
     for nodeid in cpu.keys() - marked:
         left[_file(nodeid)] = left.get(_file(nodeid), 0) + 1
     total, slow = sum(cpu[n] for n in cpu.keys() - marked), []
     for nodeid in sorted(cpu.keys() - marked, key=lambda n: (-cpu[n], n)):
-        if total <= budget:
+        if total <= budget and cpu[nodeid] <= SLOW_FROM_S:
             break
         if left[_file(nodeid)] > 1:
             left[_file(nodeid)] -= 1

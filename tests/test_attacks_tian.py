@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from evalreport_helpers import digits_run
-from test_cli import fastfair
 
 from fastfair.attacks.cwinf import CWInf, margin
 from fastfair.attacks.nattack import NAttack, log_prob_margin
@@ -146,35 +145,42 @@ def test_python_api_checks_the_substitute_before_any_attack():
     assert "substitute_weights" in result.record and result.avg("transfer:pgd5") >= 0
 
 
-def test_cli_transfer_and_its_errors(tmp_path):
+def test_cli_transfer_and_its_errors(tmp_path, capsys):
+    """The CLI as a user types it, in this process (the process boundary is not what is tested): a transfer, C&W
+    L-inf and NATTACK evaluation of a run with itself as the substitute, and the three mistakes refused."""
+    from fastfair import cli
+
     run = tmp_path / "run"
     shutil.copytree(digits_run()[0], run)  # its own copy: this result's settings differ from the shared run's
-    done = fastfair("eval", str(run), "--attacks", "clean,transfer:pgd5,cwinf20/3,nattack5/3", "--substitute",
-                    str(run), "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert cli.main(["eval", str(run), "--attacks", "clean,transfer:pgd5,cwinf5/1,nattack2/1", "--substitute",
+                     str(run), "--quiet"]) == 0, capsys.readouterr().err
     record = json.loads(next((run / "eval").glob("*-test.json")).read_text())
     results = record["results"]
     assert record["substitute"].endswith(".pt") and len(record["substitute_weights"]) == 64
-    assert results["cwinf20/3"]["images"] == results["nattack5/3"]["images"] == 30  # 3 of each of 10 digits
+    assert results["cwinf5/1"]["images"] == results["nattack2/1"]["images"] == 10  # 1 of each of 10 digits
     assert results["transfer:pgd5"]["per_class"] and "images" not in results["transfer:pgd5"]
+    capsys.readouterr()
     for args, said in [(["--attacks", "transfer:pgd5"], "substitute"),
                        (["--attacks", "pgd5", "--substitute", str(run)], "only by transfer"),
                        (["--attacks", "transfer:pgd5", "--substitute", str(tmp_path / "nope.pt")], "no checkpoint")]:
-        done = fastfair("eval", str(run), *args, "--quiet")
-        assert done.returncode != 0 and done.stderr.strip().splitlines()[-1].startswith("fastfair: error:"), done.stderr
-        assert said in done.stderr
-    assert "nattack" in fastfair("eval", "--help").stdout and "--substitute" in fastfair("eval", "--help").stdout
+        assert cli.main(["eval", str(run), *args, "--quiet"]) != 0
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1].startswith("fastfair: error:") and said in err, err
+    assert cli.main(["eval", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "nattack" in shown and "--substitute" in shown
 
 
-def test_train_evaluates_transfer_on_the_configs_substitute_and_refuses_a_missing_one(tmp_path):
+def test_train_evaluates_transfer_on_the_configs_substitute_and_refuses_a_missing_one(tmp_path, capsys):
+    from fastfair import cli
+
     sub, _ = digits_run()
     quick = ["train", "--config", "demo", "--epochs", "1", "--quiet", "--set", "model.width=4", "--set",
-             "attack.steps=1"]
-    done = fastfair(*quick, "--out", str(tmp_path / "no-sub"), "--set", "eval.attacks=['clean','transfer:pgd3']")
-    assert done.returncode != 0 and "eval.substitute" in done.stderr and not (tmp_path / "no-sub").exists()
-    done = fastfair(*quick, "--out", str(tmp_path / "run"), "--set", "eval.attacks=['clean','transfer:pgd3']",
-                    "--set", f"eval.substitute='{sub}'")
-    assert done.returncode == 0, done.stderr
+             "attack.steps=1", "--set", "eval.attacks=['clean','transfer:pgd3']"]
+    assert cli.main([*quick, "--out", str(tmp_path / "no-sub")]) != 0
+    assert "eval.substitute" in capsys.readouterr().err and not (tmp_path / "no-sub").exists()
+    assert cli.main([*quick, "--out", str(tmp_path / "run"), "--set", f"eval.substitute='{sub}'"]) == 0, \
+        capsys.readouterr().err
     record = json.loads(next((tmp_path / "run" / "eval").glob("*-test.json")).read_text())
     assert record["substitute"].startswith(str(sub)) and record["results"]["transfer:pgd3"]["per_class"]
 

@@ -11,7 +11,7 @@ from fastfair.reproduce.command import listing, reproduce
 from fastfair.rundir import RunDir
 from fastfair.scaleout.grid import prepare
 
-from helpers import CIFAR_SUBSET, real_data
+from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
 
 PAPER = '[paper]\nsource = "benz"\nrow = "R"\nfollows = "paper"\nselection = "last"\n'
 
@@ -67,7 +67,7 @@ def test_a_section_end_to_end_at_subset_scale(tmp_path):
         (folder / name).symlink_to(CIFAR_SUBSET.parent / name)
     out, lines = tmp_path / "s31", []
     assert reproduce("benz-s31-datasets", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
-                     sets=["train.epochs=1", "model.width=4", "data.train_per_class=20"], echo=lines.append) == 0
+                     sets=TINY_SUBSET, echo=lines.append) == 0
     assert sum("not run at this scale" in line for line in lines) == 6
     md = (out / "benz-s31-datasets.md").read_text()
     assert "**No paper numbers: a protocol.**" in md and "verdict" not in md

@@ -47,7 +47,7 @@ def test_stale_ids_are_those_of_collected_files_only():
 
 
 def test_choose_takes_the_dearest_until_the_rest_fits_and_keeps_a_test_of_every_file(tmp_path):
-    cpu = {"tests/test_a.py::big": 50.0, "tests/test_a.py::mid": 20.0, "tests/test_a.py::small": 1.0,
+    cpu = {"tests/test_a.py::big": 14.0, "tests/test_a.py::mid": 12.0, "tests/test_a.py::small": 1.0,
            "tests/test_b.py::only": 40.0, "tests/test_c.py::one": 5.0, "tests/test_c.py::two": 6.0,
            "tests/test_d.py::marked": 90.0, "tests/test_d.py::kept": 2.0}
     marked = {"tests/test_d.py::marked"}  # slow by its file's own marker: out of the loop already
@@ -55,13 +55,48 @@ def test_choose_takes_the_dearest_until_the_rest_fits_and_keeps_a_test_of_every_
     assert fast_loop.choose(cpu, 1000, marked) == []
     # test_b's only test stays though it is dear; test_c keeps its cheaper test, test_d its one unmarked test
     assert fast_loop.choose(cpu, 0, marked) == ["tests/test_a.py::big", "tests/test_a.py::mid", "tests/test_c.py::two"]
+    # a test dearer than SLOW_FROM_S is listed whatever the budget
+    assert fast_loop.choose({**cpu, "tests/test_c.py::dear": fast_loop.SLOW_FROM_S + 1}, 1000, marked) == \
+        ["tests/test_c.py::dear"]
     record = tmp_path / "cpu.jsonl"
-    for worker, names in (("gw0", list(cpu)[:3]), ("gw1", list(cpu)[3:])):
-        Path(f"{record}.{worker}").write_text("".join(
-            json.dumps({"test": n, "cpu_s": cpu[n], "wall_s": 1.0, "marked": n in marked}) + "\n" for n in names))
+    record.write_text("".join(json.dumps({"test": n, "cpu_s": cpu[n], "wall_s": 1.0, "marked": n in marked}) + "\n"
+                              for n in cpu))
     assert fast_loop.read_record(record) == (cpu, marked)
     out = tmp_path / "slow.txt"
     fast_loop.write_list(fast_loop.choose(cpu, 60, marked), cpu, 60, marked, out)
     assert fast_loop.read_slow(out) == {"tests/test_a.py::big", "tests/test_a.py::mid"}
     assert "1 marked slow in their files take 90 s" in out.read_text() and "the loop 54 s (budget 60 s)" in \
         out.read_text()
+
+
+def _burn_suite(tmp_path: Path) -> Path:
+    """A tiny suite whose conftest registers the budget check at 0.3 CPU s: one test over it, one marked slow over
+    it, one under it."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport fast_loop\n\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'slow: slow')\n"
+        "    config.pluginmanager.register(fast_loop.CpuTimes(set(), limit=0.3, "
+        "controller=not hasattr(config, 'workerinput')), 'budget')\n")
+    (tmp_path / "test_burn.py").write_text(
+        "import time\nimport pytest\n\n"
+        "def burn(s):\n    t = time.process_time()\n    while time.process_time() - t < s:\n        pass\n\n"
+        "def test_over():\n    burn(0.6)\n\n"
+        "@pytest.mark.slow\ndef test_slow_over():\n    burn(0.6)\n\n"
+        "def test_under():\n    pass\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_test_outside_the_slow_tier_over_its_cpu_budget_fails_the_session_by_name(tmp_path, workers):
+    import subprocess
+    import sys
+
+    suite = _burn_suite(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(suite)],
+                          cwd=suite, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "3 passed" in out  # every test passed: the budget alone failed the session
+    over = [line for line in out.splitlines() if line.startswith("fastfair: ")]
+    assert len(over) == 1 and "test_burn.py::test_over took" in over[0] and "mark it slow" in over[0], out

@@ -21,7 +21,7 @@ from fastfair.reproduce.figures import registry, tian_iclr
 from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.runs import plan
 
-from helpers import CIFAR_SUBSET, real_data
+from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
 
 C10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 DIGITS = [str(k) for k in range(10)]
@@ -333,7 +333,7 @@ def test_fig8_end_to_end_at_subset_scale(tmp_path):
     real_data()
     out, said = tmp_path / "f8", []
     assert reproduce("tian-iclr-f8", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=1,
-                     sets=["train.epochs=1", "model.width=4"], echo=said.append) == 0
+                     sets=TINY_SUBSET, echo=said.append) == 0
     run = out / "runs" / f"{tian_iclr.HOMING_BASE}-s0"
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["val"]["pgd20"]["per_class"]  # Fig. 1's
     assert list((run / "diagnostics").glob("*-test-pgd20.json"))

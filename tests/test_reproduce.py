@@ -19,7 +19,7 @@ from fastfair.reproduce.verdict import DEFAULT_TOLERANCE, NOT_COMPARABLE, compar
 from fastfair.rundir import RunDir
 from fastfair.preset_files import preset_names
 
-from helpers import CIFAR10, CIFAR_SUBSET, real_data
+from helpers import CIFAR10, CIFAR_SUBSET, TINY_SUBSET, real_data
 
 
 @pytest.mark.parametrize("preset", [p for p in preset_names() if p != "demo"])
@@ -161,7 +161,7 @@ def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
     real_data()
     out = tmp_path / "t2"
     assert reproduce("tian-iclr-t2", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu",
-                     per_gpu=2, sets=["train.epochs=1", "model.width=4"], echo=lambda line: None) == 0
+                     per_gpu=2, sets=TINY_SUBSET, echo=lambda line: None) == 0
     md = (out / "tian-iclr-t2.md").read_text()
     for attack in ("fgsmrs", "pgd20", "cwinf/200", "transfer:pgd20", "nattack/200", "tpgd20@t0.142857"):
         rows = [line for line in md.splitlines() if f"| `tian-iclr-t2-mart` | {attack} |" in line]
@@ -206,7 +206,7 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     real_data()
     out, lines = tmp_path / "t5", []
     args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=3,
-                sets=["train.epochs=1", "model.width=4"], echo=lines.append)
+                sets=TINY_SUBSET, echo=lines.append)
     assert reproduce("tian-iclr-t5", **args) == 0
     md = (out / "tian-iclr-t5.md").read_text()
     assert md.startswith("# Reproduce: Tian et al. (ICLR 2021 submission), Table 5\n")
@@ -235,7 +235,7 @@ def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
     assert ckpt.stat().st_mtime_ns == before
     # other settings for runs already started are refused before anything runs
     with pytest.raises(UserError, match=r"started with other settings: .*tian-iclr-t5-he-s0 \(model.width\)"):
-        reproduce("tian-iclr-t5", **{**args, "sets": ["train.epochs=1", "model.width=8"]})
+        reproduce("tian-iclr-t5", **{**args, "sets": [s.replace("width=4", "width=8") for s in TINY_SUBSET]})
 
 
 def test_frl_rows_run_after_and_start_from_the_row_they_fine_tune(tmp_path):
@@ -412,7 +412,7 @@ def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_
     out = tmp_path / "t5"
     lines = []
     assert reproduce("tian-kdd-t5", scale="subset", data_dir=str(folder), out=str(out), gpus="cpu", per_gpu=2,
-                     sets=["train.epochs=1", "model.width=4"], echo=lines.append) == 0
+                     sets=TINY_SUBSET, echo=lines.append) == 0
     assert sum("not run at this scale" in line for line in lines) == 8
     md = (out / "tian-kdd-t5.md").read_text()
     for preset, attack in [("cifar10-madry", "pgd20"), ("cifar10-standard", "clean"), ("mnist-madry", "pgd40"),

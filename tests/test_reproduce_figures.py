@@ -12,7 +12,7 @@ from fastfair.reproduce.figures import registry
 from fastfair.reproduce.figures.registry import FigureSpec
 from fastfair.reproduce.runs import SUBSET_VAL_PER_CLASS
 
-from helpers import CIFAR_SUBSET, real_data
+from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
 
 
 def test_keys_of_items_and_panels():
@@ -121,7 +121,7 @@ def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     out, said = tmp_path / "f3", []
     args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out="f3", gpus="cpu", per_gpu=2,
-                sets=["train.epochs=1", "model.width=4"], echo=said.append)
+                sets=TINY_SUBSET, echo=said.append)
     assert reproduce("me-f3", **args) == 0
     assert seen["presets"] == ["me-fig3-single-at-car", "me-fig3-single-at-cat"] and seen["seeds"] == [1, 1]
     assert seen["classes"][3] == "cat" and seen["history"] == 1
