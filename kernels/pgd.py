@@ -16,7 +16,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from fastfair.ops import steps
+# The reference ops by name from their module: the fastfair.ops package's triton backend imports this package, so
+# reading the package here would close an import cycle (tests/test_imports.py).
+from fastfair.ops.steps import pgd_step as reference_pgd_step
+from fastfair.ops.steps import random_start as reference_random_start
 
 from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
                                       launcher)
@@ -146,7 +149,7 @@ keep_opaque_when_interpreting(random_start_op)
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
     """Drop-in for :func:`fastfair.ops.steps.pgd_step` (Triton where it can launch)."""
     if not can_launch(x_adv) or x_adv.dim() == 0:
-        return steps.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
+        return reference_pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
     return pgd_step_op(x_adv, grad, x, y, eps_c, alpha_c)
 
 
@@ -157,6 +160,6 @@ def random_start(x, y, eps_c, kind: str):
     makes runs reproducible (the numbers differ from the reference's, their law does not).
     """
     if kind not in ("uniform", "normal") or not can_launch(x) or x.dim() == 0:
-        return steps.random_start(x, y, eps_c, kind)
+        return reference_random_start(x, y, eps_c, kind)
     seed = torch.randint(0, 2**62, (1,), device=x.device, dtype=torch.int64)
     return random_start_op(x, y, eps_c, seed, kind == "normal")
