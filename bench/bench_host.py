@@ -1,7 +1,7 @@
 """Where the host's time goes in fastfair's default training step.
 
 The first GPU lease found the default step host-bound: 46.8 ms per step on an H200 against about 10 ms of
-GPU work, for the 2,436 launches bench/gpu_codegen.py counts in its generated code. This bench splits
+GPU work, for the 2,436 launches bench/lease/gpu_codegen.py counts in its generated code. This bench splits
 that host time. It profiles ``--steps`` steps (after ``--warmup``) with torch.profiler and gives every
 microsecond of host time to the innermost profiled region it was spent in (each event's self time):
 

@@ -27,7 +27,7 @@ from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_
 # Launch config, per program: BLOCK elements over WARPS warps, 4 per thread (one 128-bit load per
 # thread and tensor in fp32). The register budget is what binds: at N = 512 CIFAR images the grid
 # is N x 6 = 3072 programs of 128 threads, 16 per SM (the SM's 2048 threads, A100 and H100 alike),
-# and 65536 registers / 2048 threads = 32 per thread (bench/kernels_aot.py's one-wave ceiling).
+# and 65536 registers / 2048 threads = 32 per thread (bench/lease/kernels_aot.py's one-wave ceiling).
 # At BLOCK 1024 (8 per thread) ptxas used 34 registers for the uniform start (fp32, sm_80) and 39
 # for the normal one, above the 32 that grid (1536 programs, 15 per A100 SM) allows, and spilled
 # 4 B in the normal start in bf16; at 512 the starts use 30-32 and the step 21-28, no spills, on

@@ -100,14 +100,14 @@ def test_eval_smoke(tmp_path):
 
 def test_bf16_check_smoke(tmp_path):
     subset = real_data()
-    smoke("check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset))
+    smoke("investigations/check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset))
     record, md = results(tmp_path, "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
     assert "within noise" in md or "OUTSIDE noise" in md
 
 
 def test_stop_vote_smoke(tmp_path):
-    smoke("bench_stop_vote.py", tmp_path)
+    smoke("investigations/bench_stop_vote.py", tmp_path)
     record, md = results(tmp_path, "stop-vote")
     rows = {(r["what"], r["step_ms"]): r for r in record["rows"]}
     assert rows[("now (blocking vote)", None)]["us_per_call"] > 0
@@ -117,7 +117,7 @@ def test_stop_vote_smoke(tmp_path):
 
 
 def test_cpu_layout_smoke(tmp_path):
-    smoke("cpu_layout.py", tmp_path)
+    smoke("investigations/cpu_layout.py", tmp_path)
     record, md = results(tmp_path, "cpu-layout")
     assert sorted((r["amp"], r["layout"]) for r in record["rows"]) == [
         ("bf16", "NCHW"), ("bf16", "channels_last"), ("fp32", "NCHW"), ("fp32", "channels_last")]
