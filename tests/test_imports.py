@@ -45,9 +45,8 @@ def _typing_only(tree: ast.Module) -> set[ast.AST]:
 
 def _dynamic(node: ast.Call, name: str, is_package: bool, known: set[str]) -> set[str]:
     """What ``importlib.import_module(...)`` imports, where the source says it."""
-    func = node.func
-    if not (isinstance(func, (ast.Attribute, ast.Name)) and getattr(func, "attr", getattr(func, "id", "")) ==
-            "import_module" and node.args):
+    called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    if called != "import_module" or not node.args:
         return set()
     arg = node.args[0]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
