@@ -1,7 +1,7 @@
 """Where the host's time goes in fastfair's default training step.
 
 The first GPU lease found the default step host-bound: 46.8 ms per step on an H200 against about 10 ms of
-GPU work, for the 2,436 launches bench/gpu_codegen.py counts in its generated code. This bench splits
+GPU work, for the 2,436 launches bench/lease/gpu_codegen.py counts in its generated code. This bench splits
 that host time. It profiles ``--steps`` steps (after ``--warmup``) with torch.profiler and gives every
 microsecond of host time to the innermost profiled region it was spent in (each event's self time):
 
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench import common  # noqa: E402
+from fastfair import config  # noqa: E402
 
 # (category, pattern on the event's name), first match wins
 CATEGORIES = (
@@ -143,7 +144,7 @@ def main(argv=None) -> None:
     # the default path of this device; a smoke run compiles on a CPU too, so its regions are all there
     overrides = {"data.batch_size": args.batch, "train.device": str(dev), "attack.steps": args.attack_steps,
                  **({"model.width": 8, "train.compile": "on"} if args.smoke else {}),
-                 **dict(item.split("=", 1) for item in args.set)}
+                 **config.parse_set(args.set)}  # values read as fastfair train --set reads them (true: a bool)
     rows = [measure(method, model, dataset, args, dev, overrides) for model in args.models for method in args.methods]
     text = body(rows)
     settings = {k: getattr(args, k) for k in ("methods", "models", "batch", "steps", "warmup", "attack_steps", "set")}

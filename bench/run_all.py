@@ -4,9 +4,9 @@
     python bench/run_all.py --smoke          # any device, tiny sizes
     python bench/run_all.py --with-bf16-check
 
-Runs bench_training, bench_mfu, bench_eval, and bench_kernels / bench_loaders where this
-checkout has them (each is called with --smoke when given and --out); the bf16 robustness
-check trains real models, so it runs only when asked. Exits non-zero if any bench failed.
+Runs bench_training, bench_mfu, bench_eval, bench_kernels and bench_loaders (each is called with --smoke
+when given and --out); the bf16 robustness check (investigations/check_bf16_robustness.py) trains real models,
+so it runs only when asked. Exits non-zero if any bench failed.
 """
 from __future__ import annotations
 
@@ -24,14 +24,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=BENCH / "results")
-    p.add_argument("--with-bf16-check", action="store_true", help="also run check_bf16_robustness.py")
+    p.add_argument("--with-bf16-check", action="store_true", help="also run investigations/check_bf16_robustness.py")
     args = p.parse_args(argv)
-    scripts = SUITE + (["check_bf16_robustness.py"] if args.with_bf16_check else [])
+    scripts = SUITE + (["investigations/check_bf16_robustness.py"] if args.with_bf16_check else [])
     failed = []
     for name in scripts:
-        if not (BENCH / name).is_file():
-            print(f"== {name}: not in this checkout, skipped", flush=True)
-            continue
         cmd = [sys.executable, str(BENCH / name), "--out", str(args.out)] + (["--smoke"] if args.smoke else [])
         print(f"== {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()

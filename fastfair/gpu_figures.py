@@ -8,7 +8,7 @@ Its format (every list may be empty):
 
 - ``host_launch_us``, ``host_launch_basis``: the host's cost of one kernel launch without CUDA graphs, and where
   that figure comes from;
-- ``predicted``: one row per (method, model, batch) that ``bench/gpu_codegen.py`` counted (PGD-10, CIFAR-shaped
+- ``predicted``: one row per (method, model, batch) that ``bench/lease/gpu_codegen.py`` counted (PGD-10, CIFAR-shaped
   images, the CUDA defaults): ``launches`` (all per step), ``launches_outside`` (those outside any recorded graph),
   the attack's ``bn_mode`` and ``objective``, ``s_gpu`` (the roofline's GPU seconds per step by device family,
   ``h100`` / ``h200`` / ``a100``) and ``memory_gib`` (a run's GPU memory, see ``memory_basis``);
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILE = Path(__file__).with_name("gpu_figures.json")
-FAMILIES = ("h100", "h200", "a100")  # the devices the predictions are made for (bench/gpu_codegen.py DEVICES)
+FAMILIES = ("h100", "h200", "a100")  # the devices the predictions are made for (bench/lease/gpu_codegen.py DEVICES)
 UNKNOWN_FAMILY = "h100"  # a GPU of none of the families is predicted as an H100 (the reason says so)
 
 

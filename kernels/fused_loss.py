@@ -37,19 +37,23 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from fastfair.ops import losses
+# The reference ops by name from their module: the fastfair.ops package's triton backend imports this package, so
+# reading the package here would close an import cycle (tests/test_imports.py).
+from fastfair.ops.losses import TERMS as LOSS_TERMS
+from fastfair.ops.losses import Weight, check_weight_names, is_active
+from fastfair.ops.losses import row_loss as reference_row_loss
 
 from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
                                       launcher)
 
-# Everything about the terms comes from the table losses.TERMS: term k is bit 1 << k of the
-# kernel's TERMS mask, and the kernel gets k as a constexpr named after the term (CE_NAT, ...),
-# with its weight as a float s_<term> or, for a per-sample weight, the row ROW_<TERM> of w_ptr.
+# Everything about the terms comes from the table losses.TERMS (LOSS_TERMS here: the kernel's mask argument is
+# named TERMS): term k is bit 1 << k of the kernel's TERMS mask, and the kernel gets k as a constexpr named after the
+# term (CE_NAT, ...), with its weight as a float s_<term> or, for a per-sample weight, the row ROW_<TERM> of w_ptr.
 # A table entry without a kernel block fails tests/test_kernels.py::test_kernel_implements_every_table_term.
-BIT = {t.name: 1 << k for k, t in enumerate(losses.TERMS)}
-NAT_TERMS = sum(BIT[t.name] for t in losses.TERMS if "nat" in t.reads)
-ADV_TERMS = sum(BIT[t.name] for t in losses.TERMS if "adv" in t.reads)
-_TERM_INDEX = {t.name.upper(): k for k, t in enumerate(losses.TERMS)}
+BIT = {t.name: 1 << k for k, t in enumerate(LOSS_TERMS)}
+NAT_TERMS = sum(BIT[t.name] for t in LOSS_TERMS if "nat" in t.reads)
+ADV_TERMS = sum(BIT[t.name] for t in LOSS_TERMS if "adv" in t.reads)
+_TERM_INDEX = {t.name.upper(): k for k, t in enumerate(LOSS_TERMS)}
 
 # Elements of one (rows x BLOCK_C) tile: registers on a GPU; under the interpreter every
 # program costs Python overhead, so fewer, bigger tiles are faster there. On a GPU a tile is
@@ -300,14 +304,14 @@ def row_loss(
     smoothing: float = 0.0,
     temperature: float = 1.0,
     kappa: float = math.inf,
-    **weights: losses.Weight,
+    **weights: Weight,
 ) -> torch.Tensor:
     """Drop-in for :func:`fastfair.ops.losses.row_loss` backed by the fused Triton kernel."""
-    losses.check_weight_names(weights)
+    check_weight_names(weights)
     ref = z_adv if z_adv is not None else z_nat
     weight_grad = any(isinstance(w, torch.Tensor) and w.requires_grad for w in weights.values())
     if ref is None or not can_launch(ref) or weight_grad or ref.dim() != 2:
-        return losses.row_loss(z_nat, z_adv, y, smoothing=smoothing, temperature=temperature, kappa=kappa, **weights)
+        return reference_row_loss(z_nat, z_adv, y, smoothing=smoothing, temperature=temperature, kappa=kappa, **weights)
     n = y.shape[0]
     rows, scalars, row_of, terms = kernel_weights(weights, n, ref.device)
     if terms & NAT_TERMS and z_nat is None or terms & ADV_TERMS and z_adv is None:
@@ -324,16 +328,16 @@ def row_loss(
     return loss
 
 
-def kernel_weights(weights: dict[str, losses.Weight], n: int, device) -> tuple:
+def kernel_weights(weights: dict[str, Weight], n: int, device) -> tuple:
     """(rows, scalars, row_of, terms) for :func:`row_loss_op` from ``row_loss``'s keyword weights.
 
     Float weights travel as kernel arguments; only per-sample tensors become rows of ``rows``
     (a view of the one tensor, or one stack for several), so a call builds no weight tensors.
     """
     scalars, row_of, per_sample, terms = [], [], [], 0
-    for term in losses.TERMS:
+    for term in LOSS_TERMS:
         w = weights.get(term.name, 0.0)
-        if losses.is_active(w):
+        if is_active(w):
             terms |= BIT[term.name]
         if isinstance(w, torch.Tensor):
             row_of.append(len(per_sample))

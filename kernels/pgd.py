@@ -16,7 +16,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
-from fastfair.ops import steps
+# The reference ops by name from their module: the fastfair.ops package's triton backend imports this package, so
+# reading the package here would close an import cycle (tests/test_imports.py).
+from fastfair.ops.steps import pgd_step as reference_pgd_step
+from fastfair.ops.steps import random_start as reference_random_start
 
 from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_dtype, keep_opaque_when_interpreting,
                                       launcher)
@@ -24,7 +27,7 @@ from fastfair.kernels._launch import (can_launch, interpreting, is_fake, kernel_
 # Launch config, per program: BLOCK elements over WARPS warps, 4 per thread (one 128-bit load per
 # thread and tensor in fp32). The register budget is what binds: at N = 512 CIFAR images the grid
 # is N x 6 = 3072 programs of 128 threads, 16 per SM (the SM's 2048 threads, A100 and H100 alike),
-# and 65536 registers / 2048 threads = 32 per thread (bench/kernels_aot.py's one-wave ceiling).
+# and 65536 registers / 2048 threads = 32 per thread (bench/lease/kernels_aot.py's one-wave ceiling).
 # At BLOCK 1024 (8 per thread) ptxas used 34 registers for the uniform start (fp32, sm_80) and 39
 # for the normal one, above the 32 that grid (1536 programs, 15 per A100 SM) allows, and spilled
 # 4 B in the normal start in bf16; at 512 the starts use 30-32 and the step 21-28, no spills, on
@@ -146,7 +149,7 @@ keep_opaque_when_interpreting(random_start_op)
 def pgd_step(x_adv, grad, x, y, eps_c, alpha_c):
     """Drop-in for :func:`fastfair.ops.steps.pgd_step` (Triton where it can launch)."""
     if not can_launch(x_adv) or x_adv.dim() == 0:
-        return steps.pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
+        return reference_pgd_step(x_adv, grad, x, y, eps_c, alpha_c)
     return pgd_step_op(x_adv, grad, x, y, eps_c, alpha_c)
 
 
@@ -157,6 +160,6 @@ def random_start(x, y, eps_c, kind: str):
     makes runs reproducible (the numbers differ from the reference's, their law does not).
     """
     if kind not in ("uniform", "normal") or not can_launch(x) or x.dim() == 0:
-        return steps.random_start(x, y, eps_c, kind)
+        return reference_random_start(x, y, eps_c, kind)
     seed = torch.randint(0, 2**62, (1,), device=x.device, dtype=torch.int64)
     return random_start_op(x, y, eps_c, seed, kind == "normal")

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench import bench_mfu, bench_training, check_bf16_robustness, common, reference_loop
+from bench import bench_mfu, bench_training, common, reference_loop
+from bench.investigations import check_bf16_robustness
 from fastfair.models import MODELS
 
 C, D = 10, 12  # classes; features of the test model: 3 channels pooled to 2x2

@@ -13,12 +13,21 @@ from bench.bench_host import category, merged_us
 from helpers import real_data
 
 ROOT = Path(__file__).resolve().parents[1]
+# One thread per process, Inductor's compilation included (its pool would start a process per core): these runs
+# share a 2-core machine with pytest's workers, where threads that spin while they wait cost many times their work.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+# A run's wall-clock limit, per CPU second of its work: 3 for a slower CPU (AVX2-only) or a cold Inductor cache,
+# times 10 because a loaded 2-core machine (load average 13 to 16 while these were measured; CI's is alike) gives
+# one process as little as a tenth of a core. What the limit catches is a hang, never load.
+WALL_PER_CPU_S = 3 * 10
 
 
-def smoke(script: str, out: Path, *extra: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # shared CI cores: no thread spinning
+def smoke(script: str, out: Path, *extra: str, cpu_s: float) -> subprocess.CompletedProcess:
+    """bench/SCRIPT --smoke in a process of its own; ``cpu_s``: the CPU seconds it took on the 2-core machine
+    (user + sys, its compiler processes included, a cold Inductor cache: a quiet machine's wall time)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ONE_THREAD}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", "--out", str(out), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=WALL_PER_CPU_S * cpu_s)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -30,7 +39,7 @@ def results(out: Path, name: str) -> tuple[dict, str]:
 
 
 def test_training_smoke(tmp_path):
-    smoke("bench_training.py", tmp_path, "--device", "cpu")
+    smoke("bench_training.py", tmp_path, "--device", "cpu", cpu_s=9)
     record, md = results(tmp_path, "training")
     rows = {(r["method"], r["batch"], r["rung"]): r for r in record["rows"]}
     for method in ("pgd-at", "trades"):
@@ -44,8 +53,9 @@ def test_training_smoke(tmp_path):
     assert "## Headline" in md and "fastfair / reference" in md
 
 
+@pytest.mark.slow  # it compiles a training step: 60 CPU s of Inductor and C++ compilers on a cold cache
 def test_host_smoke(tmp_path):
-    smoke("bench_host.py", tmp_path, "--device", "cpu")
+    smoke("bench_host.py", tmp_path, "--device", "cpu", cpu_s=60)
     record, md = results(tmp_path, "host")
     (r,) = record["rows"]
     assert r["compiled"] and r["launch_api_calls_per_step"] is None  # no CUDA API on a CPU
@@ -67,7 +77,7 @@ def test_host_split_counts_overlapping_time_once():
 
 
 def test_mfu_smoke(tmp_path):
-    smoke("bench_mfu.py", tmp_path, "--device", "cpu")
+    smoke("bench_mfu.py", tmp_path, "--device", "cpu", cpu_s=7)
     record, md = results(tmp_path, "mfu")
     for r in record["rows"]:
         assert r["images_per_s"] > 0 and r["mfu_percent"] is None
@@ -82,7 +92,7 @@ def test_mfu_smoke(tmp_path):
 
 
 def test_eval_smoke(tmp_path):
-    smoke("bench_eval.py", tmp_path, "--device", "cpu")
+    smoke("bench_eval.py", tmp_path, "--device", "cpu", cpu_s=18)
     record, md = results(tmp_path, "eval")
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
         [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64),
@@ -100,14 +110,14 @@ def test_eval_smoke(tmp_path):
 
 def test_bf16_check_smoke(tmp_path):
     subset = real_data()
-    smoke("check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset))
+    smoke("investigations/check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset), cpu_s=8)
     record, md = results(tmp_path, "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
     assert "within noise" in md or "OUTSIDE noise" in md
 
 
 def test_stop_vote_smoke(tmp_path):
-    smoke("bench_stop_vote.py", tmp_path)
+    smoke("investigations/bench_stop_vote.py", tmp_path, cpu_s=11)
     record, md = results(tmp_path, "stop-vote")
     rows = {(r["what"], r["step_ms"]): r for r in record["rows"]}
     assert rows[("now (blocking vote)", None)]["us_per_call"] > 0
@@ -117,7 +127,7 @@ def test_stop_vote_smoke(tmp_path):
 
 
 def test_cpu_layout_smoke(tmp_path):
-    smoke("cpu_layout.py", tmp_path)
+    smoke("investigations/cpu_layout.py", tmp_path, cpu_s=10)
     record, md = results(tmp_path, "cpu-layout")
     assert sorted((r["amp"], r["layout"]) for r in record["rows"]) == [
         ("bf16", "NCHW"), ("bf16", "channels_last"), ("fp32", "NCHW"), ("fp32", "channels_last")]

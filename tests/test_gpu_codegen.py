@@ -1,4 +1,4 @@
-"""bench/gpu_codegen.py --smoke: Inductor's CUDA code for a compiled training step, generated on a CPU, counted
+"""bench/lease/gpu_codegen.py --smoke: Inductor's CUDA code for a compiled training step, generated on a CPU, counted
 and turned into labelled predictions (TRADES, tiny CNN, batch 8, PGD-2; --kernels torch and triton)."""
 import json
 import os
@@ -13,9 +13,10 @@ pytestmark = pytest.mark.slow
 
 
 def generate(out: Path, *args: str) -> tuple[dict, str]:
-    """bench/gpu_codegen.py --smoke ARGS run in its own process (it sets TRITON_INTERPRET=0 for itself)."""
+    """bench/lease/gpu_codegen.py --smoke ARGS run in its own process (it sets TRITON_INTERPRET=0 for itself)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_codegen.py"), "--smoke", "--out", str(out), *args],
+    script = ROOT / "bench" / "lease" / "gpu_codegen.py"
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out), *args],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (md,) = out.glob("gpu-codegen-predicted-smoke-*.md")

@@ -1,4 +1,4 @@
-"""bench/gpu_suite.py: every part runs in --smoke on a CPU; the suite keeps to its time, records
+"""bench/lease/gpu_suite.py: every part runs in --smoke on a CPU; the suite keeps to its time, records
 failures and resumes where it stopped."""
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_suite
+from bench.lease import gpu_suite
 
 from helpers import real_data
 
@@ -21,7 +21,7 @@ def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
     # the bf16 and real-epoch parts train on the real CIFAR-10 subset, found where the tests found it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "FASTFAIR_SHARED_DATA": str(real_data().parent)}
-    cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path / "r"),
+    cmd = [sys.executable, str(ROOT / "bench" / "lease" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path / "r"),
            "--pack", str(tmp_path / "packed")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""bench/kernels_aot.py: every kernel specialisation the wrappers launch compiles for sm_80 and sm_90 (no GPU),
+"""bench/lease/kernels_aot.py: every kernel specialisation the wrappers launch compiles for sm_80 and sm_90 (no GPU),
 within the register ceiling, and the enumeration covers what a real training step launches.
 
 The script runs once (about 90 s on 2 cores: 68 compiles) in a subprocess without the Triton interpreter;
@@ -30,7 +30,8 @@ SMS = {"sm_80": 108, "sm_90": 132}  # A100, H100 SXM
 def aot(tmp_path_factory):
     out = tmp_path_factory.mktemp("aot")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels_aot.py"), "--out", str(out)], env=env,
+    script = ROOT / "bench" / "lease" / "kernels_aot.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], env=env,
                           capture_output=True, text=True, timeout=1200)
     files = list(out.glob("kernels-aot-triton*.json"))
     assert files, proc.stdout + proc.stderr

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fastfair.attacks import image_ops as ops
+from fastfair.attacks.image_ops import (bilinear_sample, cv2_gaussian_blur, filter2d, gaussian, hsv_to_rgb,
+                                        pil_resize_box, rgb_to_hsv, zoom_linear)
 from fastfair.errors import UserError
 
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -85,7 +86,7 @@ def speckle_noise(x, c: float, draws):
 
 def gaussian_blur(x, c: float, draws):
     """Gaussian filter of standard deviation c pixels, border repeated (App. B, Gaussian blur; make_cifar_c.py)."""
-    return ops.gaussian(x, c)
+    return gaussian(x, c)
 
 
 def glass_blur(x, c: tuple, draws):
@@ -95,7 +96,7 @@ def glass_blur(x, c: tuple, draws):
     x[h, w] and leaves the neighbour as it was; with delta 1 (every CIFAR severity) each read lies above or left of
     every pixel written before it in the pass, so a pass is one gather from the image before it."""
     sigma, delta, iterations = c
-    x = torch.floor(ops.gaussian(x, sigma) * 255)
+    x = torch.floor(gaussian(x, sigma) * 255)
     n, _, h, w = x.shape
     rows = torch.arange(h - delta, delta, -1, device=x.device)  # the reference's loop order
     cols = torch.arange(w - delta, delta, -1, device=x.device)
@@ -109,7 +110,7 @@ def glass_blur(x, c: tuple, draws):
         flat = flat.clone()
         flat[:, :, dst] = moved
         x = flat.view_as(x)
-    return ops.gaussian(x / 255, sigma)
+    return gaussian(x / 255, sigma)
 
 
 def _disk(radius: float, alias_blur: float) -> np.ndarray:
@@ -118,7 +119,7 @@ def _disk(radius: float, alias_blur: float) -> np.ndarray:
     grid = np.arange(-8, 9)
     xx, yy = np.meshgrid(grid, grid)
     disk = (xx ** 2 + yy ** 2 <= radius ** 2).astype(np.float64)
-    kernel = ops.cv2_gaussian_blur(disk / disk.sum(), 3, alias_blur).astype(np.float32)  # the reference's dtype
+    kernel = cv2_gaussian_blur(disk / disk.sum(), 3, alias_blur).astype(np.float32)  # the reference's dtype
     r = int(np.abs(np.argwhere(kernel) - 8).max())  # the zero border adds nothing: a 5 x 5 to 7 x 7 kernel is left
     return kernel[8 - r:9 + r, 8 - r:9 + r]
 
@@ -126,7 +127,7 @@ def _disk(radius: float, alias_blur: float) -> np.ndarray:
 def defocus_blur(x, c: tuple, draws):
     """Correlation with an anti-aliased disk of radius c[0] (alias blur c[1]), border mirrored (Sec. 3, defocus
     blur; make_cifar_c.py: cv2.filter2D per channel)."""
-    return ops.filter2d(x, _disk(*c))
+    return filter2d(x, _disk(*c))
 
 
 def _clipped_zoom(x, z: float):
@@ -135,7 +136,7 @@ def _clipped_zoom(x, z: float):
     h, w = x.shape[-2:]
     ch, cw = int(np.ceil(h / z)), int(np.ceil(w / z))
     top, left = (h - ch) // 2, (w - cw) // 2
-    big = ops.zoom_linear(x[..., top:top + ch, left:left + cw], float(z))
+    big = zoom_linear(x[..., top:top + ch, left:left + cw], float(z))
     trim_top, trim_left = (big.shape[-2] - h) // 2, (big.shape[-1] - w) // 2
     return big[..., trim_top:trim_top + h, trim_left:trim_left + w]
 
@@ -233,9 +234,9 @@ def fog(x, c: tuple, draws):
 
 def _hsv_channel(x, channel: int, change: Callable):
     """x with one HSV channel changed (scikit-image's rgb2hsv, then hsv2rgb)."""
-    hsv = ops.rgb_to_hsv(x)
+    hsv = rgb_to_hsv(x)
     hsv = torch.cat([hsv[:, :channel], change(hsv[:, channel:channel + 1]), hsv[:, channel + 1:]], 1)
-    return ops.hsv_to_rgb(hsv)
+    return hsv_to_rgb(hsv)
 
 
 def brightness(x, c: float, draws):
@@ -277,10 +278,10 @@ def elastic_transform(x, c: tuple, draws):
                             torch.arange(w, dtype=torch.float64, device=x.device), indexing="ij")
     grid = torch.stack([cc, rr, torch.ones_like(rr)], 0).flatten(1)  # (3, h w) as (x, y, 1)
     at = inverse @ grid  # OpenCV 5 interpolates at these points; OpenCV 4 and before rounded them to 1/32 pixel
-    warped = ops.bilinear_sample(x, at[:, 1].view(n, h, w), at[:, 0].view(n, h, w), "mirror")
-    dx = ops.gaussian(draws.uniform((n, h, w), -1, 1), sigma, mode="reflect", truncate=3) * alpha
-    dy = ops.gaussian(draws.uniform((n, h, w), -1, 1), sigma, mode="reflect", truncate=3) * alpha
-    return ops.bilinear_sample(warped, rr + dy, cc + dx, "reflect")
+    warped = bilinear_sample(x, at[:, 1].view(n, h, w), at[:, 0].view(n, h, w), "mirror")
+    dx = gaussian(draws.uniform((n, h, w), -1, 1), sigma, mode="reflect", truncate=3) * alpha
+    dy = gaussian(draws.uniform((n, h, w), -1, 1), sigma, mode="reflect", truncate=3) * alpha
+    return bilinear_sample(warped, rr + dy, cc + dx, "reflect")
 
 
 def _levels(x) -> torch.Tensor:
@@ -292,8 +293,8 @@ def pixelate(x, c: float, draws):
     """Pillow's BOX resize to int(side c), then back (Sec. 3, pixelate; make_cifar_c.py), in Pillow's 8-bit fixed
     point."""
     h, w = x.shape[-2:]
-    small = ops.pil_resize_box(_levels(x), int(h * c), int(w * c))
-    return ops.pil_resize_box(small, h, w) / 255
+    small = pil_resize_box(_levels(x), int(h * c), int(w * c))
+    return pil_resize_box(small, h, w) / 255
 
 
 def jpeg_compression(x, c: int, draws):

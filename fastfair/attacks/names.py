@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from fastfair.attacks import corruptions
-from fastfair.attacks.corruptions import Corrupt
+from fastfair.attacks.corruptions import ALIASES as CORRUPTION_ALIASES
+from fastfair.attacks.corruptions import CORRUPTIONS, GROUPS, REFUSED, SEVERITIES, Corrupt
 from fastfair.attacks.cwinf import CWInf
 from fastfair.attacks.nattack import NAttack
 from fastfair.attacks.pgd import PGD
@@ -43,7 +43,7 @@ ALIASES = {
     "tpgd": "tpgd20@grid (Temperature-PGD over Tian et al.'s 1/T grid) or tpgd20@tT for one T",
     **dict.fromkeys(("corrupt", "corruption", "corruptions", "cifar-10-c", "cifar10c", "common-corruptions"),
                     "corrupt:all@S (CIFAR-10-C's corruptions at severity S = 1..5) or corrupt:NAME@S for one"),
-    **{name: f"corrupt:{name}@S (a natural corruption at severity S = 1..5)" for name in corruptions.CORRUPTIONS},
+    **{name: f"corrupt:{name}@S (a natural corruption at severity S = 1..5)" for name in CORRUPTIONS},
 }
 _NAME = re.compile(r"^(?P<kind>pgd|cwinf|cw|fgsmrs|fgsm|tpgd|nattack)(?P<steps>\d*)(?:x(?P<restarts>\d+))?"
                    r"(?:@t(?P<t>[\d.]+))?$")
@@ -178,17 +178,17 @@ def _corruption(name: str) -> EvalAttack:
     """``corrupt:NAME@S``: the corruption NAME at severity S, or a UserError saying what to type."""
     m = _CORRUPTION.match(name)
     what, severity = (m["what"], m["severity"]) if m else (name[len(CORRUPT):], None)
-    known = [*corruptions.CORRUPTIONS, *corruptions.GROUPS]
-    if what in corruptions.REFUSED:
-        raise UserError(f"{name}: fastfair does not implement {what}: it {corruptions.REFUSED[what]}. Implemented: "
-                        f"{', '.join(corruptions.CORRUPTIONS)}")
+    known = [*CORRUPTIONS, *GROUPS]
+    if what in REFUSED:
+        raise UserError(f"{name}: fastfair does not implement {what}: it {REFUSED[what]}. Implemented: "
+                        f"{', '.join(CORRUPTIONS)}")
     if what not in known:
-        raise UserError(f"{name}: unknown corruption {what!r}.{hint(what, known, corruptions.ALIASES)} Use "
+        raise UserError(f"{name}: unknown corruption {what!r}.{hint(what, known, CORRUPTION_ALIASES)} Use "
                         f"corrupt:NAME@S with NAME one of {', '.join(known)} and S a severity 1 to 5")
-    if severity not in [str(s) for s in corruptions.SEVERITIES]:
+    if severity not in [str(s) for s in SEVERITIES]:
         raise UserError(f"{name}: give a severity 1 to 5 after @, as CIFAR-10-C has them, e.g. corrupt:{what}@3")
-    if what in corruptions.GROUPS:  # members() expands it where a command runs groups
-        raise UserError(f"{name} stands for {len(corruptions.GROUPS[what])} corruptions and their mean, which fastfair "
+    if what in GROUPS:  # members() expands it where a command runs groups
+        raise UserError(f"{name} stands for {len(GROUPS[what])} corruptions and their mean, which fastfair "
                         "eval runs; name one here, e.g. corrupt:fog@3")
     return EvalAttack(name, None, search=Corrupt(what, int(severity)))
 
@@ -196,7 +196,7 @@ def _corruption(name: str) -> EvalAttack:
 def is_corruption_group(name: str) -> bool:
     """``corrupt:all@S`` or ``corrupt:extra@S`` (with an optional ``/N``), severity S in 1..5."""
     m = _GROUP.match(name)
-    return bool(m) and m["what"] in corruptions.GROUPS and int(m["severity"]) in corruptions.SEVERITIES
+    return bool(m) and m["what"] in GROUPS and int(m["severity"]) in SEVERITIES
 
 
 INVERSE_TEMPERATURES = (2, 5, 10, 50)  # Tian et al. KDD 2021, Sec. 5: grid search over 1/T
@@ -207,7 +207,7 @@ def members(name: str) -> list[str]:
     """The attack names a (grid or corruption group) name stands for; a plain name stands for itself."""
     if is_corruption_group(name):
         g = _GROUP.match(name)
-        return [f"{CORRUPT}{c}@{g['severity']}{g['cap'] or ''}" for c in corruptions.GROUPS[g["what"]]]
+        return [f"{CORRUPT}{c}@{g['severity']}{g['cap'] or ''}" for c in GROUPS[g["what"]]]
     m = _GRID.match(name)
     if not m:
         return [name]

@@ -26,7 +26,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from fastfair.data import datasets
+from fastfair.data.datasets import DATASETS, load
+from fastfair.data.datasets import split as split_bundle  # `split` here names a loader's split (train, test)
 from fastfair.data.loaders import LOADERS, random_crop_flip
 from fastfair.errors import UserError, WriteError
 from fastfair.rundir import check_space, file_sha256, notice, read_json, replacing, write_json_atomic
@@ -153,16 +154,16 @@ def convert_dataset(name: str, data_dir: str | Path | None, out_dir: str | Path,
                     val_per_class: int | None = None, jpeg: bool = False, jpeg_quality: int = 90,
                     num_workers: int | None = None) -> dict[str, Path]:
     """Load a registered data set, carve CFA's validation split and write all three splits."""
-    spec = datasets.DATASETS.get(name)
+    spec = DATASETS.get(name)
     if spec.loader == "folder":  # its bundle holds file indices, not images, and 1.28M raw images would not fit
         raise UserError(f"{name} is streamed from its image files by the folder loader (its default); "
                         "fastfair data convert writes data sets that fit in memory. Train without --loader ffcv")
     vpc = spec.val_per_class if val_per_class is None else val_per_class
-    bundle = datasets.load(name, data_dir)
+    bundle = load(name, data_dir)
     mean, std = bundle.mean_std()
     meta = {"dataset": name, "source": bundle.name, "val_per_class": vpc, "classes": list(bundle.classes),
             "mean": mean, "std": std}
-    return convert(datasets.split(bundle, vpc), out_dir, jpeg=jpeg, jpeg_quality=jpeg_quality,
+    return convert(split_bundle(bundle, vpc), out_dir, jpeg=jpeg, jpeg_quality=jpeg_quality,
                    num_workers=num_workers, meta=meta)
 
 

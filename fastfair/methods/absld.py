@@ -31,8 +31,9 @@ from __future__ import annotations
 import torch
 
 from fastfair.errors import UserError
-from fastfair.methods import teacher
 from fastfair.methods.base import METHODS, Method
+from fastfair.methods.teacher import KEYS as TEACHER_KEYS
+from fastfair.methods.teacher import check_source
 from fastfair.ops.losses import widened
 from fastfair.schema import Key, Tune
 
@@ -70,7 +71,7 @@ class ABSLD(Method):
 
     distils = True
     keys = {
-        **teacher.KEYS,
+        **TEACHER_KEYS,
         "adv_weight": Key(5 / 6, "ABSLD: weight a of the adversarial KL term; the natural term has 1 - a (code: "
                                  "5/6 and 1/6)"),
         "temp_rate": Key(0.1, "ABSLD: step r of the temperature update, decayed as the learning rate is (code "
@@ -94,7 +95,7 @@ class ABSLD(Method):
     @classmethod
     def check(cls, cfg):
         m = cfg.method
-        teacher.check_source(m.teacher, "absld")
+        check_source(m.teacher, "absld")
         if m.teacher_scaling not in SCALINGS:
             raise UserError(f"method.teacher_scaling must be one of {', '.join(SCALINGS)}; got {m.teacher_scaling!r}")
         if not 0 < m.temp_min <= m.temp_max:

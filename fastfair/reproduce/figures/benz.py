@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry
-from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.figures.registry import FigureRuns, figure, inventory
 from fastfair.reproduce.verdict import Comparison
 
-registry.inventory("benz", ["Fig. 1", "Fig. 2"])
+inventory("benz", ["Fig. 1", "Fig. 2"])
 
 ROBUST = "pgd20"  # the attack the protocol presets evaluate (the study names none)
 PANELS = ("accuracy w/o (top left) and w/ (top right) the mean over classes subtracted; robustness w/o (bottom "
@@ -27,16 +26,16 @@ def _discrepancy(runs: FigureRuns, preset: str, name: str, title: str) -> list[C
     return []
 
 
-@registry.figure("benz", "Fig. 1", f"inter-class discrepancy of a standard ResNet-18 on CIFAR-10: {PANELS}",
-                 rows=("benz-s31-datasets-cifar10-standard",))
+@figure("benz", "Fig. 1", f"inter-class discrepancy of a standard ResNet-18 on CIFAR-10: {PANELS}",
+        rows=("benz-s31-datasets-cifar10-standard",))
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """All four panels from benz-s31-datasets-cifar10-standard (standard training, the last epoch's model)."""
     return _discrepancy(runs, "benz-s31-datasets-cifar10-standard", "standard training",
                         "Benz et al. Fig. 1: inter-class discrepancy, standard training on CIFAR-10")
 
 
-@registry.figure("benz", "Fig. 2", f"inter-class discrepancy of an adversarially trained ResNet-18 on CIFAR-10: "
-                                   f"{PANELS}", rows=("benz-s31-datasets-cifar10-at",))
+@figure("benz", "Fig. 2", f"inter-class discrepancy of an adversarially trained ResNet-18 on CIFAR-10: "
+                          f"{PANELS}", rows=("benz-s31-datasets-cifar10-at",))
 def fig2(runs: FigureRuns) -> list[Comparison]:
     """All four panels from benz-s31-datasets-cifar10-at (PGD-AT, the last epoch's model)."""
     return _discrepancy(runs, "benz-s31-datasets-cifar10-at", "adversarial training (PGD-AT)",

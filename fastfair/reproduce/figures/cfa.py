@@ -14,13 +14,12 @@ import numpy as np
 
 from fastfair import config
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry
-from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.figures.registry import FigureRuns, figure, inventory, pending
 from fastfair.reproduce.verdict import Comparison
 from fastfair.rundir import RunDir
 
-registry.inventory("cfa", ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 1", "Table 2", "Fig. 5", "Table 3",
-                           "Table 4", "Fig. 6", "Fig. 7"])
+inventory("cfa", ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 1", "Table 2", "Fig. 5", "Table 3",
+                  "Table 4", "Fig. 6", "Fig. 7"])
 
 VAL = "pgd10"  # the robustness Secs. 3.1-3.3 plot, and every CFA preset's train.val_attack
 SHOWN = {"aa": "AutoAttack", VAL: "PGD-10", "clean": "clean"}  # an attack as the paper names it on an axis
@@ -71,17 +70,17 @@ def _epochs(*arrays: np.ndarray) -> list[int]:
     return list(range(1, min(a.shape[1] for a in arrays) + 1))
 
 
-registry.pending(
+pending(
     "cfa", "Fig. 1", "the toy binary model of Sec. 2.2: its data (a) and each class's clean and robust accuracy "
-                     "against the classifier's weight on the non-robust features (b)",
+            "against the classifier's weight on the non-robust features (b)",
     "a closed-form illustration of Sec. 2.2's toy distribution, nothing trained or measured; its parameters (the "
     "two classes' p, eta, the dimension) are equations of App. A that the paper's text lost, so the curve cannot "
     "be drawn from what fastfair reads. Route: type App. A's values from the PDF (arXiv 2303.14460) and evaluate "
     "Eqs. 13 and 16 (clean and robust accuracy per class) over the weight; no run is needed")
 
-registry.pending(
+pending(
     "cfa", "Table 4", "AT, TRADES and FAT with EMA and with CFA on Tiny-ImageNet, ResNet-18: clean and AutoAttack, "
-                      "average and worst-20 % classes, best and last checkpoints (App. C.1)",
+             "average and worst-20 % classes, best and last checkpoints (App. C.1)",
     "Tiny-ImageNet is not available offline (no subset ships with fastfair's test data) and the table's second "
     "statistic is the mean of the worst 20 % of classes, which a preset's [paper] numbers do not hold. Route: with "
     "the data in DIR (tiny-imagenet-200/), per row train a Table 1 preset on it, e.g. `fastfair train --config "
@@ -93,9 +92,9 @@ registry.pending(
 F2 = {k: f"cfa-f2-at-eps{k}" for k in range(4, 12)}  # training eps k/255
 
 
-@registry.figure("cfa", "Fig. 2", "vanilla AT at eight training margins: overall PGD-10 robustness over training "
-                                  "(a); class-wise robustness averaged over epochs 101-120 (b) and 181-200 (c)",
-                 partial=ON_VAL)
+@figure("cfa", "Fig. 2", "vanilla AT at eight training margins: overall PGD-10 robustness over training "
+                         "(a); class-wise robustness averaged over epochs 101-120 (b) and 181-200 (c)",
+        partial=ON_VAL)
 def fig2(runs: FigureRuns) -> list[Comparison]:
     """Sec. 3.1 states no number (only that larger margins hurt the hard classes at the best epochs and help every
     class at the last ones): three panels, nothing compared."""
@@ -115,8 +114,8 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
 F3 = {b: f"cfa-f3-trades-beta{b}" for b in range(1, 9)}  # TRADES beta
 
 
-@registry.figure("cfa", "Fig. 3", "TRADES at beta 1 to 8: class-wise robust (a) and clean (b) accuracy averaged "
-                                  "over the best epochs", partial=ON_VAL)
+@figure("cfa", "Fig. 3", "TRADES at beta 1 to 8: class-wise robust (a) and clean (b) accuracy averaged "
+                         "over the best epochs", partial=ON_VAL)
 def fig3(runs: FigureRuns) -> list[Comparison]:
     """Sec. 3.2 states no number; the text's epoch window was lost, and fastfair averages Sec. 3.1's 101-120 (the
     presets say so)."""
@@ -139,11 +138,11 @@ def _fluctuation(runs: FigureRuns, v: np.ndarray, first_epoch: int, title: str, 
                    title, runs.png(panel), ylabel="PGD-10 accuracy (%), validation split", paired=False)
 
 
-@registry.figure("cfa", "Fig. 4", "the fluctuation of the worst class over training: overall and worst-class PGD-10 "
-                                  "robustness and the worst class's change between adjacent epochs, AT (a) and "
-                                  "AT + FAWA (b)", rows=("cfa-t1-at", "cfa-t3-at-fawa-paper"),
-                 partial=f"{ON_VAL}; so are Sec. 3.3's four numbers (epochs 108 and 110), on 1,000 images, where a "
-                         "class moves in steps of 1 %")
+@figure("cfa", "Fig. 4", "the fluctuation of the worst class over training: overall and worst-class PGD-10 "
+                         "robustness and the worst class's change between adjacent epochs, AT (a) and "
+                         "AT + FAWA (b)", rows=("cfa-t1-at", "cfa-t3-at-fawa-paper"),
+        partial=f"{ON_VAL}; so are Sec. 3.3's four numbers (epochs 108 and 110), on 1,000 images, where a "
+                "class moves in steps of 1 %")
 def fig4(runs: FigureRuns) -> list[Comparison]:
     """Sec. 3.3's four numbers, from AT's curve: the epoch of the highest overall robustness (the paper's epoch
     108: 53.2 %, worst class 23.5 %) and the fairer checkpoint the text prefers (epoch 110: 52.6 % and 28.1 %), which
@@ -201,9 +200,9 @@ F5 = {0.3: "cfa-f5-at-ccm-lambda03", 0.4: "cfa-f5-at-ccm-lambda04", 0.5: "cfa-t2
       0.6: "cfa-f5-at-ccm-lambda06", 0.7: "cfa-f5-at-ccm-lambda07"}
 
 
-@registry.figure("cfa", "Fig. 5", "AT + CCM by base budget lambda_1 0.3-0.7 against AT: average and worst-class "
-                                  "AutoAttack robustness (a); the class-wise eps_k of lambda_1 = 0.5 over training (b)",
-                 rows=("cfa-t1-at", "cfa-t2-at-ccm"))
+@figure("cfa", "Fig. 5", "AT + CCM by base budget lambda_1 0.3-0.7 against AT: average and worst-class "
+                         "AutoAttack robustness (a); the class-wise eps_k of lambda_1 = 0.5 over training (b)",
+        rows=("cfa-t1-at", "cfa-t2-at-ccm"))
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Sec. 5.3.1 states no number (0.5 performs best; the hard classes 2-5 train below 8/255): two panels."""
     _budget_sweep(runs, F5, ("AT", "cfa-t1-at"), "aa", "AT + CCM",
@@ -235,8 +234,8 @@ def _averaged(runs: FigureRuns, preset: str, name: str) -> str:
     return f"{name}, {some}not averaged (no epoch passed FAWA's threshold)"
 
 
-@registry.figure("cfa", "Fig. 6", "class-wise AutoAttack robustness of CFA against EMA on CIFAR-10 (App. C.2)",
-                 rows=("cfa-t1-at-ema-paper", "cfa-t1-at-cfa-paper"))
+@figure("cfa", "Fig. 6", "class-wise AutoAttack robustness of CFA against EMA on CIFAR-10 (App. C.2)",
+        rows=("cfa-t1-at-ema-paper", "cfa-t1-at-cfa-paper"))
 def fig6(runs: FigureRuns) -> list[Comparison]:
     """App. C.2's two numbers, the spread of class-wise robustness: CFA 0.15, EMA 0.17. The text does not say which
     base method the figure shows; fastfair draws AT's (the base of Sec. 5.3's figures). Margin 0.02: the
@@ -257,9 +256,9 @@ F7 = {0.3: "cfa-f7-trades-ccm-ccr-lambda03", 0.4: "cfa-f7-trades-ccm-ccr-lambda0
       0.6: "cfa-f7-trades-ccm-ccr-lambda06", 0.7: "cfa-f7-trades-ccm-ccr-lambda07"}
 
 
-@registry.figure("cfa", "Fig. 7", "TRADES + CCM + CCR by base regularization lambda_2 0.3-0.7 against TRADES: average "
-                                  "and worst-class PGD-10 robustness (a); the class-wise beta_k of lambda_2 = 0.5 over "
-                                  "training (b)", rows=("cfa-t1-trades-paper", "cfa-t2-trades-ccm-ccr-paper"))
+@figure("cfa", "Fig. 7", "TRADES + CCM + CCR by base regularization lambda_2 0.3-0.7 against TRADES: average "
+                         "and worst-class PGD-10 robustness (a); the class-wise beta_k of lambda_2 = 0.5 over "
+                         "training (b)", rows=("cfa-t1-trades-paper", "cfa-t2-trades-ccm-ccr-paper"))
 def fig7(runs: FigureRuns) -> list[Comparison]:
     """App. C.3 states no number (the worst class beats TRADES at every lambda_2, the average at 0.4-0.6; hard
     classes train with beta_k below beta): two panels."""

@@ -24,8 +24,7 @@ from fastfair import build, config
 from fastfair.errors import UserError, WriteError
 from fastfair.evaluation import diagnose, measures
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry
-from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.figures.registry import FigureRuns, figure, inventory, pending
 from fastfair.reproduce.verdict import Comparison
 from fastfair.rundir import RunDir, load_checkpoint, load_npz, notice, write_npz_atomic
 
@@ -42,8 +41,8 @@ BINARY = {m: tuple(f"me-fig5-binary-cat-{k}-{m}" for k in PAIRS) for m in ("pgd-
 CAT = 3  # CIFAR-10's cat, the class Fig. 5 pairs with every other
 ATTACK = "pgd10"  # the robust errors of every figure (Sec. 1: PGD-10)
 
-registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6", "Table 1", "Fig. 7",
-                            "Table 2", "Table 3", "Table 4", "Fig. 8", "Fig. 9", "Table 5"])
+inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6", "Table 1", "Fig. 7",
+                   "Table 2", "Table 3", "Table 4", "Fig. 8", "Fig. 9", "Table 5"])
 
 
 @dataclass(frozen=True)
@@ -158,8 +157,8 @@ def drop_share(standard, adversarial) -> np.ndarray:
     return 100 * drop / drop.sum() if drop.sum() > 0 else np.zeros_like(drop)
 
 
-@registry.figure(SOURCE, "Fig. 1", "class-wise natural/PGD-10 errors of standard training and PGD-AT; each class's "
-                 "share of the accuracy drop", rows=(PGD_AT,))
+@figure(SOURCE, "Fig. 1", "class-wise natural/PGD-10 errors of standard training and PGD-AT; each class's "
+        "share of the accuracy drop", rows=(PGD_AT,))
 def draw_fig1(runs: FigureRuns) -> list[Comparison]:
     """(a), (b): class-wise natural and PGD-10 errors of the standard and the PGD-AT model; (c): each class's share
     of the natural accuracy the PGD-AT model loses against the standard one (:func:`drop_share`). The text states
@@ -178,8 +177,8 @@ def draw_fig1(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 2", "inter-class similarity and intra-class variance per class: standard training, "
-                 "PGD-AT, TRADES", rows=(ST, PGD_AT, TRADES))
+@figure(SOURCE, "Fig. 2", "inter-class similarity and intra-class variance per class: standard training, "
+        "PGD-AT, TRADES", rows=(ST, PGD_AT, TRADES))
 def draw_fig2(runs: FigureRuns) -> list[Comparison]:
     """A line per model over the classes; no number is stated (the text: the cat has the largest similarity, not
     the largest variance)."""
@@ -205,15 +204,15 @@ def _single_at(runs: FigureRuns, item: str, by_class: dict[int, str], ncols: int
                             ncols)
 
 
-@registry.figure(SOURCE, "Fig. 3", "single AT of car and of cat: class-wise errors and 2-D features")
+@figure(SOURCE, "Fig. 3", "single AT of car and of cat: class-wise errors and 2-D features")
 def draw_fig3(runs: FigureRuns) -> list[Comparison]:
     """The text's numbers (car 98.4 / 72.2, cat 7.03 / 0) are the rows' own; the drawer adds none."""
     _single_at(runs, "Fig. 3", {1: SINGLE_AT[1], 3: SINGLE_AT[3]}, 0)
     return []
 
 
-@registry.figure(SOURCE, "Fig. 4", "inter-class similarity of each class in its single-AT model and in standard "
-                 "training (2-D features)", rows=tuple(SINGLE_AT[k] for k in range(10)))
+@figure(SOURCE, "Fig. 4", "inter-class similarity of each class in its single-AT model and in standard "
+        "training (2-D features)", rows=tuple(SINGLE_AT[k] for k in range(10)))
 def draw_fig4(runs: FigureRuns) -> list[Comparison]:
     """Class k's point on the single-AT line is its similarity in the model adversarially trained on k alone; the
     other line is the standard model's (both with 2-D features, App. A.1). No number is stated."""
@@ -230,8 +229,8 @@ def draw_fig4(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 5", "binary cat-vs-class PGD-AT and TRADES: natural/PGD-10 error against the "
-                 "class's similarity to the cat in standard training", rows=(ST,))
+@figure(SOURCE, "Fig. 5", "binary cat-vs-class PGD-AT and TRADES: natural/PGD-10 error against the "
+        "class's similarity to the cat in standard training", rows=(ST,))
 def draw_fig5(runs: FigureRuns) -> list[Comparison]:
     """x: the class paired with the cat, sorted by its cosine similarity to the cat in the standard model (the
     green line); the errors are the binary model's over both classes' test images. The text's numbers (cat vs dog,
@@ -254,10 +253,10 @@ def draw_fig5(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 6", "inter-class similarity and intra-class variance with LS and ME, in PGD-AT and "
-                 "TRADES", rows=(PGD_AT, PGD_AT_LS, ME_AT, TRADES, TRADES_LS, ME_TRADES),
-                 partial="the paper names no beta for its ME-AT nor lambda for its ME-TRADES: fastfair draws ME-AT "
-                         "beta = 0.5 (Table 4's) and ME-TRADES beta = 1, lambda = 15 (Table 4's first)")
+@figure(SOURCE, "Fig. 6", "inter-class similarity and intra-class variance with LS and ME, in PGD-AT and "
+        "TRADES", rows=(PGD_AT, PGD_AT_LS, ME_AT, TRADES, TRADES_LS, ME_TRADES),
+        partial="the paper names no beta for its ME-AT nor lambda for its ME-TRADES: fastfair draws ME-AT "
+                "beta = 0.5 (Table 4's) and ME-TRADES beta = 1, lambda = 15 (Table 4's first)")
 def draw_fig6(runs: FigureRuns) -> list[Comparison]:
     """(a, b) PGD-AT, PGD-AT+LS, ME-AT; (c, d) TRADES, TRADES+LS, ME-TRADES. No number is stated."""
     panels = {}
@@ -270,10 +269,10 @@ def draw_fig6(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 7", "mean prediction entropy of PGD-AT and TRADES after each epoch, clean and "
-                 "adversarial", rows=(PGD_AT, TRADES),
-                 partial="the paper measures the test set; the rows score their validation split each epoch (the "
-                         "test set itself with --paper-selection, their train.select_split = test)")
+@figure(SOURCE, "Fig. 7", "mean prediction entropy of PGD-AT and TRADES after each epoch, clean and "
+        "adversarial", rows=(PGD_AT, TRADES),
+        partial="the paper measures the test set; the rows score their validation split each epoch (the "
+                "test set itself with --paper-selection, their train.select_split = test)")
 def draw_fig7(runs: FigureRuns) -> list[Comparison]:
     """Each epoch's mean prediction entropy (nats) on the split the run scores each epoch (``metrics.jsonl``'s
     ``val``), on clean images and under its ``train.val_attack``, the seeds averaged. The text's 2.3 is the largest
@@ -294,15 +293,15 @@ def draw_fig7(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 8", "single AT of the other eight classes: class-wise errors and 2-D features")
+@figure(SOURCE, "Fig. 8", "single AT of the other eight classes: class-wise errors and 2-D features")
 def draw_fig8(runs: FigureRuns) -> list[Comparison]:
     """As Fig. 3 for classes 0, 2, 4-9; the text names panels (b)-(d) as overlapping, no number."""
     _single_at(runs, "Fig. 8", {k: SINGLE_AT[k] for k in (0, 2, 4, 5, 6, 7, 8, 9)}, 4)
     return []
 
 
-@registry.figure(SOURCE, "Fig. 9", "inter-class similarity and intra-class variance of TRADES (lambda 1, 6, 12) "
-                 "and PGD-AT", rows=(PGD_AT, TRADES_L12, TRADES))
+@figure(SOURCE, "Fig. 9", "inter-class similarity and intra-class variance of TRADES (lambda 1, 6, 12) "
+        "and PGD-AT", rows=(PGD_AT, TRADES_L12, TRADES))
 def draw_fig9(runs: FigureRuns) -> list[Comparison]:
     """A line per model, as the paper's legend orders them; no number is stated."""
     panels = _similarity_and_variance(runs, [PGD_AT, TRADES_L12, TRADES, TRADES_L1])
@@ -312,7 +311,7 @@ def draw_fig9(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-registry.pending(
+pending(
     SOURCE, "Table 5", "AutoAttack on CIFAR-10, WideResNet-28-10, eps 8/255: ME-RST (+BIN) beside six RobustBench "
     "models",
     "ME-RST trains on Carmon et al.'s 500k pseudo-labelled TinyImages (ti_500K_pseudo_labeled.pickle, from "

@@ -21,8 +21,7 @@ from fastfair.evaluation import measures, seeds
 from fastfair.evaluation.diagnose import diagnose_checkpoint
 from fastfair.evaluation.homing import homing
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry
-from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.figures.registry import FigureRuns, figure, inventory
 from fastfair.reproduce.verdict import Comparison, default_margin
 from fastfair.rundir import RunDir, read_json
 
@@ -88,9 +87,9 @@ def _ranged(runs: FigureRuns, what: str, stat: str, low: float, high: float, our
     return runs.number(what, stat, middle, ours, kind, (high - low) / 2 + default_margin(kind, middle))
 
 
-@registry.figure(SOURCE, "Fig. 1", "class-wise robustness on the test set after every epoch, per data set (MNIST, "
-                 "CIFAR-10, CIFAR-100, SVHN, STL-10, ImageNet), the gap between classes shaded",
-                 partial="ImageNet's ninth plotted class is illegible in the paper; 11 of its 12 are drawn")
+@figure(SOURCE, "Fig. 1", "class-wise robustness on the test set after every epoch, per data set (MNIST, "
+        "CIFAR-10, CIFAR-100, SVHN, STL-10, ImageNet), the gap between classes shaded",
+        partial="ImageNet's ninth plotted class is illegible in the paper; 11 of its 12 are drawn")
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """Fig. 1(a)-(f): each plotted class's robustness (the row's test attack) after every epoch, the overall line,
     and the band between the lowest and highest class. The text's numbers (Sec. 1): MNIST above 95 % overall
@@ -140,8 +139,8 @@ def _by_superclass(confusion: np.ndarray, classes: list[str]) -> tuple[np.ndarra
     return member.T @ confusion @ member, [str(s) for s in range(len(blocks))]
 
 
-@registry.figure(SOURCE, "Fig. 2", "confusion matrices of robustness on the test set (row: true class, column: the "
-                 "attack's prediction, % of the row), per data set; CIFAR-100 by super-class", rows=ROBUST)
+@figure(SOURCE, "Fig. 2", "confusion matrices of robustness on the test set (row: true class, column: the "
+        "attack's prediction, % of the row), per data set; CIFAR-100 by super-class", rows=ROBUST)
 def fig2(runs: FigureRuns) -> list[Comparison]:
     """Fig. 2(a)-(f): the selected model's confusion under the row's test attack, each row in % of its class's test
     images (its diagonal is the class's robustness); CIFAR-100 summed by super-class (the figure's index axes),
@@ -158,9 +157,9 @@ def fig2(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 3", "CIFAR-10: (a) misclassified confusion matrix (counts, diagonal hidden), "
-                 "(b) homing confusion matrix (re-trained without each confound class)",
-                 rows=(HOMING_BASE,))  # the re-trainings are its own rows (their [paper] names Fig. 3(b))
+@figure(SOURCE, "Fig. 3", "CIFAR-10: (a) misclassified confusion matrix (counts, diagonal hidden), "
+        "(b) homing confusion matrix (re-trained without each confound class)",
+        rows=(HOMING_BASE,))  # the re-trainings are its own rows (their [paper] names Fig. 3(b))
 def fig3(runs: FigureRuns) -> list[Comparison]:
     """Fig. 3 through ``fastfair homing`` (:func:`fastfair.evaluation.homing.homing`) per seed: the CIFAR-10 model
     and its re-trainings without one class each, all attacked with PGD-20 on the same test images. The text's
@@ -198,8 +197,8 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
     return out
 
 
-@registry.figure(SOURCE, "Fig. 4", "each class's robustness beside its classifier weight's L2 norm, both "
-                 "normalised, per data set", rows=ROBUST)
+@figure(SOURCE, "Fig. 4", "each class's robustness beside its classifier weight's L2 norm, both "
+        "normalised, per data set", rows=ROBUST)
 def fig4(runs: FigureRuns) -> list[Comparison]:
     """Fig. 4(a)-(f): per plotted class, its robustness under the row's test attack and ||w_k||_2 of its row of the
     last layer (Sec. 3.2), each divided by its largest class's value (the paper says "normalize" and its axis ends
@@ -262,12 +261,12 @@ def _trajectory(run: Path, index: int, inv_t: float, device: str, full: bool) ->
     return np.asarray(probs), i, same
 
 
-@registry.figure(SOURCE, "Fig. 5", "(a), (e): class-wise variance of the predicted probability (Madry, TRADES, "
-                 "MART; Madry, HE, HE-LIS, HE-CMP); (b)-(d), (f)-(h): one cat's predicted distribution after 1, 10 "
-                 "and 20 PGD iterations",  # Table 2's rows come with the substitute of their transfer attack
-                 rows=(*CVC_MODELS["a"], "tian-iclr-t2-standard", *CVC_MODELS["e"]),
-                 partial="TRADES and MART are fastfair's re-trained rows (the paper's are the authors' released "
-                         "models: tian-iclr-t2-*-released, evaluated by tian-iclr-t2)")
+@figure(SOURCE, "Fig. 5", "(a), (e): class-wise variance of the predicted probability (Madry, TRADES, "
+        "MART; Madry, HE, HE-LIS, HE-CMP); (b)-(d), (f)-(h): one cat's predicted distribution after 1, 10 "
+        "and 20 PGD iterations",  # Table 2's rows come with the substitute of their transfer attack
+        rows=(*CVC_MODELS["a"], "tian-iclr-t2-standard", *CVC_MODELS["e"]),
+        partial="TRADES and MART are fastfair's re-trained rows (the paper's are the authors' released "
+                "models: tian-iclr-t2-*-released, evaluated by tian-iclr-t2)")
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Fig. 5 (Sec. 4). (a), (e): per class, the mean over its natural test images of the variance of the predicted
     distribution (``fastfair diagnose``'s CVC, Tian et al. KDD Def. 5.1), as % of its largest possible value
@@ -303,8 +302,8 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 6", "number of classes per robustness interval: CIFAR-100 (75th epoch), "
-                 "ImageNet (14th epoch)", rows=(PANELS["c"][1], PANELS["f"][1]))
+@figure(SOURCE, "Fig. 6", "number of classes per robustness interval: CIFAR-100 (75th epoch), "
+        "ImageNet (14th epoch)", rows=(PANELS["c"][1], PANELS["f"][1]))
 def fig6(runs: FigureRuns) -> list[Comparison]:
     """Fig. 6 (App. A): every class's robustness (PGD-20; ImageNet PGD-50) counted into [0, 10], (10, 20], ...,
     (90, 100], one panel per data set; mean over seeds of each class first. The text states no number of it."""
@@ -336,11 +335,11 @@ def _gap(values: np.ndarray, names: list[str]) -> str:
     return f"largest gap {np.ptp(mean):.1f} between {names[int(mean.argmax())]} and {names[int(mean.argmin())]}"
 
 
-@registry.figure(SOURCE, "Fig. 7", "class-wise clean accuracy of standard training beside class-wise robustness of "
-                 "adversarial training, per data set", rows=(*ROBUST, *STANDARD.values()),
-                 partial="ImageNet's standard model is trained (KDD Table 5's row), not PyTorch's pre-trained "
-                         "ResNet-50 the paper uses (no download here: fastfair eval --model resnet50 FILE); "
-                         "MNIST's and ImageNet's gaps are illegible in the paper, so not compared")
+@figure(SOURCE, "Fig. 7", "class-wise clean accuracy of standard training beside class-wise robustness of "
+        "adversarial training, per data set", rows=(*ROBUST, *STANDARD.values()),
+        partial="ImageNet's standard model is trained (KDD Table 5's row), not PyTorch's pre-trained "
+                "ResNet-50 the paper uses (no download here: fastfair eval --model resnet50 FILE); "
+                "MNIST's and ImageNet's gaps are illegible in the paper, so not compared")
 def fig7(runs: FigureRuns) -> list[Comparison]:
     """Fig. 7(a)-(f) (App. C): per plotted class, the standard model's clean accuracy beside the robust model's
     robustness (the row's test attack), and each one's largest gap between classes. The text's gaps: CIFAR-10
@@ -370,8 +369,8 @@ def fig7(runs: FigureRuns) -> list[Comparison]:
     return out
 
 
-@registry.figure(SOURCE, "Fig. 8", "t-SNE of CIFAR-10's penultimate features: (a) natural, (b) adversarial test "
-                 "images", rows=(HOMING_BASE,))
+@figure(SOURCE, "Fig. 8", "t-SNE of CIFAR-10's penultimate features: (a) natural, (b) adversarial test "
+        "images", rows=(HOMING_BASE,))
 def fig8(runs: FigureRuns) -> list[Comparison]:
     """Fig. 8 (App. D): t-SNE of the robust CIFAR-10 model's penultimate features on natural and PGD-20 test
     images, embedded together (``fastfair diagnose``, 500 images), first seed. The text states no number of it."""
@@ -385,5 +384,5 @@ def fig8(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 2", "Fig. 5", "Table 3", "Fig. 6",
-                            "Fig. 7", "Fig. 8", "Table 4", "Table 5", "Table 6"])
+inventory(SOURCE, ["Fig. 1", "Fig. 2", "Fig. 3", "Fig. 4", "Table 2", "Fig. 5", "Table 3", "Fig. 6",
+                   "Fig. 7", "Fig. 8", "Table 4", "Table 5", "Table 6"])

@@ -21,14 +21,14 @@ from fastfair.data.background import border_masks
 from fastfair.evaluation import homing, measures
 from fastfair.evaluation.background import background_counts
 from fastfair.reports import figures
-from fastfair.reproduce.figures import registry, tian_iclr
-from fastfair.reproduce.figures.registry import FigureRuns
+from fastfair.reproduce.figures.registry import FigureRuns, figure, inventory
+from fastfair.reproduce.figures.tian_iclr import HOMING_WITHOUT, SAMPLED
 from fastfair.reproduce.verdict import Comparison
 from fastfair.rundir import read_json, write_npz_atomic
 
 SOURCE = "tian-kdd"
-registry.inventory(SOURCE, ["Fig. 1", "Fig. 2", "Table 1", "Fig. 3", "Table 3", "Fig. 4", "Table 4", "Fig. 5",
-                            "Fig. 6", "Table 5"])
+inventory(SOURCE, ["Fig. 1", "Fig. 2", "Table 1", "Fig. 3", "Table 3", "Fig. 4", "Table 4", "Fig. 5",
+                   "Fig. 6", "Table 5"])
 
 # Sec. 4's adversarially trained models, one per data set, in the panel order of Fig. 2 ((a) MNIST, (b) CIFAR-10,
 # (c) CIFAR-100, (d) SVHN, (e) STL-10, (f) ImageNet: the text names 2(b), 2(d), 2(e)); Fig. 1's text places SVHN,
@@ -41,7 +41,7 @@ BASE, ADJUSTED = "tian-kdd-fig4c-trades-beta5-6", "tian-kdd-fig4c-trades-beta5-0
 # each confound class: Fig. 2(b)'s PGD-AT model, whose config is the ICLR submission's Fig. 1(b) model (one rule, issue
 # 50), so its re-trainings are that paper's Fig. 3(b) runs of the same homing experiment (a re-training starts afresh)
 HOMING_BASE = SEC4["b"][1]
-WITHOUT = tian_iclr.HOMING_WITHOUT
+WITHOUT = HOMING_WITHOUT
 FIG5 = "tian-kdd-fig5-madry-mnist-background"
 CAT, DOG = 3, 5  # CIFAR-10's class 3 (cat), Sec. 6's most vulnerable class, and its confound class 5 (dog)
 HOMING_ATTACK = "pgd20"  # Fig. 4(a) repeats Fig. 2(b) (PGD-20) in counts; configs/grids/tian-kdd-fig4-homing.toml's
@@ -59,7 +59,7 @@ def _shown(letter: str, classes: list[str]) -> list[int]:
     """Panel ``letter``'s classes: every one, or the 12 the paper "randomly sample[s]" of CIFAR-100 and ImageNet. The
     KDD copy names none of them; its Fig. 1 is the ICLR submission's (same caption, text and models), whose axes do
     (:data:`tian_iclr.SAMPLED`, ImageNet's 11 legible)."""
-    return [k for k in tian_iclr.SAMPLED.get(letter, range(len(classes))) if k < len(classes)]
+    return [k for k in SAMPLED.get(letter, range(len(classes))) if k < len(classes)]
 
 
 def robust_history(runs: FigureRuns, preset: str) -> tuple[list[int], np.ndarray, str]:
@@ -77,11 +77,11 @@ GAPS = {"a": (6.0, "last", None), "b": (45.0, "widest", 5.0), "c": (45.0, "wides
         "e": (45.0, "widest", 5.0), "f": (80.0, "last", None)}
 
 
-@registry.figure(SOURCE, "Fig. 1", "class-wise robustness at different epochs in the test set, six data sets "
-                 "(Sec. 4.1)", rows=tuple(preset for _, preset in SEC4.values()),
-                 partial="the KDD copy names none of the 12 classes sampled of CIFAR-100 and ImageNet: drawn are those "
-                         "the ICLR submission's Fig. 1, the same figure, names on its axes; ImageNet's ninth is "
-                         "illegible there, so 11 of its 12")
+@figure(SOURCE, "Fig. 1", "class-wise robustness at different epochs in the test set, six data sets "
+        "(Sec. 4.1)", rows=tuple(preset for _, preset in SEC4.values()),
+        partial="the KDD copy names none of the 12 classes sampled of CIFAR-100 and ImageNet: drawn are those "
+                "the ICLR submission's Fig. 1, the same figure, names on its axes; ImageNet's ninth is "
+                "illegible there, so 11 of its 12")
 def fig1(runs: FigureRuns) -> list[Comparison]:
     """Fig. 1: a panel per data set, a line per class over epochs, the span between the lowest and the highest class
     shaded (the paper's 12 classes of CIFAR-100 and ImageNet: :func:`_shown`). Numbers: the text's class-wise
@@ -115,8 +115,8 @@ def _percent(confusion) -> np.ndarray:
     return 100 * m / np.maximum(m.sum(axis=1, keepdims=True), 1)
 
 
-@registry.figure(SOURCE, "Fig. 2", "confusion matrices of robustness on the test set, six data sets (Sec. 4.2)",
-                 rows=tuple(preset for _, preset in SEC4.values()))
+@figure(SOURCE, "Fig. 2", "confusion matrices of robustness on the test set, six data sets (Sec. 4.2)",
+        rows=tuple(preset for _, preset in SEC4.values()))
 def fig2(runs: FigureRuns) -> list[Comparison]:
     """Fig. 2: a panel per data set, the test set's confusion matrix under the row's test attack (rows: true
     class, columns: prediction) in % of the true class, averaged over seeds. The text states no number."""
@@ -147,11 +147,11 @@ def _example(y: np.ndarray) -> int:
     return 127 if len(y) > 127 and y[127] == CAT else int(np.flatnonzero(y == CAT)[0])
 
 
-@registry.figure(SOURCE, "Fig. 3", "class-wise variance of confidence of Table 1's defenses; MART's output for one "
-                 "cat under PGD and Temperature-PGD after 1, 10 and 20 steps (Sec. 5)",
-                 rows=(*TABLE1.values(), "tian-kdd-t1-standard"),
-                 partial="(a): CVC of the natural test images (the text does not say natural or adversarial); "
-                         "(b)-(d): the paper's image 127 where the run's test set holds it, else its first cat")
+@figure(SOURCE, "Fig. 3", "class-wise variance of confidence of Table 1's defenses; MART's output for one "
+        "cat under PGD and Temperature-PGD after 1, 10 and 20 steps (Sec. 5)",
+        rows=(*TABLE1.values(), "tian-kdd-t1-standard"),
+        partial="(a): CVC of the natural test images (the text does not say natural or adversarial); "
+                "(b)-(d): the paper's image 127 where the run's test set holds it, else its first cat")
 def fig3(runs: FigureRuns) -> list[Comparison]:
     """Fig. 3(a): Def. 5.1's CVC per class of Madry, TRADES, MART and HE (Table 1's models; the standard row is the
     transfer attack's substitute there), as bars per class; (b)-(d): MART's softmax output for one cat after 1, 10
@@ -184,8 +184,8 @@ def fig3(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 4", "misclassified and homing confusion matrices; class-wise Temperature-PGD "
-                 "robustness as beta_5 changes (Sec. 6.1)", rows=(HOMING_BASE, *WITHOUT, BASE, ADJUSTED))
+@figure(SOURCE, "Fig. 4", "misclassified and homing confusion matrices; class-wise Temperature-PGD "
+        "robustness as beta_5 changes (Sec. 6.1)", rows=(HOMING_BASE, *WITHOUT, BASE, ADJUSTED))
 def fig4(runs: FigureRuns) -> list[Comparison]:
     """Fig. 4(a)/(b) by ``fastfair homing`` (PGD-20, as Fig. 2, which 4(a) repeats in counts) on Fig. 2(b)'s PGD-AT
     model (:data:`HOMING_BASE`) and its re-trainings without each class (:data:`WITHOUT`), seed by seed; (c): the
@@ -265,9 +265,9 @@ def background(runs: FigureRuns, examples: int) -> list[dict]:
     return out
 
 
-@registry.figure(SOURCE, "Table 4", "test cats predicted as each class, natural and under Temperature-PGD-20, with a "
-                 "white background and with the training adjustment (Sec. 6.2)", rows=(BASE, ADJUSTED),
-                 partial="the backgrounds are found by fastfair data masks' border rule, not drawn by hand")
+@figure(SOURCE, "Table 4", "test cats predicted as each class, natural and under Temperature-PGD-20, with a "
+        "white background and with the training adjustment (Sec. 6.2)", rows=(BASE, ADJUSTED),
+        partial="the backgrounds are found by fastfair data masks' border rule, not drawn by hand")
 def table4(runs: FigureRuns) -> list[Comparison]:
     """Table 4's 60 counts, each as % of the test cats (the paper's 1000; the text's 26.2 -> 40.3 -> 43.5 % are
     its class-3 column), lines 1-3 natural, 4-6 under Temperature-PGD-20 at 1/T = 5 (:data:`TPGD`)."""
@@ -290,10 +290,10 @@ def table4(runs: FigureRuns) -> list[Comparison]:
     return out
 
 
-@registry.figure(SOURCE, "Fig. 5", "MNIST with a background colour per class: the images, and the natural and "
-                 "adversarial confusion matrices of adversarial training (Sec. 6.2)", rows=(FIG5,),
-                 partial="(a): fastfair's colours (classes 2k and 2k+1 share one, the text's reading), not the "
-                         "figure's")
+@figure(SOURCE, "Fig. 5", "MNIST with a background colour per class: the images, and the natural and "
+        "adversarial confusion matrices of adversarial training (Sec. 6.2)", rows=(FIG5,),
+        partial="(a): fastfair's colours (classes 2k and 2k+1 share one, the text's reading), not the "
+                "figure's")
 def fig5(runs: FigureRuns) -> list[Comparison]:
     """Fig. 5(a): a test image of each class; (b), (c): the test set's confusion matrices, natural and under the
     preset's PGD-40 (``fastfair eval`` of the run's checkpoint), in % of the true class, averaged over seeds. The
@@ -318,10 +318,10 @@ def fig5(runs: FigureRuns) -> list[Comparison]:
     return []
 
 
-@registry.figure(SOURCE, "Fig. 6", "test cats before and after their background turns white, with the two most "
-                 "likely classes natural and under attack (Sec. 6.2)", rows=(BASE, ADJUSTED),
-                 partial="the images are the two whose confidence in cat rises most with the new background, not "
-                         "the paper's test images 2261 and 3634; the backgrounds by fastfair data masks' border rule")
+@figure(SOURCE, "Fig. 6", "test cats before and after their background turns white, with the two most "
+        "likely classes natural and under attack (Sec. 6.2)", rows=(BASE, ADJUSTED),
+        partial="the images are the two whose confidence in cat rises most with the new background, not "
+                "the paper's test images 2261 and 3634; the backgrounds by fastfair data masks' border rule")
 def fig6(runs: FigureRuns) -> list[Comparison]:
     """Fig. 6 as ``fastfair background`` draws it for the first seed's beta = 6 model under :data:`TPGD`. The text
     states no number (the boxes' confidences are only in the figure)."""

@@ -8,15 +8,15 @@ a rerun skips every part that already finished (each part writes its own record,
 beside the benches' own result files). A part may run alongside the one before it (the GPU tests
 beside the plan's compilation). On a lease::
 
-    bash bench/gpu_lease.sh            # installs what the GPU image lacks, runs the suite, packs $OUT
+    bash bench/lease/gpu_lease.sh            # installs what the GPU image lacks, runs the suite, packs $OUT
 
-and locally, once before the lease: ``bash bench/gpu_prepare.sh`` (wheels into a git-ignored
+and locally, once before the lease: ``bash bench/lease/gpu_prepare.sh`` (wheels into a git-ignored
 folder that the ``run`` call carries). Unpack the returned ``gpu-suite.tar.gz`` into
 ``bench/results/`` (a later call takes the records along as untracked files, and resumes), then
 ``python bench/speed_report.py --write`` (docs/performance.md).
 
-    python bench/gpu_suite.py --list   # the parts, their budgets and status; the plan's total
-    python bench/gpu_suite.py --smoke  # every part at tiny sizes on any device (CI)
+    python bench/lease/gpu_suite.py --list   # the parts, their budgets and status; the plan's total
+    python bench/lease/gpu_suite.py --smoke  # every part at tiny sizes on any device (CI)
 
 The first parts are the GPU plan of issue 42, budgeted to fit one command (see PARTS): the
 training configurations the CUDA defaults depend on, each beside the reference loop in its own
@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
 from bench import common  # noqa: E402
 
-BENCH = Path(__file__).resolve().parent
+BENCH = common.ROOT / "bench"  # the benchmarks the parts run (bench/README.md)
 SUITE_DIR = "gpu-suite"  # records of the parts, under --out
 PER_COMMAND_S = 540  # a lease's command may run 10 minutes; keep a margin for start-up and packing
 REAL_DATA = ("cifar10-subset.npz",)  # looked for in .devdata/ (carried to the GPU) and ../shared/data
@@ -170,7 +170,7 @@ PARTS = (
     Part("kernels", "fused Triton kernels against eager and Inductor's code for the same maths", 240,
          args=lambda a: [str(BENCH / "bench_kernels.py"), "--out", str(a.out)] + (["--smoke"] if a.smoke else [])),
     Part("bf16", "robust accuracy of bf16-trained vs fp32-trained ResNet-18 on the real subset (fp32 eval)", 540,
-         args=lambda a: [str(BENCH / "check_bf16_robustness.py"), "--out", str(a.out)]
+         args=lambda a: [str(BENCH / "investigations" / "check_bf16_robustness.py"), "--out", str(a.out)]
          + (["--smoke"] if a.smoke else ["--epochs", "10", "--seeds", "0"])
          + (["--data", str(real_data(a))] if real_data(a) else [])),
 )

@@ -2,9 +2,9 @@
 fastest, per model and batch size? ``model.channels_last = auto`` and ``train.amp = auto`` follow the answer on a
 CPU (fastfair/build.py; issue 44, item 6).
 
-    python bench/cpu_layout.py                # every configuration below, 9 windows of 2 steps each
-    python bench/cpu_layout.py --smoke        # tiny sizes: checks the bench runs (CI)
-    python bench/cpu_layout.py --only preact-resnet18 --windows 5
+    python bench/investigations/cpu_layout.py                # every configuration below, 9 windows of 2 steps each
+    python bench/investigations/cpu_layout.py --smoke        # tiny sizes: checks the bench runs (CI)
+    python bench/investigations/cpu_layout.py --only preact-resnet18 --windows 5
 
 For each model and batch size, four Trainers (train.amp off/bf16 x model.channels_last off/on; PGD-AT with
 10 attack steps, eager, train.kernels torch) live in one process and their timed windows take turns, so a change
@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

@@ -2,8 +2,8 @@
 twice per seed, with train.amp = off and = bf16 (everything else, seed included, the same),
 then evaluates both final models in fp32 with clean and PGD-20 on the subset's test images.
 
-    python bench/check_bf16_robustness.py                  # GPU: ResNet-18, 30 epochs, seeds 0 1
-    python bench/check_bf16_robustness.py --smoke          # any device: tiny CNN, 1 epoch (CI)
+    python bench/investigations/check_bf16_robustness.py           # GPU: ResNet-18, 30 epochs, seeds 0 1
+    python bench/investigations/check_bf16_robustness.py --smoke   # any device: tiny CNN, 1 epoch (CI)
 
 "Within noise" is judged against the binomial standard error of a difference of two
 accuracies on the test images: |PGD-20(bf16) - PGD-20(fp32)| <= 2 SE (a heuristic; with a few
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

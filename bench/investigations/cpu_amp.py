@@ -1,7 +1,8 @@
 """bf16 autocast on a CPU, measured: should ``train.amp = auto`` pick it where no GPU is? (issue 28, item 9)
 
-    python bench/cpu_amp.py            # speed of fp32 vs bf16 training steps, then the demo's numbers in both
-    python bench/cpu_amp.py --smoke    # tiny sizes: checks the bench runs (CI)
+    python bench/investigations/cpu_amp.py          # speed of fp32 vs bf16 training steps, then the demo's numbers
+                                                    # in both
+    python bench/investigations/cpu_amp.py --smoke  # tiny sizes: checks the bench runs (CI)
 
 Speed: for each model, one Trainer with ``train.amp = off`` and one with ``bf16`` live in one process and
 their timed windows alternate (fp32, bf16, fp32, ...), so a change in machine load hits both alike; the
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

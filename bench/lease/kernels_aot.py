@@ -1,6 +1,6 @@
 """Every Triton kernel of fastfair.kernels compiled ahead of time for sm_80 (A100) and sm_90 (H100), no GPU needed.
 
-    python bench/kernels_aot.py    # exit 1 on a compile error, a spill, or registers above the ceiling
+    python bench/lease/kernels_aot.py    # exit 1 on a compile error, a spill, or registers above the ceiling
 
 About 80 s on 2 CPU cores (68 compiles); tests/test_kernels_aot.py runs it whole in CI.
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels (JITFunction), not the interpreter's: read at decoration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
           f"{head['time_utc']}",
           f"- {len(rows)} launch x target rows, {record['unique_specialisations']} distinct specialisations, "
           f"{record['compiles']} compiles, {elapsed:.0f} s ({t_trace:.0f} s tracing the training steps)",
-          "- register ceiling: the grid resident in one wave where the SM allows (see bench/kernels_aot.py)",
+          "- register ceiling: the grid resident in one wave where the SM allows (see bench/lease/kernels_aot.py)",
           "", "Term sets launched by one training step of the methods and presets (derived, not listed by hand):", ""]
     md += [f"- {k.label()}" for k in sorted(found["row_loss"])]
     md += ["", f"Configs that could not run at this size: {'; '.join(unrunnable) or 'none'}", "",
