@@ -394,6 +394,20 @@ class Trainer:
         if signum:
             raise stopping.Stopped(signum)
 
+    def _stopped_at_once(self) -> str:
+        """The line of a process a second Ctrl-C ends inside a step that never returns to Python
+        (:mod:`fastfair.stopping`): the last whole checkpoint on disk, and how to go on from it."""
+        epochs, step, steps = self.kept
+        go_on = f"continue with: {distributed.command(f'train --out {self.out} --resume')}"
+        if step:
+            kept = (f"the last whole checkpoint is {self.run.interrupted} ({epochs} epoch{'s' * (epochs != 1)} and "
+                    f"{step} of {steps} steps)")
+        elif epochs:
+            kept = f"the last whole checkpoint is {self.run.last} (epoch {epochs} of {self.cfg.train.epochs})"
+        else:
+            kept = "no epoch had finished, so no checkpoint was kept"
+        return f"stopped at once by a second Ctrl-C inside a training step; {kept}; {go_on}"
+
     def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
         if nonfinite:
             # last.pt holds the epoch before (written by this process or the one resumed from)
@@ -437,7 +451,7 @@ class Trainer:
     def fit(self) -> Path:
         if self.start_epoch == 0 and not self.within and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        with build.fastest_convolutions(self.dev), stopping.deferred():
+        with build.fastest_convolutions(self.dev), stopping.deferred(at_once=self._stopped_at_once):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self._stop_if_signalled()
                 self.run_epoch(epoch)
