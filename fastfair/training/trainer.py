@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, data, ops, stopping
+from fastfair import build, config, cpu, data, ops, stopping
 from fastfair.checks import check_config
 from fastfair.training import averaging, fallback, optim, teacher
 from fastfair.scaleout import distributed
@@ -451,7 +451,8 @@ class Trainer:
     def fit(self) -> Path:
         if self.start_epoch == 0 and not self.within and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        with build.fastest_convolutions(self.dev), stopping.deferred(at_once=self._stopped_at_once):
+        with build.fastest_convolutions(self.dev), stopping.deferred(at_once=self._stopped_at_once), \
+                cpu.training_convolutions(self.cfg.train.onednn, self.dev, self.amp, self.log):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self._stop_if_signalled()
                 self.run_epoch(epoch)

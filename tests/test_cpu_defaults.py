@@ -1,0 +1,88 @@
+"""What fastfair sets for itself on a CPU (fastfair/cpu.py, issue 57 item 4): oneDNN off for training's
+convolutions where its AVX2 1x1 weight gradient hangs, and the notice saying so."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastfair import cpu
+from fastfair.rundir import RunDir
+
+ROOT = Path(__file__).parents[1]
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # an AVX2-only CPU, emulated
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize("env, capability, avx2", [
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "AVX512", True),  # oneDNN held to AVX2 on an AVX-512 CPU
+    ({"ONEDNN_MAX_CPU_ISA": "avx2_vnni"}, "AVX512", True),
+    ({"DNNL_MAX_CPU_ISA": "AVX2"}, "AVX512", True),  # oneDNN's older name
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "AVX2", False),  # the hold says which kernels run
+    ({"ONEDNN_MAX_CPU_ISA": "ALL"}, "AVX2", True),  # no hold: the CPU decides
+    ({}, "AVX2", True), ({}, "AVX512", False), ({}, "DEFAULT", False),
+])
+def test_the_avx2_kernels_are_told_from_the_cpu_and_the_env_holds(env, capability, avx2, monkeypatch):
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    assert cpu.onednn_avx2() is avx2
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
+    assert not cpu.onednn_avx2()  # oneDNN's ARM kernels are others
+
+
+def test_onednn_is_off_for_fp32_cpu_training_on_avx2_alone_and_as_the_key_says(monkeypatch):
+    monkeypatch.setattr(cpu, "onednn_avx2", lambda: True)
+    assert cpu.onednn_off("auto", CPU, None)
+    assert not cpu.onednn_off("auto", CPU, torch.bfloat16)  # bf16 autocast runs other kernels
+    assert not cpu.onednn_off("auto", CUDA, None)
+    assert not cpu.onednn_off("on", CPU, None) and cpu.onednn_off("off", CUDA, torch.bfloat16)
+    monkeypatch.setattr(cpu, "onednn_avx2", lambda: False)
+    assert not cpu.onednn_off("auto", CPU, None)
+
+
+def test_the_block_turns_onednn_off_says_why_once_and_puts_it_back(monkeypatch):
+    monkeypatch.setattr(cpu, "onednn_avx2", lambda: True)
+    said = []
+    with cpu.training_convolutions("auto", CPU, None, said.append):
+        assert not torch.backends.mkldnn.enabled
+    assert torch.backends.mkldnn.enabled and said == [cpu.NOTICE]
+    with cpu.training_convolutions("on", CPU, None, said.append):
+        assert torch.backends.mkldnn.enabled
+    with cpu.training_convolutions("off", CPU, None, said.append):  # asked for: nothing to say
+        assert not torch.backends.mkldnn.enabled
+    assert said == [cpu.NOTICE]
+
+
+@pytest.mark.fault
+@pytest.mark.slow  # 152 s on the loaded 2-core machine (load average 12)
+def test_fp32_training_of_a_resnet_on_an_emulated_avx2_cpu_ends(tmp_path):
+    """The trigger: preact-resnet18's 1x1 shortcuts trained in fp32 with oneDNN held to AVX2 hung (both threads in
+    jit_avx2_1x1_convolution_bwd_weights) or crashed in most runs with oneDNN on; with fastfair's default it ends."""
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "cifar-shaped.npz"
+    np.savez(npz, x_train=rng.integers(0, 256, (110, 3, 32, 32), dtype=np.uint8), y_train=np.arange(110) % 10,
+             x_test=rng.integers(0, 256, (10, 3, 32, 32), dtype=np.uint8), y_test=np.arange(10) % 10)
+    out = tmp_path / "run"
+    args = ["train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", npz, "--model", "preact-resnet18",
+            "--epochs", "1", "--out", out, "--quiet", "--set", "model.width=4", "--set", "data.val_per_class=1",
+            "--set", "data.batch_size=50", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
+            "--set", "eval.attacks=['clean']", "--set", "train.amp=off"]
+    env = {**os.environ, **AVX2, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_NUM_THREADS", None)  # torch's default threads: two on 2 cores hung, one crashed
+    try:
+        r = subprocess.run([sys.executable, "-m", "fastfair", *map(str, args)], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed it
+        pytest.fail("the emulated AVX2 fp32 training did not end within 240 s: oneDNN's AVX2 1x1 weight gradient "
+                    "is back in training (fastfair/cpu.py)")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert cpu.NOTICE in RunDir(out).train_log.read_text()  # the run's log says why it ran without oneDNN
