@@ -14,12 +14,13 @@ USR1 warning, then a grid's SIGTERM to its children), and only a person pressing
 Python runs a handler only when the main thread is back in Python, and a training step can sit in native code that
 never returns (oneDNN's AVX2 1x1-convolution weight gradient spun forever in torch 2.13, docs/reliability.md): a
 :func:`deferred` block given ``at_once`` (the trainer's) has a watcher thread that sees each signal as it lands,
-through the file descriptor CPython's own C handler writes every signal's number to. A first Ctrl-C the block has
-not ended within a second is answered with a line saying the run stops after the step; a second Ctrl-C the handler
-has not taken within a second ends the process at once, exit 130, with the line ``at_once()`` returns (the last
-whole checkpoint and how to go on). SIGTERM twice does not: two often come from two senders at once (SLURM signals
-every process of a job step while a grid or torchrun forwards its own), and a cluster's SIGKILL follows anyway.
-A native call that holds the GIL keeps the watcher out too; only SIGKILL ends such a process.
+through the file descriptor CPython's own C handler writes every signal's number to. A first Ctrl-C Python's
+handler has not taken within a second (the step is in native code) is answered with a line saying the run stops
+after the step; a second one it has not taken within a second ends the process at once, exit 130, with the line
+``at_once()`` returns (the last whole checkpoint and how to go on). A step that returns to Python stops as before.
+SIGTERM twice does not: two often come from two senders at once (SLURM signals every process of a job step while a
+grid or torchrun forwards its own), and a cluster's SIGKILL follows anyway. A native call that holds the GIL keeps
+the watcher out too; only SIGKILL ends such a process.
 
 :func:`says` is every command's and every API entry point's way to end on one: the handler installed, a stop
 turned into :class:`~fastfair.errors.Interrupted` with the line saying what was kept.
@@ -112,8 +113,8 @@ def handled():
 
 
 GRACE_S = 1.0  # how long a signal waits for Python's handler before the watcher speaks or ends the process
-NOTICE = ("fastfair: stopping after the step now running, which has not ended yet; Ctrl-C again stops at once, "
-          "losing the step")
+NOTICE = ("fastfair: stopping after the step now running, which has not returned for a second; Ctrl-C again stops "
+          "at once, losing the step")
 
 
 class _Watcher:
@@ -144,12 +145,14 @@ class _Watcher:
                         at = time.monotonic() + GRACE_S
                         notice_at, end_at = (at, None) if arrived == 1 else (None, at)
             now = time.monotonic()
+            stuck = len(_received) - self.base < arrived  # Python's handler has not got to every signal yet
             if notice_at is not None and now >= notice_at:
                 notice_at = None
-                print(NOTICE, file=sys.stderr, flush=True)
+                if stuck:
+                    print(NOTICE, file=sys.stderr, flush=True)
             if end_at is not None and now >= end_at:
                 end_at = None
-                if len(_received) - self.base < arrived:  # Python's handler never got to the signals: stuck
+                if stuck:
                     print(f"fastfair: {self.at_once()}", file=sys.stderr, flush=True)
                     os._exit(exit_code(signal.SIGINT))
 

@@ -291,6 +291,18 @@ def _stderr_lines(path: Path, want: int, proc: subprocess.Popen, timeout: float 
 
 
 @pytest.mark.fault
+def test_a_block_that_returns_to_python_stops_as_before_with_nothing_more_said(fresh_handlers, capfd):
+    with stopping.handled(), pytest.raises(stopping.Stopped) as stop:
+        with stopping.deferred(at_once=lambda: "never said"):
+            _send(signal.SIGINT)
+            time.sleep(3 * stopping.GRACE_S)  # Python's handler took it: the watcher neither speaks nor ends
+            assert stopping.requested() == signal.SIGINT
+            _send(signal.SIGINT)  # the handler raises it, as without the watcher
+    assert stop.value.signum == signal.SIGINT and capfd.readouterr().err == ""
+    assert not [t for t in threading.enumerate() if t.name == "fastfair-stop-watcher"]  # ended with its block
+
+
+@pytest.mark.fault
 def test_a_second_ctrl_c_ends_a_block_stuck_in_native_code_and_says_what_was_kept(tmp_path):
     marker, err = tmp_path / "stuck", tmp_path / "stderr"
     code = ("import sys\nfrom pathlib import Path\nfrom fastfair import stopping\n"
