@@ -1,51 +1,75 @@
 """What fastfair sets for itself when it trains on a CPU (issue 57 item 4; docs/reliability.md, "CPU training").
 
-oneDNN off for training's convolutions on an AVX2-only CPU in fp32 (``train.onednn = auto``): torch 2.13's oneDNN
-weight gradient of a 1x1 convolution in channels-last memory (``jit_avx2_1x1_convolution_bwd_weights``, every
-ResNet's shortcut) hung, crashed the process or returned a wrong gradient there, in most runs of the shapes measured
-(bench/investigations/onednn_avx2_hang.py). AVX-512 CPUs run other kernels, bf16 autocast runs other kernels, and
-evaluation takes no weight gradient: each keeps oneDNN.
+oneDNN off for training's convolutions where its weight gradient of a 1x1 convolution in channels-last memory
+(``jit_1x1`` backward_weights: ``jit_avx2_1x1_convolution_bwd_weights`` and its AVX-512 and bf16 siblings, in torch
+2.13's oneDNN 3.12) hung, crashed the process or returned a wrong gradient (bench/investigations/onednn_avx2_hang.py;
+oneDNN issue 6035: it writes past its workspace): with oneDNN's AVX2 kernels at every 1x1 shape measured, CIFAR's
+32x32 included; with its AVX-512 ones (fp32 and bf16) at strided 1x1 convolutions of fewer than 16 input channels on
+128x128 images. NCHW memory and evaluation (no weight gradient) keep oneDNN.
+
+This module imports torch only inside its functions: nothing here needs it loaded.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import platform
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) that stop below AVX-512: its AVX2 kernels are the ones it runs there
 _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
-NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: on a CPU without AVX-512, torch's "
-          "oneDNN fp32 weight gradient of 1x1 convolutions can hang or crash (docs/reliability.md); "
+AVX512_BLOCK = 16  # input channels AVX-512's kernel takes at once: narrower strided 1x1 convolutions failed
+NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: its weight gradient of channels-last "
+          "1x1 convolutions can hang, crash or be wrong on this CPU and model (docs/reliability.md); "
           "--set train.onednn=on keeps it")
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def onednn_avx2() -> bool:
     """Whether oneDNN runs its AVX2 kernels here: an x86 CPU without AVX-512 (as ATen sees it, so
     ``ATEN_CPU_CAPABILITY=avx2`` counts), or oneDNN held below AVX-512 by ``ONEDNN_MAX_CPU_ISA``."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86():
         return False
     hold = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
     if hold and hold.upper() != "ALL":
         return hold.upper() in _BELOW_AVX512
+    import torch
+
     return torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
-def onednn_off(choice: str, dev: torch.device, amp: torch.dtype | None) -> bool:
-    """Whether ``train.onednn`` (auto | on | off) turns oneDNN off for a training on ``dev`` under autocast ``amp``
-    (None: fp32)."""
+def failing_convolutions(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a 1x1 convolution whose weight gradient failed with oneDNN in channels-last memory
+    here: any, with its AVX2 kernels; a strided one of fewer than 16 input channels, with its AVX-512 ones."""
+    import torch
+
+    ones = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)]
+    if not ones or not _x86():
+        return False
+    return onednn_avx2() or any(m.stride != (1, 1) and m.in_channels < AVX512_BLOCK for m in ones)
+
+
+def onednn_off(choice: str, dev: torch.device, channels_last: bool, model: torch.nn.Module) -> bool:
+    """Whether ``train.onednn`` (auto | on | off) turns oneDNN off for training ``model`` on ``dev``."""
     if choice != "auto":
         return choice == "off"
-    return dev.type == "cpu" and amp is None and onednn_avx2()
+    return dev.type == "cpu" and channels_last and failing_convolutions(model)
 
 
 @contextlib.contextmanager
-def training_convolutions(choice: str, dev: torch.device, amp: torch.dtype | None, log: Callable[[str], None]):
+def training_convolutions(choice: str, dev: torch.device, channels_last: bool, model: torch.nn.Module,
+                          log: Callable[[str], None]):
     """oneDNN off for the block where :func:`onednn_off` says so (ATen's own convolutions run instead); ``auto``
     says so in one line. Restored afterwards: evaluation keeps oneDNN."""
-    if not (onednn_off(choice, dev, amp) and torch.backends.mkldnn.is_available()):
+    import torch
+
+    if not (onednn_off(choice, dev, channels_last, model) and torch.backends.mkldnn.is_available()):
         yield
         return
     if choice == "auto":

@@ -1,5 +1,5 @@
 """What fastfair sets for itself on a CPU (fastfair/cpu.py, issue 57 item 4): oneDNN off for training's
-convolutions where its AVX2 1x1 weight gradient hangs, and the notice saying so."""
+convolutions where its 1x1 weight gradient hangs or crashes, and the notice saying so."""
 from __future__ import annotations
 
 import os
@@ -39,25 +39,45 @@ def test_the_avx2_kernels_are_told_from_the_cpu_and_the_env_holds(env, capabilit
     assert not cpu.onednn_avx2()  # oneDNN's ARM kernels are others
 
 
-def test_onednn_is_off_for_fp32_cpu_training_on_avx2_alone_and_as_the_key_says(monkeypatch):
-    monkeypatch.setattr(cpu, "onednn_avx2", lambda: True)
-    assert cpu.onednn_off("auto", CPU, None)
-    assert not cpu.onednn_off("auto", CPU, torch.bfloat16)  # bf16 autocast runs other kernels
-    assert not cpu.onednn_off("auto", CUDA, None)
-    assert not cpu.onednn_off("on", CPU, None) and cpu.onednn_off("off", CUDA, torch.bfloat16)
-    monkeypatch.setattr(cpu, "onednn_avx2", lambda: False)
-    assert not cpu.onednn_off("auto", CPU, None)
+def _net(*convs: tuple[int, int]) -> torch.nn.Module:
+    """1x1 convolutions of (input channels, stride), and a 3x3 one."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), *(torch.nn.Conv2d(c, 8, 1, stride=s) for c, s in convs))
+
+
+@pytest.mark.parametrize("avx2, convs, failing", [
+    (True, [], False),  # no 1x1 convolution: nothing to avoid
+    (True, [(16, 1)], True),  # AVX2: every 1x1 shape measured failed
+    (False, [(4, 2)], True), (False, [(8, 2), (16, 2)], True),  # AVX-512: strided and narrower than its block
+    (False, [(16, 2), (4, 1)], False),
+])
+def test_the_failing_convolutions_are_told_from_the_isa_and_the_model(avx2, convs, failing, monkeypatch):
+    monkeypatch.setattr(cpu, "onednn_avx2", lambda: avx2)
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    assert cpu.failing_convolutions(_net(*convs)) is failing
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
+    assert not cpu.failing_convolutions(_net(*convs))
+
+
+def test_onednn_is_off_for_channels_last_cpu_training_of_such_a_model_and_as_the_key_says(monkeypatch):
+    monkeypatch.setattr(cpu, "failing_convolutions", lambda model: True)
+    net = _net()
+    assert cpu.onednn_off("auto", CPU, True, net)
+    assert not cpu.onednn_off("auto", CPU, False, net)  # NCHW runs oneDNN's blocked path, which held
+    assert not cpu.onednn_off("auto", CUDA, True, net)
+    assert not cpu.onednn_off("on", CPU, True, net) and cpu.onednn_off("off", CUDA, False, net)
+    monkeypatch.setattr(cpu, "failing_convolutions", lambda model: False)
+    assert not cpu.onednn_off("auto", CPU, True, net)
 
 
 def test_the_block_turns_onednn_off_says_why_once_and_puts_it_back(monkeypatch):
-    monkeypatch.setattr(cpu, "onednn_avx2", lambda: True)
-    said = []
-    with cpu.training_convolutions("auto", CPU, None, said.append):
+    monkeypatch.setattr(cpu, "failing_convolutions", lambda model: True)
+    said, net = [], _net()
+    with cpu.training_convolutions("auto", CPU, True, net, said.append):
         assert not torch.backends.mkldnn.enabled
     assert torch.backends.mkldnn.enabled and said == [cpu.NOTICE]
-    with cpu.training_convolutions("on", CPU, None, said.append):
+    with cpu.training_convolutions("on", CPU, True, net, said.append):
         assert torch.backends.mkldnn.enabled
-    with cpu.training_convolutions("off", CPU, None, said.append):  # asked for: nothing to say
+    with cpu.training_convolutions("off", CPU, True, net, said.append):  # asked for: nothing to say
         assert not torch.backends.mkldnn.enabled
     assert said == [cpu.NOTICE]
 

@@ -452,7 +452,7 @@ class Trainer:
         if self.start_epoch == 0 and not self.within and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
         with build.fastest_convolutions(self.dev), stopping.deferred(at_once=self._stopped_at_once), \
-                cpu.training_convolutions(self.cfg.train.onednn, self.dev, self.amp, self.log):
+                cpu.training_convolutions(self.cfg.train.onednn, self.dev, self.cl, self.model, self.log):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self._stop_if_signalled()
                 self.run_epoch(epoch)
