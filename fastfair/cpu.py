@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -25,6 +26,16 @@ AVX512_BLOCK = 16  # input channels AVX-512's kernel takes at once: narrower str
 NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: its weight gradient of channels-last "
           "1x1 convolutions can hang, crash or be wrong on this CPU and model (docs/reliability.md); "
           "--set train.onednn=on keeps it")
+
+
+def share_cores() -> None:
+    """Before torch loads (the CLI's first act): OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``)
+    instead of spinning for a while first, which on a shared machine took the core from the thread the others waited
+    for (docs/reliability.md, "CPU training"). A policy the user set (``OMP_WAIT_POLICY``, libgomp's
+    ``GOMP_SPINCOUNT``) is kept; once torch is loaded its OpenMP has read the environment, so nothing changes."""
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def _x86() -> bool:

@@ -106,3 +106,23 @@ def test_fp32_training_of_a_resnet_on_an_emulated_avx2_cpu_ends(tmp_path):
                     "is back in training (fastfair/cpu.py)")
     assert r.returncode == 0, r.stderr[-3000:]
     assert cpu.NOTICE in RunDir(out).train_log.read_text()  # the run's log says why it ran without oneDNN
+
+
+# ---- threads on a shared machine ---------------------------------------------------------------------------
+
+def _policy_after(code: str, **env: str) -> str:
+    """OMP_WAIT_POLICY in a fresh process after ``code`` (the environment without a policy, plus ``env``)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    r = subprocess.run([sys.executable, "-c", f"{code}\nimport os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                       env={**clean, "PYTHONPATH": str(ROOT), **env}, cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_the_cli_lets_openmp_threads_sleep_before_torch_loads_unless_the_user_chose():
+    listing = "from fastfair import cli; cli.main(['presets'])"
+    assert _policy_after(listing) == "PASSIVE"
+    assert _policy_after(listing, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    assert _policy_after(listing, GOMP_SPINCOUNT="10000") == "None"  # libgomp's own spin setting: the user's
+    assert _policy_after(f"import torch; {listing}") == "None"  # its OpenMP has read the environment: too late
