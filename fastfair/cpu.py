@@ -3,7 +3,7 @@
 oneDNN off for training's convolutions where its weight gradient of a 1x1 convolution in channels-last memory
 (``jit_1x1`` backward_weights: ``jit_avx2_1x1_convolution_bwd_weights`` and its AVX-512 and bf16 siblings, in torch
 2.13's oneDNN 3.12) hung, crashed the process or returned a wrong gradient (bench/investigations/onednn_avx2_hang.py;
-oneDNN issue 6035: it writes past its workspace): with oneDNN's AVX2 kernels at every 1x1 shape measured, CIFAR's
+oneDNN issue 6035: it writes past its workspace): with oneDNN's AVX2 kernels at most 1x1 shapes measured, CIFAR's
 32x32 included; with its AVX-512 ones (fp32 and bf16) at strided 1x1 convolutions of fewer than 16 input channels on
 128x128 images. NCHW memory and evaluation (no weight gradient) keep oneDNN.
 
@@ -25,7 +25,8 @@ _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 AVX512_BLOCK = 16  # input channels AVX-512's kernel takes at once: narrower strided 1x1 convolutions failed
 NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: its weight gradient of channels-last "
           "1x1 convolutions can hang, crash or be wrong on this CPU and model (docs/reliability.md); "
-          "--set train.onednn=on keeps it")
+          "--set model.channels_last=off keeps oneDNN in NCHW memory, where it held (faster here), "
+          "--set train.onednn=on keeps it as it is")
 
 
 def share_cores() -> None:

@@ -43,8 +43,8 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("foreign")
     npz = cifar_subset_npz(tmp, n_train=700, n_test=60)
     run = tmp / "run"
-    # on an AVX2-only CPU fastfair trains this net's 1x1 shortcuts without oneDNN (train.onednn=auto, fastfair/cpu.py;
-    # tests/test_cpu_defaults.py), whose weight gradient there hung for more than 15 minutes or crashed the process
+    # fastfair trains this net's narrow 1x1 shortcuts without oneDNN (train.onednn=auto, fastfair/cpu.py), whose weight
+    # gradient hung for more than 15 minutes or crashed the process on an AVX2-only CPU (tests/test_cpu_defaults.py)
     assert cli.main(["train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", str(npz), "--model",
                      "preact-resnet18", "--epochs", "1", "--out", str(run), "--quiet", "--set", "model.width=4",
                      "--set", "data.val_per_class=5", "--set", "data.batch_size=50", "--set", "attack.steps=1",
