@@ -7,6 +7,9 @@ oneDNN issue 6035: it writes past its workspace): with oneDNN's AVX2 kernels at 
 32x32 included; with its AVX-512 ones (fp32 and bf16) at strided 1x1 convolutions of fewer than 16 input channels on
 128x128 images. NCHW memory and evaluation (no weight gradient) keep oneDNN.
 
+OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``, :func:`share_cores`): spinning ones made the demo
+train 12-18 times slower at two threads than at one on a loaded 2-core machine (bench/investigations/threads.py).
+
 This module imports torch only inside its functions: nothing here needs it loaded.
 """
 from __future__ import annotations
