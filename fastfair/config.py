@@ -141,8 +141,8 @@ class TrainConfig:
     # auto (off until a GPU measures it: build.auto_cpp_wrapper) | on | off: Inductor's C++ wrapper, which issues the
     # compiled code's kernel launches from C++ instead of Python
     cpp_wrapper: str = "auto"
-    # auto (off for a CPU training in channels-last memory of a model whose 1x1 convolutions' weight gradient hangs
-    # or crashes in oneDNN there: cpu.onednn_off) | on | off: oneDNN's convolutions while training
+    # auto (off for a CPU training in channels-last memory of a model with narrow strided 1x1 convolutions, whose
+    # weight gradient hangs or crashes in oneDNN: cpu.onednn_off) | on | off: oneDNN's convolutions while training
     onednn: str = "auto"
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | epoch | last

@@ -1,11 +1,10 @@
 """What fastfair sets for itself when it trains on a CPU (issue 57 item 4; docs/reliability.md, "CPU training").
 
-oneDNN off for training's convolutions where its weight gradient of a 1x1 convolution in channels-last memory
-(``jit_1x1`` backward_weights: ``jit_avx2_1x1_convolution_bwd_weights`` and its AVX-512 and bf16 siblings, in torch
-2.13's oneDNN 3.12) hung, crashed the process or returned a wrong gradient (bench/investigations/onednn_avx2_hang.py;
-oneDNN issue 6035: it writes past its workspace): with oneDNN's AVX2 kernels at most 1x1 shapes measured, CIFAR's
-32x32 included; with its AVX-512 ones (fp32 and bf16) at strided 1x1 convolutions of fewer than 16 input channels on
-128x128 images. NCHW memory and evaluation (no weight gradient) keep oneDNN.
+oneDNN off for training's convolutions where its weight gradient of a strided 1x1 convolution in channels-last
+memory (``jit_1x1`` backward_weights: ``jit_avx2_1x1_convolution_bwd_weights`` and its AVX-512 and bf16 siblings, in
+torch 2.13's oneDNN 3.12) hung, crashed the process or returned a wrong gradient: with fewer input channels than
+the kernel's block, 8 for AVX2 and 16 for AVX-512 (bench/investigations/onednn_avx2_hang.py; oneDNN issue 6035: it
+writes past its workspace there). NCHW memory, stride 1 and evaluation (no weight gradient) keep oneDNN.
 
 OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``, :func:`share_cores`): spinning ones made the demo
 train 12-18 times slower at two threads than at one on a loaded 2-core machine (bench/investigations/threads.py).
@@ -25,11 +24,12 @@ if TYPE_CHECKING:
 
 # oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) that stop below AVX-512: its AVX2 kernels are the ones it runs there
 _BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
-AVX512_BLOCK = 16  # input channels AVX-512's kernel takes at once: narrower strided 1x1 convolutions failed
-NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: its weight gradient of channels-last "
-          "1x1 convolutions can hang, crash or be wrong on this CPU and model (docs/reliability.md); "
-          "--set model.channels_last=off keeps oneDNN in NCHW memory, where it held (faster here), "
-          "--set train.onednn=on keeps it as it is")
+# input channels oneDNN's 1x1 kernel takes at once, by its ISA: narrower strided 1x1 convolutions failed
+BLOCK = {"avx2": 8, "avx512": 16}
+NOTICE = ("train.onednn=auto: oneDNN is off for this training's convolutions: its weight gradient of strided 1x1 "
+          "convolutions of few input channels in channels-last memory can hang, crash or be wrong "
+          "(docs/reliability.md); --set model.channels_last=off keeps oneDNN in NCHW memory, where it held (faster "
+          "here), --set train.onednn=on keeps it as it is")
 
 
 def share_cores() -> None:
@@ -60,14 +60,15 @@ def onednn_avx2() -> bool:
 
 
 def failing_convolutions(model: torch.nn.Module) -> bool:
-    """Whether ``model`` has a 1x1 convolution whose weight gradient failed with oneDNN in channels-last memory
-    here: any, with its AVX2 kernels; a strided one of fewer than 16 input channels, with its AVX-512 ones."""
+    """Whether ``model`` has a strided 1x1 convolution of fewer input channels than oneDNN's block here: its weight
+    gradient failed with oneDNN in channels-last memory."""
     import torch
 
-    ones = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)]
-    if not ones or not _x86():
+    if not _x86():
         return False
-    return onednn_avx2() or any(m.stride != (1, 1) and m.in_channels < AVX512_BLOCK for m in ones)
+    block = BLOCK["avx2" if onednn_avx2() else "avx512"]
+    return any(isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1) and m.stride != (1, 1)
+               and m.in_channels < block for m in model.modules())
 
 
 def onednn_off(choice: str, dev: torch.device, channels_last: bool, model: torch.nn.Module) -> bool:
