@@ -400,8 +400,8 @@ class Trainer:
         epochs, step, steps = self.kept
         go_on = f"continue with: {distributed.command(f'train --out {self.out} --resume')}"
         if step:
-            kept = (f"the last whole checkpoint is {self.run.interrupted} ({epochs} epoch{'s' * (epochs != 1)} and "
-                    f"{step} of {steps} steps)")
+            saved = (f"{epochs} epoch{'s' * (epochs != 1)} and " if epochs else "") + f"{step} of {steps} steps"
+            kept = f"the last whole checkpoint is {self.run.interrupted} ({saved})"
         elif epochs:
             kept = f"the last whole checkpoint is {self.run.last} (epoch {epochs} of {self.cfg.train.epochs})"
         else:
