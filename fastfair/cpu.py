@@ -7,7 +7,7 @@ the kernel's block, 8 for AVX2 and 16 for AVX-512 (bench/investigations/onednn_a
 writes past its workspace there). NCHW memory, stride 1 and evaluation (no weight gradient) keep oneDNN.
 
 OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``, :func:`share_cores`): spinning ones made the demo
-train 12-18 times slower at two threads than at one on a loaded 2-core machine (bench/investigations/threads.py).
+train 7-18 times slower at two threads than at one on a shared 2-core machine (bench/investigations/threads.py).
 
 This module imports torch only inside its functions: nothing here needs it loaded.
 """

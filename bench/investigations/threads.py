@@ -2,7 +2,7 @@
 or sleeping (``OMP_WAIT_POLICY=PASSIVE``), on the machine as it is and with a CPU hog beside it (issue 57 item 4;
 the choice it led to: docs/reliability.md, "CPU training").
 
-    python bench/investigations/threads.py                 # 2 repeats; results in bench/results/threads-cpu.{md,json}
+    python bench/investigations/threads.py                 # 2 repeats; writes bench/results/threads-cpu.{md,json}
     python bench/investigations/threads.py --repeats 3 --windows 4 --steps 4
 
 Each measurement is a fresh process (OpenMP reads its wait policy once, as torch loads it) with the demo's Trainer
