@@ -66,7 +66,7 @@ NAMES: dict[str, Any] = {
     "model.head": HEADS, "train.averaging": AVERAGING, "train.select": SELECTION,
     "train.kernels": ("auto", *BACKENDS), "attack.objective": OBJECTIVES, "attack.init": INITS,
     "attack.bn_mode": BN_MODES, "train.amp": ("auto", "bf16", "off"), "train.compile": AUTO_ON_OFF,
-    "train.cudagraphs": AUTO_ON_OFF, "train.cpp_wrapper": AUTO_ON_OFF,
+    "train.cudagraphs": AUTO_ON_OFF, "train.cpp_wrapper": AUTO_ON_OFF, "train.onednn": AUTO_ON_OFF,
     "model.channels_last": AUTO_ON_OFF, "train.track": TRACKERS, "eval.split": ("test", "val"),
     "data.order": ("random", "quasi_random", "sequential"), "data.crop_mode": ("zeros", "reflect"),
     "train.optimizer": optim.OPTIMIZERS, "train.lr_schedule": optim.LR_SCHEDULES, "train.select_split": ("val", "test"),

@@ -12,7 +12,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from fastfair import stopping
+from fastfair import cpu, stopping
 from fastfair.errors import Interrupted, UserError, WriteError, no_checkpoint
 
 app = typer.Typer(name="fastfair", help="Fast class-wise fair adversarial training.", no_args_is_help=True,
@@ -883,6 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every failure a user can cause is one ``fastfair: error:`` line and exit code 2; a file that
     cannot be written (disk full, I/O error) is one such line and exit code 74; a stop signal is one line and 128 +
     its number (:mod:`fastfair.stopping`)."""
+    cpu.share_cores()  # before any command loads torch
     command = typer.main.get_command(app)
     _every_command(command)
     try:

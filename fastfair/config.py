@@ -141,6 +141,9 @@ class TrainConfig:
     # auto (off until a GPU measures it: build.auto_cpp_wrapper) | on | off: Inductor's C++ wrapper, which issues the
     # compiled code's kernel launches from C++ instead of Python
     cpp_wrapper: str = "auto"
+    # auto (off for a CPU training in channels-last memory of a model with narrow strided 1x1 convolutions, whose
+    # weight gradient hangs or crashes in oneDNN: cpu.onednn_off) | on | off: oneDNN's convolutions while training
+    onednn: str = "auto"
     val_attack: str = "pgd10"  # per-class validation robustness each epoch (CFA: PGD-10)
     select: str = "pgd"  # checkpoint the final evaluation uses: pgd | fair | worst | epoch | last
     # epochs before the first whose model may become a best_* checkpoint: candidates from epoch select_begin + 1
@@ -255,7 +258,7 @@ RESUMABLE: dict[str, str] = {
     "train.device": "where the same computation runs",
     "train.compile": "how the same computation runs", "train.compile_attack": "how the same computation runs",
     "train.cudagraphs": "how the same computation runs", "train.kernels": "how the same computation runs",
-    "train.cpp_wrapper": "how the same computation runs",
+    "train.cpp_wrapper": "how the same computation runs", "train.onednn": "how the same computation runs",
     "train.progress": "display only",
     "train.progress_every_s": "display only",
     "train.track": "where the numbers are also sent; the run's files stay the same",

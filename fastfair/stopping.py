@@ -11,6 +11,17 @@ Inside :func:`held` (an atomic file write) a signal waits for the block's end. I
 second Ctrl-C raises even there; SIGTERM and SIGUSR1 never do, because a cluster may send both (SLURM's
 USR1 warning, then a grid's SIGTERM to its children), and only a person pressing twice means "now".
 
+Python runs a handler only when the main thread is back in Python, and a training step can sit in native code that
+never returns (oneDNN's AVX2 1x1-convolution weight gradient spun forever in torch 2.13, docs/reliability.md): a
+:func:`deferred` block given ``at_once`` (the trainer's) has a watcher thread that sees each signal as it lands,
+through the file descriptor CPython's own C handler writes every signal's number to. A first Ctrl-C Python's
+handler has not taken within a second (the step is in native code) is answered with a line saying the run stops
+after the step; a second one it has not taken within a second ends the process at once, exit 130, with the line
+``at_once()`` returns (the last whole checkpoint and how to go on). A step that returns to Python stops as before.
+SIGTERM twice does not: two often come from two senders at once (SLURM signals every process of a job step while a
+grid or torchrun forwards its own), and a cluster's SIGKILL follows anyway. A native call that holds the GIL keeps
+the watcher out too; only SIGKILL ends such a process.
+
 :func:`says` is every command's and every API entry point's way to end on one: the handler installed, a stop
 turned into :class:`~fastfair.errors.Interrupted` with the line saying what was kept.
 
@@ -19,8 +30,13 @@ This module imports no torch: the CLI installs the handler before any command lo
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import signal
+import sys
 import threading
+import time
+from typing import Callable
 
 from fastfair.errors import Interrupted
 
@@ -96,17 +112,83 @@ def handled():
         _received.clear()  # what was received is this block's: a later train() in the process starts afresh
 
 
+GRACE_S = 1.0  # how long a signal waits for Python's handler before the watcher speaks or ends the process
+NOTICE = ("fastfair: stopping after the step now running, which has not returned for a second; Ctrl-C again stops "
+          "at once, losing the step")
+
+
+class _Watcher:
+    """A thread that reads each signal's number from the wakeup descriptor while the main thread may be stuck in
+    native code (module docstring); ``at_once()`` says what was kept when a second Ctrl-C ends the process."""
+
+    def __init__(self, at_once: Callable[[], str]):
+        self.at_once, self.base = at_once, len(_received)
+        self.read, write = os.pipe()
+        os.set_blocking(write, False)  # CPython's C handler must never block on it
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self.write = write
+        self.thread = threading.Thread(target=self._watch, name="fastfair-stop-watcher", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        arrived, notice_at, end_at = 0, None, None
+        while True:
+            due = [t for t in (notice_at, end_at) if t is not None]
+            ready, _, _ = select.select([self.read], [], [], max(0.0, min(due) - time.monotonic()) if due else None)
+            if ready:
+                got = os.read(self.read, 64)
+                if not got:  # the block ended: close() shut the pipe
+                    return
+                for signum in (s for s in got if s in SIGNALS):
+                    arrived += 1
+                    if signum == signal.SIGINT:
+                        at = time.monotonic() + GRACE_S
+                        notice_at, end_at = (at, None) if arrived == 1 else (None, at)
+            now = time.monotonic()
+            stuck = len(_received) - self.base < arrived  # Python's handler has not got to every signal yet
+            if notice_at is not None and now >= notice_at:
+                notice_at = None
+                if stuck:
+                    print(NOTICE, file=sys.stderr, flush=True)
+            if end_at is not None and now >= end_at:
+                end_at = None
+                if stuck:
+                    print(f"fastfair: {self.at_once()}", file=sys.stderr, flush=True)
+                    os._exit(exit_code(signal.SIGINT))
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(self.write)
+        self.thread.join()
+        os.close(self.read)
+
+
+def _watcher(at_once: Callable[[], str] | None) -> _Watcher | None:
+    """A watcher for an ``at_once`` block where this module's handler takes Ctrl-C and no one else (an outer
+    block's watcher, asyncio) reads the wakeup descriptor."""
+    if at_once is None or signal.getsignal(signal.SIGINT) is not _handler:
+        return None
+    previous = signal.set_wakeup_fd(-1)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        return None
+    return _Watcher(at_once)
+
+
 @contextlib.contextmanager
-def _block(kind: str):
+def _block(kind: str, at_once: Callable[[], str] | None = None):
     if threading.current_thread() is not threading.main_thread():  # signals interrupt the main thread alone
         yield
         return
     with handled():
         before = len(_received)
         _blocks.append(kind)
+        watcher = _watcher(at_once)
         try:
             yield
         finally:
+            if watcher:
+                watcher.close()
             _blocks.pop()
         if not _blocks and len(_received) > before:  # nothing outside will look: stop now, as it would have
             raise Stopped(_received[before])
@@ -117,10 +199,11 @@ def held():
     return _block("held")
 
 
-def deferred():
+def deferred(at_once: Callable[[], str] | None = None):
     """Inside the block a signal is recorded for :func:`requested`, and the caller stops at its next boundary; one
-    that came after the caller's last look raises as the block ends. A second Ctrl-C raises at once."""
-    return _block("deferred")
+    that came after the caller's last look raises as the block ends. A second Ctrl-C raises at once, and with
+    ``at_once`` (what was kept and how to go on) ends the process where native code keeps the handler out."""
+    return _block("deferred", at_once)
 
 
 @contextlib.contextmanager

@@ -43,14 +43,12 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("foreign")
     npz = cifar_subset_npz(tmp, n_train=700, n_test=60)
     run = tmp / "run"
-    # ATen's own convolutions, not oneDNN's: on an AVX2-only AMD EPYC, torch 2.13's oneDNN weight gradient of this
-    # net's 1x1 shortcut convolutions (jit_avx2_1x1_convolution_bwd_weights) ran for more than 15 minutes, or crashed
-    # the process, where ATen's take 6 s; what this file tests is the checkpoint's conversion, not the training
-    with torch.backends.mkldnn.flags(enabled=False):
-        assert cli.main(["train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", str(npz), "--model",
-                         "preact-resnet18", "--epochs", "1", "--out", str(run), "--quiet", "--set", "model.width=4",
-                         "--set", "data.val_per_class=5", "--set", "data.batch_size=50", "--set", "attack.steps=1",
-                         "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]) == 0
+    # fastfair trains this net's narrow 1x1 shortcuts without oneDNN (train.onednn=auto, fastfair/cpu.py), whose weight
+    # gradient hung for more than 15 minutes or crashed the process on an AVX2-only CPU (tests/test_cpu_defaults.py)
+    assert cli.main(["train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", str(npz), "--model",
+                     "preact-resnet18", "--epochs", "1", "--out", str(run), "--quiet", "--set", "model.width=4",
+                     "--set", "data.val_per_class=5", "--set", "data.batch_size=50", "--set", "attack.steps=1",
+                     "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]) == 0
     assert cli.main(["eval", str(run), "--checkpoint", "last", "--attacks", ATTACKS, "--quiet"]) == 0
     return npz, run
 

@@ -1,7 +1,8 @@
 """Stop signals (issue 40): SIGTERM and SIGUSR1 end every command as Ctrl-C does (one line saying what was kept,
 the lock released, exit code 128 + the signal), training stops at a step boundary and saves there, and
 ``--resume`` continues to the weights of an uninterrupted run, in one process and under torchrun; grid and
-reproduce stop their children, say what each kept and resume them; a submitit array task requeues itself.
+reproduce stop their children, say what each kept and resume them; a submitit array task requeues itself. A second
+Ctrl-C ends a process whose training step is stuck in native code (issue 57), naming the checkpoint to resume.
 
 The subprocess tests signal a real ``fastfair`` process at a point the test controls: ``tests/hold`` holds the
 N-th call of a function until a signal arrives (:func:`held`), and the test signals once the holder's marker
@@ -266,6 +267,107 @@ def test_sigusr1_at_an_epoch_boundary_keeps_the_epoch_and_says_so(tmp_path):
     assert r.returncode == 0 and not RunDir(out).interrupted.exists(), r.stderr
     assert f"removed {RunDir(out).interrupted}: its epoch 1 is whole in last.pt" in RunDir(out).train_log.read_text()
     assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()][-1] == ("resume", 2, None)
+
+
+# ---- a step stuck in native code: a second Ctrl-C ends the process at once (issue 57 item 4) -------------------
+
+# A call that never returns to Python and lets no signal end it, as oneDNN's hung AVX2 kernel did: a zeroed
+# pthread_mutex_t (glibc's PTHREAD_MUTEX_INITIALIZER) locked twice by one thread waits on a futex for good, the GIL
+# released as ctypes does for every foreign call.
+STUCK = """
+import ctypes
+mutex = ctypes.create_string_buffer(64)
+ctypes.CDLL(None).pthread_mutex_lock(mutex)
+ctypes.CDLL(None).pthread_mutex_lock(mutex)
+"""
+
+
+def _stderr_lines(path: Path, want: int, proc: subprocess.Popen, timeout: float = 60) -> list[str]:
+    """stderr's lines (written to ``path``) once it has ``want``; the process must not end meanwhile."""
+    deadline = time.time() + timeout
+    while len(got := path.read_text().splitlines()) < want:
+        assert proc.poll() is None and time.time() < deadline, path.read_text()
+        time.sleep(0.05)
+    return got
+
+
+@pytest.mark.fault
+def test_a_block_that_returns_to_python_stops_as_before_with_nothing_more_said(fresh_handlers, capfd):
+    with stopping.handled(), pytest.raises(stopping.Stopped) as stop:
+        with stopping.deferred(at_once=lambda: "never said"):
+            _send(signal.SIGINT)
+            time.sleep(3 * stopping.GRACE_S)  # Python's handler took it: the watcher neither speaks nor ends
+            assert stopping.requested() == signal.SIGINT
+            _send(signal.SIGINT)  # the handler raises it, as without the watcher
+    assert stop.value.signum == signal.SIGINT and capfd.readouterr().err == ""
+    assert not [t for t in threading.enumerate() if t.name == "fastfair-stop-watcher"]  # ended with its block
+
+
+@pytest.mark.fault
+def test_a_second_ctrl_c_ends_a_block_stuck_in_native_code_and_says_what_was_kept(tmp_path):
+    marker, err = tmp_path / "stuck", tmp_path / "stderr"
+    code = ("import sys\nfrom pathlib import Path\nfrom fastfair import stopping\n"
+            "with stopping.handled(), stopping.deferred(at_once=lambda: 'the test kept this'):\n"
+            "    Path(sys.argv[1]).write_text('')\n" + "".join(f"    {line}\n" for line in STUCK.strip().splitlines()))
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", code, str(marker)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stderr=stderr, preexec_fn=_as_from_a_shell)
+    try:
+        while not marker.exists():
+            assert proc.poll() is None, err.read_text()
+            time.sleep(0.02)
+        time.sleep(0.2)  # into the native call
+        proc.send_signal(signal.SIGINT)  # the first Ctrl-C: said once the block has not ended within a second
+        assert _stderr_lines(err, 1, proc) == [stopping.NOTICE]
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(2 * stopping.GRACE_S)
+        assert proc.poll() is None  # SIGTERM does not end it (two senders at once are common on a cluster)
+        proc.send_signal(signal.SIGINT)  # a Ctrl-C after a stop was asked for: now
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert err.read_text().splitlines() == [stopping.NOTICE, "fastfair: the test kept this"]
+
+
+@pytest.mark.fault
+@pytest.mark.slow
+def test_a_training_step_stuck_in_native_code_ends_on_a_second_ctrl_c_naming_the_checkpoint_to_resume(tmp_path):
+    """The first epoch's 20 steps run; the second epoch's fifth never returns. Two Ctrl-C end the process, the line
+    names last.pt (epoch 1), and --resume continues from it."""
+    out, err, marker = tmp_path / "run", tmp_path / "stderr", tmp_path / "stuck"
+    code = ("import sys\nfrom pathlib import Path\nfrom fastfair import cli\nfrom fastfair.training import trainer\n"
+            "step, calls = trainer.Trainer.train_step, [0]\n"
+            "def stuck(self, x, y):\n"
+            "    calls[0] += 1\n"
+            "    if calls[0] == 25:\n"
+            f"        Path({str(marker)!r}).write_text('')\n"
+            + "".join(f"        {line}\n" for line in STUCK.strip().splitlines()) +
+            "    return step(self, x, y)\n"
+            "trainer.Trainer.train_step = stuck\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", code, *TRAIN, "--out", str(out)], cwd=ROOT, stderr=stderr,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                                preexec_fn=_as_from_a_shell)
+    try:
+        deadline = time.time() + 300
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, err.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _stderr_lines(err, len(err.read_text().splitlines()) + 1, proc)  # the notice
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lines(err.read_text())[-2:] == [
+        stopping.NOTICE, f"fastfair: stopped at once by a second Ctrl-C inside a training step; the last whole "
+        f"checkpoint is {RunDir(out).last} (epoch 1 of 2); continue with: fastfair train --out {out} --resume"]
+    r = fastfair(*TRAIN, "--out", out, "--resume")
+    assert r.returncode == 0 and [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2], r.stderr
 
 
 # ---- train: two ranks under torchrun -----------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, data, ops, stopping
+from fastfair import build, config, cpu, data, ops, stopping
 from fastfair.checks import check_config
 from fastfair.training import averaging, fallback, optim, teacher
 from fastfair.scaleout import distributed
@@ -394,6 +394,20 @@ class Trainer:
         if signum:
             raise stopping.Stopped(signum)
 
+    def _stopped_at_once(self) -> str:
+        """The line of a process a second Ctrl-C ends inside a step that never returns to Python
+        (:mod:`fastfair.stopping`): the last whole checkpoint on disk, and how to go on from it."""
+        epochs, step, steps = self.kept
+        go_on = f"continue with: {distributed.command(f'train --out {self.out} --resume')}"
+        if step:
+            saved = (f"{epochs} epoch{'s' * (epochs != 1)} and " if epochs else "") + f"{step} of {steps} steps"
+            kept = f"the last whole checkpoint is {self.run.interrupted} ({saved})"
+        elif epochs:
+            kept = f"the last whole checkpoint is {self.run.last} (epoch {epochs} of {self.cfg.train.epochs})"
+        else:
+            kept = "no epoch had finished, so no checkpoint was kept"
+        return f"stopped at once by a second Ctrl-C inside a training step; {kept}; {go_on}"
+
     def _stop_if_diverged(self, epoch: int, nonfinite: list[str]) -> None:
         if nonfinite:
             # last.pt holds the epoch before (written by this process or the one resumed from)
@@ -437,7 +451,8 @@ class Trainer:
     def fit(self) -> Path:
         if self.start_epoch == 0 and not self.within and self.method.needs_initial_validation:
             self.method.before_training(self.state, self.validate())  # FRL: multipliers from the initial model
-        with build.fastest_convolutions(self.dev), stopping.deferred():
+        with build.fastest_convolutions(self.dev), stopping.deferred(at_once=self._stopped_at_once), \
+                cpu.training_convolutions(self.cfg.train.onednn, self.dev, self.cl, self.model, self.log):
             for epoch in range(self.start_epoch, self.cfg.train.epochs):
                 self._stop_if_signalled()
                 self.run_epoch(epoch)
