@@ -193,10 +193,12 @@ def test_a_callers_own_handler_and_an_ignored_signal_are_left_alone(fresh_handle
     (["report", "r"], "fastfair.reports.report", "write_report", ""),  # a command that keeps nothing
 ])
 def test_a_signal_in_any_command_is_one_line_and_128_plus_its_number(argv, module, function, says, sig, monkeypatch,
-                                                                      capsys):
+                                                                      capsys, tmp_path):
     def signalled(*args, **kwargs):
         raise stopping.Stopped(sig)
     monkeypatch.setattr(importlib.import_module(module), function, signalled)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.pt").touch()  # a checkpoint that is there: a missing one is refused before the command starts
     assert cli.main(argv) == 128 + sig
     err = capsys.readouterr().err.strip().splitlines()
     name = signal.Signals(sig).name
