@@ -5,25 +5,27 @@ import math
 
 import torch
 
-from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, U32, Check, Tol, case, differing, differs,
+from conformance import (FRACTION, K_STEP, ONE_STEP, REL, STEPS, Check, Tol, case, differing, differs,
                          fixed_start, gamma, golden, inputs, logit_tol, max_diff, method, one_steps, rel_diff,
-                         softmax_tol, weight_grad, weight_grad_tol)
-from fastfair.methods.faal import batch_weights, kl_ball_weights, softmax_margin
+                         softmax_tol, unit, weight_grad, weight_grad_tol)
+from fastfair.methods.faal import FAAL, batch_weights, kl_ball_weights, softmax_margin
 
 K = 10
 ECOS = 1e-8  # cvxpy's ECOS default absolute and relative tolerances (abstol, reltol, feastol)
 BRACKET = 60 / 23 ** 6  # the width, in log space, at which fastfair's bracketing of the dual scalar stops
 
 
-def solver_tol(ref, float32: bool) -> Tol:
+def solver_tol(ref, rounded: bool) -> Tol:
     """KL-ball weights of fastfair's solver against the code's cvxpy (ECOS): ECOS's own accuracy, plus fastfair's
     bracket on the dual scalar: the root and the scalar returned both lie in the final bracket, so they differ by
     at most its log-space width, and a weight moves relatively by that times its log-derivative in the scalar,
     taken as at most 2 (not derived: the one factor here that is assumed); plus one rounding within u of the
-    weight where fastfair returns float32."""
+    weight where a side rounds it to the precision (``rounded``). Both solvers stop at their own tolerance, not
+    at rounding: the bound is the same ~8e-7 in float64 as in float32 (the code's ECOS and fastfair's bracket
+    solve in float64 in either run)."""
     top = float(torch.as_tensor(ref).double().abs().max())
-    value = ECOS + (2 * BRACKET + (U32 if float32 else 0.0)) * top
-    return Tol(value, "ECOS 1e-8 + (2·60/23^6" + (" + u" if float32 else "") + ")·max|w|")
+    value = ECOS + (2 * BRACKET + (unit() if rounded else 0.0)) * top
+    return Tol(value, "ECOS 1e-8 + (2·60/23^6" + (" + u" if rounded else "") + ")·max|w|")
 
 
 def batch_weights_tol(margin, y, rho, margin_err: float) -> Tol:
@@ -46,6 +48,17 @@ def batch_weights_tol(margin, y, rho, margin_err: float) -> Tol:
     w = kl_ball_weights(sums, rho)
     value = math.sqrt(2) * float(carried.max()) + solver_tol(w, True).value
     return Tol(value, "√2 Σ_k |dw/dc_k|·(n_k margin error + gamma(n_k)·Σ|margins|) + solver")
+
+
+def code_weights(m, model, x, x_adv, y, state, w, w_code) -> torch.Tensor:
+    """What fastfair's loss would be with the code's class weights: the loss is linear in them,
+    (1/N) sum_i K w_{y_i} row_i (ft_prn.py: ``(loss_ce * weights[y]).sum() * valid_num / len(y)``), so their
+    difference (checked on its own, within the solvers' tolerance, far above float64's rounding) moves it by
+    exactly (1/N) sum_i K (w - w_code)_{y_i} row_i, here taken out, with its gradient: the loss and weight
+    gradient checks then bound rounding alone."""
+    rows, _ = super(FAAL, m).loss(model, x, x_adv, y, state)  # the rows before FAAL's weighting
+    return (K * (w - w_code).to(rows.dtype)[y] * rows).mean()
+
 
 # Choices the code does not have, off by default (tests/test_faal.py tests them against other references)
 for _what, _key in (("the other ball, KL(w, u) <= rho with w first (the code's is KL(u, w), u first)",
@@ -77,7 +90,8 @@ def solver():
     return [
         Check("FAAL", f"KL(u, w) <= rho class weights, {n} made-up score vectors, rho in "
                       f"{{{', '.join(f'{r:g}' for r in sorted(set(rhos)))}}}", ref, worst, solver_tol(p, False)),
-        Check("FAAL", "the same vs the float32 weights solve_weight returns", ref, worst32, solver_tol(returned, True)),
+        Check("FAAL", "the same vs the weights solve_weight returns (.float() of them)", ref, worst32,
+              solver_tol(returned, True)),
     ]
 
 
@@ -107,6 +121,7 @@ def finetune(name, prefix):
     def exact_loss(net):
         return m.objective(net, x, x_adv, y, state)[0]
 
+    loss = loss - code_weights(m, model, x, x_adv, y, state, w, g.t(f"{prefix}_weights"))
     return [
         Check(label, "one attack step from each of the code's x_k", ref, worst, ONE_STEP,
               STEPS, detail),
@@ -117,9 +132,9 @@ def finetune(name, prefix):
         Check(label, f"class weights of the batch (rho {rho}, 2 classes absent)", ref,
               max_diff(w, g.t(f"{prefix}_weights")),
               batch_weights_tol(g.t(f"{prefix}_margin"), y, rho, margin_tol.value / math.sqrt(2))),
-        Check(label, "weighted fine-tuning loss on the code's x_adv", ref,
+        Check(label, "weighted fine-tuning loss on the code's x_adv, at the code's class weights", ref,
               max_diff(loss.detach(), g.t(f"{prefix}_loss")), logit_tol(exact_loss, model)),
-        Check(label, "weight gradient on the code's x_adv", ref,
+        Check(label, "weight gradient on the code's x_adv, at the code's class weights", ref,
               rel_diff(weight_grad(model, loss), g.t(f"{prefix}_weight_grad")), weight_grad_tol(exact_loss, model),
               REL),
     ]

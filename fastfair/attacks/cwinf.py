@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fastfair.attacks.pgd import attack_mode
+from fastfair.ops.losses import widened
 
 _TANH_EDGE = 1 - 1e-6  # atanh(+-1) is infinite: images are shrunk by this factor into (-1, 1) first
 
@@ -75,17 +76,18 @@ class CWInf:
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c=None) -> torch.Tensor:
         """The closest misclassified iterate where it lies within ``eps_c[y]``, else ``x`` (module docstring)."""
-        eps = eps_c[y].float()
+        x = widened(x)  # float32 at least; a float64 model's (the conformance checks') search stays float64
+        eps = eps_c[y].to(x.dtype)
         best, dist = self.distances(model, x, y, stop_at=eps)
         shape = (-1,) + (1,) * (x.dim() - 1)
-        return torch.where((dist <= eps).view(shape), best, x.float())
+        return torch.where((dist <= eps).view(shape), best, x)
 
     def distances(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                   stop_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(closest misclassified iterate, its L-inf distance to x; inf where none), per image; an image stops
         once its distance is <= ``stop_at`` (None: the whole search). Clean-misclassified images: (x, 0)."""
         with attack_mode(model, "eval"), torch.enable_grad():
-            return self._search(model, x.detach().float(), y, stop_at)
+            return self._search(model, widened(x.detach()), y, stop_at)
 
     def _search(self, model, x, y, stop_at):
         n, dev = len(x), x.device
@@ -98,7 +100,7 @@ class CWInf:
             best_d[wrong] = 0.0
             self._keep(model(x_ref), y, x_ref, x, best, best_d)
         done = wrong | (best_d <= stop_at if stop_at is not None else wrong)
-        full = lambda v, dt=torch.float32: torch.full((n,), v, dtype=dt, device=dev)  # noqa: E731
+        full = lambda v, dt=x.dtype: torch.full((n,), v, dtype=dt, device=dev)  # noqa: E731
         c, lower, upper, step = full(self.c0, torch.float64), full(0.0, torch.float64), full(math.inf, torch.float64), \
             full(0, torch.long)
         tau, start_tau = full(self.tau0), full(self.tau0)
@@ -111,10 +113,10 @@ class CWInf:
             i = (~done).nonzero().squeeze(1)
             w = (w0[i] + p[i]).requires_grad_(True)
             xa = to_box(w)
-            logits = model(xa).float()
+            logits = widened(model(xa))
             hinge = margin(logits, y[i], self.kappa) + self.kappa  # max(Z_y - max_j Z_j + kappa, 0)
             penalty = ((xa - x_ref[i]).abs() - tau[i].view(shape)).clamp_min(0).flatten(1).sum(1)
-            loss = penalty + c[i].float() * hinge
+            loss = penalty + c[i].to(x.dtype) * hinge
             (g,) = torch.autograd.grad(loss.sum(), w)
             with torch.no_grad():
                 xa = xa.detach()
@@ -124,8 +126,8 @@ class CWInf:
                 t = it[i] + 1  # Adam's step count: one per iteration of the round
                 m[i] = b1 * m[i] + (1 - b1) * g
                 v[i] = b2 * v[i] + (1 - b2) * g * g
-                bc1 = (1 - b1 ** t.double()).float().view(shape)
-                bc2 = (1 - b2 ** t.double()).float().view(shape)
+                bc1 = (1 - b1 ** t.double()).to(x.dtype).view(shape)
+                bc2 = (1 - b2 ** t.double()).to(x.dtype).view(shape)
                 p[i] = p[i] - self.lr * (m[i] / bc1) / ((v[i] / bc2).sqrt() + 1e-7)
                 found[i] |= adv
                 # every tenth of the iterations (iteration 0 included), stop a round whose objective stalled

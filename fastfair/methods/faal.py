@@ -38,6 +38,7 @@ from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
 from fastfair.methods.base import METHODS, Method
 from fastfair.methods.trades import TRADES, TRADES_ATTACK
+from fastfair.ops.losses import widened
 from fastfair.schema import Key, Tune
 
 DIVERGENCES = ("reverse", "forward")
@@ -74,15 +75,16 @@ def kl_ball_weights(scores: torch.Tensor, rho: float, present: torch.Tensor | No
     divergence falls as the scalar grows; ``rounds`` rounds of ``points`` candidates each narrow
     the bracket of the scalar in log space around the ball's edge, and the returned w is the
     feasible end (D <= rho; the uniform weights where even that end is not). No host sync;
-    detached; float64 inside, float32 out."""
+    detached; float64 inside, out in the scores' dtype (float32 at least: :func:`widened`)."""
     if divergence not in DIVERGENCES:
         raise UserError(f"method.divergence must be one of {', '.join(DIVERGENCES)}; got {divergence!r}")
+    out = widened(scores.detach()).dtype
     c = scores.detach().double()
     mask = torch.ones_like(c, dtype=torch.bool) if present is None else present.bool()
     n = mask.sum().clamp(min=1).double()
     uniform = mask.double() / n
     if rho <= 0:
-        return uniform.float()
+        return uniform.to(out)
     top = torch.where(mask, c, torch.full_like(c, -math.inf)).amax()
     bottom = torch.where(mask, c, torch.full_like(c, math.inf)).amin()
     spread = (top - bottom).clamp(min=1e-30)
@@ -96,12 +98,12 @@ def kl_ball_weights(scores: torch.Tensor, rho: float, present: torch.Tensor | No
         first = (d > rho).sum().clamp(1, points - 1).reshape(1)  # D falls along the grid: the first feasible point
         lo, hi = grid.index_select(0, first - 1), grid.index_select(0, first)  # tensor indices: no host read
     w, d = _family(gaps, mask, n, hi.exp(), divergence)
-    return torch.where(d[0] <= rho, w[0], uniform).float()
+    return torch.where(d[0] <= rho, w[0], uniform).to(out)
 
 
 def softmax_margin(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """max_{j != y} p_j - p_y on softmax probabilities, per row (FAAL code ``cw`` in ft_prn.py, utils.py)."""
-    p = z.detach().float().softmax(1)
+    p = widened(z.detach()).softmax(1)
     p_y = p.gather(1, y[:, None]).squeeze(1)
     others = p.scatter(1, y[:, None], -math.inf).amax(1)
     return others - p_y
@@ -114,9 +116,9 @@ def batch_weights(values: torch.Tensor, y: torch.Tensor, num_classes: int, rho: 
     sum: c_k = sum of class k's values = n_k L_k, u over all K classes, factor K w_{y_i} (code
     ft_prn.py); mean: c_k = L_k over the classes in the batch, factor w_{y_i} N / n_{y_i}, so the
     mean of the weighted rows is sum_k w_k (class k's mean row)."""
-    v = values.detach().float()
-    counts = torch.zeros(num_classes, device=v.device).index_add_(0, y, torch.ones_like(v))
-    sums = torch.zeros(num_classes, device=v.device).index_add_(0, y, v)
+    v = widened(values.detach())
+    counts = torch.zeros(num_classes, dtype=v.dtype, device=v.device).index_add_(0, y, torch.ones_like(v))
+    sums = torch.zeros(num_classes, dtype=v.dtype, device=v.device).index_add_(0, y, v)
     if aggregate == "sum":
         w = kl_ball_weights(sums, rho, None, divergence)
         return w, num_classes * w[y]

@@ -16,6 +16,9 @@ import torch
 
 REPO = "yaircarmon/semisup-adv"
 PINNED = "3f05b280cfa207ec035f27542c8c8b4b2a4e71b2"
+# attack_cw.py works in numpy on the model's dtype (foolbox 1.8's PyTorchModel passes arrays through
+# torch.from_numpy unchanged; its Adam state is np.zeros, float64): it casts nothing the float64 run does not cover
+FLOAT64 = []
 SETTINGS = {"binary_search_steps": 5, "max_iterations": 100, "learning_rate": 5e-3, "initial_const": 1e-2,
             "tau_decrease_factor": 0.9}  # attack_evaluation.py's defaults, but max_iterations (1000 there)
 

@@ -31,6 +31,9 @@ BATCH = 16  # the first 16 fixed images: 8 classes present, so the code's absent
 STEP_IMAGES = 2  # the attacks (BN in eval mode: each image on its own) are kept step by step for the first 2
 RHOS = (0.1, 0.5, 1.0, 2.0)  # run_prn.py and the README: --scale 0.5
 # run_prn.py: --distance kl --epsilon 8 --steps 10 --alpha 2 --scale 0.5 (ft_prn.py divides eps, alpha by 255)
+# DAW.solve_weight's `.float()` of the float64 p.value and ft_prn.py's and utils.py's `.float()` masks and
+# torch.zeros(10) class sums: make.py's FLOAT64_RUN; cvxpy (ECOS) solves in float64 in either run
+FLOAT64 = []
 SETTINGS = {"distance": "kl", "epsilon": 8 / 255, "alpha": 2 / 255, "steps": 10, "scale": 0.5}
 
 
@@ -57,7 +60,8 @@ def _missing(name):
 
 
 def solve(faal, y, class_scores, rho):
-    """DAW.solve_weight as ft_prn.py calls it; (float32 weights it returns, float64 p.value, solver name)."""
+    """DAW.solve_weight as ft_prn.py calls it; (the weights it returns, its `.float()` of p.value: float32, or
+    float64 in the float64 run; float64 p.value; solver name)."""
     daw = faal.DAW(train_batch_size=K, output_return="weights", learning_approach="kl", r_choice=rho)
     w = daw.solve_weight(y, class_scores, device="cpu")
     if rho <= 0:
@@ -156,9 +160,9 @@ def generate(path, inp):
             "settings": {**SETTINGS, "batch": BATCH, "normalization": "01 (mu 0, std 1)"},
             "sources": {"solver": {"file": "FAAL.py", "function": "DAW.solve_weight"}},
             "solver": "cvxpy " + __import__("cvxpy").__version__ + ", solved by " + ", ".join(solvers),
-            "solver_*": "made-up per-class means (absent: -1) and counts; the float32 weights solve_weight returns "
-                        "and the float64 p.value",
+            "solver_*": "made-up per-class means (absent: -1) and counts; the weights solve_weight returns "
+                        "(its .float() cast: float64 in the float64 run) and the float64 p.value",
             "at_* / trades_*": "ft_prn.py --loss AT / --loss TRADES on the first 16 images: iterates x_0 .. x_K "
-                               "and step gradients (over each image's max |g|, float16) of the first 2 images, "
+                               "and step gradients (over each image's max |g|, float32) of the first 2 images, "
                                "X_adv, cw margins, class_margin, weights, loss, weight gradient"}
     return {"faal": (arrays, meta)}
