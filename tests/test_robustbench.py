@@ -81,10 +81,11 @@ def test_reported_numbers_cover_the_package_list():
     (["rb:Chen2020Adversarial"], "is an ensemble"),
     (["rb:Ding2020MMA", "--threat", "L2"], "fastfair's attacks are L-inf"),
     (["rb:Ding2020MMA", "--model", "resnet18"], "--model: not with rb:NAME"),
-    (["runs/x", "--threat", "Linf"], "only for a RobustBench model by name"),
+    (["{npz}", "--threat", "Linf"], "only for a RobustBench model by name"),  # a file that is there, not rb:NAME
 ])
 def test_mistakes_are_one_line(zoo, capsys, argv, says):
     model_dir, _, npz = zoo
+    argv = [a.format(npz=npz) for a in argv]
     assert cli.main(["eval", *argv, "--model-dir", str(model_dir), "--data-dir", str(npz)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastfair: error:") and says in err and err.count("\n") == 1
