@@ -37,8 +37,11 @@ def _train(out: Path, sets: list[str], flags: dict):
 
 
 def _shared(name: str) -> Path:
-    """A folder every worker of this pytest run sees under one name (xdist gives its workers one run id)."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    """A folder every worker of this pytest run sees under one name (xdist gives its workers one run id); without
+    xdist a new one of this process's own, so a recycled process id never finds an older run's files."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        return Path(tempfile.mkdtemp(prefix=f"fastfair-tests-{name}-"))
     folder = Path(tempfile.gettempdir()) / f"fastfair-tests-{run_id}" / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
