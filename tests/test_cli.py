@@ -15,7 +15,7 @@ import pytest
 from fastfair import cli
 from fastfair.methods import keys_markdown
 from fastfair.rundir import RunDir
-from helpers import cifar_subset_npz
+from helpers import cifar_subset_npz, needs_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -284,7 +284,6 @@ def test_tune_help_reads_whole(capsys):
     assert "fastfair tune [OPTIONS] [STUDY]" in words and "[[STUDY]]" not in words
 
 
-@pytest.mark.skipif(importlib.util.find_spec("optuna") is None, reason="fastfair tune needs pip install -e '.[tune]'")
 @pytest.mark.parametrize("methods, says", [
     ("tradez", "--methods: unknown method 'tradez'. Did you mean trades, me-trades? Known: absld,"),
     ("cfa", "--methods: unknown method 'cfa'. Did you mean --method trades --ccm --ccr --fawa (CFA-TRADES;"),
@@ -292,6 +291,7 @@ def test_tune_help_reads_whole(capsys):
                           "trades+ccm+ccr+fawa. Did you mean ccm?"),
 ])
 def test_a_typo_in_tune_methods_gets_a_did_you_mean(methods, says, tmp_path, capsys):
+    needs_extra("tune")
     assert cli.main(["tune", "--methods", methods, "--out", str(tmp_path / "study")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("fastfair: error: ") and says in err[0], err
