@@ -7,8 +7,8 @@ from unittest import mock
 
 import torch
 
-from conformance import (LAMBDA, REL, U32, Check, Tol, case, differs, exact, gamma, golden, inputs, logit_tol,
-                         max_diff, rel_diff, rounded, weight_grad, weight_grad_tol, worst_of)
+from conformance import (LAMBDA, REL, U64, Check, Tol, case, differs, exact, gamma, golden, inputs, logit_tol,
+                         max_diff, rel_diff, rounded, unit, weight_grad, weight_grad_tol, worst_of)
 from conformance_fat import attack_checks, decode
 from fastfair import config
 from fastfair.methods import METHODS, fair_tat
@@ -19,17 +19,23 @@ DRAW = "max abs diff of P(target given label), the code's counted"
 
 
 def eps_tol(ref) -> Tol:
-    """fastfair's float32 eps_k = (0.5 + A_k) 8/255 against the code's float64: A_k through percent and back (two
-    roundings, each within u eps_k once scaled), the sum and the product: four roundings of eps_k's size."""
-    return rounded(ref, 4, "A_k ×100 and back, + 0.5, × eps")
+    """fastfair's eps_k = (0.5 + A_k) 8/255 in the precision against the code's, in float64 in either run (numpy):
+    ours A_k through percent and back (two roundings, each within u eps_k once scaled), the sum and the product,
+    four roundings of eps_k's size; the code's sum and product two more of float64's."""
+    top = float(torch.as_tensor(ref).double().abs().max())
+    return Tol((4 * unit() + 2 * U64) * top, "(4u + 2u64)·max|ref|: A_k ×100 and back, + 0.5, × eps; the code's "
+                                             "+ 0.5, × eps")
 
 
 def probs_tol(ref, scores) -> Tol:
-    """fastfair's float32 softmax of ``scores`` against the code's float64 (only ours rounds): the scores' own
-    rounding (u |s|) moves p_i by at most p_i 2u max|s|, the exponent s - max rounds within u of 2 max|s| more,
-    the exponentials and division within 3u of p_i, the C-term sum within gamma(C) of it."""
+    """fastfair's softmax of ``scores`` in the precision against the code's, in float64 in either run (its scores
+    are numpy's): on each side the scores' own rounding (u |s|) moves p_i by at most p_i 2u max|s|, the exponent
+    s - max rounds within u of 2 max|s| more, the exponentials and division within 3u of p_i, the C-term sum
+    within gamma(C) of it; ours at the precision's u, the code's at float64's."""
     p, s = ref.double(), float(torch.as_tensor(scores).double().abs().max())
-    return Tol(float(p.max()) * (gamma(p.shape[-1]) + 3 * U32 + 4 * U32 * s), "p (gamma(C) + 3u + 4u·max|s|)")
+    c = p.shape[-1]
+    side = [gamma(c, u) + 3 * u + 4 * u * s for u in (unit(), U64)]
+    return Tol(float(p.max()) * sum(side), "p (gamma(C) + 3u + 4u·max|s|), + the same at u64: the code's")
 
 
 def draw_tol(counts, p) -> Tol:
@@ -59,7 +65,7 @@ def fair_tat_method():
 def after_epoch(m, state, epoch: int, acc, fp) -> None:
     """``m.end_epoch`` with a train result: per-class robust accuracy (fractions) and false-positive shares."""
     m.end_epoch(state, epoch, {"train_acc_per_class": (torch.as_tensor(acc).double() * 100).tolist(),
-                               "statistics": {"false_positives": torch.as_tensor(fp).float()}})
+                               "statistics": {"false_positives": torch.as_tensor(fp)}})
 
 
 @case("fair-tat-step")
@@ -146,7 +152,7 @@ def uniform_for(p: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     """u with fair_tat.pick(p, u) == classes: the middle of each class's interval of 1 - u."""
     c = p.double().cumsum(0)
     low = torch.cat([torch.zeros(1, dtype=c.dtype), c[:-1]])
-    return (1 - (low + c)[classes] / 2 / c[-1]).float()
+    return (1 - (low + c)[classes] / 2 / c[-1]).to(p.dtype)
 
 
 @case("fair-tat-draw")

@@ -28,6 +28,7 @@ from fastfair.errors import UserError
 from fastfair.methods.at import AT_ATTACK, PGDAT
 from fastfair.methods.base import METHODS
 from fastfair.methods.trix import draw_targets
+from fastfair.ops.losses import widened
 from fastfair.schema import Key, Tune
 from fastfair.training.class_state import STATISTICS, Statistic
 
@@ -44,7 +45,8 @@ class FalsePositives(Statistic):
 
     def update(self, logits, y):
         pred = logits.detach().argmax(1)
-        self.sums["fp"].index_add_(0, pred, (pred != y).float())  # a mask, not an index: no host sync
+        fp = self.sums["fp"]
+        fp.index_add_(0, pred, (pred != y).to(fp.dtype))  # a mask, not an index: no host sync
 
     def value(self, sums):
         """fp_c / sum_c fp_c (code CW_log.result: fp_by_class / (N - correct)); zeros for an epoch without errors,
@@ -68,8 +70,9 @@ def redraw_distribution(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def target_probs(scores: torch.Tensor) -> torch.Tensor:
-    """p = softmax(scores), the distribution targets are drawn from (code train_epoch: torch.softmax(cw_scaling))."""
-    return scores.float().softmax(0)
+    """p = softmax(scores), the distribution targets are drawn from (code train_epoch: torch.softmax(cw_scaling)), in
+    float32 at least (a float64 state's, the conformance checks', stays float64)."""
+    return widened(scores).softmax(0)
 
 
 def confusion_targets(y: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,11 @@ REPO = "TejaswiniMedi/FAIR-TAT"
 FILES = {"target_train_new.py": "0154dc3b4a719482d09eaa163fece2cc9ee00d03",
          "Targeted_attack.py": "01888696b93b494f9dcd86616562fb13255a9299"}
 PINNED = FILES["target_train_new.py"]
+# The code's own casts to float32 are none: train_epoch's target scores (the CCM block's numpy cw_scaling) and class
+# eps (torch.tensor of a numpy float64 array) are float64 in either run, and cw_attack_pgd's eps tensor, start and
+# iterates follow x's dtype; what else allocates (torch.ones(10) eps before the CCM block, the made-up clean logits
+# of Answers) and this generator's .float() of the trace's eps are make.py's FLOAT64_RUN
+FLOAT64 = []
 SCRIPT, ATTACK = FILES
 DEFINITIONS = {SCRIPT: ("CW_log", "train_epoch", "get_rand_target"), ATTACK: ("cw_attack_pgd", "cw_pgd_loss")}
 CCM_BLOCK = "epoch >= args.begin"  # the epoch loop's class_eps / cw_scaling block
