@@ -63,8 +63,6 @@ def working_dtype() -> torch.dtype:
     return _PRECISION[-1]
 
 
-class Float32Golden(Exception):
-    """A float64 check asked for a golden file still made in float32 (its repository could not be had)."""
 DOC = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 
 
@@ -146,10 +144,11 @@ class Golden:
 
 
 def golden(name: str) -> Golden:
-    """Golden file ``name``; a float64 check of one still made in float32 raises :class:`Float32Golden`."""
+    """Golden file ``name``; a float64 check refuses one made in float32 (a generator without ``FLOAT64``)."""
     g = _golden(name)
     if working_dtype() == torch.float64 and g.meta.get("dtype") != "float64":
-        raise Float32Golden(f"{name} was made in float32")
+        raise AssertionError(f"{name} was made in float32: regenerate it with the authors' code in float64 (its "
+                             "generator's FLOAT64, tests/golden/README.md)")
     return g
 
 
@@ -225,8 +224,7 @@ def case(name: str, arithmetic: bool = True):
 
 @functools.cache
 def checks(name: str, dtype: torch.dtype) -> list[Check]:
-    """Case ``name``'s rows with both sides in ``dtype`` (:func:`precision`), run once; in float64 a case whose
-    golden file is still float32 raises :class:`Float32Golden`."""
+    """Case ``name``'s rows with both sides in ``dtype`` (:func:`precision`), run once."""
     with precision(dtype):
         return CASES[name]()
 
@@ -622,16 +620,6 @@ def weight_grad_tol(quantity: Callable[[nn.Module], torch.Tensor], model: nn.Mod
                f"{_sides(sides)}‖gamma(n), gamma({longest})‖·Σ|terms| / max|grad|")
 
 
-def standin_grad(g):
-    """The code's gradient of each step over each image's largest magnitude (``record.steps_record``: its sign, and
-    whether it lies within the precision's :func:`sign_noise` of 0); a float32 golden file kept only the signs and
-    the float32 noise elements: a gradient with those signs, its noise elements below SIGN_NOISE."""
-    if "step_grad" in g.arrays:
-        return g.t("step_grad")
-    sign, noise = g.t("step_grad_sign").float(), g.t("step_grad_noise")
-    return torch.where(noise, sign * 1e-6 + (sign == 0) * 1e-6, sign)
-
-
 def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads, reference=None) -> tuple[int, str]:
     """(unexplained elements, what the measured column adds) of one fastfair step (the attack ``one``, in its
     BN mode, on a fresh ``model_fn()``) from each of the code's iterates ``its[k]`` of the first ``len(its[0])``
@@ -656,8 +644,9 @@ def one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, its, grads, reference=
 
 
 def steps_from_code(g, model_fn, one, x, y, eps_c, alpha_c, alpha, reference=None):
-    """:func:`one_steps` from a golden file kept by ``record.steps_record`` (iterates, gradient signs, noise)."""
-    return one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, g.t("step_iterates"), standin_grad(g), reference)
+    """:func:`one_steps` from a golden file kept by ``record.steps_record`` (iterates, each step's gradient over its
+    image's largest magnitude)."""
+    return one_steps(model_fn, one, x, y, eps_c, alpha_c, alpha, g.t("step_iterates"), g.t("step_grad"), reference)
 
 
 def differing(a, b) -> float:
@@ -727,9 +716,8 @@ inputs `.double()`, their float32 casts patched; each golden file's JSON lists t
 float64 too, so a tolerance is a float64 rounding bound (u = 2^-53), about 1e-10 of the quantity or less, the same
 whatever a CPU's kernels (AVX2, AVX-512, plain) do with it: a KL weight 0.1 % off fails. **float32 smoke**:
 fastfair in float32, its real dtype path, against the same float64 golden values at its float32 bound
-(u = 2^-24). A case whose repository could not be had keeps float32 golden values and its float32 check only;
-the `setup-*` cases compare settings, schedules and orders exactly, the same in any precision: they run once, and
-both columns show that run.
+(u = 2^-24). The `setup-*` cases compare settings, schedules and orders exactly, the same in any precision: they
+run once, and both columns show that run.
 
 An attack is checked exactly one step at a time, from each of the code's iterates (0 elements unexplained
 by a gradient sign within rounding noise of zero in the precision). The K-step result, run free from the code's
@@ -774,29 +762,23 @@ def _measured(c: Check) -> str:
     return f"{c.diff:.1e}" + (f" ({c.detail})" if c.detail else "")
 
 
-def case_checks(name: str) -> tuple[list[Check] | None, list[Check]]:
-    """(float64 checks, or None where the golden file is still float32; float32 smoke checks) of case ``name``,
-    the two lists row for row the same quantities (one list twice for a case of settings: :func:`case`)."""
+def case_checks(name: str) -> tuple[list[Check], list[Check]]:
+    """(float64 checks, float32 smoke checks) of case ``name``, the two lists row for row the same quantities (one
+    list twice for a case of settings: :func:`case`)."""
     smoke = checks(name, torch.float32)
     if name in SETTINGS_ONLY:
         return smoke, smoke
-    try:
-        full = checks(name, torch.float64)
-    except Float32Golden:
-        return None, smoke
+    full = checks(name, torch.float64)
     if [(c.method, c.quantity, c.reference) for c in full] != [(c.method, c.quantity, c.reference) for c in smoke]:
         raise AssertionError(f"case {name}: its float64 and float32 runs compare different quantities")
     return full, smoke
-
-
-NO_FLOAT64 = "none: its golden values are still float32 (tests/golden/README.md says which, and why)"
 
 
 def rows(name: str) -> list[tuple[str, str, str, str, str]]:
     """The columns of case ``name``'s table that must not go stale: method, quantity, reference, the float64
     tolerance and the float32 smoke tolerance (each: value, measure, how it was derived)."""
     full, smoke = case_checks(name)
-    return [(c.method, c.quantity, c.reference, NO_FLOAT64 if full is None else _tol(full[i]), _tol(c))
+    return [(c.method, c.quantity, c.reference, _tol(full[i]), _tol(c))
             for i, c in enumerate(smoke)]
 
 
@@ -813,8 +795,8 @@ def case_table(name: str) -> list[str]:
     full, smoke = case_checks(name)
     lines = [f"### `{name}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     for i, (method, quantity, reference, tol64, tol32) in enumerate(rows(name)):
-        got64 = "" if full is None else _measured(full[i])
-        lines.append(f"| {method} | {quantity} | `{reference}` | {tol64} | {got64} | {tol32} | {_measured(smoke[i])} |")
+        lines.append(f"| {method} | {quantity} | `{reference}` | {tol64} | {_measured(full[i])} | {tol32} | "
+                     f"{_measured(smoke[i])} |")
     return lines + [""]
 
 
