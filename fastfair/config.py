@@ -29,9 +29,10 @@ from fastfair.schema import DEFAULTS, PRESET, USER  # noqa: F401  (config.DEFAUL
 from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
-from fastfair.preset_files import preset_text
+# preset files and --set values are read without torch (the CLI refuses a mistake before it loads): config.flatten,
+# config.parse_set, config.read_preset and config.read_paper are these
+from fastfair.preset_files import flatten, parse_set, read_paper, read_preset  # noqa: F401
 from fastfair.rundir import RunDir, read_toml
-from fastfair.suggest import hint, normal
 
 
 @dataclass
@@ -307,23 +308,14 @@ class Config:
         return tomli_w.dumps(self.to_dict())
 
 
-def _all_keys(cfg: Config) -> list[str]:
-    return [f"{s}.{k}" for s, sec in cfg.sections.items() for k in schema.field_types(sec)]
+def _fields(cfg: Config) -> dict[str, dict[str, Any]]:
+    """{section: {key: type}} of ``cfg``, what :func:`schema.qualified` and :func:`schema.unknown_key_hint` read."""
+    return {s: schema.field_types(sec) for s, sec in cfg.sections.items()}
 
 
 def _qualify(cfg: Config, key: str) -> str:
     """``a.b`` stays; a bare ``b`` is accepted when exactly one section has it."""
-    if "." in key:
-        return key
-    owners = [s for s, sec in cfg.sections.items() if key in schema.field_types(sec)]
-    other = next((v for k, v in SYNONYMS.items() if normal(k) == normal(key)), None)
-    if len(owners) == 1 and other and other != f"{owners[0]}.{key}":  # other code's `key` is another key here (beta)
-        raise UserError(f"{key!r} is ambiguous: write {owners[0]}.{key} for that key. Did you mean {other}?")
-    if len(owners) == 1:
-        return f"{owners[0]}.{key}"
-    if len(owners) > 1:
-        raise UserError(f"{key!r} is ambiguous; write one of {', '.join(f'{s}.{key}' for s in owners)}")
-    return key
+    return schema.qualified(_fields(cfg), key, SYNONYMS)
 
 
 def qualify(key: str) -> str:
@@ -355,22 +347,8 @@ def apply(cfg: Config, updates: dict[str, Any], origin: str, layer: int = USER) 
 
 
 def _hint(cfg: Config, key: str) -> str:
-    if key in RENAMED:
-        return f" It was renamed to {' and '.join(RENAMED[key])}."
-    section, _, name = key.partition(".")
-    if section == "method":
-        owners = [m for m in METHODS if name in METHODS.get(m).keys_all()]
-        if owners:
-            return (f" Method {cfg.method.name} has no key {name!r} (its keys: "
-                    f"{', '.join(METHODS.get(cfg.method.name).keys_all()) or 'none'}); "
-                    f"methods with it: {', '.join(owners)}.")
-    elsewhere = [k for k in _all_keys(cfg) if normal(k.rpartition(".")[2]) == normal(name or section)]
-    # the right name in another section or spelling (train.batch_size, batch-size -> data.batch_size), unless a
-    # dotted synonym says what the name means in this section (train.eps: Adam's epsilon, not an attack budget)
-    if elsewhere and normal(key) not in map(normal, SYNONYMS):
-        return f" Did you mean {' or '.join(elsewhere)}?"
-    every_method_key = {f"method.{k}" for m in METHODS for k in METHODS.get(m).keys_all()}
-    return hint(key, set(_all_keys(cfg)) | every_method_key, SYNONYMS)
+    method_keys = {m: list(METHODS.get(m).keys_all()) for m in METHODS}
+    return schema.unknown_key_hint(_fields(cfg), key, cfg.method.name, method_keys, RENAMED, SYNONYMS)
 
 
 def renamed(flat: dict[str, Any]) -> dict[str, Any]:
@@ -383,52 +361,6 @@ def renamed(flat: dict[str, Any]) -> dict[str, Any]:
     if out.get("train.lr_epochs") and "train.lr_schedule" not in out:
         out["train.lr_schedule"] = "piecewise"
     return out
-
-
-def flatten(nested: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in nested.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
-        else:
-            out[k] = v
-    return out
-
-
-def parse_set(items: list[str]) -> dict[str, Any]:
-    """``key=value`` strings; the value is read as TOML (numbers, true/false, [lists]), else as text."""
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set takes key=value (for example --set train.lr=0.05); got {item!r}")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = raw
-    return out
-
-
-def read_preset(name_or_path: str) -> dict[str, Any]:
-    """A TOML file path, or the name of a preset shipped in ``configs/`` (``fastfair presets``), as flat
-    run keys. Its ``[paper]`` section (the paper's numbers, :func:`read_paper`) describes the run and
-    is no part of it."""
-    data = _read_toml(name_or_path)
-    data.pop("paper", None)
-    return flatten(data)
-
-
-def read_paper(name_or_path: str) -> dict[str, Any]:
-    """A preset's ``[paper]`` section as written (``fastfair.reproduce.paper`` checks it); {} if none."""
-    return _read_toml(name_or_path).get("paper", {})
-
-
-def _read_toml(name_or_path: str) -> dict[str, Any]:
-    text = preset_text(name_or_path)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(f"{name_or_path}: not valid TOML ({err})") from None
 
 
 def _with_defaults(method: str, dataset: str, options: list[str]) -> Config:

@@ -1,7 +1,7 @@
 """Named registries (timm style): methods, models, data sets, attacks, selection policies."""
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from fastfair.errors import UserError
 from fastfair.suggest import hint
@@ -11,6 +11,11 @@ T = TypeVar("T")
 
 def _origin(obj) -> tuple:
     return getattr(obj, "__module__", None), getattr(obj, "__qualname__", None) or id(obj)
+
+
+def unknown(kind: str, name, known: Iterable[str], aliases: dict[str, str]) -> UserError:
+    """The one line that refuses a ``name`` no registry of ``kind`` holds: the hint, then every known name."""
+    return UserError(f"unknown {kind} {name!r}.{hint(name, known, aliases)} Known: {', '.join(sorted(known))}")
 
 
 class Registry(Generic[T]):
@@ -43,9 +48,13 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            raise UserError(f"unknown {self.kind} {name!r}.{hint(name, self._items, self._aliases)} "
-                            f"Known: {', '.join(sorted(self._items))}")
+            raise unknown(self.kind, name, self._items, self._aliases)
         return self._items[name][0]
+
+    @property
+    def alias_table(self) -> dict[str, str]:
+        """The spellings :meth:`aliases` added (what ``fastfair.known`` copies for the CLI's checks)."""
+        return dict(self._aliases)
 
     def doc(self, name: str) -> str:
         self.get(name)

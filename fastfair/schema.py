@@ -14,9 +14,10 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Mapping
 
 from fastfair.errors import UserError
+from fastfair.suggest import hint, normal
 
 # Which layer set a key (fastfair.config docstring): a value a default or the preset chose that a shorter --epochs
 # cuts short is a quick look (a warning), a value the user set is meant (fastfair.checks.check_epochs).
@@ -147,3 +148,47 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
     if not isinstance(value, typ):
         raise UserError(f"{key} takes a {typ.__name__}; got {value!r}")
     return value
+
+
+# -- names of keys: a bare key's section, an unknown key's hint ----------------------------------------------
+# Both read a config's sections as {section: its key names} (fastfair.config's Config, or the CLI's copy of them in
+# fastfair/known.json, so that a mistyped key is refused before torch loads), with the same words either way.
+
+def qualified(fields: Mapping[str, Collection[str]], key: str, synonyms: Mapping[str, str]) -> str:
+    """``a.b`` stays; a bare ``b`` is accepted when exactly one section has it (``synonyms``: what other code bases
+    call a key, fastfair.config.SYNONYMS)."""
+    if "." in key:
+        return key
+    owners = [s for s, names in fields.items() if key in names]
+    other = next((v for k, v in synonyms.items() if normal(k) == normal(key)), None)
+    if len(owners) == 1 and other and other != f"{owners[0]}.{key}":  # other code's `key` is another key here (beta)
+        raise UserError(f"{key!r} is ambiguous: write {owners[0]}.{key} for that key. Did you mean {other}?")
+    if len(owners) == 1:
+        return f"{owners[0]}.{key}"
+    if len(owners) > 1:
+        raise UserError(f"{key!r} is ambiguous; write one of {', '.join(f'{s}.{key}' for s in owners)}")
+    return key
+
+
+def unknown_key_hint(fields: Mapping[str, Collection[str]], key: str, method: str,
+                     method_keys: Mapping[str, Collection[str]], renamed: Mapping[str, Collection[str]],
+                     synonyms: Mapping[str, str]) -> str:
+    """What an unknown ``key`` of a config of ``method`` gets after its error: its new name, the methods that have
+    it, or a close name (``method_keys``: every method's own keys, in registry order; ``renamed``, ``synonyms``:
+    fastfair.config.RENAMED and SYNONYMS)."""
+    if key in renamed:
+        return f" It was renamed to {' and '.join(renamed[key])}."
+    section, _, name = key.partition(".")
+    if section == "method":
+        owners = [m for m, keys in method_keys.items() if name in keys]
+        if owners:
+            return (f" Method {method} has no key {name!r} (its keys: {', '.join(method_keys[method]) or 'none'}); "
+                    f"methods with it: {', '.join(owners)}.")
+    every = [f"{s}.{k}" for s, names in fields.items() for k in names]
+    elsewhere = [k for k in every if normal(k.rpartition(".")[2]) == normal(name or section)]
+    # the right name in another section or spelling (train.batch_size, batch-size -> data.batch_size), unless a
+    # dotted synonym says what the name means in this section (train.eps: Adam's epsilon, not an attack budget)
+    if elsewhere and normal(key) not in map(normal, synonyms):
+        return f" Did you mean {' or '.join(elsewhere)}?"
+    every_method_key = {f"method.{k}" for keys in method_keys.values() for k in keys}
+    return hint(key, set(every) | every_method_key, synonyms)
