@@ -23,6 +23,7 @@ from fastfair.preset_files import preset_names
 from fastfair.progress import Progress, note_in_log
 from fastfair.rundir import RunDir, instead_of_model_flag
 from fastfair.scaleout import distributed
+from fastfair.known import flag_keys, said_as
 from fastfair.suggest import hint
 
 
@@ -212,30 +213,6 @@ def method(name: str, *, num_classes: int, dataset: str = "cifar10", device: str
 
 # ---- training -----------------------------------------------------------------------------------
 
-# keyword -> config key: the long flags of `fastfair train`, by their Python names
-TRAIN_FLAGS = {
-    "method": "method.name", "dataset": "data.dataset", "data_dir": "data.data_dir", "model": "model.name",
-    "epochs": "train.epochs", "seed": "train.seed", "device": "train.device", "kernels": "train.kernels",
-    "compile": "train.compile", "cudagraphs": "train.cudagraphs", "cpp_wrapper": "train.cpp_wrapper",
-    "loader": "data.loader",
-    "beton_dir": "data.beton_dir", "quick": "data.train_per_class", "quick_test": "data.test_per_class",
-    "track": "train.track", "progress_every": "train.progress_every_s", "init_from": "train.init_from",
-    "classes": "data.classes", "adv_classes": "adv_classes.classes", "ccm": "ccm.enabled", "ccr": "ccr.enabled",
-    "averaging": "train.averaging",
-}
-
-
-# the auto | on | off flags, which Python may also give as True / False
-SWITCHES = ("compile", "cudagraphs", "cpp_wrapper")
-
-
-def said_as(keys, cli: bool) -> dict[str, str]:
-    """How the user gave each config key that ``fastfair train``'s flags set: ``--method`` on the command line,
-    ``method=`` from Python (what the preset-overrides line names, config.overrides_line)."""
-    flag = {key: name for name, key in TRAIN_FLAGS.items()}
-    return {key: f"--{flag[key].replace('_', '-')}" if cli else f"{flag[key]}=" for key in keys if key in flag}
-
-
 def train(config: str | None = None, *, out: str | Path | None = None, resume: bool = False, progress: bool = True,
           sets: dict[str, Any] | None = None, **flags: Any) -> Path:
     """``fastfair train`` from Python; returns the run directory.
@@ -247,18 +224,6 @@ def train(config: str | None = None, *, out: str | Path | None = None, resume: b
     keys = flag_keys(**flags)
     return run_training(config, keys, sets or {}, out, resume=resume, quiet=not progress,
                         flag_names=said_as(keys, cli=False), cli=False)
-
-
-def flag_keys(**flags: Any) -> dict[str, Any]:
-    """{config key: value} of ``fastfair train``'s flags given by their Python names (None: left out); an unknown
-    name is a UserError with a suggestion."""
-    unknown = [k for k in flags if k not in TRAIN_FLAGS]
-    if unknown:
-        name = unknown[0]
-        raise UserError(f"fastfair.train() has no setting {name!r}.{hint(name, TRAIN_FLAGS)} Pass a flag of "
-                        f"fastfair train ({', '.join(TRAIN_FLAGS)}) or any config key in sets={{'train.lr': 0.05}}")
-    return {TRAIN_FLAGS[k]: ({True: "on", False: "off"}[v] if k in SWITCHES and isinstance(v, bool) else v)
-            for k, v in flags.items()}
 
 
 def run_training(preset: str | None, flags: dict[str, Any], sets: list[str] | dict[str, Any],

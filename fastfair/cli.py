@@ -177,7 +177,7 @@ def train(
     adv_classes: Annotated[Text, typer.Option(metavar="I,J", help="adversarial examples only for these classes "
                                               "(adv_classes.classes)", rich_help_panel=FAIRNESS)] = None,
 ) -> None:
-    from fastfair.api import flag_keys, run_training, said_as
+    from fastfair.known import check_train, flag_keys, said_as
 
     flags = {**flag_keys(method=method, dataset=dataset, data_dir=data_dir, model=model, epochs=epochs, device=device,
                          seed=seed, kernels=kernels, compile=compile, cudagraphs=cudagraphs, cpp_wrapper=cpp_wrapper,
@@ -187,6 +187,9 @@ def train(
     names = said_as([key for key, value in flags.items() if value is not None], cli=True)
     if ema or fawa:  # the flags that set train.averaging
         names["train.averaging"] = "--ema" if ema else "--fawa"
+    if not resume:  # a mistyped method, key or value said before torch loads (a resumed run's config is its own)
+        check_train(config, flags, sets or [], names)
+    from fastfair.api import run_training
     run_training(config, flags, sets or [], out, resume=resume, quiet=quiet, flag_names=names)
 
 
@@ -799,11 +802,10 @@ def _usage_fix(argv: list[str] | None, err: Exception) -> str | None:
     flag = f"--{param.name.replace('_', '-')}"
     given = [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")] + \
         [b for a, b in zip(words, words[1:]) if a == flag]
-    if not given:  # a missing argument, an unknown option: click's line says it, without the imports below (seconds)
+    if not given:  # a missing argument, an unknown option: click's line says it
         return None
-    from fastfair.api import TRAIN_FLAGS
-    from fastfair.checks import check_value
-    from fastfair.config import parse_set
+    from fastfair.known import TRAIN_FLAGS, check_value
+    from fastfair.preset_files import parse_set
 
     # the commands fastfair.train and fastfair.evaluate are: their flags that set a config key
     keys = {"fastfair train": TRAIN_FLAGS, "fastfair eval": {"batch_size": "data.eval_batch_size", "seed": "eval.seed"}}
