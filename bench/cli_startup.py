@@ -37,6 +37,8 @@ COMMANDS = (
     ("eval", "runs/nosuch", "--attacks", "aa", "--per-class", "20"),
     ("train", "--method", "nosuch"),
     ("train", "--set", "train.lrr=0.1"),
+    ("train", "--set", "nosuch.key=1"),
+    ("train", "--config", "demo", "--set", "train.amp=fp16"),
     ("train", "--epochs", "two"),
     ("tune", "--methods", "tradez"),
 )
