@@ -30,7 +30,7 @@ from fastfair.data import DATASETS
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
 from fastfair.preset_files import preset_text
-from fastfair.rundir import RunDir, read_toml
+from fastfair.rundir import RunDir
 from fastfair.suggest import hint, normal
 
 
@@ -547,7 +547,7 @@ def _saved(text: str, where: str) -> dict[str, Any]:
 
 def load_saved(path: str | Path) -> dict[str, Any]:
     """A saved run config file (``RUN/config.toml``) as nested TOML; a damaged one is a UserError."""
-    text = read_toml(Path(path))
+    text = RunDir(Path(path).parent).read_config()
     _saved(text, str(path))
     return tomllib.loads(text)
 
