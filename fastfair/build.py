@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import data, gpu_defaults, gpu_figures, models
+from fastfair import data, gpu_defaults, gpu_figures, identity, models
 from fastfair.data import subsets
 from fastfair.config import Config
 from fastfair.errors import UserError
@@ -360,6 +360,7 @@ def from_checkpoint(path, *, split: str, device_name: str, data_dir: str | None,
     if split not in ("test", "val"):
         raise UserError(f"--split must be test or val; got {split!r}")
     ck = load_checkpoint(path)
+    identity.check_in_run(path, ck)  # a checkpoint copied into a run's checkpoints/ from another is refused
     cfg = apply(load_saved_text(ck["config"]), {"train.device": device_name}, "the command line")
     if data_dir:
         apply(cfg, {"data.data_dir": data_dir}, "--data-dir")

@@ -32,7 +32,7 @@ from fastfair.methods import METHODS, OPTIONS
 # preset files and --set values are read without torch (the CLI refuses a mistake before it loads): config.flatten,
 # config.parse_set, config.read_preset and config.read_paper are these
 from fastfair.preset_files import flatten, parse_set, read_paper, read_preset  # noqa: F401
-from fastfair.rundir import RunDir, read_toml
+from fastfair.rundir import RunDir
 
 
 @dataclass
@@ -479,7 +479,7 @@ def _saved(text: str, where: str) -> dict[str, Any]:
 
 def load_saved(path: str | Path) -> dict[str, Any]:
     """A saved run config file (``RUN/config.toml``) as nested TOML; a damaged one is a UserError."""
-    text = read_toml(Path(path))
+    text = RunDir(Path(path).parent).read_config()
     _saved(text, str(path))
     return tomllib.loads(text)
 

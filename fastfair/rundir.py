@@ -1,7 +1,8 @@
 """The run directory, the contract between ``fastfair train``, ``eval``, ``diagnose``, ``report`` and ``grid``;
 this module is the one place that names its files::
 
-    RUN/config.toml                                   the resolved config (written atomically)
+    RUN/config.toml                                   the resolved config (written atomically), under its checksum
+                                                      line and the line naming the run's id (:data:`RUN_LINE`)
     RUN/metrics.jsonl                                 one JSON line per finished epoch
     RUN/checkpoints/last.pt                           full training state, rewritten atomically every epoch
     RUN/checkpoints/best_<policy>.pt                  best weights by each selection policy
@@ -46,8 +47,15 @@ file, so the one atomic rename writes content and checksum together and no crash
   (:mod:`fastfair.data.ffcv` says what a crash can leave), hashed in full once and again only when their size,
   mtime or inode changed (:func:`fastfair.data.ffcv.verify_beton`).
 
-Files written before these checksums (none in them, or a checkpoint saved with torch's CRC-32 off) load as before,
-silently: they cannot be checked, and a notice on each of a user's old runs would say nothing they could act on.
+Which version wrote a file is known from its run, not from the file: ``config.toml``'s first line under its checksum
+line names the run's id (:data:`RUN_LINE`), which a run gets when it starts and every checkpoint of it carries
+(:data:`RUN_ID`). A run with that line was written by a fastfair that signs each of its files, so a file of it (its
+config, a line of its logs, a JSON record under it) without its checksum is damage, refused like a changed one:
+removing a file's checksum cannot make it pass as an older file. Were the mark in each file, removing it with the
+checksum would. A run without the line is an older fastfair's (:meth:`RunDir.saved_config` says so once): its files
+without checksums are read as before, unchecked, and never signed afterwards: what is read from them is an
+:class:`Unchecked` record, and the writers write a record holding one without a checksum (:func:`jsonl_line`,
+:func:`write_json_atomic`). A checkpoint saved with torch's CRC-32 off loads as before (nothing to check).
 """
 from __future__ import annotations
 
@@ -64,9 +72,11 @@ import shutil
 import socket
 import sys
 import tempfile
+import uuid
 import zipfile
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -85,6 +95,11 @@ CHECKPOINT_KEYS = ("epoch", "model", "spec", "config")
 # checkpoints say which epoch they finished). Files written before this numbering counted from 0
 # and lack this marker; readers shift them on load (:func:`one_based_epoch`).
 EPOCH_NUMBERING = {"epoch_numbering": "1-based"}
+# the key of a checkpoint's run id (absent from an older fastfair's checkpoints), and config.toml's line naming the id
+# (under the checksum line, inside what it covers): the mark of a run whose every file carries its checksum
+RUN_ID = "run_id"
+RUN_LINE = "# fastfair run {}: every file of this run carries its checksum"
+_RUN_LINE = re.compile(r"# fastfair run ([0-9a-f]{32}): ")
 # who holds a lock and whose temporary files are whose: "pid N on HOST", ".<name>.<HOST>.<pid>.*.tmp"
 _HOST = socket.gethostname()
 
@@ -96,10 +111,31 @@ def one_based_epoch(record: dict) -> int:
 
 
 def _metrics_one_based(records: list[dict]) -> list[dict]:
-    """metrics.jsonl of runs from before the 1-based numbering starts at epoch 0: shift every line."""
+    """metrics.jsonl of runs from before the 1-based numbering starts at epoch 0: shift every line (such lines
+    predate the checksums: each stays :class:`Unchecked`)."""
     if records and records[0].get("epoch") == 0:
-        return [{**r, "epoch": r["epoch"] + 1} for r in records]
+        return [type(r)({**r, "epoch": r["epoch"] + 1}) for r in records]
     return records
+
+
+def new_run_id() -> str:
+    """The id of a new run, which its config.toml names and every checkpoint of it carries."""
+    return uuid.uuid4().hex
+
+
+class SavedConfig(NamedTuple):
+    """A run's ``config.toml`` as read (:meth:`RunDir.saved_config`)."""
+    text: str  # the TOML text, its checksum line and run line left out
+    run_id: str | None  # None: an older fastfair's run (no run line), whose files are read as before
+    checked: bool  # whether it had a checksum line (which matched)
+
+
+# what to do with a config.toml that is not as fastfair wrote it; how a run's settings change instead
+CONFIG_FIX = ("copy it again from where it came from, or restore it from the config every checkpoint of the run "
+              "holds; to change a setting, `fastfair train --out {run} --resume --set KEY=VALUE` changes those "
+              "--resume may change (recorded in history.jsonl), and any other needs a new run")
+_HISTORY_FIX = "delete that line (it records one start or resume of the run)"
+_SAID_OLDER: set[Path] = set()  # the older runs this process has said so of, once each
 
 
 class RunDir:
@@ -214,14 +250,51 @@ class RunDir:
     def read_config(self) -> str:
         """The saved config's TOML text, its checksum line checked and left out; a folder without one is not a run
         directory."""
+        return self.saved_config().text
+
+    def run_id(self) -> str | None:
+        """The run's id (:data:`RUN_LINE`); None for an older fastfair's run, or a folder without config.toml."""
+        return self.saved_config().run_id if self.config.is_file() else None
+
+    def saved_config(self) -> SavedConfig:
+        """``config.toml``: its text, checksum checked, and the run's id. A config.toml that names a run but lost
+        its checksum line was edited (fastfair writes the two together), and so was one that names no run where
+        ``history.jsonl`` does: each is a UserError. An older fastfair's run (no run line) is said once, and read
+        as before."""
         if not self.config.is_file():
             raise UserError(f"{self.path} is not a run directory (no config.toml); "
                             "pass a folder written by fastfair train")
-        return read_toml(self.config)
+        text, checked = _read_toml(self.config, CONFIG_FIX.format(run=self.path))
+        head, _, body = text.partition("\n")
+        named = _RUN_LINE.match(head)
+        if named and not checked:
+            raise UserError(f"{self.config} has no checksum line, which fastfair writes with the config of every run "
+                            f"that names its id (this one: {named[1]}): it was edited or damaged, so fastfair does not "
+                            f"read it; {CONFIG_FIX.format(run=self.path)}")
+        if named:
+            return SavedConfig(body, named[1], True)
+        history = {r["run"] for r in read_jsonl(self.history, _HISTORY_FIX)[0] if "run" in r}
+        if history:
+            raise UserError(f"{self.config} names no run, though {self.history.name} names run {min(history)} (its "
+                            f"config.toml names it on its second line, under the checksum): it was edited or replaced, "
+                            f"so fastfair does not read it; {CONFIG_FIX.format(run=self.path)}")
+        if self.path.resolve() not in _SAID_OLDER:
+            _SAID_OLDER.add(self.path.resolve())
+            notice(f"{self.path} is an older fastfair's run (its config.toml names no run id): its files are read as "
+                   f"before, those without a checksum unchecked, and its checkpoints checked against its config only")
+        return SavedConfig(text, None, checked)
 
-    def write_config(self, text: str) -> None:
+    def write_config(self, text: str, run_id: str | None, signed: bool = True) -> None:
+        """config.toml: the run's line (:data:`RUN_LINE`) and ``text`` under a checksum line. An older fastfair's
+        run (``run_id`` None) keeps its kind: signed only where its checksum line was there and matched
+        (``signed``), so a config nobody checked is not certified by being written again."""
         self.path.mkdir(parents=True, exist_ok=True)
-        write_toml(text, self.config)
+        if run_id:
+            write_toml(f"{RUN_LINE.format(run_id)}\n{text}", self.config)
+        elif signed:
+            write_toml(text, self.config)
+        else:
+            write_text_atomic(text, self.config)
 
     def append_metrics(self, record: dict) -> None:
         append_jsonl(record, self.metrics)
@@ -244,20 +317,29 @@ class RunDir:
                 "numbers (its checkpoints do not depend on them)")
 
     def read_metrics(self) -> list[dict]:
-        return _metrics_one_based(read_jsonl(self.metrics, self._metrics_fix())[0])
+        return _metrics_one_based(read_jsonl(self.metrics, self._metrics_fix(), signed=self.run_id() is not None)[0])
 
     def append_history(self, record: dict) -> None:
         append_jsonl(record, self.history)
 
     def read_history(self) -> list[dict]:
-        return read_jsonl(self.history, "delete that line (it records one start or resume of the run)")[0]
+        """``history.jsonl``, each line's checksum checked (read by --resume and report); a line naming another run
+        than config.toml means the files of two runs were mixed: a UserError."""
+        run_id = self.run_id()
+        records = read_jsonl(self.history, _HISTORY_FIX, signed=run_id is not None)[0]
+        for i, record in enumerate(records):
+            if record.get("run", run_id) != run_id:
+                raise UserError(f"{self.history}, line {i + 1}, is of run {record['run']}, and {self.config} names "
+                                f"run {run_id}: the files of two runs were mixed; copy this run's folder again from "
+                                f"where it came from")
+        return records
 
     def truncate_metrics(self, done: int) -> bool:
         """Keep the lines of the first ``done`` epochs: on resume, drop those ``last.pt`` does not hold (a
         kill between an epoch's metrics line and its checkpoint leaves such a line; the epoch is redone).
         A torn last line (a kill while appending) goes too; returns whether there was one. Lines of a
-        run from before the 1-based numbering are rewritten 1-based."""
-        records, torn = read_jsonl(self.metrics, self._metrics_fix())
+        run from before the 1-based numbering are rewritten 1-based, still without a checksum (:func:`jsonl_line`)."""
+        records, torn = read_jsonl(self.metrics, self._metrics_fix(), signed=self.run_id() is not None)
         records = _metrics_one_based(records)
         if self.metrics.is_file():
             write_text_atomic("".join(jsonl_line(r, self.metrics) for r in records if r["epoch"] <= done),
@@ -325,8 +407,21 @@ class RunDir:
         training the run again from its first epoch is the user's call, not done silently over their checkpoints."""
         if self.last.is_file() and truncated(self.last):
             raise UserError(f"cannot resume {self.path}: {self.last} {TRUNCATED}; copy it again from where it came "
-                            f"from, or move it aside and --resume trains the run again from its first epoch")
+                            f"from, or move it aside and {self.resume_without_last()}")
         return load_checkpoint(self.last)
+
+    def resume_without_last(self) -> str:
+        """What ``--resume`` does once ``last.pt`` is moved aside, said after "move it aside and": it continues from
+        an intact ``interrupted.pt`` (which holds the whole state of its epoch so far), else trains the run again
+        from its first epoch."""
+        resume = f"`fastfair train --out {self.path} --resume`"
+        path = self.interrupted
+        if path.is_file() and zipfile.is_zipfile(path) and not zip_damage(path):
+            with contextlib.suppress(Exception):  # an unreadable one is not offered
+                ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                return (f"{resume} continues from {path.name} (epoch {one_based_epoch(ck) + 1}, after step "
+                        f"{ck['step']} of {ck['steps']})")
+        return f"{resume} trains the run again from its first epoch"
 
     def stale_eval(self, path: Path, record: dict) -> str:
         """Why the result ``path`` (``record``) is not of the weights its checkpoint holds now, in one line ("" when
@@ -523,18 +618,24 @@ def write_toml(text: str, path: Path) -> None:
 
 
 def read_toml(path: Path) -> str:
-    """The text of a TOML file fastfair wrote (:meth:`RunDir.write_config`), its ``# sha256:`` line checked and left
-    out; bytes changed since it was written are a UserError. One without that line (older) is read as it is."""
+    """The text of a TOML file fastfair wrote (a study's settings, :func:`write_toml`), its ``# sha256:`` line checked
+    and left out; bytes changed since it was written are a UserError. One without that line (older) is read as it
+    is. A run's config.toml is read by :meth:`RunDir.saved_config`, which knows whether its run signs every file."""
+    return _read_toml(path, "copy it again from where it came from. If you edited it on purpose, delete that first "
+                            "line")[0]
+
+
+def _read_toml(path: Path, fix: str) -> tuple[str, bool]:
+    """(the text of a TOML file, its ``# sha256:`` line checked and left out; whether it had that line). Bytes
+    changed since it was written are a UserError saying ``fix``."""
     data = path.read_bytes()
     first, _, rest = data.partition(b"\n")
     if b"\0" not in data and not first.startswith(TOML_CHECKSUM.encode()):  # from before the checksum
-        return data.decode(errors="replace")  # the TOML parser names any character that is not text
+        return data.decode(errors="replace"), False  # the TOML parser names any character that is not text
     if first.removeprefix(TOML_CHECKSUM.encode()).split()[:1] != [_sha256(rest).encode()]:
         raise UserError(f"{path} is damaged: its content does not match the checksum on its first line (bytes "
-                        f"changed after fastfair wrote it); copy it again from where it came from, or restore it "
-                        f"from the config every checkpoint of the run holds. If you edited it on purpose, delete "
-                        f"that first line")
-    return rest.decode()
+                        f"changed after fastfair wrote it); {fix}")
+    return rest.decode(), True
 
 
 def file_sha256(path: str | Path) -> str:
@@ -564,11 +665,30 @@ def _json_text(obj, path: str | Path, indent: int | None = None) -> str:
         raise ValueError(f"{path}: {err} (write an undefined value as null)") from None
 
 
+class Unchecked(dict):
+    """A JSON object read from a file or line without a checksum, outside a run that signs its files (an older
+    fastfair's): read as it is, and never signed afterwards. :func:`read_json` and :func:`read_jsonl` make every
+    object of such a record one, so what is built from its parts still holds one (:func:`holds_unchecked`)."""
+
+
+def holds_unchecked(obj) -> bool:
+    """Whether ``obj`` is or holds (in its dicts and lists) an :class:`Unchecked` record: content no checksum
+    vouched for, which the writers do not sign."""
+    if isinstance(obj, Unchecked):
+        return True
+    if isinstance(obj, dict):
+        return any(holds_unchecked(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(isinstance(v, (dict, list, tuple)) and holds_unchecked(v) for v in obj)
+    return False
+
+
 def write_json_atomic(obj, path: str | Path, indent: int | None = 1) -> None:
     """``obj`` as JSON (no NaN or inf: :func:`_json_text`), atomically; a dict (every record fastfair reads back)
-    gains :data:`JSON_CHECKSUM`, which :func:`read_json` checks. The checksum is of the record as JSON reads it back
-    (keys become strings, tuples lists), so it is computed on that."""
-    if isinstance(obj, dict):
+    gains :data:`JSON_CHECKSUM`, which :func:`read_json` checks, unless it holds content read unchecked
+    (:class:`Unchecked`), which stays without one. The checksum is of the record as JSON reads it back (keys become
+    strings, tuples lists), so it is computed on that."""
+    if isinstance(obj, dict) and not holds_unchecked(obj):
         obj = json.loads(_json_text(obj, path))
         obj[JSON_CHECKSUM] = _json_sha256(obj)
     write_text_atomic(_json_text(obj, path, indent), path)
@@ -590,18 +710,35 @@ def state_sha256(state: dict) -> str:
 
 def read_json(path: str | Path, fix: str = "delete it and run the command that wrote it again") -> dict:
     """A JSON file fastfair wrote, its checksum (:data:`JSON_CHECKSUM`) checked and left out; a damaged one (not
-    JSON, written in place by an older version, or bytes changed since) is a UserError saying ``fix``."""
+    JSON, written in place by an older version, or bytes changed since) is a UserError saying ``fix``. A record
+    without a checksum is damage too under a run that signs its files (:func:`_in_signed_run`), else an older
+    fastfair's, read as it is (:class:`Unchecked`)."""
     try:
-        record = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        record = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{path} is damaged (not JSON); {fix}") from None
-    if not isinstance(record, dict) or JSON_CHECKSUM not in record:  # not a record, or one from before checksums
+    if not isinstance(record, dict):
         return record
+    if JSON_CHECKSUM not in record:
+        if _in_signed_run(Path(path)):
+            raise UserError(f"{path} has no checksum ({JSON_CHECKSUM}), which every record fastfair writes in this "
+                            f"run carries: it was edited or damaged; {fix}")
+        return json.loads(text, object_hook=Unchecked)
     if record[JSON_CHECKSUM] != _json_sha256(record):
         raise UserError(f"{path} is damaged: its content does not match its checksum ({JSON_CHECKSUM}: bytes "
                         f"changed after fastfair wrote it); {fix}")
     del record[JSON_CHECKSUM]
     return record
+
+
+def _in_signed_run(path: Path) -> bool:
+    """Whether ``path`` lies in a run that signs every file (its config.toml names its id), as its records do:
+    ``RUN/X``, ``RUN/eval/X``, ``RUN/eval/previous/X``, ``RUN/diagnostics/X``."""
+    for folder in list(path.absolute().parents)[:3]:
+        if (folder / "config.toml").is_file():
+            return RunDir(folder).run_id() is not None
+    return False
 
 
 def load_npz(path: str | Path, fix: str) -> dict[str, np.ndarray]:
@@ -632,7 +769,10 @@ def append_text(text: str, path: str | Path) -> None:
 
 def jsonl_line(record: dict, path: str | Path) -> str:
     """One line of an append-only log: ``record`` with its own :data:`JSON_CHECKSUM` (as a JSON file carries one),
-    which :func:`read_jsonl` checks, so a line whose bytes changed is refused rather than read as another number."""
+    which :func:`read_jsonl` checks, so a line whose bytes changed is refused rather than read as another number. A
+    line read without a checksum (:class:`Unchecked`) is written again without one."""
+    if holds_unchecked(record):
+        return _json_text(record, path) + "\n"
     record = json.loads(_json_text(record, path))
     return _json_text({**record, JSON_CHECKSUM: _json_sha256(record)}, path) + "\n"
 
@@ -711,12 +851,12 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def read_jsonl(path: str | Path, fix: str) -> tuple[list[dict], bool]:
+def read_jsonl(path: str | Path, fix: str, signed: bool = False) -> tuple[list[dict], bool]:
     """(records, whether a torn last line was left out), each line's checksum (:func:`jsonl_line`) checked and left
     out. Only the last line may be torn (a kill while appending); a line before it that is not JSON, or any line
     whose content does not match its checksum, means the file was damaged otherwise: a UserError naming the line
-    and ``fix``. Lines written before the checksums have none and are read as they are (so is a line whose damage
-    hit the checksum's own key: a few bytes of a line of hundreds)."""
+    and ``fix``. In a run that signs its files (``signed``) a line without a checksum is such damage too; else it
+    is an older fastfair's line, read as it is (:class:`Unchecked`)."""
     path = Path(path)
     if not path.is_file():
         return [], False
@@ -732,9 +872,15 @@ def read_jsonl(path: str | Path, fix: str) -> tuple[list[dict], bool]:
                 return records, True
             raise UserError(f"{path}, line {i + 1}, is not JSON: the file is damaged; "
                             f"delete that line (and any half-written one) and run the command again") from None
-        if isinstance(record, dict) and JSON_CHECKSUM in record and record.pop(JSON_CHECKSUM) != _json_sha256(record):
-            raise UserError(f"{path}, line {i + 1}, is damaged: its content does not match its checksum "
-                            f"({JSON_CHECKSUM}: bytes changed after fastfair wrote it); {fix}")
+        if isinstance(record, dict) and JSON_CHECKSUM in record:
+            if record.pop(JSON_CHECKSUM) != _json_sha256(record):
+                raise UserError(f"{path}, line {i + 1}, is damaged: its content does not match its checksum "
+                                f"({JSON_CHECKSUM}: bytes changed after fastfair wrote it); {fix}")
+        elif signed:
+            raise UserError(f"{path}, line {i + 1}, has no checksum ({JSON_CHECKSUM}), which every line fastfair "
+                            f"writes in this run carries: it was edited or damaged; {fix}")
+        else:
+            record = json.loads(line, object_hook=Unchecked)
         records.append(record)
     return records, False
 
@@ -828,11 +974,11 @@ def _instead_of(path: Path) -> str:
         if other != path and zipfile.is_zipfile(other) and not zip_damage(other):
             with contextlib.suppress(Exception):  # an unreadable one is not offered
                 ck = torch.load(other, map_location="cpu", weights_only=True, mmap=True)
-                intact.append(f"{other.stem} (epoch {one_based_epoch(ck)})")
+                # interrupted.pt's epoch counts those done before it: it holds part of the next
+                intact.append(f"{other.stem} (epoch {one_based_epoch(ck) + (other == run.interrupted)})")
     todo = "copy it again from where it came from"
     if path == run.last:
-        todo += (f", or move it aside and `fastfair train --out {run.path} --resume` trains the run again from its "
-                 f"first epoch")
+        todo += f", or move it aside and {run.resume_without_last()}"
     if intact:
         todo += (f"; the run's intact checkpoints: {', '.join(intact)}, e.g. `fastfair eval {run.path} --checkpoint "
                  f"{intact[0].split()[0]}`")

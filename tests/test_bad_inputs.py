@@ -26,7 +26,7 @@ import torch
 
 from fastfair import cli, config
 from fastfair.errors import UserError
-from fastfair.rundir import RunDir
+from fastfair.rundir import RunDir, new_run_id
 from fastfair.scaleout import grid as grid_module
 from helpers import DEMO_FAST, DEMO_TRAIN, NPZ_TRAIN as NPZ, demo_train, small_npz, trained_demo
 
@@ -269,14 +269,15 @@ CASES: dict[str, Case] = {
                                   r"'trades'", None, "run"),
     "resume-changes-seed": Case(_train("{run}", "--resume", "--seed", "3"), r"train.seed \(0 -> 3\)", None, "run"),
     "resume-without-run": Case(_train("{out}", "--resume"), r"--resume needs --out RUN_DIR of an earlier run"),
-    "resume-damaged-config": Case(_train("{run}", "--resume"), r"config.toml: the saved run config is damaged",
-                                  in_run("config.toml", "[data\n"), "run"),
+    "resume-damaged-config": Case(_train("{run}", "--resume"),
+                                  r"config.toml names no run, though history.jsonl names run [0-9a-f]{32} .*it was "
+                                  r"edited or replaced", in_run("config.toml", "[data\n"), "run"),
     "resume-damaged-metrics": Case(_train("{run}", "--resume", "--epochs", "2"),
                                    r"metrics.jsonl, line 1, is not JSON",
                                    in_run("metrics.jsonl", '{"epoch": \n{"epoch": 0}\n'), "run"),
     "resume-truncated-last": Case(_train("{run}", "--resume", "--epochs", "2"),
                                   r"cannot resume .*last.pt is truncated .*copy it again .*or move it aside and "
-                                  r"--resume trains the run again from its first epoch",
+                                  r"`fastfair train --out \S+ --resume` trains the run again from its first epoch",
                                   truncate_in_run("checkpoints/last.pt"), "run"),
     # 6. checkpoints that are not (safe) fastfair checkpoints
     "eval-empty-pt": Case(["eval", "{tmp}/bad.pt", "--quiet"], r"bad.pt is not a checkpoint .*empty or another",
@@ -446,10 +447,11 @@ def test_a_grid_lets_started_runs_change_only_what_resume_may(tmp_path):
     grid_file('[[axes]]\nkey = "train.seed"\nvalues = [0]\nlabels = ["a"]\n')(tmp_path, None)
     sets = ["train.epochs=1", "attack.steps=1", "train.seed=0"]
     started = RunDir(tmp_path / "out" / "a")
-    started.write_config(config.resolve("demo", None, [*sets, "train.lr=0.01"]).to_toml())  # e.g. after divergence
+    started.write_config(config.resolve("demo", None, [*sets, "train.lr=0.01"]).to_toml(),  # e.g. after divergence
+                         new_run_id())
     lines = []
     assert grid_module.run_grid(str(tmp_path / "grid.toml"), out=str(tmp_path / "out"), dry_run=True,
                                 echo=lines.append) == 0
-    started.write_config(config.resolve("demo", None, [*sets, "attack.eps=0.2"]).to_toml())
+    started.write_config(config.resolve("demo", None, [*sets, "attack.eps=0.2"]).to_toml(), new_run_id())
     with pytest.raises(UserError, match=r"the grid file changed for runs already started: a \(attack.eps\)"):
         grid_module.run_grid(str(tmp_path / "grid.toml"), out=str(tmp_path / "out"), dry_run=True, echo=lines.append)

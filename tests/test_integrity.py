@@ -157,20 +157,23 @@ def test_a_record_written_before_checksums_loads_and_a_written_one_reads_back_as
 def test_a_damaged_config_toml_is_refused_and_called_the_config_file(run, capsys):
     toml = run / "config.toml"
     text = toml.read_text()
-    assert text.startswith(rundir.TOML_CHECKSUM) and RunDir(run).read_config() == text.split("\n", 1)[1]
+    checksum, named, body = text.split("\n", 2)
+    assert checksum.startswith(rundir.TOML_CHECKSUM) and named.startswith("# fastfair run ")
+    assert RunDir(run).read_config() == body
     toml.write_text(text.replace("epochs = 1", "epochs = 7"))  # a changed digit: still TOML, another run
     for command in (demo_train(run, "--resume"), ["eval", str(run), "--attacks", "clean"],
                     ["report", str(run), "--out", str(run / "report")]):
         assert cli.main(command) == 2
         assert _one_error(capsys.readouterr().err) == (
             f"{toml} is damaged: its content does not match the checksum on its first line (bytes changed after "
-            f"fastfair wrote it); copy it again from where it came from, or restore it from the config every "
-            f"checkpoint of the run holds. If you edited it on purpose, delete that first line")
+            f"fastfair wrote it); {rundir.CONFIG_FIX.format(run=run)}")
 
-    # one written before the checksum line is read as it is, and its damage is named as the config file's
-    toml.write_text(text.split("\n", 1)[1])
+    # an older fastfair's run (no run line, no checksum line: tests/test_run_identity.py) is read as it is, and its
+    # damage is named as the config file's
+    (run / "history.jsonl").unlink()
+    toml.write_text(body)
     assert config.load_run(run).train.epochs == 1
-    toml.write_text(text.split("\n", 1)[1].replace("[train]", "[train"))
+    toml.write_text(body.replace("[train]", "[train"))
     assert cli.main(["eval", str(run), "--attacks", "clean"]) == 2
     assert _one_error(capsys.readouterr().err).startswith(f"{toml}: the saved run config is damaged (")
 
@@ -212,8 +215,9 @@ def test_a_metrics_line_with_a_changed_digit_is_refused_naming_its_line_by_repor
 
 
 def test_metrics_lines_without_checksums_read_as_before_and_a_torn_last_line_is_still_left_out(tmp_path):
-    """Lines written before the checksums are read as they are; a line appended now carries one; a torn last line
-    (a kill mid-append) is left out by readers and removed on resume, as before."""
+    """Lines written before the checksums are read as they are (outside a run that signs its files) and stay so; a
+    line appended now carries one; a torn last line (a kill mid-append) is left out by readers and removed on
+    resume, as before."""
     rd = RunDir(tmp_path)
     old = [{"epoch": 1, "loss": 2.5}, {"epoch": 2, "loss": 2.25}]
     rd.metrics.write_text("".join(json.dumps(r) + "\n" for r in old))  # an older fastfair's lines
@@ -223,8 +227,10 @@ def test_metrics_lines_without_checksums_read_as_before_and_a_torn_last_line_is_
         f.write('{"epoch": 4, "lo')  # killed mid-append
     assert rd.read_metrics()[-1]["epoch"] == 3 and rd.truncate_metrics(3)
     lines = [json.loads(line) for line in rd.metrics.read_text().splitlines()]
-    assert [r["epoch"] for r in lines] == [1, 2, 3] and all(rundir.JSON_CHECKSUM in r for r in lines)
-    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]  # rewritten with checksums, read back the same
+    assert [r["epoch"] for r in lines] == [1, 2, 3]
+    # rewritten as they were: a line read without a checksum is not signed (tests/test_run_identity.py)
+    assert [rundir.JSON_CHECKSUM in r for r in lines] == [False, False, True]
+    assert rd.read_metrics() == [*old, {"epoch": 3, "loss": 2.0}]
 
 
 # ---- .npz: AutoAttack's progress, stored measurements --------------------------------------------

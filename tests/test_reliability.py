@@ -315,11 +315,12 @@ def test_a_truncated_last_pt_stops_resume_in_one_line_and_moved_aside_the_run_tr
     assert cli.main(_train(run, "--resume")) == 2
     assert _one_error(capsys.readouterr().err) == (
         f"cannot resume {run}: {last} is truncated (a zip, as torch.save writes, whose end is missing: a copy or a "
-        "write that stopped part-way); copy it again from where it came from, or move it aside and --resume trains "
-        "the run again from its first epoch")
+        f"write that stopped part-way); copy it again from where it came from, or move it aside and `fastfair train "
+        f"--out {run} --resume` trains the run again from its first epoch")
     last.rename(run / "last.pt.torn")
     assert cli.main(_train(run, "--resume")) == 0
-    assert "no epoch had finished; starting it again from the first" in (run / "train.log").read_text()
+    assert (f"{last} is not there, and nothing else holds the state of its finished epochs: training the run again "
+            f"from its first epoch") in (run / "train.log").read_text()
     assert [r["epoch"] for r in RunDir(run).read_metrics()] == [1]
     assert load_checkpoint(last)["epoch"] == 1
 

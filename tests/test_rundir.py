@@ -5,7 +5,7 @@ import torch
 
 from fastfair import rundir
 from fastfair.errors import UserError
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, load_checkpoint, one_based_epoch, save_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, load_checkpoint, new_run_id, one_based_epoch, save_atomic
 
 
 def test_every_file_has_its_contract_name(tmp_path):
@@ -36,7 +36,7 @@ def test_selected_checkpoint_follows_the_policy_name(tmp_path):
 
 def test_truncation_keeps_only_the_epochs_before_the_resumed_one(tmp_path):
     run = RunDir(tmp_path)
-    run.write_config("preset = \"\"\n")
+    run.write_config("preset = \"\"\n", new_run_id())
     for epoch in (1, 2, 3):
         run.append_metrics({"epoch": epoch})
     run.truncate_metrics(2)  # last.pt holds epoch 2: epoch 3's line was written before a kill

@@ -30,7 +30,7 @@ from fastfair.evaluation import seeds
 from fastfair.evaluation.per_class import fingerprint, settings_of
 from fastfair.progress import Progress
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_atomic
+from fastfair.rundir import RunDir, Unchecked, read_json, write_json_atomic, write_text_atomic
 
 
 @torch.no_grad()
@@ -149,11 +149,13 @@ def _cache_file(m: Member, attack: str) -> Path:
 
 
 def _cached(path: Path, fp: dict) -> np.ndarray | None:
-    """The predictions stored at ``path`` when they were made under the fingerprint ``fp``, else None."""
+    """The predictions stored at ``path`` when they were made under the fingerprint ``fp``, else None (also for a
+    file without a checksum, an older fastfair's: measured again rather than signed into homing.json)."""
     if not path.is_file():
         return None
     stored = read_json(path)
-    return np.asarray(stored["predictions"]) if stored.get("fingerprint") == fp else None
+    fresh = stored.get("fingerprint") == fp and not isinstance(stored, Unchecked)
+    return np.asarray(stored["predictions"]) if fresh else None
 
 
 def homing(targets: list[str], *, attack: str = "pgd20", out: str | None = None, checkpoint: str = "auto",

@@ -28,7 +28,8 @@ from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, seeds
 from fastfair.progress import BACKWARD, FORWARD, PassMeter, Progress
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, read_json, state_sha256, write_bytes_atomic, write_json_atomic
+from fastfair.rundir import (EPOCH_NUMBERING, RunDir, Unchecked, read_json, state_sha256, write_bytes_atomic,
+                             write_json_atomic)
 from fastfair.scaleout import distributed
 
 
@@ -400,13 +401,13 @@ def write_record(record: dict, results: dict, out: Path, previous) -> Path | Non
 def _earlier_results(path: Path, fp: dict, previous) -> tuple[dict, Path | None]:
     """(results to keep, where an unrelated earlier file went). An earlier file of the same weights, data
     and settings keeps its other attacks (so ``eval --attacks aa`` after training adds AA to PGD/CW);
-    any other earlier file is kept at ``previous(tag)``, tagged by its content's hash, rather than
-    merged or overwritten."""
+    any other earlier file, or one without a checksum (an older fastfair's: its numbers are not signed into the
+    new one), is kept at ``previous(tag)``, tagged by its content's hash, rather than merged or overwritten."""
     if not path.is_file():
         return {}, None
     text = path.read_bytes()
     old = read_json(path, "delete it and evaluate again")
-    if old.get("fingerprint") == fp:
+    if old.get("fingerprint") == fp and not isinstance(old, Unchecked):
         return old.get("results", {}), None
     previous = previous(hashlib.sha256(text).hexdigest()[:12])
     write_bytes_atomic(text, previous)  # a copy: the earlier file stays in place until the new one replaces it whole

@@ -54,6 +54,7 @@ class Run:
 def load_run(path, label: str | None = None) -> Run:
     run = RunDir(path)
     config = flatten(tomllib.loads(run.read_config()))  # raw TOML: a run's config outlives renamed keys
+    run.read_history()  # not shown, but checked: a changed line, or one of another run, is refused
     evals = {}
     for p in run.eval_files():
         record = read_json(p, run.again(p))

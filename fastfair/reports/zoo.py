@@ -14,7 +14,7 @@ from fastfair import display
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, robustbench as rb
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, read_json, write_json_atomic, write_text_atomic
+from fastfair.rundir import RunDir, Unchecked, read_json, write_json_atomic, write_text_atomic
 from fastfair.scaleout import jobs as grid_jobs
 from fastfair.scaleout.launchers import LAUNCHERS
 
@@ -177,8 +177,10 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
                      "result": str(result_file(name, dataset, threat, model_dir, per_class))})
     rows.sort(key=lambda r: (-r["worst"], -r["robust"]))
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({"dataset": dataset, "threat": threat, "attack": attack, "classes": classes, "models": rows},
-                      out / "zoo.json")
+    board = {"dataset": dataset, "threat": threat, "attack": attack, "classes": classes, "models": rows}
+    # numbers of a result read without a checksum (an older fastfair's) are not signed into it
+    unchecked = any(isinstance(r, Unchecked) for r in records.values())
+    write_json_atomic(Unchecked(board) if unchecked else board, out / "zoo.json")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"
     lines = [f"# Worst-class leaderboard: RobustBench {dataset} {threat} models under {attack}", "",
              f"Accuracies in %; ours are means of per-class accuracies under `{attack}` (eps 8/255), RobustBench's "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fastfair import build, config, cpu, data, ops, stopping
+from fastfair import build, config, cpu, data, identity, ops, stopping
 from fastfair.checks import check_config
 from fastfair.training import averaging, fallback, optim, teacher
 from fastfair.scaleout import distributed
@@ -36,7 +36,8 @@ from fastfair.evaluation.per_class import evaluate, evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.progress import Progress
 from fastfair.reports import figures, summary, tracking
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, init_model, load_checkpoint, notice, save_atomic
+from fastfair.rundir import (EPOCH_NUMBERING, RUN_ID, RunDir, init_model, load_checkpoint, new_run_id, notice,
+                             save_atomic)
 from fastfair.training.selection import policy_scores, scored_policies
 
 
@@ -116,6 +117,7 @@ class Trainer:
         self.opt = optim.optimizer(cfg.train, self.model.parameters(), self.dev)
         self.rate = optim.schedule(cfg.train)  # (epoch, part done) -> lr: set before every step, nothing to save
         self.start_epoch = 0
+        self.run_id: str | None = None  # the run's id (rundir.RUN_ID); None for an older fastfair's run
         self.within: dict | None = None  # an interrupted epoch's saved state, continued by run_epoch
         self.best: dict[str, float] = {}  # best score by policy name (+ "_avg" for the averaged model)
         self.averager = averaging.build(cfg, self.model)  # EMA / FAWA, or None
@@ -145,15 +147,19 @@ class Trainer:
         return RunDir(self.out)
 
     def _prepare_dir(self, resume: bool) -> None:
-        """A new run needs a folder without run files; a resumed one continues its saved config
-        (changed only in :data:`config.RESUMABLE` keys, recorded in ``history.jsonl``)."""
+        """A new run needs a folder without run files, and gets its id; a resumed one continues its saved config
+        (changed only in :data:`config.RESUMABLE` keys, recorded in ``history.jsonl``) from checkpoints that are
+        its own (:mod:`fastfair.identity`)."""
         run, changed = self.run, {}
+        signed = True  # config.toml is written with its checksum line (an older run's without, where it had none)
         if resume:
-            saved = config.load_run(run.path)
+            text, self.run_id, signed = run.saved_config()
+            saved = config.load_saved_text(text, str(run.config))
             changed = config.resume_changes(saved, self.cfg)
+            run.read_history()  # each line checked, and of this run
             if run.last.is_file():
-                self._load(run.load_last())
-            self.within = self._interrupted_epoch()
+                self._load(self._own(run.last, run.load_last(), saved))
+            self.within = self._interrupted_epoch(saved)
             if run.last.is_file() or self.within:
                 self._reschedule(saved, changed)
                 where = (f"in epoch {self.start_epoch + 1} of {self.cfg.train.epochs} after step "
@@ -165,6 +171,9 @@ class Trainer:
                     self.log(f"selection polic{'ies' if len(newer) > 1 else 'y'} {', '.join(newer)} came after this "
                              f"run started: {', '.join(f'best_{p}.pt' for p in newer)} will cover epochs "
                              f"{self.start_epoch + 1}-{self.cfg.train.epochs} only")
+            elif run.read_metrics():  # last.pt moved aside (damaged), and no interrupted.pt to continue from
+                self.log(f"{self.out}: {run.last} is not there, and nothing else holds the state of its finished "
+                         f"epochs: training the run again from its first epoch")
             else:  # stopped (killed, diverged) in its first epoch: nothing to keep
                 self.log(f"{self.out}: no epoch had finished; starting it again from the first")
             if self.main and run.truncate_metrics(self.start_epoch):
@@ -172,13 +181,17 @@ class Trainer:
         elif run.run_files():
             raise UserError(f"{self.out} already holds a run ({', '.join(run.run_files())}); pass --resume to "
                             "continue it, or another --out for a new run")
+        else:
+            self.run_id = new_run_id()
         distributed.barrier()  # every rank has looked at the folder before rank 0 writes into it
         if self.main:
-            run.write_config(self.cfg.to_toml())  # first: a run whose config could not be written holds nothing
+            # first: a run whose config could not be written holds nothing
+            run.write_config(self.cfg.to_toml(), self.run_id, signed)
             run.checkpoints.mkdir(parents=True, exist_ok=True)
             # "epoch": the first epoch this process trains (1-based, like every epoch fastfair writes)
             # "step": the steps of that epoch an interrupted epoch had saved
-            run.append_history({"event": "resume" if resume else "start", "epoch": self.start_epoch + 1,
+            run.append_history({**self._identity("run"), "event": "resume" if resume else "start",
+                                "epoch": self.start_epoch + 1,
                                 **({"step": self.within["step"]} if self.within else {}),
                                 "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 "changed": changed})
@@ -195,35 +208,60 @@ class Trainer:
                  f"drawn over the run, so epoch {self.start_epoch + 1} on follows the {t.epochs}-epoch curve (its "
                  f"rate there {self.rate(self.start_epoch, 0.0):.4g}, {before(self.start_epoch, 0.0):.4g} before)")
 
+    def _identity(self, key: str = RUN_ID) -> dict:
+        """``{key: the run's id}`` for what the run writes; {} for an older fastfair's run, which has none."""
+        return {key: self.run_id} if self.run_id else {}
+
+    def _own(self, path: Path, ck: dict, saved: Config) -> dict:
+        """``ck`` (from ``path``) once it is this run's (:func:`identity.check` against the saved config) and within
+        the epochs this resume trains to."""
+        identity.check(self.run, path, ck, self.run_id, saved)
+        if ck["epoch"] > self.cfg.train.epochs:  # the saved epochs held it: --epochs asked for fewer
+            raise UserError(f"{path} holds epoch {ck['epoch']}, and --resume was given {self.cfg.train.epochs} epochs: "
+                            f"the epochs trained stay trained; pass --epochs {ck['epoch']} or more, or leave it out")
+        return ck
+
     # Inside the loop ``epoch`` is 0-based (it seeds the RNGs and the loader, so resumed runs stay
     # bit-exact); everything written or printed says ``epoch + 1``, the epoch's number from 1.
     def _state(self, epoch: int) -> dict:
         return {
-            "epoch": epoch + 1, **EPOCH_NUMBERING, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "epoch": epoch + 1, **EPOCH_NUMBERING, **self._identity(), "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
             "class_state": self.state.state_dict(),
             "best": dict(self.best), "spec": self.spec, "config": self.cfg.to_toml(),
             "average": self.averager.state_dict() if self.averager else None,
         }
 
-    def _interrupted_epoch(self) -> dict | None:
-        """``checkpoints/interrupted.pt`` when it continues the epoch after ``last.pt``'s, loaded, with this rank's
-        part of it (``step``, ``steps``, ``model``, ``rng``, ``sums``, ``buffers``); None when there is none. One
-        from before ``last.pt`` (a stop between that epoch's end and the file's removal) is removed; one written
-        by another number of processes cannot give each rank its streams, so its epoch starts again."""
+    def _interrupted_epoch(self, saved: Config) -> dict | None:
+        """``checkpoints/interrupted.pt`` when it continues the epoch after ``last.pt``'s, or a later one (``last.pt``
+        moved aside, or older: it holds the whole state of its epoch so far), loaded, with this rank's part of it
+        (``step``, ``steps``, ``model``, ``rng``, ``sums``, ``buffers``); None when there is none. One from before
+        ``last.pt`` (a stop between that epoch's end and the file's removal) is removed: ``last.pt``, loaded and
+        checked above, holds its epoch whole. One written by another number of processes cannot give each rank its
+        streams: its epoch starts again from ``last.pt``, or is refused where ``last.pt`` does not reach it (it is
+        the run's latest state, which training on would delete)."""
         path = self.run.interrupted
         if not path.is_file():
             return None
-        ck = load_checkpoint(path)
-        if ck["epoch"] != self.start_epoch:
+        ck = self._own(path, load_checkpoint(path), saved)
+        if ck["epoch"] < self.start_epoch:
             if self.main:
                 path.unlink()
                 self.log(f"removed {path}: its epoch {ck['epoch'] + 1} is whole in last.pt")
             return None
         world = distributed.current().world
         if len(ck["ranks"]) != world:
+            if ck["epoch"] > self.start_epoch:
+                raise UserError(f"{path} holds the run's latest state (epoch {ck['epoch'] + 1}, after step "
+                                f"{ck['step']} of {ck['steps']}), written by {len(ck['ranks'])} processes, and this "
+                                f"run has {world}, which cannot continue it; resume with {len(ck['ranks'])} "
+                                f"processes, or move it aside to train from the state last.pt holds")
             self.log(f"{path} was written by {len(ck['ranks'])} processes and this run has {world}: epoch "
                      f"{self.start_epoch + 1} starts again from its first step")
             return None
+        if ck["epoch"] > self.start_epoch:
+            last = f"holds epoch {self.start_epoch}" if self.run.last.is_file() else "is not there"
+            self.log(f"{self.run.last} {last}: continuing from {path.name}, the run's latest state")
         self._load(ck)
         return {"step": ck["step"], "steps": ck["steps"], "model": ck["model"],
                 **ck["ranks"][distributed.current().rank]}
@@ -429,8 +467,9 @@ class Trainer:
         """Save ``best_<policy>.pt`` for each selection policy under which ``summary`` (validation robust)
         scores a new best (from epoch ``train.select_begin`` on), and ``epoch.pt`` after epoch ``train.select_epoch``
         (``train.select = epoch``); for the averaged model also ``last_avg.pt``."""
-        weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, "model": model.state_dict(), "spec": self.spec,
-                   "config": self.cfg.to_toml(), "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
+        weights = {"epoch": epoch + 1, **EPOCH_NUMBERING, **self._identity(), "model": model.state_dict(),
+                   "spec": self.spec, "config": self.cfg.to_toml(),
+                   "val_robust": {"avg": summary["avg"], "worst": summary["worst"]}}
         # train.select_begin: earlier epochs are never candidates (CFA's code keeps none before epochs / 2)
         scores = policy_scores(summary) if epoch >= self.cfg.train.select_begin else {}
         for policy, score in scores.items():
