@@ -368,7 +368,7 @@ def report(
 ) -> None:
     from fastfair.reports.report import write_report
 
-    path = write_report(runs, out, baseline=baseline, attack=attack, split=_split(split), labels=label)
+    path = write_report(runs, out, baseline=baseline, attack=attack, split=_split(split), labels=label, echo=print)
     print(f"written: {path} (figures in {path.parent / 'figures'}, LaTeX tables in {path.parent / 'tables.tex'})")
 
 

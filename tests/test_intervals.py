@@ -52,6 +52,13 @@ def test_class_mcnemar_tests_each_class_on_its_own_images():
     assert p[0] == pytest.approx(0.25) and math.isnan(p[1]) and p[2] == 1.0
 
 
+def test_holm_adjusts_step_down_and_skips_classes_without_a_test():
+    # Holm 1979: sorted 0.01, 0.02, 0.04 of m = 3 -> 0.03, 0.04, 0.04 (made non-decreasing)
+    adjusted = intervals.holm([0.04, float("nan"), 0.01, 0.02])
+    assert adjusted[[0, 2, 3]] == pytest.approx([0.04, 0.03, 0.04]) and math.isnan(adjusted[1])
+    assert intervals.holm([0.5, 0.6]).tolist() == [1.0, 1.0]
+
+
 def test_bootstrap_of_one_class_is_the_binomial_of_its_images():
     # one class: a resample's accuracy is Bin(n, p_hat) / n, so the percentile interval is the binomial's quantiles
     n, k = 200, 130

@@ -146,6 +146,18 @@ def class_mcnemar(correct_a, correct_b, labels, num_classes: int) -> np.ndarray:
                      else math.nan for c in range(num_classes)])
 
 
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979, Scand. J. Statist. 6:65): the i-th smallest of m times
+    (m - i + 1), made non-decreasing, at most 1; a NaN (no test) is left out of m and stays NaN."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    known = np.flatnonzero(~np.isnan(p))
+    order = known[np.argsort(p[known], kind="stable")]
+    m = len(order)
+    out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    return out
+
+
 def seed_interval(values, level: float = LEVEL) -> tuple[float, float, float, float]:
     """(mean, sd, lo, hi) of one number over seeds: the sample sd (n - 1) and Student's t interval mean +- t_{n-1}
     sd / sqrt(n) (Student 1908, Biometrika 6:1), by ``scipy.stats.t``; sd and interval NaN for one seed."""

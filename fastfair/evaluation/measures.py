@@ -177,9 +177,9 @@ def summary_cells(results: dict[str, dict], names: list[str], key: str) -> list[
 
 
 def latex_label(text: str) -> str:
-    """A table label for LaTeX: special characters escaped, ² and − as LaTeX writes them."""
+    """A table label or cell for LaTeX: special characters escaped, ², − and ± as LaTeX writes them."""
     text = re.sub(r"([_&%#])", r"\\\1", text)
-    return text.replace("²", "$^2$").replace("−", "$-$")
+    return text.replace("²", "$^2$").replace("−", "$-$").replace("±", "$\\pm$")
 
 
 HEADLINE_ROWS = ("avg", "overall", "worst")  # the summary rows a table emphasises

@@ -142,16 +142,15 @@ def missing_note(results: dict[str, dict]) -> str:
     return "; ".join(said)
 
 
-def pair(record_a: dict, record_b: dict, attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | str:
-    """(correct under A, correct under B, labels) of ``attack`` in two records that scored the same images, image by
-    image; else why they do not pair (one line)."""
-    ea, eb = record_a["results"][attack], record_b["results"][attack]
-    fa, fb = (r.get("fingerprint", {}).get("data") for r in (record_a, record_b))
-    if fa is None or fb is None or fa != fb or not np.array_equal(class_sizes(ea), class_sizes(eb)):
+def pair(entry_a: dict, entry_b: dict, attack: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | str:
+    """(correct under A, correct under B, labels) of two entries of ``attack`` that scored the same images, image by
+    image; else why they do not pair (one line). Each entry names its evaluation's ``data_fingerprint``."""
+    fa, fb = entry_a.get("data_fingerprint"), entry_b.get("data_fingerprint")
+    if fa is None or fb is None or fa != fb or not np.array_equal(class_sizes(entry_a), class_sizes(entry_b)):
         return (f"not paired under {attack}: the two evaluations scored different test images (their data "
                 "fingerprints or image counts differ); evaluate both on the same split and images for a paired "
                 "comparison")
-    a, b = unpack(ea), unpack(eb)
+    a, b = unpack(entry_a), unpack(entry_b)
     if a is None or b is None:
         return (f"not paired under {attack}: an evaluation by a fastfair without per-image results; evaluate it "
                 "again for a paired comparison")
