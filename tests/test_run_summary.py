@@ -145,4 +145,4 @@ def test_a_bad_per_class_is_one_error_line_and_writes_nothing(trained, tmp_path,
 def test_the_report_shows_eps_as_the_same_fraction(trained, tmp_path):
     run = _copy(trained, tmp_path)
     assert cli.main(["report", str(run)]) == 0
-    assert "(epoch 1), eps 8/255, mean over 1 seed(s)" in (run / "report" / "report.md").read_text()
+    assert "(epoch 1), eps 8/255, one seed" in (run / "report" / "report.md").read_text()

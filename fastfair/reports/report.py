@@ -343,7 +343,7 @@ def interval_lines(groups: list[Group], recs: dict[int, list[dict]], attack: str
         for rec in recs[i]:
             shown = {n: rec["results"][n] for n in ("clean", attack) if n in rec["results"]}
             subset = [f"{n} on {e['subset']}" for n, e in shown.items() if e.get("subset")]
-            missing = per_image.missing_note(shown)
+            missing = per_image.missing_note(shown) if len(g.runs) == 1 else ""  # seeds: a t interval needs no bits
             where = g.label if len(g.runs) == 1 else f"{g.label} ({Path(rec['checkpoint']).parents[1].name})"
             if subset:
                 out.append(f"{where}: {', '.join(subset)}, a subset evaluation (wider intervals).")
@@ -436,7 +436,7 @@ def paired_section(groups: list[Group], recs: dict[int, list[dict]], attack: str
     for a, b in _pairs(groups, base):
         la, lb = groups[a].label, groups[b].label
         md.append(f"### {la} − {lb}\n")
-        names = [n for n in ("clean", attack) if all(n in r["results"] for r in recs[a] + recs[b])]
+        names = [n for n in dict.fromkeys(("clean", attack)) if all(n in r["results"] for r in recs[a] + recs[b])]
         if len(recs[a]) != len(recs[b]) or (len(recs[a]) > 1 and groups[a].seeds != groups[b].seeds):
             line = (f"{la} − {lb}: not paired: {la} has seeds {groups[a].seeds} and {lb} {groups[b].seeds}; pairing "
                     "needs one run a side, or the same seeds; compare their intervals in the table above.")
@@ -838,13 +838,20 @@ def _discrepancy(groups: list[Group], recs: dict[int, list[dict]], attack: str, 
                                  {name: tuple(np.asarray(v)[order] for v in pair) for name, pair in series.items()},
                                  attack, f"inter-class discrepancy: per-class accuracy and {attack} robustness{shared}",
                                  fig_dir / "discrepancy.png")
-    spread = "; ".join(
-        f"{name}: clean {measures.mcd(clean):.1f} (worst {lowest_classes(clean, classes)}), {attack} "
-        f"{measures.mcd(rob):.1f} (worst {lowest_classes(rob, classes)})" for name, (clean, rob) in series.items())
+    mcd = {g.label: {n: group_entry(recs[i], n) for n in ("clean", attack)} for i, g in enumerate(groups)}
+
+    def said(name: str, which: str, acc) -> str:
+        entry = mcd[name][which]
+        return (f"{which} {entry['summary']['mcd']:.1f}{measures.spread_text(entry.get('summary_sd', {}).get('mcd'))}"
+                f"{measures.interval_text(entry['summary_interval']['mcd'])} (worst {lowest_classes(acc, classes)})")
+
+    spread = "; ".join(f"{name}: {said(name, 'clean', clean)}, {said(name, attack, rob)}"
+                       for name, (clean, rob) in series.items())
     return ["## Inter-class discrepancy\n",
             _figure_md(p, out, "per-class accuracy (top) and robustness (bottom), without (left) and with (right) "
                                "the mean over classes subtracted (Benz et al. 2021, Figs. 1-2)"),
-            f"Spread over classes, max − min in points (mean over seeds): {spread}.\n"]
+            f"Spread over classes, max − min in points (MCD; over seeds their mean ± sd) with its {per_image.PERCENT} "
+            f"interval, and the worst class of the mean over seeds: {spread}.\n"]
 
 
 def _class_curves(tag: str, label: str, runs: list[Run], val_attack: str | None, classes: list[str], selected: int,
