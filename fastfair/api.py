@@ -16,7 +16,7 @@ from fastfair import build, config as configs, stopping
 from fastfair.checks import check_config, check_value
 from fastfair.data.datasets import check_labels
 from fastfair.errors import Interrupted, UserError, WriteError
-from fastfair.evaluation import per_class
+from fastfair.evaluation import per_class, per_image
 from fastfair.evaluation.result import Result
 from fastfair.methods import METHODS
 from fastfair.preset_files import preset_names
@@ -159,7 +159,8 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
     finally:
         model.train(training)
     record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,
-              "images": len(y), **per_class.absent_record(results, classes), **settings, "fingerprint": fp}
+              "images": len(y), **per_class.absent_record(results, classes), **settings, "fingerprint": fp,
+              "intervals": per_image.METHOD}
     if out is None:
         record["results"] = results
     else:

@@ -371,8 +371,12 @@ def report(
 ) -> None:
     from fastfair.reports.report import write_report
 
-    path = write_report(runs, out, baseline=baseline, attack=attack, split=_split(split), labels=label)
+    paired: list[str] = []  # the paired comparisons' verdicts, said under where the report is
+    path = write_report(runs, out, baseline=baseline, attack=attack, split=_split(split), labels=label,
+                        echo=paired.append)
     print(f"written: {path} (figures in {path.parent / 'figures'}, LaTeX tables in {path.parent / 'tables.tex'})")
+    for line in paired:
+        print(line)
 
 
 @app.command(help="the homing property (Tian et al. KDD 2021, Sec. 6.1, Fig. 4): attack a run trained on every "

@@ -154,8 +154,9 @@ def test_report_of_a_standard_and_an_adversarial_run(two_runs, capsys):
                  "g1-logit-similarity-vs-accuracy", "g0-confusion"):
         assert f"figures/{name}.png" in md and _png_ok(out / "figures" / f"{name}.png"), name
     assert "(Benz et al. 2021, Figs. 1-2)" in md
-    assert re.search(r"Spread over classes, max − min in points \(mean over seeds\): standard: clean [\d.]+ \(worst "
-                     r".+\), pgd2 [\d.]+ \(worst .+\); pgd-at: clean", md)
+    assert re.search(r"Spread over classes, max − min in points \(MCD; over seeds their mean ± sd\) with its 95 % "
+                     r"interval, and the worst class of the mean over seeds: standard: clean [\d.]+ \[[\d.]+, [\d.]+\] "
+                     r"\(worst .+\), pgd2 [\d.]+ \[[\d.]+, [\d.]+\] \(worst .+\); pgd-at: clean", md)
     # the worst class at each of the two epochs, under both validations, for each run
     assert len(re.findall(r"Worst class on the validation split at each epoch: clean: .+ in (every epoch \(1-2\)|"
                           r"epochs? [12]).*; pgd2: .+ in (every epoch \(1-2\)|epochs? [12])", md)) == 2

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fastfair import cli, config
+from fastfair.evaluation import intervals
 from fastfair.errors import UserError
 from fastfair.scaleout.grid import load, run_grid
 from fastfair.scaleout.jobs import Job, outcome, read_state, run_job
@@ -176,11 +177,13 @@ def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
 
     table = (out / "results.md").read_text().splitlines()
     assert table[0].startswith("| run | seeds | clean avg | clean worst | fgsm avg")  # fastfair report's table
-    (row,) = [l for l in table[2:] if l.split("|")[2].strip() == "2"]
-    assert "±" in row  # seeds a and b folded into mean ± std
+    (row,) = [l for l in table[2:] if l.startswith("|") and l.split("|")[2].strip() == "2"]
     evals = [json.loads((out / r / "eval" / "best_pgd-test.json").read_text())["results"]["clean"]["summary"]["avg"]
              for r in "ab"]
-    assert row.split("|")[3].strip().startswith(f"{sum(evals) / 2:.2f}")
+    # seeds a and b folded into mean ± sd with Student's t interval of the mean (cut to 0-100), said under the table
+    mean, sd, lo, hi = intervals.seed_interval(evals)
+    assert row.split("|")[3].strip() == f"{mean:.2f} ± {sd:.2f} [{max(lo, 0):.1f}, {min(hi, 100):.1f}]"
+    assert any(l.startswith("Intervals (95 %): a group of seeds: mean ± sd over its seeds") for l in table)
 
     lines = []
     run_grid(str(path), out=str(out), dry_run=True, echo=lines.append)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from evalreport_helpers import cifar_run
-from fastfair.evaluation import measures
+from fastfair.evaluation import intervals, measures
 from fastfair.cli import main
 from fastfair.config import Config
 from fastfair.reports import figures, report as report_module
@@ -16,15 +16,16 @@ from fastfair.reports.report import compare, group_runs, load_run, write_report
 
 
 def _fake_run(path, seed, method, clean, robust, eps_over_epochs=None):
-    """A run dir with config.toml, metrics.jsonl (2 epochs) and eval/best_pgd-test.json; 10 test images per class."""
+    """A run dir with config.toml, metrics.jsonl (2 epochs) and eval/best_pgd-test.json of an older fastfair (no
+    per-image results); 100 test images per class."""
     cfg = Config()
     cfg.method.name, cfg.train.seed = method, seed
     (path / "eval").mkdir(parents=True)
     (path / "config.toml").write_text(cfg.to_toml())
     results = {}
     for name, acc in (("clean", clean), ("pgd20", robust)):
-        conf = [[acc[0] // 10, 10 - acc[0] // 10], [10 - acc[1] // 10, acc[1] // 10]]
-        # 10 images per class: the share of images correct equals the mean of the per-class accuracies
+        conf = [[acc[0], 100 - acc[0]], [100 - acc[1], acc[1]]]
+        # 100 images per class: the share of images correct equals the mean of the per-class accuracies
         results[name] = {"per_class": acc, "summary": {**measures.summary(acc), "overall": sum(acc) / 2},
                          "confusion": conf}
     rec = {"checkpoint": str(path / "checkpoints" / "best_pgd.pt"), "epoch": 1, "split": "test", "classes": ["a", "b"],
@@ -56,14 +57,23 @@ def test_comparison_table_mean_std_and_rho(fake_runs):
     table = compare(fake_runs, baseline=fake_runs[0])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
     at, trades = rows["at (baseline)"], rows["trades-s0"]
-    # pgd-at robust avg 40, 44 -> 42 +- 2.83 (sample std); worst 30, 34 -> 32 +- 2.83; CV 100 both; MCD 20
-    assert ("| 2 | 71.00 ± 1.41 | 61.00 ± 1.41 | 42.00 ± 2.83 | 42.00 ± 2.83 | 32.00 ± 2.83 | 100.00 ± 0.00 | "
-            "20.00 ± 0.00 |") in at
+    # pgd-at robust avg 40, 44 -> 42 +- 2.83 (sample std) and its t interval 42 +- t(0.975, 1) 2 = [16.6, 67.4]; worst
+    # 30, 34 -> 32 +- 2.83; CV 100 both; MCD 20; each cut to what the value can be
+    assert ("| 2 | 71.00 ± 1.41 [58.3, 83.7] | 61.00 ± 1.41 [48.3, 73.7] | 42.00 ± 2.83 [16.6, 67.4] | 42.00 ± 2.83 "
+            "[16.6, 67.4] | 32.00 ± 2.83 [6.6, 57.4] | 100.00 ± 0.00 [100.0, 100.0] | 20.00 ± 0.00 [20.0, 20.0] "
+            "|") in at
+    # trades, one run of an older fastfair: Wilson's interval of the share correct (88 of 200 images under pgd20) for
+    # the mean of a balanced split, none for the worst class, CV and MCD, and a line saying why
+    lo, hi = intervals.class_interval(88, 200)
+    clean = "[{:.1f}, {:.1f}]".format(*intervals.class_interval(140, 200))
     # trades: rho = (40 - 32) / 32 + (44 - 42) / 42 = 0.2976
-    assert "| 1 | 70.00 | 70.00 | 44.00 | 44.00 | 40.00 | 16.00 | 8.00 | 0.298 |" in trades
+    assert (f"| 1 | 70.00 {clean} | 70.00 | 44.00 [{lo:.1f}, {hi:.1f}] | 44.00 [{lo:.1f}, {hi:.1f}] | 40.00 | 16.00 | "
+            "8.00 | 0.298 |") in trades
+    assert ("trades-s0: clean, pgd20: evaluated by a fastfair without per-image results, so the worst class, CV and "
+            "MCD have no interval") in table and "at (at-s0)" not in table  # a group of seeds has its t intervals
     assert "pgd20 avg" in table.splitlines()[0] and "pgd20 share" in table.splitlines()[0]
     tex = compare(fake_runs, baseline=fake_runs[0], latex=True)
-    assert r"$42.00 \pm 2.83$" in tex and r"\toprule" in tex and "trades-s0" in tex
+    assert r"$42.00 \pm 2.83$ [16.6, 67.4]" in tex and r"\toprule" in tex and "trades-s0" in tex
 
 
 def test_compare_names_a_missing_attack(fake_runs):

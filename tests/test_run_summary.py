@@ -47,13 +47,16 @@ def test_train_ends_with_the_run_its_numbers_and_the_next_commands(trained):
     out, printed = trained
     rec = json.loads((out / "eval" / "best_pgd-test.json").read_text())
     clean, pgd = (rec["results"][n]["summary"] for n in ("clean", "pgd2"))
-    worst = f"worst class {pgd['worst_class']}: {pgd['worst']:.1f} %"  # digits' classes are named 0..9
+    ci = {n: {k: "[{:.1f}, {:.1f}]".format(*v) for k, v in rec["results"][n]["summary_interval"].items()}
+          for n in ("clean", "pgd2")}  # each number with its 95 % interval
+    worst = f"worst class {pgd['worst_class']}: {pgd['worst']:.1f} % {ci['pgd2']['worst']}"  # classes named 0..9
     # AutoAttack's cost at the pace this machine just measured (fastfair/reports/summary.py) is the machine's
     summary = [re.sub(r": (about [\d.]+ (min|h)|under a minute) here$", ": T here", line) for line in _summary(printed)]
     assert summary == [
         f"run: {out} (best_pgd, epoch 1; test, 40 images (the first 4 of each class, in file order); eps 8/255, "
         "seed 0)",
-        f"  clean {clean['avg']:.1f} %, pgd2 {pgd['avg']:.1f} % (mean of per-class accuracies); under pgd2 {worst}",
+        f"  clean {clean['avg']:.1f} % {ci['clean']['avg']}, pgd2 {pgd['avg']:.1f} % {ci['pgd2']['avg']} (mean of "
+        f"per-class accuracies); under pgd2 {worst}",
         f"  written: {out / 'eval' / 'best_pgd-test.json'}",
         "next:",
         f"  fastfair report {out}                           # per-class figures and tables (Markdown, LaTeX)",
@@ -142,4 +145,4 @@ def test_a_bad_per_class_is_one_error_line_and_writes_nothing(trained, tmp_path,
 def test_the_report_shows_eps_as_the_same_fraction(trained, tmp_path):
     run = _copy(trained, tmp_path)
     assert cli.main(["report", str(run)]) == 0
-    assert "(epoch 1), eps 8/255, mean over 1 seed(s)" in (run / "report" / "report.md").read_text()
+    assert "(epoch 1), eps 8/255, one seed" in (run / "report" / "report.md").read_text()

@@ -356,8 +356,9 @@ def recheck(model, x: torch.Tensor, flags: Flags, eps: float, batch: int) -> dic
 def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: str | Path | None = None,
                    backend: str = "auto", seed: int = 0, progress: Ticks | None = None,
                    log: Callable[[str], None] | None = None,
-                   classes: list[str] | None = None) -> tuple[torch.Tensor, dict]:
-    """Run standard AutoAttack over a split: ((C, C) confusion after attack, record of the run).
+                   classes: list[str] | None = None) -> tuple[torch.Tensor, dict, np.ndarray]:
+    """Run standard AutoAttack over a split: ((C, C) confusion after attack, record of the run, whether each image,
+    in loader order, is classified correctly after it).
 
     The record names the backend, its version, seed and settings, the robust accuracy after each
     sub-attack and the re-check. ``progress`` counts the model's passes, :func:`planned_units` per loader batch, less
@@ -379,7 +380,7 @@ def evaluate_split(model, loader, *, eps: float, num_classes: int, state_path: s
 
 
 def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, seed, meter, log,
-                    classes) -> tuple[torch.Tensor, dict]:
+                    classes) -> tuple[torch.Tensor, dict, np.ndarray]:
     n = len(y)
     n_batches = -(-n // batch)
     piece = meter.piece if meter is not None else lambda planned: contextlib.nullcontext()
@@ -457,7 +458,7 @@ def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, s
     record = {"version": "standard", "norm": "Linf", "eps": float(eps), "backend": bk.name,
               "backend_version": bk.version, "seed": bk.seed, "precision": "fp32", "settings": bk.settings,
               "robust_after": after, "recheck": checked, "seconds_this_call": seconds, "resumed": resumed}
-    return conf.view(num_classes, num_classes), record
+    return conf.view(num_classes, num_classes), record, flags.pred == y_np
 
 
 def _todo(flags: Flags, k: int) -> np.ndarray:

@@ -141,15 +141,45 @@ def accuracy_cell(value, digits: int = 2) -> str:
     return "-" if value is None or value != value else f"{value:.{digits}f}"
 
 
+def interval_text(interval) -> str:
+    """`` [lo, hi]`` (one decimal) after a value; '' where there is none (None)."""
+    return "" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]"
+
+
+def spread_text(sd) -> str:
+    """`` ± sd`` (two decimals) of a mean over seeds; '' for none (one seed, or no seeds aggregated)."""
+    return "" if sd is None or sd != sd else f" ± {sd:.2f}"
+
+
+def class_cell(entry: dict, c: int) -> str:
+    """Class ``c``'s accuracy in an entry, with its spread over seeds and its interval where the entry holds them
+    (``per_class_sd``, ``per_class_interval``); '-' for an absent class."""
+    value = entry["per_class"][c]
+    if value is None or value != value:
+        return "-"
+    sd = entry.get("per_class_sd")
+    ci = entry.get("per_class_interval")
+    return accuracy_cell(value) + spread_text(sd[c] if sd else None) + interval_text(ci[c] if ci else None)
+
+
 def summary_cells(results: dict[str, dict], names: list[str], key: str) -> list[str]:
-    """One summary row's cells (two decimals); '-' where a result predates the key (older files lack ``overall``)."""
-    return [f"{results[n]['summary'][key]:.2f}" if key in results[n]["summary"] else "-" for n in names]
+    """One summary row's cells (two decimals), with the spread over seeds and the interval each entry holds
+    (``summary_sd``, ``summary_interval``); '-' where a result predates the key (older files lack ``overall``)."""
+    cells = []
+    for n in names:
+        entry = results[n]
+        if key not in entry["summary"]:
+            cells.append("-")
+            continue
+        sd, ci = entry.get("summary_sd", {}).get(key), entry.get("summary_interval", {}).get(key)
+        cells.append(f"{entry['summary'][key]:.2f}" + spread_text(sd) + interval_text(ci))
+    return cells
 
 
 def latex_label(text: str) -> str:
-    """A table label for LaTeX: special characters escaped, ² and − as LaTeX writes them."""
+    """A table label or cell for LaTeX: special characters escaped, ², − and ± as LaTeX writes them."""
     text = re.sub(r"([_&%#])", r"\\\1", text)
-    return text.replace("²", "$^2$").replace("−", "$-$")
+    return text.replace("²", "$^2$").replace("−", "$-$").replace("±", "$\\pm$")
 
 
 HEADLINE_ROWS = ("avg", "overall", "worst")  # the summary rows a table emphasises
@@ -157,10 +187,10 @@ HEADLINE_ROWS = ("avg", "overall", "worst")  # the summary rows a table emphasis
 
 def table_rows(results: dict[str, dict], classes: list[str]) -> tuple[list[str], list[tuple[list[str], bool]]]:
     """(header, rows as (cells, emphasised)): classes, then both averages, worst class, CV and MCD; columns:
-    attacks (accuracy in percent). :func:`markdown_table` writes them for files, ``fastfair.display`` for a terminal."""
+    attacks (accuracy in percent, each with the interval and spread its entry holds: :func:`class_cell`,
+    :func:`summary_cells`). :func:`markdown_table` writes them for files, ``fastfair.display`` for a terminal."""
     names = list(results)
-    rows = [([cname, *(accuracy_cell(results[n]["per_class"][c]) for n in names)], False)
-            for c, cname in enumerate(classes)]
+    rows = [([cname, *(class_cell(results[n], c) for n in names)], False) for c, cname in enumerate(classes)]
     rows += [([label, *summary_cells(results, names, key)], key in HEADLINE_ROWS) for key, label in SUMMARY_ROWS]
     return ["class", *names], rows
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from fastfair import build, display, rules
@@ -26,7 +27,7 @@ from fastfair.attacks.pgd import per_class
 from fastfair.data import subset_note as data_subset_note
 from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
-from fastfair.evaluation import measures, seeds
+from fastfair.evaluation import measures, per_image, seeds
 from fastfair.progress import BACKWARD, FORWARD, PassMeter, Progress
 from fastfair.rundir import (EPOCH_NUMBERING, RunDir, Unchecked, read_json, state_sha256, write_bytes_atomic,
                              write_json_atomic)
@@ -35,11 +36,13 @@ from fastfair.scaleout import distributed
 
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
               amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None,
-              entropy: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None) -> torch.Tensor:
+              entropy: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None,
+              per_image: list | None = None) -> torch.Tensor:
     """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``. ``entropy``
     (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7); ``nonfinite``
     (one integer, on the device) counts the images whose logits hold a NaN or inf, whose argmax means nothing
-    (:func:`measures.check_finite` reads it once, after the loop).
+    (:func:`measures.check_finite` reads it once, after the loop); ``per_image`` gains each batch's (labels, correct)
+    of the images scored, in loader order.
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``. ``progress``
@@ -51,14 +54,14 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     hook = model.register_forward_hook(meter) if meter is not None else None
     try:
         return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-                          nonfinite)
+                          nonfinite, per_image)
     finally:
         if hook is not None:
             hook.remove()
 
 
 def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-               nonfinite) -> torch.Tensor:
+               nonfinite, per_image) -> torch.Tensor:
     """:func:`confusion`'s loop; ``meter`` counts each batch's passes against :func:`planned_units`."""
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
@@ -79,6 +82,8 @@ def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, 
                     nonfinite += (~torch.isfinite(logits)).any(1).sum()
                 pred = logits.argmax(1)
                 conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
+                if per_image is not None:
+                    per_image.append((y, pred == y))
                 if entropy is not None:
                     p = logits.float().softmax(1)
                     entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))
@@ -216,15 +221,20 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
         extra = {}
         if name == autoattack.NAME:
             state = f"{state_prefix}.aa.npz" if state_prefix else None
-            conf, extra["autoattack"] = autoattack.evaluate_split(
+            conf, extra["autoattack"], correct = autoattack.evaluate_split(
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
                 backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
+            labels = torch.cat([y for _, y in loader]).to(dev)
+            correct = torch.from_numpy(correct).to(dev)
         else:
             attack = parse_attack(name, cw_kappa, clip_start)
             entropy = torch.zeros(c, device=dev)
             nonfinite = torch.zeros((), dtype=torch.long, device=dev)
+            scored = []
             conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute, entropy,
-                             nonfinite)
+                             nonfinite, scored)
+            labels = torch.cat([y for y, _ in scored]) if scored else torch.zeros(0, dtype=torch.long, device=dev)
+            correct = torch.cat([k for _, k in scored]) if scored else torch.zeros(0, dtype=torch.bool, device=dev)
             entropy = distributed.all_reduce_sum(entropy)
             nonfinite = distributed.all_reduce_sum(nonfinite)
             if attack.per_class:
@@ -234,18 +244,32 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
             measures.check_finite(int(nonfinite), int(conf.sum()), name)
         if name != autoattack.NAME:  # the mean prediction entropy over the images, in nats (ME paper Fig. 7)
             extra["entropy"] = float(entropy.sum()) / max(1, int(conf.sum()))
-        out[name] = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
-                     "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(),
-                     "seed": seed, **extra}
+        entry = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
+                 "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
+                 per_image.FIELD: per_image.pack(_in_split_order(correct), _in_split_order(labels)), **extra}
+        out[name] = {**entry, **per_image.intervals_of(entry)}
     names.add_best(out, attack_names)
     for name in filter(names.is_corruption_group, attack_names):
         group = names.members(name)
         conf = sum(torch.tensor(out[m]["confusion"]) for m in group)
-        out[name] = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
-                     "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
-                     "entropy": sum(out[m]["entropy"] for m in group) / len(group),  # each saw the same images
-                     **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
+        entry = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
+                 "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
+                 "entropy": sum(out[m]["entropy"] for m in group) / len(group),  # each saw the same images
+                 **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
+        out[name] = {**entry, **per_image.intervals_of(entry)}
     return out
+
+
+def _in_split_order(local: torch.Tensor) -> np.ndarray:
+    """A per-image tensor of this rank's images as a numpy array over the whole split: under torchrun each rank holds
+    every world-th image (:func:`distributed.shard`), put back in place and summed over the ranks."""
+    ctx = distributed.current()
+    if not ctx.enabled:
+        return local.long().cpu().numpy()
+    n = int(distributed.all_reduce_sum(torch.tensor(len(local), device=local.device)))
+    whole = torch.zeros(n, dtype=torch.long, device=local.device)
+    whole[ctx.rank::ctx.world] = local.long()
+    return distributed.all_reduce_sum(whole).cpu().numpy()
 
 
 def _check_corruptions(attack_names: list[str], loader) -> None:
@@ -351,7 +375,7 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
               "images": len(data[1]), "subset": note, **({"dropped_classes": dropped} if dropped else {}),
-              **absent_record(results, bundle.classes), **settings, "fingerprint": fp}
+              **absent_record(results, bundle.classes), **settings, "fingerprint": fp, "intervals": per_image.METHOD}
     kept = None
     if distributed.current().is_main:
         kept = write_record(record, results, out, lambda tag: run.previous_eval_file(path, split, tag))
@@ -362,6 +386,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
         print(f"\n{title} on {split}, eps {display.eps_text(cfg.eval.eps)}, seed {seed}, "
               f"{note + ', ' if note else ''}per-class accuracy (%):\n")
         display.print_table(*measures.table_rows(results, bundle.classes))
+        for line in per_image.table_notes(results):
+            print(line)
         if record.get("absent_classes"):
             print(measures.absent_note(record["absent_classes"]))
         if dropped:

@@ -1,16 +1,16 @@
 """A per-class evaluation result as Python sees it: the record ``fastfair eval`` writes, with its measures.
 
-``print(result)`` shows the per-class table; the methods ``result.avg("pgd20")``, ``worst``, ``cv``, ``mcd``
-and ``overall`` (each takes an attack's name) read the summary each attack's entry already holds
-(:func:`measures.summary_of_confusion`), so a result read back from a JSON gives the same numbers as the run
-that wrote it.
+``print(result)`` shows the per-class table with every number's 95 % interval; the methods ``result.avg("pgd20")``,
+``worst``, ``cv``, ``mcd`` and ``overall`` (each takes an attack's name) read the summary each attack's entry already
+holds (:func:`measures.summary_of_confusion`), so a result read back from a JSON gives the same numbers as the run
+that wrote it; ``result.interval("pgd20", "worst")`` its interval.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastfair.errors import UserError
-from fastfair.evaluation import measures
+from fastfair.evaluation import measures, per_image
 from fastfair.rundir import read_json, write_json_atomic
 
 
@@ -84,6 +84,20 @@ class Result:
         """Best minus worst class accuracy, percent (Tian et al.'s MCD)."""
         return self._entry(attack)["summary"]["mcd"]
 
+    def interval(self, attack: str, measure: str) -> tuple[float, float] | None:
+        """(lo, hi) in percent (CV: %²) of ``measure`` under ``attack``: ``avg``, ``overall``, ``worst``, ``cv``,
+        ``mcd`` (a stratified bootstrap over the images), or a class's name (Wilson's interval of its counts), at
+        95 %; None where the record cannot give one (an older fastfair's record lacks the per-image results that the
+        worst class, CV and MCD need; see :mod:`fastfair.evaluation.per_image`)."""
+        entry = per_image.with_intervals({attack: self._entry(attack)})[attack]
+        if measure in self.classes:
+            ci = entry["per_class_interval"][self.classes.index(measure)]
+        elif measure in per_image.SUMMARY_KEYS:
+            ci = entry["summary_interval"][measure]
+        else:
+            raise UserError(f"no measure {measure!r}; name one of {', '.join(per_image.SUMMARY_KEYS)} or a class")
+        return None if ci is None else (ci[0], ci[1])
+
     def confusion(self, attack: str):
         """(C, C) counts as a numpy array, rows true class, columns prediction after ``attack``."""
         import numpy as np
@@ -100,7 +114,8 @@ class Result:
                             index=pd.Index(self.classes, name="class"))
 
     def __str__(self) -> str:
-        return measures.markdown_table(self.record["results"], self.classes)
+        results = per_image.with_intervals(self.record["results"])
+        return "\n\n".join([measures.markdown_table(results, self.classes), *per_image.table_notes(results)])
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{a} {self.avg(a):.2f} (worst {self.worst(a)[1]:.2f})" for a in self.attacks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -86,42 +87,53 @@ def _zero_marks(ax, xs: np.ndarray, heights: np.ndarray, color, bar_pt: float) -
                         fontsize=6.5, color=color)
 
 
-def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | None]], title: str,
-                   path: Path, ylabel: str = "accuracy (%)", percent: bool = True) -> Path:
-    """Grouped bars per class, one bar per series ``name -> (means, stds or None)``, dashed line at each
-    series' mean over classes (its legend entry gives the value). A bar of height 0 gets a short thick
+class Interval(NamedTuple):
+    """An error bar's two ends per class (an interval's lo and hi, in the values' unit; NaN: none drawn)."""
+    lo: list[float]
+    hi: list[float]
+
+
+def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list[float] | Interval | None]],
+                   title: str, path: Path, ylabel: str = "accuracy (%)", percent: bool = True,
+                   errors: str = "") -> Path:
+    """Grouped bars per class, one bar per series ``name -> (means, error)``, dashed line at each series' mean over
+    classes (its legend entry gives the value). ``error``: None, stds (bars at mean +- std) or an :class:`Interval`
+    (bars from its lo to its hi), ``errors`` saying what they are in the legend. A bar of height 0 gets a short thick
     line at 0 in its colour, so "0 %" is told from "not drawn". With more than :data:`MANY_CLASSES`
     classes, points replace bars and the classes are sorted by their mean over the series. ``percent``: the
     values are percentages (y from 0 to 100, error bars kept within); else the y scale follows the values."""
     many = len(classes) > MANY_CLASSES
     means = np.asarray([m for m, _ in series.values()], dtype=float)
-    order = np.argsort(means.mean(0), kind="stable") if many else np.arange(len(classes))
+    order = np.argsort(np.nanmean(means, 0), kind="stable") if many else np.arange(len(classes))
     width_in = 12.0 if many else min(12.0, max(6.4, 0.18 * len(classes) * (len(series) + 1) + 1.5))
     fig, ax = plt.subplots(figsize=(width_in, 4.2))
     width = 0.8 / len(series)
     x = np.arange(len(classes))
     bar_pt = width * (width_in - 1.0) * 72 / max(1, len(classes))  # a bar's width in points, for its 0 marker
     handles = []
-    for i, (name, (mean, std)) in enumerate(series.items()):
+    for i, (name, (mean, error)) in enumerate(series.items()):
         mean = np.asarray(mean, dtype=float)[order]
-        std = None if std is None else np.asarray(std, dtype=float)[order]
+        lo, hi = _error_ends(mean, error, order, percent)
         color = f"C{i % 10}"
-        label = f"{name} (mean {float(mean.mean()):.1f})"
+        label = f"{name} (mean {float(np.nanmean(mean)):.1f})"
         if many:
             ax.plot(x, mean, color=color, lw=0.6, alpha=0.35)  # faint: classes are categories, the dots carry it
             handle, = ax.plot(x, mean, color=color, marker="o", ms=3.5, ls="none", label=label)
-            if std is not None:
-                ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            if lo is not None:
+                ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
         else:
             xs = x + (i - (len(series) - 1) / 2) * width
-            yerr = None if std is None else [np.minimum(std, mean), np.minimum(std, 100 - mean) if percent else std]
+            yerr = None if lo is None else [mean - lo, hi - mean]
             handle = ax.bar(xs, mean, width, yerr=yerr, capsize=2, color=color, label=label,
                             error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
             if percent:  # a 0 % bar is told from "not drawn"; on another scale small values are not zeros
                 _zero_marks(ax, xs, mean, color, bar_pt)
-        ax.axhline(float(mean.mean()), color=color, ls="--", lw=1)
+        ax.axhline(float(np.nanmean(mean)), color=color, ls="--", lw=1)
         handles.append(handle)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
+    if errors:
+        handles.append(matplotlib.lines.Line2D([], [], color="0.25", ls="none", marker="|", ms=9, mew=0.8,
+                                               label=errors))
     _class_axis(ax, [classes[k] for k in order])
     ax.set_xlim(-0.6, len(classes) - 0.4)
     ax.set_xlabel("class, sorted by the mean over the series" if many else "class")
@@ -131,6 +143,22 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
     _title(ax, title, width_in, pad=_legend_above(ax, handles, width_in))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+def _error_ends(mean: np.ndarray, error, order: np.ndarray, percent: bool):
+    """(lo, hi) of each bar's error bar (in ``order``), or (None, None): an :class:`Interval`'s ends, else mean -+
+    std, kept within 0-100 for percentages; a NaN end (no interval) draws none."""
+    if error is None:
+        return None, None
+    if isinstance(error, Interval):
+        lo, hi = (np.asarray(v, dtype=float)[order] for v in error)
+    else:
+        std = np.asarray(error, dtype=float)[order]
+        lo, hi = mean - std, mean + std
+        if percent:
+            lo, hi = np.maximum(lo, 0.0), np.minimum(hi, 100.0)
+    none = np.isnan(lo) | np.isnan(hi)
+    return np.where(none, mean, lo), np.where(none, mean, hi)
 
 
 def _blocks(ax, blocks) -> None:

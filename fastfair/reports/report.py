@@ -22,7 +22,7 @@ from fastfair.errors import UserError
 from fastfair import data, display
 from fastfair.data.subsets import dropped_note
 from fastfair.data.superclasses import superclass_order
-from fastfair.evaluation import measures
+from fastfair.evaluation import intervals, measures, per_image
 from fastfair.methods import METHODS
 from fastfair.reports import figures
 from fastfair.rundir import RunDir, notice, one_based_epoch, read_json, write_text_atomic
@@ -42,13 +42,46 @@ class Run:
     label: str  # what the report calls it: its --label, else its folder's name
     labelled: bool = False  # the label was given (--label), not taken from the folder
 
-    def eval_record(self, split: str) -> dict | None:
-        """The evaluation of the checkpoint the run selects (``train.select``) on ``split``, else any on it."""
+    def evaluations(self, split: str) -> list[tuple[str, dict]]:
+        """(file stem, record) of every evaluation on ``split`` of the checkpoint the run selects (``train.select``;
+        else of the first checkpoint evaluated on it): its whole test set's first, then its subsets (``eval
+        --per-class N``, AutoAttack's first look), the most images first."""
         run = RunDir(self.path)
         chosen = run.eval_file(run.selected_checkpoint(self.config.get("train.select", "pgd")), split).stem
-        if chosen in self.evals:
-            return self.evals[chosen]
-        return next((r for r in self.evals.values() if r.get("split") == split), None)
+        on_split = {stem: r for stem, r in self.evals.items() if r.get("split") == split}
+        if not any(_checkpoint_of(stem) == _checkpoint_of(chosen) for stem in on_split):
+            chosen = next(iter(on_split), chosen)
+        mine = [(stem, r) for stem, r in on_split.items() if _checkpoint_of(stem) == _checkpoint_of(chosen)]
+        return sorted(mine, key=lambda sr: (sr[0] != chosen, -sr[1].get("images", 0)))
+
+    def eval_record(self, split: str) -> dict | None:
+        """The run's evaluations on ``split`` (:meth:`evaluations`) as one record: the first's, with each attack
+        that only a subset evaluated taken from the largest such subset, its entry marked ``subset`` (what it scored);
+        every entry names its evaluation's data fingerprint (``data_fingerprint``), so two runs pair only on the same
+        images (:func:`fastfair.evaluation.per_image.pair`)."""
+        found = self.evaluations(split)
+        if not found:
+            return None
+        (_, first), results = found[0], {}
+        for stem, rec in found:
+            for name, entry in rec["results"].items():
+                if name not in results:
+                    subset = _subset_of(rec) if rec is not first else ""
+                    results[name] = {**entry, "data_fingerprint": rec.get("fingerprint", {}).get("data"),
+                                     **({"subset": subset} if subset else {})}
+        return {**first, "results": results, "evaluations": [stem for stem, _ in found]}
+
+
+def _checkpoint_of(stem: str) -> str:
+    """The checkpoint of an eval file's stem, ``<checkpoint>-<split>[-first<N>]``."""
+    return stem.split("-")[0]
+
+
+def _subset_of(record: dict) -> str:
+    """What a subset evaluation scored: ``the first 20 test images of each class (200)``."""
+    cap = record.get("test_per_class", 0)
+    return f"the first {cap} {record['split']} images of each class ({record['images']})" if cap else \
+        f"{record['images']} {record['split']} images"
 
 
 def load_run(path, label: str | None = None) -> Run:
@@ -172,17 +205,48 @@ def differences_table(groups: list[Group], latex: bool = False) -> str:
     return "\n".join(lines) + "\n" + note
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+@dataclass(frozen=True)
+class Cell:
+    """A number of the comparison: a run's value with its interval, or the mean over a group's seeds with their sd
+    and the mean's t interval (:func:`fastfair.evaluation.intervals.seed_interval`); lo/hi None: no interval."""
+    mean: float
+    sd: float | None = None
+    lo: float | None = None
+    hi: float | None = None
 
 
-def _fmt(mean: float, std: float | None, latex: bool = False, digits: int = 2) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+PERCENT_RANGE = (0.0, 100.0)  # what an accuracy, or MCD, can be
+CV_RANGE = (0.0, math.inf)  # a variance
+
+
+def _seeds(values, bounds: tuple[float, float] | None = PERCENT_RANGE) -> tuple[float, float, float, float]:
+    """:func:`fastfair.evaluation.intervals.seed_interval`, its interval cut to the ``bounds`` the value can take (None:
+    any): with two or three seeds Student's t reaches past them."""
+    mean, sd, lo, hi = intervals.seed_interval(values)
+    if bounds is None or math.isnan(lo):
+        return mean, sd, lo, hi
+    return mean, sd, max(lo, bounds[0]), min(hi, bounds[1])
+
+
+def _cell(values: list[float], interval=None, bounds: tuple[float, float] | None = PERCENT_RANGE) -> Cell:
+    """The :class:`Cell` of one number over a group's seeds (:func:`_seeds`); ``interval``: the one seed's own
+    (lo, hi) or None."""
+    if len(values) > 1:
+        return Cell(*_seeds(values, bounds))
+    return Cell(values[0], None, *(interval or (None, None)))
+
+
+def _fmt(cell: Cell, latex: bool = False, digits: int = 2) -> str:
+    """``42.00 ± 2.83 [34.6, 49.4]`` (LaTeX: ``$42.00 \\pm 2.83$ [34.6, 49.4]``); '-' for an undefined value."""
+    if cell.mean is None or (isinstance(cell.mean, float) and math.isnan(cell.mean)):
         return "-"
-    if std is None:
-        return f"{mean:.{digits}f}"
-    return f"${mean:.{digits}f} \\pm {std:.{digits}f}$" if latex else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    text = f"{cell.mean:.{digits}f}"
+    if cell.sd is not None and not math.isnan(cell.sd):
+        text = f"${text} \\pm {cell.sd:.{digits}f}$" if latex else f"{text} ± {cell.sd:.{digits}f}"
+    if cell.lo is not None and not math.isnan(cell.lo):
+        ends = max(1, digits - 1)
+        text += f" [{cell.lo:.{ends}f}, {cell.hi:.{ends}f}]"
+    return text
 
 
 def choose_attack(records: list[dict], attack: str | None) -> str:
@@ -217,32 +281,33 @@ COLUMNS = ("clean avg", "clean worst", "{a} avg", "{a} share", "{a} worst", meas
 
 def comparison_rows(groups: list[Group], attack: str | None = None, baseline: int | None = None,
                     split: str = "test") -> tuple[str, list[dict]]:
-    """(attack, per group: label, seeds, and (mean, std) per column); rho against group ``baseline``."""
+    """(attack, per group: label, seeds, and a :class:`Cell` per column); rho against group ``baseline``."""
     recs = _records(groups, split)
     attack = choose_attack([r for rs in recs.values() for r in rs], attack)
     rows = []
     for i, g in enumerate(groups):
-        values = {c: [] for c in COLUMNS[:-1]}
+        values, cis = {c: [] for c in COLUMNS[:-1]}, {}
         for rec in recs[i]:
-            clean = rec["results"].get("clean", {}).get("summary")
-            rob = rec["results"][attack]["summary"]
-            values["clean avg"].append(clean["avg"] if clean else float("nan"))
-            values["clean worst"].append(clean["worst"] if clean else float("nan"))
-            values["{a} avg"].append(rob["avg"])
-            values["{a} share"].append(rob.get("overall", float("nan")))  # results written before issue 13 lack it
-            values["{a} worst"].append(rob["worst"])
-            values[measures.CV_LABEL].append(rob["cv"])
-            values["MCD"].append(rob["mcd"])
+            shown = per_image.with_intervals({n: rec["results"][n] for n in ("clean", attack) if n in rec["results"]})
+            clean, rob = shown.get("clean"), shown[attack]
+            for column, entry, key in (("clean avg", clean, "avg"), ("clean worst", clean, "worst"),
+                                       ("{a} avg", rob, "avg"), ("{a} share", rob, "overall"),
+                                       ("{a} worst", rob, "worst"), (measures.CV_LABEL, rob, "cv"),
+                                       ("MCD", rob, "mcd")):
+                # a record without a clean evaluation, or from before the share correct (issue 13), has none
+                values[column].append(entry["summary"].get(key, float("nan")) if entry else float("nan"))
+                cis[column] = entry["summary_interval"].get(key) if entry else None
         rows.append({"label": g.label, "seeds": g.seeds, "raw": values,
-                     **{c: _mean_std(v) for c, v in values.items()}})
+                     **{c: _cell(v, cis[c], CV_RANGE if c == measures.CV_LABEL else PERCENT_RANGE)
+                        for c, v in values.items()}})
     for row in rows:
         if baseline is None:
-            row["rho"] = (float("nan"), None)
+            row["rho"] = Cell(float("nan"))
             continue
         base = rows[baseline]
-        per_seed = [measures.rho(a, w, base["{a} avg"][0], base["{a} worst"][0])
+        per_seed = [measures.rho(a, w, base["{a} avg"].mean, base["{a} worst"].mean)
                     for a, w in zip(row["raw"]["{a} avg"], row["raw"]["{a} worst"])]
-        row["rho"] = _mean_std(per_seed)
+        row["rho"] = _cell(per_seed, bounds=None)
     return attack, rows
 
 
@@ -253,9 +318,8 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
         label = row["label"] + (" (baseline)" if i == baseline else "")
         cells = [label, str(len(row["seeds"]))]
         for c in COLUMNS:
-            mean, std = row[c]
-            undefined = c == "rho" and baseline is not None and math.isnan(mean)  # rho_note says why
-            cells.append("n/a" if undefined else _fmt(mean, std, latex, 3 if c == "rho" else 2))
+            undefined = c == "rho" and baseline is not None and math.isnan(row[c].mean)  # rho_note says why
+            cells.append("n/a" if undefined else _fmt(row[c], latex, 3 if c == "rho" else 2))
         body.append(cells)
     if not latex:
         lines = ["| " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
@@ -267,11 +331,33 @@ def _table(attack: str, rows: list[dict], baseline: int | None, latex: bool) -> 
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"])
 
 
+def interval_lines(groups: list[Group], recs: dict[int, list[dict]], attack: str) -> list[str]:
+    """The lines under the comparison: what its intervals are, and per group an evaluation on a subset of the images
+    or without per-image results (whose intervals are wider, or some missing)."""
+    parts = (["a group of seeds: mean ± sd over its seeds [Student's t interval of the mean]"]
+             if any(len(g.runs) > 1 for g in groups) else [])
+    parts += (["a single run: [a stratified bootstrap over its test images] (the worst class's is biased low: a "
+               "resample's weakest class is weaker than the class weakest on average; rho has none)"]
+              if any(len(g.runs) == 1 for g in groups) else [])
+    out = [f"Intervals ({per_image.PERCENT}): " + "; ".join(parts) + "."]
+    for i, g in enumerate(groups):
+        for rec in recs[i]:
+            shown = {n: rec["results"][n] for n in ("clean", attack) if n in rec["results"]}
+            subset = [f"{n} on {e['subset']}" for n, e in shown.items() if e.get("subset")]
+            missing = per_image.missing_note(shown) if len(g.runs) == 1 else ""  # seeds: a t interval needs no bits
+            where = g.label if len(g.runs) == 1 else f"{g.label} ({Path(rec['checkpoint']).parents[1].name})"
+            if subset:
+                out.append(f"{where}: {', '.join(subset)}, a subset evaluation (wider intervals).")
+            if missing:
+                out.append(f"{where}: {missing}.")
+    return out
+
+
 def rho_note(attack: str, rows: list[dict], baseline: int | None) -> str:
     """Why the rho column holds no number: no baseline, or a baseline whose worst class is at 0 %."""
     if baseline is None:
         return " rho needs a baseline: fastfair report RUN_DIR... --baseline RUN_DIR."
-    if rows[baseline]["{a} worst"][0] == 0:
+    if rows[baseline]["{a} worst"].mean == 0:
         return (f" rho is n/a: the baseline's worst class has 0 % {attack} accuracy, and rho divides by it (a gain "
                 "relative to 0 is undefined).")
     return ""
@@ -299,16 +385,116 @@ def critical_lines(groups: list[Group], recs: dict, base: int | None, attack: st
 def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "test", latex: bool = False,
             labels: list[str] | None = None) -> str:
     """The comparison table (clean and robust average and worst class, CV, MCD, rho against ``baseline``)
-    of the runs in ``run_dirs`` (named by ``labels``, else their folders), seeds aggregated as mean +- std;
-    Markdown, or LaTeX with ``latex``."""
+    of the runs in ``run_dirs`` (named by ``labels``, else their folders), each number with its interval, seeds
+    aggregated as mean ± sd with a t interval; Markdown, or LaTeX with ``latex``; the lines under it say what the
+    intervals are."""
     groups, base = _groups_with_baseline(run_dirs, baseline, labels)
     attack, rows = comparison_rows(groups, attack, base, split)
-    classes = _records(groups, split)[0][0]["classes"]
+    recs = _records(groups, split)
+    classes = recs[0][0]["classes"]
+    notes = interval_lines(groups, recs, attack)
     # a grid of re-trainings without a class each (tian-kdd-fig4-homing): their worst class is most likely that one
-    dropped = [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
-    dropped += critical_lines(groups, _records(groups, split), base, attack, classes)
-    notes = [f"% {line}" if latex else line for line in dropped]
+    notes += [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
+    notes += critical_lines(groups, recs, base, attack, classes)
+    notes = [f"% {line}" if latex else line for line in notes]
     return "\n".join([_table(attack, rows, base, latex), *([""] + notes if notes else [])])
+
+
+def _pairs(groups: list[Group], base: int | None) -> list[tuple[int, int]]:
+    """(A, B) of each paired comparison, read A minus B: the first group against each other (``report A B``), or
+    each group against the baseline."""
+    if base is None:
+        return [(0, j) for j in range(1, len(groups))]
+    return [(j, base) for j in range(len(groups)) if j != base]
+
+
+def _signed(cell: tuple[float, float, float]) -> str:
+    """``+2.10 [0.8, 3.4]``: a difference in points with its interval."""
+    point, lo, hi = cell
+    return f"{point:+.2f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def _beats(a: str, b: str, name: str, cell: tuple[float, float, float], what: str) -> str:
+    """The verdict on a difference A minus B: who beats whom only where its interval excludes 0."""
+    point, lo, hi = cell
+    if lo > 0 or hi < 0:
+        winner, loser = (a, b) if lo > 0 else (b, a)
+        return (f"{winner}'s {what} beats {loser}'s under {name}: {a} − {b} = {_signed(cell)} points, its "
+                f"{per_image.PERCENT} interval excludes 0.")
+    return (f"Under {name}, {a}'s and {b}'s {what} do not differ beyond chance: {a} − {b} = {_signed(cell)} points, "
+            "its interval holds 0.")
+
+
+def paired_section(groups: list[Group], recs: dict[int, list[dict]], attack: str,
+                   base: int | None) -> tuple[list[str], list[str]]:
+    """(Markdown lines, the lines a terminal hears) comparing runs evaluated on the same images, image by image: the
+    difference of the mean and of the worst-class accuracy with a paired stratified bootstrap interval
+    (:func:`fastfair.evaluation.intervals.paired_difference`) and, per class, McNemar's exact test with Holm's
+    adjustment over the classes; groups of the same seeds pair seed by seed (a t interval of the per-seed
+    differences). Runs scored on different images are not paired, in one line."""
+    md, said = ["## Paired comparison (the same test images, image by image)\n"], []
+    classes = recs[0][0]["classes"]
+    for a, b in _pairs(groups, base):
+        la, lb = groups[a].label, groups[b].label
+        md.append(f"### {la} − {lb}\n")
+        names = [n for n in dict.fromkeys(("clean", attack)) if all(n in r["results"] for r in recs[a] + recs[b])]
+        if len(recs[a]) != len(recs[b]) or (len(recs[a]) > 1 and groups[a].seeds != groups[b].seeds):
+            line = (f"{la} − {lb}: not paired: {la} has seeds {groups[a].seeds} and {lb} {groups[b].seeds}; pairing "
+                    "needs one run a side, or the same seeds; compare their intervals in the table above.")
+            md.append(line + "\n")
+            said.append(line)
+            continue
+        rows, verdicts, mcnemar = [], [], {}
+        for name in names:
+            pairs = [per_image.pair(ra["results"][name], rb["results"][name], name)
+                     for ra, rb in zip(recs[a], recs[b])]
+            refused = next((p for p in pairs if isinstance(p, str)), None)
+            if refused:
+                verdicts.append(f"{la} − {lb}: {refused}.")
+                continue
+            if len(pairs) == 1:
+                diff = intervals.paired_difference(*pairs[0], len(classes))
+                mcnemar[name] = pairs[0]
+            else:  # seed by seed on the same images: each seed's difference, a t interval over them
+                diff = {}
+                for k in ("avg", "worst"):
+                    m, _, lo, hi = intervals.seed_interval([ra["results"][name]["summary"][k] -
+                                                            rb["results"][name]["summary"][k]
+                                                            for ra, rb in zip(recs[a], recs[b])])
+                    diff[k] = (m, lo, hi)
+            rows.append(f"| {name} | {_signed(diff['avg'])} | {_signed(diff['worst'])} |")
+            verdicts.append(_beats(la, lb, name, diff["worst"], "worst class"))
+        if rows:
+            how = ("a paired stratified bootstrap over the images" if len(recs[a]) == 1
+                   else f"Student's t over the {len(recs[a])} seeds' differences, each seed's runs on the same images")
+            md.append("\n".join([f"| attack | mean of per-class accuracies, {la} − {lb} | worst class, {la} − {lb} |",
+                                 "|---|---:|---:|", *rows]) +
+                      f"\n\nPoints, with {per_image.PERCENT} intervals by {how}; each side's worst class is its own "
+                      "weakest class in each resample (biased low on both sides).\n")
+        md += [line + "\n" for line in verdicts]
+        said += verdicts
+        for name, (ca, cb, labels) in mcnemar.items():
+            md += _mcnemar_table(la, lb, name, ca, cb, labels, classes)
+    return md, said
+
+
+def _mcnemar_table(la: str, lb: str, name: str, ca, cb, labels, classes: list[str]) -> list[str]:
+    """Per class under ``name``: both accuracies, the images right under one side only, McNemar's exact p and Holm's
+    adjusted p over the classes."""
+    p = intervals.class_mcnemar(ca, cb, labels, len(classes))
+    adjusted = intervals.holm(p)
+    rows = [f"| class | {la} | {lb} | right under {la} only | right under {lb} only | p (McNemar, exact) | "
+            "p (Holm) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for k, cname in enumerate(classes):
+        mine = labels == k
+        if not mine.any():
+            rows.append(f"| {cname} | - | - | - | - | - | - |")
+            continue
+        rows.append(f"| {cname} | {100 * ca[mine].mean():.2f} | {100 * cb[mine].mean():.2f} | "
+                    f"{int((ca & ~cb)[mine].sum())} | {int((~ca & cb)[mine].sum())} | {p[k]:.3g} | "
+                    f"{adjusted[k]:.3g} |")
+    return [f"Per class under {name}, paired on each image (McNemar's exact test on the images the two classify "
+            f"differently; Holm's adjustment over the {int((~np.isnan(p)).sum())} classes):\n", "\n".join(rows) + "\n"]
 
 
 def _checked_labels(run_dirs, labels: list[str] | None) -> list[str | None]:
@@ -404,10 +590,10 @@ def default_out(groups: list[Group]) -> Path:
 
 
 def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, split: str = "test",
-                 labels: list[str] | None = None) -> Path:
+                 labels: list[str] | None = None, echo=None) -> Path:
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png`` (``out``: :func:`default_out`
     when not given); returns the report's path. The report names its files relative to itself, so its
-    folder can move."""
+    folder can move. ``echo`` hears the paired comparisons' verdicts (:func:`paired_section`)."""
     groups, base = _groups_with_baseline(run_dirs, baseline, labels)
     out = Path(out) if out else default_out(groups)
     fig_dir = out / "figures"
@@ -417,25 +603,34 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
     classes = recs[0][0]["classes"]
     md = ["# fastfair report\n", f"Split: **{split}**; robust columns: **{attack}**; "
           f"{sum(len(g.runs) for g in groups)} run(s) in {len(groups)} group(s) (runs differing only in the seed "
-          f"are one group, shown as mean ± std).\n", *_subset_lines(groups, classes), "## Comparison\n",
+          f"are one group, shown as mean ± sd over the seeds with a t interval).\n", *_subset_lines(groups, classes),
+          "## Comparison\n",
           _table(attack, rows, base, False) + "\n",
           "avg = mean of the per-class accuracies; share = share of all test images correct (the two differ on an "
           "unbalanced split). "
           f"{measures.CV_NOTE}; MCD = max a − min a; both of the robust per-class accuracy; rho = relative "
           f"worst-class gain + relative average change against the baseline (WAT/DAFA).{rho_note(attack, rows, base)}"
-          "\n", *(line + "\n" for line in critical_lines(groups, recs, base, attack, classes))]
+          "\n", *(line + "\n" for line in interval_lines(groups, recs, attack)),
+          *(line + "\n" for line in critical_lines(groups, recs, base, attack, classes))]
     tex = ["% fastfair report tables (booktabs)",
            *(f"% {line.strip().strip('*')}" for line in _subset_lines(groups, classes)),
            f"% comparison, split {split}, robust attack {attack}",
-           _table(attack, rows, base, True)]
+           _table(attack, rows, base, True),
+           *(f"% {measures.latex_label(line)}" for line in interval_lines(groups, recs, attack))]
     if len(groups) > 1:
         notes = [_subset_note(g.runs[0]) for g in groups]
         shared = notes[0] if len(set(notes)) == 1 else ""  # every group the same quick run: the title says it
-        series = {g.label + (" (quick run)" if n and not shared else ""): _per_class_mean(recs[i], attack)
+        series = {g.label + (" (quick run)" if n and not shared else ""): _bars(group_entry(recs[i], attack))
                   for i, (g, n) in enumerate(zip(groups, notes))}
+        seeds = max(len(g.runs) for g in groups)
+        errors = (_errors_legend(1) if seeds == 1 else f"{per_image.PERCENT} interval (Wilson; t over seeds)")
         p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy" + (f" ({shared})" if shared else ""),
-                                   fig_dir / "compare-per-class.png")
-        md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group"))
+                                   fig_dir / "compare-per-class.png", errors=errors)
+        md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group, with {errors}"))
+        paired, said = paired_section(groups, recs, attack, base)
+        md += paired
+        for line in said if echo is not None else []:
+            echo(line)
         md += ["What sets the groups apart (config keys):\n", differences_table(groups)]
         tex += ["% what sets the groups apart (config keys)", differences_table(groups, latex=True)]
     md += _discrepancy(groups, recs, attack, classes, out, fig_dir)
@@ -457,16 +652,21 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
         if said:
             md.append(f"**{said[0].upper() + said[1:]}.**\n")
     attacks = [n for n in recs[0]["results"] if all(n in r["results"] for r in recs)]
-    means = {n: _per_class_mean(recs, n) for n in attacks}
-    table = {n: {"per_class": means[n][0], "summary": {**measures.summary(means[n][0]), **_mean_overall(recs, n)}}
-             for n in attacks}
+    table = {_column(n, recs[0]["results"][n]): group_entry(recs, n) for n in attacks}
     eps = f", eps {display.eps_text(recs[0]['eps'])}" if "eps" in recs[0] else ""
+    seeds = f"mean over {len(recs)} seeds" if len(recs) > 1 else "one seed"
     md.append(f"Per-class accuracy (%), checkpoint `{Path(recs[0]['checkpoint']).stem}` (epoch "
-              f"{one_based_epoch(recs[0])}){eps}, mean over {len(recs)} seed(s):\n")
+              f"{one_based_epoch(recs[0])}){eps}, {seeds}; evaluations: "
+              f"{', '.join(f'`{e}`' for e in recs[0].get('evaluations', []))}:\n")
     md.append(measures.markdown_table(table, classes) + "\n")
-    tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes))
-    p = figures.per_class_bars(classes, means, f"{label}: per-class accuracy", fig_dir / f"{tag}-per-class.png")
-    md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(means)})"))
+    notes = group_notes(recs, attacks)
+    md += [line + "\n" for line in notes]
+    tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes)
+               + "".join(f"\n% {measures.latex_label(line)}" for line in notes))
+    p = figures.per_class_bars(classes, {n: _bars(e) for n, e in table.items()}, f"{label}: per-class accuracy",
+                               fig_dir / f"{tag}-per-class.png", errors=_errors_legend(len(recs)))
+    md.append(_figure_md(p, out, f"per-class accuracy under every evaluated attack ({', '.join(table)}), with "
+                                 f"{_errors_legend(len(recs))}"))
     conf = np.mean([measures.confusion_percent(r["results"][attack]["confusion"]) for r in recs], axis=0)
     order, blocks = class_order(classes)
     p = figures.heatmap(_ordered(conf, order), [classes[k] for k in order],
@@ -508,19 +708,60 @@ def _per_class_latex(table: dict, classes: list[str]) -> str:
     lines = [r"\begin{tabular}{l " + "r " * len(names) + "}", r"\toprule",
              "class & " + " & ".join(esc(n) for n in names) + r" \\", r"\midrule"]
     for c, cname in enumerate(classes):
-        lines.append(esc(cname) + " & " + " & ".join(measures.accuracy_cell(table[n]["per_class"][c]) for n in names)
-                     + r" \\")
+        lines.append(esc(cname) + " & " + " & ".join(esc(measures.class_cell(table[n], c)) for n in names) + r" \\")
     lines.append(r"\midrule")
     for key, label in measures.SUMMARY_ROWS:
-        lines.append(esc(label) + " & " + " & ".join(measures.summary_cells(table, names, key)) + r" \\")
+        lines.append(esc(label) + " & " + " & ".join(map(esc, measures.summary_cells(table, names, key))) + r" \\")
     note = measures.absent_note(measures.table_absent(table, classes))  # as the Markdown table says it
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"] + ([esc(note)] if note else []))
 
 
-def _mean_overall(recs: list[dict], attack: str) -> dict[str, float]:
-    """{"overall": mean over seeds of the share of images correct}, or {} when a record predates it."""
-    shares = [r["results"][attack]["summary"].get("overall") for r in recs]
-    return {} if None in shares else {"overall": float(np.mean(shares))}
+def group_entry(recs: list[dict], attack: str) -> dict:
+    """A group's entry under ``attack`` for a per-class table: one seed's own, with its intervals
+    (:func:`fastfair.evaluation.per_image.with_intervals`); for several seeds, each per-class accuracy and summary
+    value's mean over the seeds with their sd (``per_class_sd``, ``summary_sd``) and Student's t interval of the
+    mean (:func:`_seeds`)."""
+    entries = [per_image.with_intervals({attack: r["results"][attack]})[attack] for r in recs]
+    if len(entries) == 1:
+        return entries[0]
+    per_class = [_seeds(col) for col in np.asarray([e["per_class"] for e in entries], dtype=float).T]
+    keys = [k for k in per_image.SUMMARY_KEYS if all(k in e["summary"] for e in entries)]
+    summary = {k: _seeds([e["summary"][k] for e in entries], CV_RANGE if k == "cv" else PERCENT_RANGE) for k in keys}
+    return {"per_class": [m for m, _, _, _ in per_class], "per_class_sd": [sd for _, sd, _, _ in per_class],
+            "per_class_interval": [None if np.isnan(lo) else [lo, hi] for _, _, lo, hi in per_class],
+            "summary": {k: v[0] for k, v in summary.items()}, "summary_sd": {k: v[1] for k, v in summary.items()},
+            "summary_interval": {k: [v[2], v[3]] for k, v in summary.items()},
+            **({"subset": entries[0]["subset"]} if "subset" in entries[0] else {})}
+
+
+def _column(name: str, entry: dict) -> str:
+    """An attack's column in a per-class table: its name, ``(subset)`` where it scored part of the test set."""
+    return f"{name} (subset)" if entry.get("subset") else name
+
+
+def group_notes(recs: list[dict], attacks: list[str]) -> list[str]:
+    """The lines under a group's per-class table: what its intervals are, each subset column's images, and the
+    entries of an older fastfair (without per-image results)."""
+    first = {n: recs[0]["results"][n] for n in attacks}
+    out = [per_image.SEEDS_NOTE] if len(recs) > 1 else [per_image.INTERVAL_NOTE]
+    out += [f"{n} (subset): on {e['subset']} only (a subset evaluation, so wider intervals)"
+            for n, e in first.items() if e.get("subset")]
+    for rec in recs:
+        shown = per_image.with_intervals({n: rec["results"][n] for n in attacks})
+        out += [line for line in per_image.table_notes(shown)[1:] if line not in out]
+    return out
+
+
+def _bars(entry: dict) -> tuple[list[float], figures.Interval]:
+    """An entry's per-class accuracies and their intervals, as :func:`figures.per_class_bars` draws them."""
+    ci = [c if c is not None else [np.nan, np.nan] for c in entry["per_class_interval"]]
+    return entry["per_class"], figures.Interval([c[0] for c in ci], [c[1] for c in ci])
+
+
+def _errors_legend(seeds: int) -> str:
+    """What a per-class figure's error bars are."""
+    return (f"{per_image.PERCENT} t interval over {seeds} seeds" if seeds > 1
+            else f"{per_image.PERCENT} interval (Wilson)")
 
 
 def _diagnostics_section(tag: str, label: str, d: dict, out: Path, fig_dir: Path) -> list[str]:
@@ -598,13 +839,20 @@ def _discrepancy(groups: list[Group], recs: dict[int, list[dict]], attack: str, 
                                  {name: tuple(np.asarray(v)[order] for v in pair) for name, pair in series.items()},
                                  attack, f"inter-class discrepancy: per-class accuracy and {attack} robustness{shared}",
                                  fig_dir / "discrepancy.png")
-    spread = "; ".join(
-        f"{name}: clean {measures.mcd(clean):.1f} (worst {lowest_classes(clean, classes)}), {attack} "
-        f"{measures.mcd(rob):.1f} (worst {lowest_classes(rob, classes)})" for name, (clean, rob) in series.items())
+    mcd = {g.label: {n: group_entry(recs[i], n) for n in ("clean", attack)} for i, g in enumerate(groups)}
+
+    def said(name: str, which: str, acc) -> str:
+        entry = mcd[name][which]
+        return (f"{which} {entry['summary']['mcd']:.1f}{measures.spread_text(entry.get('summary_sd', {}).get('mcd'))}"
+                f"{measures.interval_text(entry['summary_interval']['mcd'])} (worst {lowest_classes(acc, classes)})")
+
+    spread = "; ".join(f"{name}: {said(name, 'clean', clean)}, {said(name, attack, rob)}"
+                       for name, (clean, rob) in series.items())
     return ["## Inter-class discrepancy\n",
             _figure_md(p, out, "per-class accuracy (top) and robustness (bottom), without (left) and with (right) "
                                "the mean over classes subtracted (Benz et al. 2021, Figs. 1-2)"),
-            f"Spread over classes, max − min in points (mean over seeds): {spread}.\n"]
+            f"Spread over classes, max − min in points (MCD; over seeds their mean ± sd) with its {per_image.PERCENT} "
+            f"interval, and the worst class of the mean over seeds: {spread}.\n"]
 
 
 def _class_curves(tag: str, label: str, runs: list[Run], val_attack: str | None, classes: list[str], selected: int,

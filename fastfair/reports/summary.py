@@ -9,6 +9,7 @@ from fastfair import display
 from fastfair.attacks import autoattack, names
 from fastfair.config import load_run
 from fastfair.data.subsets import dropped_note
+from fastfair.evaluation import measures, per_image
 from fastfair.rundir import RunDir
 
 AA_QUICK = 20  # images per class suggested for a first AutoAttack look on a CPU
@@ -22,14 +23,18 @@ def robust_attack(results: dict[str, dict]) -> str | None:
 
 
 def headline(record: dict) -> str:
-    """``clean 95.2 %, pgd20 60.1 % (mean of per-class accuracies); under pgd20 worst class: cat 21.3 %``."""
+    """``clean 95.2 % [94.8, 95.6], pgd20 60.1 % [59.1, 61.0] (mean of per-class accuracies); under pgd20 worst
+    class: cat 21.3 % [18.1, 23.9]``, each with its 95 % interval (:mod:`fastfair.evaluation.per_image`)."""
     results, classes = record["results"], record["classes"]
     attack = robust_attack(results)
-    shown = [n for n in ("clean", attack) if n in results]
-    numbers = ", ".join(f"{n} {results[n]['summary']['avg']:.1f} %" for n in shown)
-    worst = results[attack or "clean"]["summary"]
+    shown = {n: per_image.with_intervals({n: results[n]})[n] for n in ("clean", attack) if n in results}
+    numbers = ", ".join(f"{n} {e['summary']['avg']:.1f} %{measures.interval_text(e['summary_interval']['avg'])}"
+                        for n, e in shown.items())
+    entry = shown[attack or "clean"]
+    worst = entry["summary"]
     return (f"{numbers} (mean of per-class accuracies); under {attack or 'clean'} "
-            f"{display.worst_class_text(classes[worst['worst_class']], worst['worst'])}")
+            f"{display.worst_class_text(classes[worst['worst_class']], worst['worst'])}"
+            f"{measures.interval_text(entry['summary_interval']['worst'])}")
 
 
 def _what(record: dict) -> str:
