@@ -95,7 +95,8 @@ class Number:
     classes: dict[str, float] = field(default_factory=dict)  # class name -> accuracy (a figure's text)
     cv: float | None = None  # variance of the per-class accuracies, % squared
     mcd: float | None = None  # best minus worst class accuracy, points
-    decimals: int = 2  # the digits after the point the paper prints these numbers with (:func:`decimals`)
+    # the digits after the point the paper prints these numbers with (:func:`decimals`): derived from the values
+    decimals: int = field(default=2, compare=False)
 
 
 def decimals(values: list[float | int]) -> int:

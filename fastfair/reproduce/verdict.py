@@ -1,17 +1,20 @@
 """Each number the paper reports beside ours: the difference, its interval, and a verdict.
 
-The rule (docs/reproduce.md, "Verdicts", derives and tests it): d = mean(ours) - paper, ours over k seeds, the
-paper's over its n_p runs. Its variance is the sum of measured components, the seeds' spread on each side and, only
-where the two sides scored different test images, the binomial error of those images (:func:`images_sd`); its
-degrees of freedom are Welch-Satterthwaite's (Welch 1947, Satterthwaite 1946), a binomial term counting as known.
+The rule (docs/reproduce.md, "Verdicts", derives it and states what it guarantees; tests/test_verdict_stats.py
+simulates each statement): d = mean(ours) - paper, ours over k seeds, the paper's over its n_p runs. Its variance is
+a sum of measured components, the seeds' spread on each side and, only where the two sides scored different test
+images, the binomial error of those images (:func:`binomial_sd`); its degrees of freedom are Welch-Satterthwaite's
+(Satterthwaite 1946), the binomial term counting as known.
 
-- Both sides measured a spread (k >= 2 seeds; the paper prints a std): Welch, SE^2 = s^2 / k + s_p^2 / n_p. A printed
-  std is read as its upper bound, s_p + half a unit of its last printed digit, so a printed 0.0 means "below 0.05".
+- Both sides measured a spread (k >= 2 seeds; the paper prints a std): the wider of Student's interval (the stds
+  pooled, k + n_p - 2 df: exact where both sides are one distribution) and Welch's (SE^2 = s^2 / k + s_p^2 / n_p,
+  Welch 1947: valid where the spreads differ). A printed std is read as its upper bound, s_p plus half a unit of
+  its last printed digit, so a printed 0.0 means "below 0.05".
 - Only ours (k >= 2; the paper prints none): the paper's runs are taken to spread as ours do, the null hypothesis of
-  a reproduction, SE^2 = s^2 (1 / k + 1 / n_p) with k - 1 df (the prediction interval of n_p more runs).
+  a reproduction: SE^2 = s^2 (1 / k + 1 / n_p) with k - 1 df (the prediction interval of n_p more runs' mean).
 - One seed of ours measures no spread: no test, whatever the paper prints (:data:`ONE_SEED`); Welch needs each side's
-  own spread, and borrowing the paper's for ours would make two seeds weaker than one.
-- A number whose seeds' spread is 0 on both sides has an interval of width 0: no test either (:data:`NO_SPREAD`).
+  own spread, and borrowing the paper's for ours would make one seed reach verdicts more easily than two.
+- Seeds whose spread is 0 with no printed std give an interval of width 0: no test either (:data:`NO_SPREAD`).
 
 A number **agrees** when the 90 % interval of d lies within the practical margin +-delta (two one-sided tests at
 5 %, Schuirmann 1987), is **higher**/**lower** when the 95 % interval excludes 0, and :data:`UNDECIDED` otherwise.
