@@ -1,6 +1,7 @@
 """CFA (Wei et al. 2023) and Benz et al. 2021 figures: each drawer against hand-made runs (synthetic metrics.jsonl
 and evaluation records), the numbers it returns and the panels it draws; one figure end to end through the CLI."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -109,18 +110,29 @@ def test_fig3_draws_robust_then_clean_class_wise_accuracy_by_beta(tmp_path, draw
     assert robust["beta 3"][0] == [30.0] * 10 and clean["beta 3"][0] == [87.0] * 10
 
 
+def _at_run(tmp_path, pgd):
+    """The AT row's run, its preset's config saved: Fig. 4 reads its validation split's size from it."""
+    run = _run(tmp_path, "at", {"pgd10": pgd})
+    (run / "config.toml").write_text(config.resolve("cfa-t1-at").to_toml())
+    return run
+
+
 def test_fig4_compares_sec_3_3_numbers_at_the_best_and_the_fairer_epoch(tmp_path, drawn):
     # best overall at epoch 2 (avg 56, worst 20); highest avg + worst at epoch 3 (53.5 + 40)
     pgd = np.array([[30] * 10, [60] * 9 + [20], [55] * 9 + [40], [52] * 9 + [10], [40] * 10], dtype=float)
     fawa = [None, None, [45] * 10, [46] * 9 + [40], [47] * 10]  # averaged from epoch 3
-    runs = {"cfa-t1-at": [_run(tmp_path, "at", {"pgd10": pgd})],
+    runs = {"cfa-t1-at": [_at_run(tmp_path, pgd)],
             "cfa-t3-at-fawa-paper": [_run(tmp_path, "fawa", {"pgd10": pgd}, averaged={"pgd10": fawa})]}
     fr = _figure_runs(tmp_path, "cfa-f4", runs)
-    got = {(c.row.split(": ", 1)[1], c.paper): c.ours for c in cfa.fig4(fr)}
+    comparisons = cfa.fig4(fr)
+    got = {(c.row.split(": ", 1)[1], c.paper): c.ours for c in comparisons}
     assert got == {("the epoch of the highest overall robustness (epoch 108)", 53.2): [56.0],
                    ("that epoch's worst class", 23.5): [20.0],
                    ("the fairer checkpoint (epoch 110; ours: highest avg + worst)", 52.6): [53.5],
                    ("the fairer checkpoint's worst class", 28.1): [40.0]}
+    # ours are on the validation split, the paper's on its test set: with no test record to count the paper's
+    # images, the binomial term the two splits add is unknown, and the verdict says so
+    assert all(math.isnan(c.image_sd) and c.interval is None for c in comparisons)
     _pngs_ok(fr, ["a", "b"])
     (_, (epochs, lines, *_)), (_, (fawa_epochs, fawa_lines, *_)) = drawn
     assert epochs == [1, 2, 3, 4, 5] and lines["worst class: change from the epoch before"][0] == [0, 10, 20, 30, 30]
@@ -129,7 +141,7 @@ def test_fig4_compares_sec_3_3_numbers_at_the_best_and_the_fairer_epoch(tmp_path
 
 def test_fig4_says_when_no_epoch_passed_fawas_threshold(tmp_path, drawn):
     pgd = np.array([[30] * 9 + [0]] * EPOCHS, dtype=float)  # the worst class never above 0.2: nothing averaged
-    runs = {"cfa-t1-at": [_run(tmp_path, "at", {"pgd10": pgd})],
+    runs = {"cfa-t1-at": [_at_run(tmp_path, pgd)],
             "cfa-t3-at-fawa-paper": [_run(tmp_path, "fawa", {"pgd10": pgd + 1}, averaged={"pgd10": [None] * 5})]}
     cfa.fig4(_figure_runs(tmp_path, "cfa-f4", runs))
     (_, (epochs, lines, title, *_)) = drawn[1]
@@ -206,8 +218,8 @@ def test_fig6_compares_the_spread_of_class_wise_robustness(tmp_path, drawn):
     ema = [70.0] * 5 + [30.0] * 5  # std of [0.7 x5, 0.3 x5] = 0.2
     cfa_acc = [60.0] * 5 + [40.0] * 5  # 0.1
     fr = _fig6_runs(tmp_path, ema, cfa_acc)
-    got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.margin, c.floor) for c in cfa.fig6(fr)}
-    # a std of accuracies is no accuracy over images: no binomial floor
+    got = {c.row.rsplit(", ", 1)[1]: (c.paper, c.ours, c.margin, c.image_sd) for c in cfa.fig6(fr)}
+    # a std of accuracies is no accuracy over images: no binomial term
     assert got == {"AT + CFA": (0.15, [pytest.approx(0.1)], 0.02, 0.0),
                    "AT + EMA": (0.17, [pytest.approx(0.2)], 0.02, 0.0)}
     _pngs_ok(fr, [""])

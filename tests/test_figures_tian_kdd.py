@@ -65,8 +65,9 @@ def test_fig1_draws_a_panel_per_data_set_that_ran_and_compares_the_texts_gaps(tm
     fr = _figure_runs(tmp_path, "tian-kdd-f1", runs, records)
     got = tian_kdd.fig1(fr)
     assert [(c.paper, c.ours, c.margin) for c in got] == [(6.0, [4.0], 5.0), (45.0, [30.0], 5.0)]
-    # a gap's two classes are not named: the floor takes the largest binomial error, q = 1/2, on 15 images a class
-    assert got[0].floor == pytest.approx(math.sqrt(2) * 50 / math.sqrt(15))
+    # the subset scale's test images are a part of the paper's: a gap's two classes are not named, so the binomial
+    # term takes the largest error, q = 1/2, on 15 images a class
+    assert got[0].image_sd == pytest.approx(math.sqrt(2) * 50 / math.sqrt(15))
     assert "Fig. 1(a) MNIST" in got[0].row and "last" in got[0].row and "widest" in got[1].row
     assert [p.name for p in fr.pngs] == ["tian-kdd-f1-a-mnist.png", "tian-kdd-f1-b-cifar-10.png"]
     assert all(p.is_file() for p in fr.pngs)

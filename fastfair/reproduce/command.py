@@ -232,16 +232,17 @@ def reproduce(table: str | None, *, seeds: int | None = None, data_dir: str = ""
             # each row's own classes: a table may span data sets (Tian et al. KDD Table 5)
             any_classes = next(recs[0]["classes"] for recs in records.values())
             comparisons = []
+            whole = scale == "full"  # the full scale evaluates the paper's test images; the subset scale a part
             for row in tab.ordered():
                 if row.preset not in runs_for or not tab.own(row):  # left out at this scale (the notes say why),
                     continue  # or a row a figure reuses: its numbers are its own table's
                 recs = records.get(row.preset, [])
                 classes = recs[0]["classes"] if recs else any_classes
-                comparisons += compare_row(row, recs, comparable, classes, runs_for[row.preset])
+                comparisons += compare_row(row, recs, comparable, classes, runs_for[row.preset], whole)
                 if row.last and row.table == tab.number:  # its own table prints the last epoch's numbers too
                     last = dataclasses.replace(row, numbers=row.last, row=f"{row.row} (last epoch)")
                     comparisons += compare_row(last, lasts.get(row.preset, []), comparable, classes,
-                                               runs_for[row.preset])
+                                               runs_for[row.preset], whole)
             banner = (f"**Checkpoints selected on the test set** (--paper-selection: {_on_test(tab)}), as the paper "
                       "did: the test images that give the numbers below also chose the checkpoint.\n"
                       if paper_selection else "")

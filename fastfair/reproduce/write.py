@@ -18,18 +18,22 @@ from fastfair.reports import figures  # noqa: E402
 from fastfair.reports.report import write_report  # noqa: E402
 from fastfair.reproduce.paper import PAPERS, SPREAD, PaperRow, protocol_title  # noqa: E402
 from fastfair.reproduce.tables import Table  # noqa: E402
-from fastfair.reproduce.verdict import (AGREES, DIFFERENCE, EQUIVALENCE, HIGHER, LOWER, NOT_COMPARABLE,  # noqa: E402
-                                        UNDECIDED, Comparison, rho_rows)
+from fastfair.reproduce.verdict import (AGREES, CANNOT_TELL, DIFFERENCE, EQUIVALENCE, HIGHER, LOWER,  # noqa: E402
+                                        NO_SPREAD, NOT_COMPARABLE, ONE_SEED, UNCOUNTED, UNDECIDED, Comparison,
+                                        rho_rows)
 from fastfair.rundir import write_text_atomic  # noqa: E402
 
 # colour and marker per verdict: the shape alone tells higher from lower in grey print
 STYLE = {AGREES: ("tab:green", "o"), HIGHER: ("tab:orange", "^"), LOWER: ("tab:red", "v"),
-         UNDECIDED: ("tab:blue", "D"), NOT_COMPARABLE: ("tab:grey", "o")}
+         UNDECIDED: ("tab:blue", "D"), NOT_COMPARABLE: ("tab:grey", "o"),
+         **dict.fromkeys((CANNOT_TELL, ONE_SEED, NO_SPREAD, UNCOUNTED), ("tab:purple", "s"))}
 RULE = (f"A number **agrees** when the {EQUIVALENCE:.0%} interval of ours − paper lies within ± the margin (two "
         f"one-sided tests at 5 %); it is **higher** or **lower** when the {DIFFERENCE:.0%} interval excludes 0, and "
-        f"**{UNDECIDED}** otherwise. The interval comes from both sides' seed counts and stds (pooled, Student's t), "
-        "its sigma never below the binomial error of the test images behind the number "
-        "(fastfair's docs/reproduce.md, section Verdicts, derives it).")
+        f"**{UNDECIDED}** otherwise. The interval comes from the spreads the two sides measured (ours over two seeds "
+        "or more; the paper's printed std): Student's t with the stds pooled, or Welch's where both measured one, "
+        "whichever is wider, plus the binomial error of the test images only where ours scored other images than the "
+        f"paper's. Where no spread was measured there is no test: **{CANNOT_TELL}**, and the verdict says why "
+        "(fastfair's docs/reproduce.md, section Verdicts, derives the rule and states what it guarantees).")
 
 
 def _cell(value: float | None, signed: bool = False) -> str:
@@ -37,15 +41,22 @@ def _cell(value: float | None, signed: bool = False) -> str:
 
 
 def numbers_table(comparisons: list[Comparison]) -> str:
-    lines = ["| row | preset | attack | number | paper (runs, std) | ours (mean ± std, seeds) | ours − paper | "
-             f"{DIFFERENCE:.0%} interval | margin | verdict |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| row | preset | attack | number | paper (runs, std) | ours (mean ± std, seeds) | ours, "
+             f"{DIFFERENCE:.0%} t interval | ours − paper | its {DIFFERENCE:.0%} interval | margin | verdict |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for c in comparisons:
-        paper = f"{c.paper:.2f} ({c.paper_n}" + (f", ± {c.paper_std:.2f})" if c.paper_std is not None else ")")
+        paper = f"{c.paper:.2f} ({c.paper_n}" + (f", ± {c.paper_std:.{c.paper_decimals}f})"
+                                                 if c.paper_std is not None else ")")
         ours = _cell(c.mean) + (f" ± {c.std:.2f}" if c.std is not None else "") + f" ({len(c.ours)})"
-        interval = "-" if c.interval is None else f"[{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]"
-        lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {paper} | {ours} | {_cell(c.diff, True)} | "
-                     f"{interval} | ±{c.margin:g} ({c.margin_from}) | {c.verdict} |")
+        lines.append(f"| {c.row} | `{c.preset}` | {c.attack} | {c.stat} | {paper} | {ours} | "
+                     f"{_interval(c.ours_interval)} | {_cell(c.diff, True)} | {_interval(c.interval, True)} | "
+                     f"±{c.margin:g} ({c.margin_from}) | {c.verdict} |")
     return "\n".join(lines)
+
+
+def _interval(bounds: tuple[float, float] | None, signed: bool = False) -> str:
+    """``[low, high]`` to two decimals ('-' where there is none: one seed, or no test)."""
+    return "-" if bounds is None else f"[{_cell(bounds[0], signed)}, {_cell(bounds[1], signed)}]"
 
 
 def rho_table(table: Table, comparisons: list[Comparison]) -> str:
@@ -121,8 +132,9 @@ def _half(c: Comparison) -> float:
 
 def _verdict_handles(comparisons: list[Comparison]) -> list:
     """A legend entry per verdict shown, and one saying what the bar on ours is."""
-    return [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}")
-            for v in dict.fromkeys(c.verdict for c in comparisons if c.mean is not None)] + \
+    shown = dict.fromkeys(v.partition(":")[0] if v.startswith(CANNOT_TELL) else v  # one entry, its reasons in the table
+                          for v in (c.verdict for c in comparisons if c.mean is not None))
+    return [plt.Line2D([], [], marker=STYLE[v][1], ls="", color=STYLE[v][0], label=f"ours: {v}") for v in shown] + \
         [plt.Line2D([], [], marker="|", ms=8, color="0.3", label="bar: 95 % interval of ours − paper")]
 
 

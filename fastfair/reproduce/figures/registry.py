@@ -111,23 +111,39 @@ class FigureRuns:
         return next((np.asarray(result["confusion"], dtype=float).sum(axis=1) for records in self.records.values()
                      for record in records for result in record["results"].values() if "confusion" in result), None)
 
+    @property
+    def whole_test_set(self) -> bool:
+        """Whether the runs were evaluated on the paper's test images: the full scale's whole test split (the subset
+        scale's is a part of it)."""
+        return self.scale == "full"
+
     def number(self, what: str, stat: str, paper: float, ours: list[float], kind: str = "class",
-               margin: float | None = None, accuracy: bool = True) -> Comparison:
+               margin: float | None = None, accuracy: bool = True, other_split: int = 0) -> Comparison:
         """One number the paper states (``what``: where, e.g. "Sec. 2.2, cat under PGD-10"; ``stat``: its label)
         beside ours, one value per seed; the tables' margin for ``kind`` (avg, worst, class, mcd) unless the drawer
-        gives one and says why in its docstring. Its noise floor is the binomial error over the test images of
-        a class (all of them for ``avg``; an ``mcd``'s two classes, unnamed, at the largest error, q = 1/2), at the
-        mean of the paper's value and ours; none where the number is not an ``accuracy`` over images (a std)."""
-        floor, per_class = 0.0, self.images() if accuracy and ours else None
-        if per_class is not None:
-            if kind == "mcd":
-                floor = float(np.sqrt(2) * binomial_sd(50.0, per_class.mean()))
-            else:
-                floor = float(binomial_sd((paper + float(np.mean(ours))) / 2,
-                                          per_class.sum() if kind == "avg" else per_class.mean()))
+        gives one and says why in its docstring. ``other_split``: ours are over that many images a class of another
+        split than the paper's test set (CFA's validation split). The binomial error of the sides' different images
+        (:func:`~fastfair.reproduce.verdict.binomial_sd`, at the mean of the paper's value and ours; an ``mcd``'s two
+        classes, unnamed, at the largest error, q = 1/2): none where ours scored the paper's test images, ours alone
+        where they scored a part of them (the subset scale), ours and the paper's where they scored another split;
+        none where the number is not an ``accuracy`` over images (a std); NaN where no confusion matrix counts
+        them."""
+        image_sd = 0.0
+        if accuracy and ours and (other_split or not self.whole_test_set):
+            test = self.images()  # the test images a class behind the records (the paper's, at the full scale)
+            image_sd = float("nan") if test is None else float(np.sqrt(sum(
+                self._binomial(kind, paper, ours, n, len(test)) ** 2
+                for n in ((other_split, test.mean()) if other_split else (test.mean(),)))))
         return Comparison(self.key, what, "", stat, paper, list(ours),
                           default_margin(kind, paper) if margin is None else margin,
-                          "default" if margin is None else "figure", self.comparable, floor=floor)
+                          "default" if margin is None else "figure", self.comparable, image_sd=image_sd)
+
+    @staticmethod
+    def _binomial(kind: str, paper: float, ours: list[float], per_class: float, classes: int) -> float:
+        """The binomial error of one side's number of ``kind`` over ``per_class`` images a class (:meth:`number`)."""
+        if kind == "mcd":
+            return float(np.sqrt(2) * binomial_sd(50.0, per_class))
+        return float(binomial_sd((paper + float(np.mean(ours))) / 2, per_class * (classes if kind == "avg" else 1)))
 
 
 @dataclass(frozen=True)
