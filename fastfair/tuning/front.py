@@ -307,7 +307,7 @@ def common_slice(records_by_contender: dict[str, list[dict]], at: float | None =
         why = (f"the smallest of the contenders' best validation averages ({low}: {bests[low]:.1f}) less "
                f"{SLICE_BELOW:g} point")
     else:
-        why = "given"
+        why = "--at-avg"
     rule = Rule(f"worst@avg>={at:.1f}", "worst", "avg", floor=at)
     picks = {c: rule.pick(f) for c, f in fronts.items()}
     base = next((c for c, p in picks.items() if p is not None), "")

@@ -618,14 +618,18 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
          config_name: str | None = None, data_dir: str | None = None, sets: list[str] | None = None,
          quick: int | None = None, trials: int | None = None, epochs_budget: int | None = None,
          time_budget: str | None = None, space: str | None = None, storage: str | None = None, seed: int = 0,
-         rule: str = "worst@avg-1", workers: int = 1, gpus: str = "auto", prune_after: int | None = None,
-         prune: bool = True, show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> Path:
+         rule: str = "worst@avg-1", at_avg: float | None = None, workers: int = 1, gpus: str = "auto",
+         prune_after: int | None = None, prune: bool = True, show: bool = False, worker: bool = False,
+         quiet: bool = False, echo=print) -> Path:
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
     the final fronts on the test set and write the comparison; returns the study folder. ``worker``: only work
-    trials (SLURM arrays); ``show``: print the front and comparison from the storage."""
+    trials (SLURM arrays); ``show``: print the front and comparison from the storage; ``at_avg``: the common average
+    of the comparison's worst-class slice."""
     say = (lambda *_: None) if quiet else echo
     _optuna()  # an optional dependency: missing, it is said before any check or folder
     parse_rule(rule)  # a bad rule is refused before anything runs
+    if at_avg is not None and not 0 <= at_avg <= 100:
+        raise UserError(f"--at-avg takes an average accuracy in percent, 0 to 100; got {at_avg:g}")
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
     # K workers a GPU (or K on the CPU), as grid's --per-gpu: this process trains in the first slot
@@ -649,7 +653,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         if not (root / "study.toml").is_file():
             raise UserError(f"{root} holds no study yet (no study.toml)")
         st = study.storage()
-        echo(compare(study, st, rule, write=False))
+        echo(compare(study, st, rule, write=False, at=at_avg))
         return root
     spaces = check(study)
     if not worker:
@@ -675,7 +679,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         return root
     st = study.storage()
     evaluate_front(study, st, say)
-    text = compare(study, st, rule, write=True)
+    text = compare(study, st, rule, write=True, at=at_avg)
     say("\n" + text + f"\n\nwritten: {root / 'comparison.md'}, {root / 'fronts.png'}")
     return root
 
