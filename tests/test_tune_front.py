@@ -185,24 +185,37 @@ def test_validation_noise_alone_no_longer_picks_the_point_the_test_set_found_dom
     assert front == [b, a]
     assert rule.leader(front) is b  # the rule on point values alone: the 10-point step of one image decides
     assert rule.tied(front) == [b, a] and rule.pick(front) is a  # within noise: the better-measured average decides
+    md = comparison_markdown({"trades": [a, b]}, rule)
+    assert "the validation split cannot tell trials 0, 1 apart on worst-class accuracy, so the pick is the one of " \
+           "highest average accuracy" in md and "| 0 (pick) |" in md
     # where the split can tell the worst classes apart (1,000 images a class), the fairer point is still picked
     a, b = measured(0, [900] + [800] * 8 + [300], n=1000), measured(1, [800] * 8 + [700, 400], n=1000)
     assert rule.pick(pareto([a, b])) is b
     assert "by less than chance gives" in rule.explain() and "highest average accuracy wins" in rule.explain()
 
 
+def _dominated_picks(pa, pb, draws=200, n=100) -> tuple[int, int]:
+    """How often B (per-class accuracies ``pb``, dominated by A's ``pa``) is picked over ``draws`` validation draws
+    of ``n`` images a class: by the point values alone (Rule.leader), and by the rule."""
+    rng, rule = np.random.default_rng(0), parse_rule("worst@avg-1")
+    old = new = 0
+    for _ in range(draws):
+        front = pareto([measured(0, rng.binomial(n, pa), n=n), measured(1, rng.binomial(n, pb), n=n)])
+        old += rule.leader(front)["number"] == 1
+        new += rule.pick(front)["number"] == 1
+    return old, new
+
+
 def test_over_many_validation_draws_the_rule_picks_a_model_dominated_on_average_less_often():
     # model A is 2 points more accurate than B on 9 classes and as accurate on the weakest (avg 76.3 vs 74.5, worst
     # 45 both): B is dominated, and a pick of B is the noise of the worst class, which 100 validation images a class
     # (CIFAR-10's split) resolve to about +-10 points; the average, on all 1,000 images, to about +-2.7
-    pa, pb = [.82] * 9 + [.45], [.8] * 9 + [.45]
-    rng, rule = np.random.default_rng(0), parse_rule("worst@avg-1")
-    old = new = 0
-    for _ in range(200):
-        front = pareto([measured(0, rng.binomial(100, pa), n=100), measured(1, rng.binomial(100, pb), n=100)])
-        old += rule.leader(front)["number"] == 1
-        new += rule.pick(front)["number"] == 1
-    assert old >= 35 and new <= 0.7 * old, (old, new)
+    old, new = _dominated_picks([.82] * 9 + [.45], [.8] * 9 + [.45])
+    assert old >= 35 and new <= 0.7 * old, (old, new)  # docs/tune.md: 48 and 25 of 200
+    # the price, as docs/tune.md says: B dominated only by 5 points in its weakest class, which the average hardly
+    # sees, is picked somewhat more often (62 and 72 of 200)
+    old, new = _dominated_picks([.8] * 9 + [.45], [.8] * 9 + [.40])
+    assert new >= old, (old, new)
 
 
 def test_ties_need_intervals_on_both_sides():

@@ -438,6 +438,12 @@ def _sections(records_by_contender: dict[str, list[dict]], rule: Rule, paper_poi
         notes = [f"trial{'s' * (len(v) > 1)} {', '.join(map(str, v))} reached trial {k}'s validation point and "
                  f"{'are' if len(v) > 1 else 'is'} not listed (equal points keep the lowest trial number)"
                  for k, v in sorted(same.items()) if k in on_front]
+        tied = rule.tied(front)
+        if len(tied) > 1:
+            numbers = ", ".join(str(n) for n in sorted(r["number"] for r in tied))
+            notes.append(f"the validation split cannot tell trials {numbers} apart "
+                         f"on {NAMES[rule.best]} accuracy, so the pick is the one of highest "
+                         f"{NAMES[TIE_BREAK[rule.best]]} accuracy (the rule below)")
         points = (paper_points or {}).get(contender, [])
         papers = [f"{p['label']}: avg {p['avg']:.1f}, worst {p['worst']:.1f} (test, "
                   f"{attack_name(p.get('attack', ''))}, {p.get('model', '?')})" for p in points if not p.get("differs")]
