@@ -285,7 +285,6 @@ class Slice:
 
     threshold: float | None
     why: str  # how the threshold was set
-    rule: Rule | None
     picks: dict[str, dict | None]
     base: str  # the contender the others are compared with ('' for none)
     # contender -> attack -> {"avg": (d, lo, hi), "worst": (d, lo, hi)}, or a sentence saying why there is none
@@ -300,7 +299,7 @@ def common_slice(records_by_contender: dict[str, list[dict]], at: float | None =
     fronts = {c: pareto(rs) for c, rs in records_by_contender.items()}
     bests = {c: max(_point(r)[0] for r in f) for c, f in fronts.items() if f}
     if not bests:
-        return Slice(None, "no contender has a front yet", None, {c: None for c in fronts}, "")
+        return Slice(None, "no contender has a front yet", {c: None for c in fronts}, "")
     if at is None:
         low = min(bests, key=bests.get)
         at = bests[low] - SLICE_BELOW
@@ -313,7 +312,7 @@ def common_slice(records_by_contender: dict[str, list[dict]], at: float | None =
     base = next((c for c, p in picks.items() if p is not None), "")
     differences = {c: {a: _paired(p, picks[base], a) for a in _test_attacks([p, picks[base]])}
                    for c, p in picks.items() if p is not None and c != base}
-    return Slice(at, why, rule, picks, base, differences)
+    return Slice(at, why, picks, base, differences)
 
 
 def _paired(a: dict, b: dict, attack: str) -> dict | str:
