@@ -328,7 +328,7 @@ def _epochs_saved(out: Path) -> int:
 # ---- tuning ----------------------------------------------------------------------------------------
 
 TUNE_OPTIONS = ("out", "data_dir", "sets", "quick", "trials", "epochs_budget", "time_budget", "space", "storage",
-                "seed", "rule", "workers", "gpus", "prune_after", "prune")
+                "seed", "rule", "at_avg", "workers", "gpus", "prune_after", "prune")
 
 
 @stopping.says("the study's trial stopped with it and resumes in its run folder; call it again to go on")

@@ -505,6 +505,9 @@ def tune(
     seed: Annotated[int, typer.Option(help="the samplers' seed")] = 0,
     rule: Annotated[str, typer.Option(help="the point picked on each front: worst@avg-D, avg@worst-D, avg, worst, "
                                            "sum")] = "worst@avg-1",
+    at_avg: Annotated[Optional[float], typer.Option(
+        metavar="A", help="the common validation average at which the comparison sets each contender's best worst "
+                          "class side by side (default: the smallest of their best averages less 1)")] = None,
     workers: Annotated[int, typer.Option(help="worker processes on this machine, per GPU of --gpus (on the CPU: in "
                                               "all), sharing the study's storage")] = 1,
     gpus: Annotated[str, typer.Option(help="comma-separated GPU ids, 'cpu', or auto (all visible GPUs, else the "
@@ -523,7 +526,8 @@ def tune(
     with stopping.says(RUNS_RESUME.format(what="study")):
         run_tune(study, methods=methods, out=out, config_name=config, data_dir=data_dir, sets=sets, quick=quick,
                  trials=trials, epochs_budget=epochs_budget, time_budget=time_budget, space=space, storage=storage,
-                 seed=seed, rule=rule, workers=workers, gpus=gpus, prune_after=prune_after, prune=not no_prune,
+                 seed=seed, rule=rule, at_avg=at_avg, workers=workers, gpus=gpus, prune_after=prune_after,
+                 prune=not no_prune,
                  show=show, worker=worker, quiet=quiet)
     return 0
 

@@ -106,8 +106,9 @@ def test_trials_are_compared_on_their_running_means_up_to_the_epoch():
     assert hopeless(tuple(unlucky[-1]), others) and not hopeless(running(unlucky, 2), others)
 
 
-def test_prune_after_is_checked(capsys):
+def test_prune_after_and_at_avg_are_checked(capsys):
     assert "--prune-after takes an epoch" in _error(capsys, "--methods", "trades", "--prune-after", 0)
+    assert "--at-avg takes an average accuracy" in _error(capsys, "--methods", "trades", "--at-avg", 120)
     assert "--no-prune" in _error(capsys, "--methods", "trades", "--prune-after", 2, "--no-prune")
 
 
@@ -131,15 +132,16 @@ def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(
         assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
         tested = {n for n in (0, 1) if (out / "trials" / label / f"{n:04d}" / "tune-test.json").is_file()}
         assert tested == {int(k.split("/")[1]) for k in study.user_attrs}  # recorded where written
-        # only the front's points saw the test set; none of the others has a test evaluation
-        assert tested and all(bool(list((out / "trials" / label / f"{n:04d}" / "eval").glob("*-test.json")))
-                              == (n in tested) for n in (0, 1))
+        # only the front's points saw the test set: the others have no test record and no test evaluation
+        assert tested and not list(out.glob(f"trials/{label}/*/eval/*-test.json"))
+        assert study.metric_names == ["val avg (fgsm)", "val worst (fgsm)"]
+    assert "## Worst class at a common average" in text and "validation split: 100 images (10 a class)" in text
     shown = _tune(out, "--show")  # from the storage, at any time
     assert shown.returncode == 0 and "picks:" in shown.stdout and "mart" in shown.stdout, shown.stderr
-    stamps = {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/eval/*-test.json")}
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/tune-test.json")}
     again = _tune(out, "--quiet")
     assert again.returncode == 0, again.stderr
-    assert {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/eval/*-test.json")} == stamps  # not again
+    assert {p: p.stat().st_mtime_ns for p in out.glob("trials/*/*/tune-test.json")} == stamps  # not again
 
 
 @pytest.mark.slow

@@ -32,6 +32,9 @@ FIELDS = ("low", "high", "scale", "choices", "source")
 # The weight-averaging flags (--ema, --fawa) switch on no option section; what they read are these train keys, which a
 # space file may search (CFA sweeps neither decay nor threshold, so they get no default range)
 AVERAGING_KEYS = {"ema": ("train.avg_decay",), "fawa": ("train.avg_decay", "train.avg_threshold")}
+# the train flags a contender may add after '+', as the config keys they set (fastfair train --ccm ...)
+FLAGS = {"ccm": {"ccm.enabled": True}, "ccr": {"ccr.enabled": True}, "ema": {"train.averaging": "ema"},
+         "fawa": {"train.averaging": "fawa"}}
 FORM = ('a space file holds tables such as [space."method.kl_weight"] low = 1 high = 20 scale = "log" '
         '(or choices = [...])')
 
@@ -86,6 +89,14 @@ def default_space(method: str, options: Sequence[str] = ()) -> dict[str, Tune]:
     if not space:
         raise UserError(_no_space(method, options))
     return space
+
+
+def fixed_keys(method: str, options: Sequence[str] = ()) -> list[str]:
+    """The keys the contender reads that no declared range searches (the options' ``enabled`` switches left out: the
+    contender's flags set them): what makes a paper's run another variant of the method (label smoothing, a code's
+    loss normalisation) rather than another point of its space."""
+    searched = _declared(method, options)
+    return [key for key in _readable(method, options) if key not in searched and not key.endswith(".enabled")]
 
 
 def _no_space(method: str, options: Sequence[str]) -> str:

@@ -46,15 +46,13 @@ from fastfair.rundir import (RunDir, load_checkpoint, read_json, read_toml, writ
 from fastfair.scaleout.grid import Grid, toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus, slot_envs
-from fastfair.evaluation.per_class import evaluate_checkpoint
 from fastfair.methods import METHODS
 from fastfair.suggest import hint
-from fastfair.tuning.front import comparison_markdown, comparison_text, draw_fronts, paper_points, pareto, parse_rule
-from fastfair.tuning.space import default_space, describe, load_space, suggest
+from fastfair.tuning.front import (comparison_markdown, comparison_text, draw_fronts, images_of_counts,
+                                   paper_points, pareto, parse_rule, summarize)
+from fastfair.tuning.scoring import test_record
+from fastfair.tuning.space import FLAGS, default_space, describe, load_space, suggest
 
-# the train flags a contender may add after '+', as the config keys they set (fastfair train --ccm ...)
-FLAGS = {"ccm": {"ccm.enabled": True}, "ccr": {"ccr.enabled": True}, "ema": {"train.averaging": "ema"},
-         "fawa": {"train.averaging": "fawa"}}
 BUDGETS = ("trials", "epochs", "time")
 POLL_S = 0.5  # how often a worker reads its trial's metrics.jsonl and looks for others' dead trials
 # --prune-after's default: judge a trial from half of its epochs on, when the rate and the per-class vectors of the
@@ -168,9 +166,23 @@ class Study:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
     def optuna_study(self, contender: Contender, storage, sampler=None):
-        return _optuna().create_study(storage=storage, sampler=sampler, load_if_exists=True,
-                                      study_name=f"{self.settings.name}:{contender.label}",
-                                      directions=["maximize", "maximize"])
+        """The contender's Optuna study, its objectives named (``metric_names``: what optuna-dashboard and
+        ``trials_dataframe`` show)."""
+        optuna = _optuna()
+        ostudy = optuna.create_study(storage=storage, sampler=sampler, load_if_exists=True,
+                                     study_name=f"{self.settings.name}:{contender.label}",
+                                     directions=["maximize", "maximize"])
+        if ostudy.metric_names is None:
+            attack = self.trial_config(contender).train.val_attack
+            with warnings.catch_warnings():  # experimental in Optuna since 3.2
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                ostudy.set_metric_names([f"val avg ({attack})", f"val worst ({attack})"])
+        return ostudy
+
+    def trial_config(self, contender: Contender) -> config.Config:
+        """The config every trial of ``contender`` shares (its sampled keys at their defaults)."""
+        return config.resolve(self.settings.config or None, None,
+                              [f"{k}={toml_value(v)}" for k, v in self.base_sets(contender).items()])
 
     def run_dir(self, contender: Contender, number: int) -> Path:
         return self.root / "trials" / contender.label / f"{number:04d}"
@@ -298,16 +310,34 @@ def _curve(run: Path, attack: str) -> list[list[float]]:
 
 
 # ---- one trial ------------------------------------------------------------------------------------
-def objectives(run: Path, cfg: config.Config) -> dict[str, float]:
+def objectives(run: Path, cfg: config.Config) -> dict[str, Any]:
     """Validation avg and worst under train.val_attack of the checkpoint the run selects (the averaged model's when
-    one exists), and its clean validation accuracy, in percent."""
+    one exists), with their 95 % intervals from its per-class counts (:func:`fastfair.tuning.front.summarize`), the
+    split's size and its clean validation accuracy, in percent."""
     rd = RunDir(run)
     averaged = rd.selected_checkpoint(cfg.train.select, averaged=True)
     path = averaged if averaged.is_file() else rd.selected_checkpoint(cfg.train.select)
     ck = load_checkpoint(path, needs=("epoch", "val_robust"))
     line = rd.read_metrics()[ck["epoch"] - 1]
-    clean = (line["average"] if averaged.is_file() else line)["val"]["clean"]["avg"]
-    return {"avg": float(ck["val_robust"]["avg"]), "worst": float(ck["val_robust"]["worst"]), "clean": float(clean)}
+    val = (line["average"] if averaged.is_file() else line)["val"]
+    out = {"avg": float(ck["val_robust"]["avg"]), "worst": float(ck["val_robust"]["worst"]),
+           "clean": float(val["clean"]["avg"]), "attack": cfg.train.val_attack}
+    counts = val_counts(val[cfg.train.val_attack]["per_class"], cfg.data.val_per_class)
+    if counts:
+        present = [n for n in counts[1] if n]
+        out.update(images=sum(present), per_class=[min(present), max(present)],
+                   ci=summarize(*images_of_counts(*counts), len(counts[1]))["ci"])
+    return out
+
+
+def val_counts(per_class: list, images: int) -> tuple[list[int], list[int]] | None:
+    """(correct, total) per class from a validation's per-class accuracies (%; None for an absent class) on
+    ``images`` images a class (``data.val_per_class``: the split takes that many of every class); None where an
+    accuracy is not a whole number of images (a split of another size)."""
+    correct = [0 if a is None else a * images / 100.0 for a in per_class]
+    if any(abs(k - round(k)) > 1e-6 for k in correct):
+        return None
+    return [round(k) for k in correct], [0 if a is None else images for a in per_class]
 
 
 def _held(path: Path) -> bool:
@@ -433,8 +463,7 @@ def run_trial(study: Study, contender: Contender, ostudy, trial, space: dict, ec
 
 # ---- workers --------------------------------------------------------------------------------------
 def _epochs(study: Study, contender: Contender) -> int:
-    return config.resolve(study.settings.config or None, None, [f"{k}={toml_value(v)}" for k, v in
-                                                                 study.base_sets(contender).items()]).train.epochs
+    return study.trial_config(contender).train.epochs
 
 
 def work(study: Study, spaces: dict[str, dict], echo=print, env: dict | None = None) -> None:
@@ -511,58 +540,77 @@ def records(study: Study, storage) -> list[dict]:
         for t in live_trials(ostudy.get_trials(deepcopy=False)):
             if t.state.name not in STATES:
                 continue
-            out.append({"contender": c.label, "number": t.user_attrs.get("run_number", t.number),
-                        "params": dict(t.params), "state": STATES[t.state.name],
+            number = t.user_attrs.get("run_number", t.number)
+            out.append({"contender": c.label, "number": number, "params": dict(t.params),
+                        "state": STATES[t.state.name],
                         "val": t.user_attrs.get("val", {"avg": math.nan, "worst": math.nan, "clean": None}),
-                        "test": tested.get(_test_attr(t.user_attrs.get("run_number", t.number))),
-                        "run": t.user_attrs.get("run", "")})
+                        "test": _current(tested.get(_test_attr(number))), "run": t.user_attrs.get("run", "")})
     return out
 
 
 def _test_attr(number: int) -> str:
-    """The study attribute holding a front trial's test result (Optuna freezes a finished trial's own)."""
+    """The study attribute holding a front trial's test result: Optuna refuses to change a finished trial
+    (``check_trial_is_updatable``), and a trial is known to be on the final front only after every trial finished."""
     return f"test/{number:04d}"
 
 
+def _current(test: dict | None) -> dict | None:
+    """A stored test record in :mod:`fastfair.tuning.front`'s form; one of an older fastfair (one attack's avg and
+    worst, no intervals, no images) as far as it goes: its attack's two numbers."""
+    if test is None or "attacks" in test:
+        return test
+    return {"clean": test.get("clean"), "attacks": {test["attack"]: {"avg": test["avg"], "worst": test["worst"]}},
+            "older": True}
+
+
+def test_attacks(cfg: config.Config) -> list[str]:
+    """The attacks the final fronts are tested under: the validation's (the fronts' own axis), the first robust
+    evaluation attack, and AutoAttack where ``eval.attacks`` asks for it."""
+    robust = [a for a in cfg.eval.attacks if a != "clean"]
+    return list(dict.fromkeys([cfg.train.val_attack, *robust[:1], *(["aa"] if "aa" in robust else [])]))
+
+
 def evaluate_front(study: Study, storage, echo) -> None:
-    """Evaluate each contender's front on the test set, once: a trial with a test record keeps it."""
+    """Evaluate each contender's front on the test set, once (:func:`fastfair.tuning.scoring.test_record`): a trial
+    with a test record keeps it; one whose record an older fastfair wrote (no intervals, no images) is evaluated
+    again, which the test set's role allows (it still chooses nothing)."""
     for c in study.settings.contenders():
         ostudy = study.optuna_study(c, storage)
         for rec in pareto([r for r in records(study, storage) if r["contender"] == c.label]):
-            if rec["test"] is not None:
+            if rec["test"] is not None and not rec["test"].get("older"):
                 continue
             run = RunDir(rec["run"])
             saved = run.path / "tune-test.json"
-            if saved.is_file():
-                test = read_json(saved)["test"]
-            else:
+            test = read_json(saved)["test"] if saved.is_file() else None
+            if test is None or "attacks" not in test:
+                if test is not None:
+                    echo(f"{c.label} #{rec['number']}: its test record predates intervals and per-image results; "
+                         "testing it again")
                 cfg = config.load_run(run.path)
-                attack = next(a for a in cfg.eval.attacks if a != "clean")
                 averaged = run.selected_checkpoint(cfg.train.select, averaged=True)
                 ck = averaged if averaged.is_file() else run.selected_checkpoint(cfg.train.select)
-                result = evaluate_checkpoint(ck, attacks=cfg.eval.attacks, split="test", device=cfg.train.device,
-                                             quiet=True, per_class=cfg.data.test_per_class or None)
-                summary = result["results"][attack]["summary"]
-                clean = result["results"].get("clean", {}).get("summary", {}).get("avg")
-                test = {"avg": summary["avg"], "worst": summary["worst"], "clean": clean, "attack": attack}
+                test = test_record(ck, test_attacks(cfg), cfg.train.device)
                 write_json_atomic({"test": test, "checkpoint": str(ck)}, saved)
-                echo(f"{c.label} #{rec['number']}: test {attack} avg {test['avg']:.1f} worst {test['worst']:.1f}")
+                echo(f"{c.label} #{rec['number']}: test " + ", ".join(
+                    f"{a} avg {m['avg']:.1f} worst {m['worst']:.1f}" for a, m in test["attacks"].items()))
             ostudy.set_user_attr(_test_attr(rec["number"]), test)
 
 
-def compare(study: Study, storage, rule_text: str, write: bool) -> str:
-    """The comparison as terminal text (and, with ``write``, STUDY/comparison.md and STUDY/fronts.png)."""
+def compare(study: Study, storage, rule_text: str, write: bool, at: float | None = None) -> str:
+    """The comparison as terminal text (and, with ``write``, STUDY/comparison.md and STUDY/fronts.png); ``at``:
+    the common average of the worst-class slice (default: :func:`fastfair.tuning.front.common_slice`'s)."""
     rule = parse_rule(rule_text)
-    by: dict[str, list[dict]] = {c.label: [] for c in study.settings.contenders()}
+    contenders = study.settings.contenders()
+    by: dict[str, list[dict]] = {c.label: [] for c in contenders}
     for r in records(study, storage):
         by[r["contender"]].append(r)
-    cfg = config.resolve(study.settings.config or None, None,
-                         [f"{k}={toml_value(v)}" for k, v in study.base_sets(study.settings.contenders()[0]).items()])
-    papers = {label: paper_points(label, cfg.data.dataset) for label in by}
+    configs = {c.label: study.trial_config(c) for c in contenders}
+    papers = {label: paper_points(label, cfg.data.dataset, cfg) for label, cfg in configs.items()}
     if write:
-        write_text_atomic(comparison_markdown(by, rule, papers) + "\n", study.root / "comparison.md")
-        draw_fronts(by, papers, study.root / "fronts.png", attack=cfg.train.val_attack, rule=rule)
-    return comparison_text(by, rule, papers)
+        write_text_atomic(comparison_markdown(by, rule, papers, at) + "\n", study.root / "comparison.md")
+        draw_fronts(by, papers, study.root / "fronts.png", attack=configs[contenders[0].label].train.val_attack,
+                    rule=rule)
+    return comparison_text(by, rule, papers, at)
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -570,14 +618,18 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
          config_name: str | None = None, data_dir: str | None = None, sets: list[str] | None = None,
          quick: int | None = None, trials: int | None = None, epochs_budget: int | None = None,
          time_budget: str | None = None, space: str | None = None, storage: str | None = None, seed: int = 0,
-         rule: str = "worst@avg-1", workers: int = 1, gpus: str = "auto", prune_after: int | None = None,
-         prune: bool = True, show: bool = False, worker: bool = False, quiet: bool = False, echo=print) -> Path:
+         rule: str = "worst@avg-1", at_avg: float | None = None, workers: int = 1, gpus: str = "auto",
+         prune_after: int | None = None, prune: bool = True, show: bool = False, worker: bool = False,
+         quiet: bool = False, echo=print) -> Path:
     """``fastfair tune``: make or continue a study, work its trials (with ``workers`` processes), then evaluate
     the final fronts on the test set and write the comparison; returns the study folder. ``worker``: only work
-    trials (SLURM arrays); ``show``: print the front and comparison from the storage."""
+    trials (SLURM arrays); ``show``: print the front and comparison from the storage; ``at_avg``: the common average
+    of the comparison's worst-class slice."""
     say = (lambda *_: None) if quiet else echo
     _optuna()  # an optional dependency: missing, it is said before any check or folder
     parse_rule(rule)  # a bad rule is refused before anything runs
+    if at_avg is not None and not 0 <= at_avg <= 100:
+        raise UserError(f"--at-avg takes an average accuracy in percent, 0 to 100; got {at_avg:g}")
     if workers < 1:
         raise UserError(f"--workers takes a positive number; got {workers}")
     # K workers a GPU (or K on the CPU), as grid's --per-gpu: this process trains in the first slot
@@ -601,7 +653,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         if not (root / "study.toml").is_file():
             raise UserError(f"{root} holds no study yet (no study.toml)")
         st = study.storage()
-        echo(compare(study, st, rule, write=False))
+        echo(compare(study, st, rule, write=False, at=at_avg))
         return root
     spaces = check(study)
     if not worker:
@@ -627,7 +679,7 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
         return root
     st = study.storage()
     evaluate_front(study, st, say)
-    text = compare(study, st, rule, write=True)
+    text = compare(study, st, rule, write=True, at=at_avg)
     say("\n" + text + f"\n\nwritten: {root / 'comparison.md'}, {root / 'fronts.png'}")
     return root
 
