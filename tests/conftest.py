@@ -18,8 +18,9 @@
    the extras are in; a skip that names an extra's package without its install line fails that run, as such a test
    would be run by neither leg.
 5. The contributor's loop (``-m "not slow"``): every test listed in ``tests/slow.txt`` is marked slow; each test's
-   CPU seconds are measured, a test outside the slow tier over ``fast_loop.TEST_LIMIT_S`` fails the session, and
-   ``--cpu-times FILE`` records them, from which that list is made (``fast_loop``).
+   CPU seconds are measured, a test outside the slow tier over ``fast_loop.TEST_LIMIT_S`` fails the session, so does
+   a whole-suite run over ``fast_loop.SUITE_BUDGET_S``, and ``--cpu-times FILE`` records them, from which that list
+   is made (``fast_loop``).
 6. Under xdist the workers share the cores: each worker's torch, and every process its tests start, gets
    cores // workers threads (unless OMP_NUM_THREADS says otherwise). Two workers of two threads each on 2 cores
    kept OpenMP's waiting threads spinning: tests/test_train.py with -n 2 on the loaded 2-core machine took
@@ -93,10 +94,20 @@ def pytest_addoption(parser):
                      "python tests/fast_loop.py FILE --budget N makes tests/slow.txt from them)")
 
 
+def _whole_suite(config) -> bool:
+    """Whether this run is the whole suite: tests/ as pyproject's testpaths name it, nothing left out by -k, -m or
+    --deselect."""
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+            and not config.option.markexpr and not config.option.deselect)
+
+
 def pytest_configure(config):
-    """5. Each test's CPU seconds: the session fails when one outside the slow tier is over budget."""
+    """5. Each test's CPU seconds: the session fails when one outside the slow tier is over budget, or when the
+    whole suite is over its budget."""
     config.pluginmanager.register(fast_loop.CpuTimes(fast_loop.read_slow(), config.getoption("--cpu-times"),
-                                                     controller=not hasattr(config, "workerinput")),
+                                                     controller=not hasattr(config, "workerinput"),
+                                                     suite_budget=fast_loop.SUITE_BUDGET_S if _whole_suite(config)
+                                                     else None),
                                   "fastfair-cpu-times")
 
 

@@ -53,6 +53,12 @@ def stale(listed: set[str], collected: set[str]) -> set[str]:
 
 TEST_LIMIT_S = 30.0  # issue 57: no test outside the slow tier may take more CPU seconds than this
 SLOW_FROM_S = TEST_LIMIT_S / 2  # choose() lists every test dearer than this: a 2x margin below the limit
+# issue 57: the CPU seconds a whole-suite run (python -m pytest -q -n 2: no -k, -m or paths; every extra installed,
+# the slow tier included) may take. On 2 cores that is about half as many seconds of wall time plus the workers'
+# start; .ci/run's first leg (the test extra alone) runs the larger part of it. The last whole-suite measurement is
+# tests/slow.txt's header; test_fast_loop keeps this budget above it by at most half, for a slower CPU or a loaded
+# machine's CPU seconds.
+SUITE_BUDGET_S = 3200.0
 
 
 class CpuTimes:
@@ -64,11 +70,14 @@ class CpuTimes:
       (CPU seconds, not wall time: the load of a shared machine does not move them, a 2x slower CPU does, hence
       :data:`SLOW_FROM_S`'s margin), so the suite's budget holds as tests are added;
     - with ``record``, appends ``{"test", "cpu_s", "wall_s", "marked"}`` per test to that JSON-lines file
-      (``marked``: slow by its own file's marker, so out of the loop whatever the list says)."""
+      (``marked``: slow by its own file's marker, so out of the loop whatever the list says);
+    - with ``suite_budget`` (conftest gives it to a run of the whole suite), says the run's CPU seconds against it and
+      fails the session when they are over, so the suite as a whole keeps to its budget as tests are added."""
 
     def __init__(self, listed: set[str], record: str | None = None, limit: float = TEST_LIMIT_S,
-                 controller: bool = True):
+                 controller: bool = True, suite_budget: float | None = None):
         self.listed, self.limit, self.over = listed, limit, []
+        self.suite_budget, self.total = suite_budget, 0.0
         self.record = Path(record) if record else None
         self.controller = controller  # False in an xdist worker: the controller judges and records
         if self.record and self.controller:
@@ -94,6 +103,7 @@ class CpuTimes:
         if cpu is None:
             return
         slow = "slow" in report.keywords
+        self.total += cpu
         if cpu > self.limit and not slow:
             self.over.append((report.nodeid, cpu))
         if self.record:
@@ -101,8 +111,11 @@ class CpuTimes:
                 f.write(json.dumps({"test": report.nodeid, "cpu_s": cpu, "wall_s": wall,
                                     "marked": slow and report.nodeid not in self.listed}) + "\n")
 
+    def over_budget(self) -> bool:
+        return self.suite_budget is not None and self.total > self.suite_budget
+
     def pytest_sessionfinish(self, session):
-        if self.over and session.exitstatus == 0:
+        if (self.over or self.over_budget()) and session.exitstatus == 0:
             session.exitstatus = 1  # pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -111,6 +124,15 @@ class CpuTimes:
                 f"fastfair: {nodeid} took {cpu:.1f} CPU s, over the {self.limit:.0f} s a test outside the slow tier "
                 "may take: make it cheaper, or mark it slow (@pytest.mark.slow, or regenerate tests/slow.txt: "
                 "tests/fast_loop.py)", red=True)
+        if self.suite_budget is not None and self.controller:
+            if self.over_budget():
+                terminalreporter.write_line(
+                    f"fastfair: the suite took {self.total:.0f} CPU s, over its budget of {self.suite_budget:.0f} s "
+                    "(tests/fast_loop.py, SUITE_BUDGET_S): make the dearest tests cheaper (python -m pytest -q -n 2 "
+                    "--cpu-times FILE records each test's)", red=True)
+            else:
+                terminalreporter.write_line(f"fastfair: the suite took {self.total:.0f} CPU s of its budget of "
+                                            f"{self.suite_budget:.0f} s")
 
 
 _STARTED = pytest.StashKey[os.times_result]()

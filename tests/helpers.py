@@ -212,3 +212,16 @@ def run_without_some_classes(folder: Path, test_classes) -> Path:
                      "data.batch_size=16", "--set", "data.val_per_class=2", "--set", "train.lr_milestones=[]",
                      "--set", "train.progress=false", "--quiet"]) == 0
     return run
+
+
+def compile_cheaply(monkeypatch, backend: str = "aot_eager") -> None:
+    """Trainers made after this compile through Dynamo with ``backend`` rather than Inductor: the same Dynamo graphs,
+    graph breaks, guards and recompiles (Dynamo counts them before any backend runs) and, with ``aot_eager``,
+    AOTAutograd's traced backward and functionalized input mutations (BatchNorm's statistics), without Inductor's
+    code generation and C++ builds, tens of CPU seconds a graph. A test about those properties needs no more; one
+    that compares Inductor's code with eager (test_compiled_step's whole steps, test_compile) compiles for real."""
+    from fastfair import build
+
+    compiles = build.compiles
+    monkeypatch.setattr(build, "compiler", lambda cfg, dev, graphs=False:
+                        (lambda fn: torch.compile(fn, backend=backend)) if compiles(cfg, dev) else None)

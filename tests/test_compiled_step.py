@@ -3,6 +3,12 @@
 The attack's K steps compile to one graph with the input gradients inside it; the compiled
 step equals the eager one; changing per-class eps (CCM, every epoch) never recompiles; and a
 step never waits for the host (no ``.item()``, no data-dependent shapes).
+
+Graphs, graph breaks and recompiles are Dynamo's, whatever backend compiles its graphs: those tests compile with
+``aot_eager`` (helpers.compile_cheaply), tens of CPU seconds cheaper a graph. Inductor compiles where its code is what
+is compared with eager, each kind of step once: PGD-AT's fp32 steps (test_compiled_steps_track_eager_steps), the
+CUDA defaults' layout and fused SGD with ME-TRADES in fp32 and PGD-AT in bf16
+(test_cuda_defaults_together_on_a_cpu_track_fp32_eager), and its C++ wrapper.
 """
 import pytest
 import torch
@@ -11,6 +17,7 @@ from torch._inductor.graph import GraphLowering
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import common
+from helpers import compile_cheaply
 from fastfair import build, config
 from fastfair.attacks import pgd
 from fastfair.methods import METHODS
@@ -38,9 +45,13 @@ def buffers(model):
     ("fat", ()),  # FAT's code: its early stop, omega N(0, I) step noise (drawn before the descent), eval mode
     ("fat", ("method.stop_rule=cfa", "method.omega=0", "method.tau=1", "attack.bn_mode=train"))],  # CFA's FAT
     ids=["pgd-at", "trades", "fat", "fat-cfa-rule"])
-def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, method, sets):
+def test_compiled_attack_is_one_graph_equal_to_eager(tmp_path, monkeypatch, method, sets):
     """PGD-AT attacks in train-mode BN (its statistics move K times), TRADES in eval mode with the KL
-    objective, FAT with each early-stop rule (and FAT's step noise, which must come from the same draws)."""
+    objective, FAT with each early-stop rule (and FAT's step noise, which must come from the same draws).
+    Through AOTAutograd without Inductor: the graph, its guards and the traced BN updates and masks are what this
+    checks; Inductor's attack code is compared with eager inside whole steps (PGD-AT's train-mode BN:
+    test_compiled_steps_track_eager_steps; ME-TRADES' KL: test_cuda_defaults_together_on_a_cpu_track_fp32_eager)."""
+    compile_cheaply(monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     eager, compiled = trainer(tmp_path, method, "off", *sets), trainer(tmp_path, method, "on", *sets)
@@ -126,19 +137,16 @@ def test_kernels_auto_lets_inductor_fuse_where_the_attack_is_one_graph(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
-def test_compiled_steps_track_eager_steps(tmp_path, method):
-    """Three whole steps (attack, loss, backward, SGD) compiled and eager, from the same weights and seeds.
-
-    TRADES starts at x + 0.001 N(0, I), where the KL's input gradient is ~0 and its sign is
-    rounding noise that differs between any two implementations; a uniform start keeps the
-    comparison about the step, not about that noise.
+def test_compiled_steps_track_eager_steps(tmp_path):
+    """Three whole PGD-AT steps (attack in train-mode BN, loss, backward, SGD) compiled and eager, from the same
+    weights and seeds. ME-TRADES' compiled step is compared with eager at the same fp32 bound under the CUDA layout
+    and optimiser (test_cuda_defaults_together_on_a_cpu_track_fp32_eager), one Inductor compile for both.
     """
     torch._dynamo.reset()
     counters.clear()
     # fp32: the comparison is about compiling; bf16 autocast (auto on a CPU with native bf16) rounds differently
     # in the fused and the eager kernels (test_cuda_defaults_together_on_a_cpu_track_fp32_eager bounds that)
-    eager, compiled = (trainer(tmp_path, method, c, "attack.init=uniform", "train.amp=off") for c in ("off", "on"))
+    eager, compiled = (trainer(tmp_path, "pgd-at", c, "attack.init=uniform", "train.amp=off") for c in ("off", "on"))
     compiled.model.load_state_dict(eager.model.state_dict())
     batches = [b for _, b in zip(range(3), eager.train_loader)]
     for t in (eager, compiled):
@@ -154,12 +162,14 @@ def test_compiled_steps_track_eager_steps(tmp_path, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amp,tolerance", [("off", 1e-4), ("bf16", 0.25)])
-@pytest.mark.parametrize("method", ["pgd-at", "me-trades"])
+@pytest.mark.parametrize("method,amp,tolerance", [("me-trades", "off", 1e-4), ("pgd-at", "bf16", 0.25)])
 def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch, method, amp, tolerance):
     """The CUDA defaults' other paths on a CPU, together: channels_last, fused SGD (CUDA's choice in
     optim.implementation; torch runs it on CPU too), the compiled step with the compiled attack, and bf16
     autocast or not; three steps from the same weights and seeds against the fp32 eager step (foreach SGD).
+    Each method once and each precision once (an Inductor compile each; PGD-AT's fp32 compiled step without the
+    CUDA layout and optimiser is test_compiled_steps_track_eager_steps'): ME-TRADES' KL attack and loss with its
+    entropy term at the tight fp32 bound, PGD-AT's train-mode BN under bf16.
 
     Measure: per parameter tensor, |w_fast - w_eager| / |w_eager - w_start| (L2 norms), the error
     relative to the three steps' update. Without bf16 the paths compute the same fp32 sums in other
@@ -169,6 +179,8 @@ def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch,
     gradients follow. A path that broke (no update, a wrong layout, an unscaled step) is off by the
     whole update (1.0) or more.
     """
+    # TRADES' own start, x + 0.001 N(0, I), is where the KL's input gradient is ~0 and its sign rounding noise that
+    # differs between any two implementations: a uniform start keeps the comparison about the step
     sets = ["attack.init=uniform"]
     eager = trainer(tmp_path, method, "off", *sets, "train.amp=off", "model.channels_last=off")
     assert eager.opt.defaults["foreach"]
@@ -238,8 +250,10 @@ def test_cpp_wrapper_step_is_one_graph_per_region_and_equals_the_python_wrapper_
 
 
 @pytest.mark.slow
-def test_ccm_changes_eps_every_epoch_without_recompiling(tmp_path):
-    """CFA's CCM rewrites eps_k after every epoch; the compiled step and validation keep their graphs."""
+def test_ccm_changes_eps_every_epoch_without_recompiling(tmp_path, monkeypatch):
+    """CFA's CCM rewrites eps_k after every epoch; the compiled step and validation keep their graphs (Dynamo's
+    guards: no Inductor needed)."""
+    compile_cheaply(monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     t = trainer(tmp_path, "pgd-at", "on", "ccm.enabled=true", "ccm.begin=0", "train.epochs=4",
@@ -323,9 +337,11 @@ def test_no_step_waits_for_the_host(tmp_path, kind):
         t.train_step(x, y)
 
 
-def test_trix_targeting_forward_is_compiled_with_the_attack(tmp_path):
+def test_trix_targeting_forward_is_compiled_with_the_attack(tmp_path, monkeypatch):
     """TRIX's clean forward that picks the strong rows runs in a compiled graph beside the compiled attack:
-    no convolution of a step runs outside one (each layer ran op by op before: about 90 launches a step)."""
+    no convolution of a step runs outside one (each layer ran op by op before: about 90 launches a step). Dynamo's
+    regions, whatever compiles them: no Inductor needed."""
+    compile_cheaply(monkeypatch)
     t = trainer(tmp_path, "trix", "on", "method.warmup=1")
     x, y = next(iter(t.train_loader))
     t.model.train()

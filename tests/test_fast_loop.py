@@ -69,14 +69,14 @@ def test_choose_takes_the_dearest_until_the_rest_fits_and_keeps_a_test_of_every_
         out.read_text()
 
 
-def _burn_suite(tmp_path: Path) -> Path:
-    """A tiny suite whose conftest registers the budget check at 0.3 CPU s: one test over it, one marked slow over
-    it, one under it."""
+def _burn_suite(tmp_path: Path, limit: float = 0.3, suite_budget: float | None = None) -> Path:
+    """A tiny suite whose conftest registers the budget check at ``limit`` CPU s a test (0.3: one test over it, one
+    marked slow over it, one under it) and ``suite_budget`` for the three (about 1.2 s)."""
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport fast_loop\n\n"
         "def pytest_configure(config):\n"
         "    config.addinivalue_line('markers', 'slow: slow')\n"
-        "    config.pluginmanager.register(fast_loop.CpuTimes(set(), limit=0.3, "
+        f"    config.pluginmanager.register(fast_loop.CpuTimes(set(), limit={limit}, suite_budget={suite_budget}, "
         "controller=not hasattr(config, 'workerinput')), 'budget')\n")
     (tmp_path / "test_burn.py").write_text(
         "import time\nimport pytest\n\n"
@@ -100,3 +100,27 @@ def test_a_test_outside_the_slow_tier_over_its_cpu_budget_fails_the_session_by_n
     assert "3 passed" in out  # every test passed: the budget alone failed the session
     over = [line for line in out.splitlines() if line.startswith("fastfair: ")]
     assert len(over) == 1 and "test_burn.py::test_over took" in over[0] and "mark it slow" in over[0], out
+
+
+@pytest.mark.parametrize("budget, fails", [(0.5, True), (60.0, False)])
+def test_a_whole_suite_over_its_cpu_budget_fails_the_session_and_one_within_says_its_share(tmp_path, budget, fails):
+    import subprocess
+    import sys
+
+    suite = _burn_suite(tmp_path, limit=60.0, suite_budget=budget)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(suite)],
+                          cwd=suite, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == (1 if fails else 0), out
+    assert "3 passed" in out
+    (said,) = [line for line in out.splitlines() if line.startswith("fastfair: the suite took ")]
+    total = float(said.split()[4])
+    assert 1.0 <= total < 60 and (f"over its budget of {budget:.0f} s" in said) == fails, said
+
+
+def test_the_suite_budget_is_what_the_last_measurement_took_with_a_margin():
+    """tests/slow.txt's header records the whole suite's CPU seconds; the budget stays within 1.5x of them, so a
+    suite that grows is seen before CI's time is spent."""
+    header = fast_loop.SLOW_LIST.read_text().splitlines()[1]
+    measured = float(header.split(" tests, ")[1].split(" s in all")[0])
+    assert measured < fast_loop.SUITE_BUDGET_S <= 1.5 * measured
