@@ -32,8 +32,8 @@ RULE = (f"A number **agrees** when the {EQUIVALENCE:.0%} interval of ours − pa
         f"**{UNDECIDED}** otherwise. The interval comes from the spreads the two sides measured (ours over two seeds "
         "or more; the paper's printed std): Student's t with the stds pooled and, where both measured one, Welch's "
         "too, the wider of the two; the binomial error of the test images is added only where ours scored other "
-        f"images than the paper's. Where no spread was measured there is no test: **{CANNOT_TELL}**, and the verdict says why "
-        "(fastfair's docs/reproduce.md, section Verdicts, derives the rule and states what it guarantees).")
+        f"images than the paper's. Where no spread was measured there is no test: **{CANNOT_TELL}**, and the verdict "
+        "says why (fastfair's docs/reproduce.md, section Verdicts, derives the rule and states what it guarantees).")
 
 
 def _cell(value: float | None, signed: bool = False) -> str:
