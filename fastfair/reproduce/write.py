@@ -30,10 +30,10 @@ STYLE = {AGREES: ("tab:green", "o"), HIGHER: ("tab:orange", "^"), LOWER: ("tab:r
 RULE = (f"A number **agrees** when the {EQUIVALENCE:.0%} interval of ours − paper lies within ± the margin (two "
         f"one-sided tests at 5 %); it is **higher** or **lower** when the {DIFFERENCE:.0%} interval excludes 0, and "
         f"**{UNDECIDED}** otherwise. The interval comes from the spreads the two sides measured (ours over two seeds "
-        "or more; the paper's printed std): Student's t with the stds pooled, or Welch's where both measured one, "
-        "whichever is wider, plus the binomial error of the test images only where ours scored other images than the "
-        f"paper's. Where no spread was measured there is no test: **{CANNOT_TELL}**, and the verdict says why "
-        "(fastfair's docs/reproduce.md, section Verdicts, derives the rule and states what it guarantees).")
+        "or more; the paper's printed std): Student's t with the stds pooled and, where both measured one, Welch's "
+        "too, the wider of the two; the binomial error of the test images is added only where ours scored other "
+        f"images than the paper's. Where no spread was measured there is no test: **{CANNOT_TELL}**, and the verdict "
+        "says why (fastfair's docs/reproduce.md, section Verdicts, derives the rule and states what it guarantees).")
 
 
 def _cell(value: float | None, signed: bool = False) -> str:
@@ -126,7 +126,7 @@ def _draw(ax, c: Comparison, y: float) -> None:
 
 
 def _half(c: Comparison) -> float:
-    """The half-width of the 95 % interval of ours − paper (0 without a result)."""
+    """The half-width of the 95 % interval of ours − paper (0 without a result or without a test)."""
     return 0.0 if c.interval is None else (c.interval[1] - c.interval[0]) / 2
 
 
