@@ -94,8 +94,11 @@ def test_report_shows_autoattacks_first_look_as_a_subset(tmp_path, capsys, monke
     run = _copy(tmp_path)
     assert cli.main(["eval", str(run), "--attacks", "aa", "--aa-backend", "cheap", "--per-class", "4",
                      "--device", "cpu", "--quiet"]) == 0
+    assert cli.main(["eval", str(run), "--checkpoint", "last", "--attacks", "clean", "--device", "cpu",
+                     "--quiet"]) == 0
     assert cli.main(["report", str(run)]) == 0  # the run's own robust attack; AutoAttack's look shown beside it
     md = (run / "report" / "report.md").read_text()
+    assert "run also holds `last-test` (clean), not in these tables" in md  # another checkpoint: named
     assert "evaluations: `best_pgd-test`, `best_pgd-test-first4`" in md
     header = next(line for line in md.splitlines() if line.startswith("| class |"))
     assert header.endswith("| aa (subset) |")
