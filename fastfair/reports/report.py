@@ -621,8 +621,10 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
         shared = notes[0] if len(set(notes)) == 1 else ""  # every group the same quick run: the title says it
         series = {g.label + (" (quick run)" if n and not shared else ""): _bars(group_entry(recs[i], attack))
                   for i, (g, n) in enumerate(zip(groups, notes))}
-        seeds = max(len(g.runs) for g in groups)
-        errors = (_errors_legend(1) if seeds == 1 else f"{per_image.PERCENT} interval (Wilson; t over seeds)")
+        several = [len(g.runs) > 1 for g in groups]
+        errors = (f"{per_image.PERCENT} t interval over each group's seeds" if all(several) else
+                  _errors_legend(1) if not any(several) else
+                  f"{per_image.PERCENT} interval (Wilson for a single run, t over a group's seeds)")
         p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy" + (f" ({shared})" if shared else ""),
                                    fig_dir / "compare-per-class.png", errors=errors)
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group, with {errors}"))
