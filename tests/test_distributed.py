@@ -63,6 +63,7 @@ def test_two_processes_match_one_process(tmp_path):
     for attack in ("clean", "fgsm"):
         assert e1[attack]["confusion"] == e2[attack]["confusion"]
         assert sum(map(sum, e2[attack]["confusion"])) == 360  # the whole digits test split, once
+        assert e1[attack]["per_image"] == e2[attack]["per_image"]  # each rank's images put back in the split's order
 
 
 @pytest.mark.slow

@@ -94,8 +94,11 @@ def test_report_shows_autoattacks_first_look_as_a_subset(tmp_path, capsys, monke
     run = _copy(tmp_path)
     assert cli.main(["eval", str(run), "--attacks", "aa", "--aa-backend", "cheap", "--per-class", "4",
                      "--device", "cpu", "--quiet"]) == 0
+    assert cli.main(["eval", str(run), "--checkpoint", "last", "--attacks", "clean", "--device", "cpu",
+                     "--quiet"]) == 0
     assert cli.main(["report", str(run)]) == 0  # the run's own robust attack; AutoAttack's look shown beside it
     md = (run / "report" / "report.md").read_text()
+    assert "run also holds `last-test` (clean), not in these tables" in md  # another checkpoint: named
     assert "evaluations: `best_pgd-test`, `best_pgd-test-first4`" in md
     header = next(line for line in md.splitlines() if line.startswith("| class |"))
     assert header.endswith("| aa (subset) |")
@@ -134,3 +137,42 @@ def test_report_refuses_to_pair_runs_scored_on_other_images(tmp_path, capsys):
                     "fingerprints or image counts differ); evaluate both on the same split and images for a paired "
                     "comparison."]
     assert "beats" not in (tmp_path / "r" / "report.md").read_text()
+
+
+def _run_with_bits(path, seed: int, method: str, correct: np.ndarray, labels: np.ndarray):
+    """A run folder whose one evaluation (clean and pgd20 alike) holds per-image results on a shared test set."""
+    from fastfair.config import Config
+    from fastfair.evaluation import measures
+
+    cfg = Config()
+    cfg.method.name, cfg.train.seed = method, seed
+    (path / "eval").mkdir(parents=True)
+    (path / "config.toml").write_text(cfg.to_toml())
+    conf = np.zeros((2, 2), dtype=int)
+    np.add.at(conf, (labels, np.where(correct, labels, 1 - labels)), 1)
+    entry = {"per_class": measures.json_values(measures.per_class_accuracy(conf)),
+             "summary": measures.summary_of_confusion(conf), "confusion": conf.tolist(),
+             per_image.FIELD: per_image.pack(correct, labels)}
+    write_json_atomic({"checkpoint": str(path / "checkpoints" / "best_pgd.pt"), "epoch": 1, "split": "test",
+                       "classes": ["a", "b"], "images": len(labels), "fingerprint": {"data": "d" * 64},
+                       "results": {"clean": entry, "pgd20": entry}}, path / "eval" / "best_pgd-test.json")
+    (path / "metrics.jsonl").write_text("")
+    return path
+
+
+def test_groups_of_the_same_seeds_pair_seed_by_seed(tmp_path, capsys):
+    labels = np.repeat([0, 1], 100)
+    rng = np.random.default_rng(0)
+    runs, worst = [], {}
+    for method, share in (("pgd-at", 0.5), ("trades", 0.8)):
+        for seed in (0, 1, 2):
+            correct = rng.random(200) < np.where(labels == 0, 0.9, share)
+            runs.append(_run_with_bits(tmp_path / f"{method}-s{seed}", seed, method, correct, labels))
+            worst.setdefault(method, []).append(100 * min(correct[labels == c].mean() for c in (0, 1)))
+    assert cli.main(["report", *map(str, runs), "--attack", "pgd20", "--out", str(tmp_path / "r")]) == 0
+    said = capsys.readouterr().out.splitlines()[1:]
+    mean, _, lo, hi = intervals.seed_interval(np.subtract(worst["pgd-at"], worst["trades"]))
+    assert said[-1] == (f"trades's worst class beats pgd-at's under pgd20: pgd-at − trades = {mean:+.2f} "
+                        f"[{lo:+.1f}, {hi:+.1f}] points, its 95 % interval excludes 0.")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Student's t over the 3 seeds' differences" in md and "p (McNemar, exact)" not in md

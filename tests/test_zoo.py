@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 import fastfair
 from fastfair import cli
-from fastfair.evaluation import robustbench as rb
+from fastfair.evaluation import measures, robustbench as rb
 from fastfair.reports import zoo
 from fastfair.scaleout import launchers
 from helpers import block_network, cifar_layout_npz, needs_extra, write_model
@@ -105,3 +106,31 @@ def test_results_on_other_test_images_are_refused(tmp_path):
     with pytest.raises(fastfair.UserError, match="on different test images \\(Ding2020MMA; Wong2020Fast\\)"):
         zoo.write(list(SMALL), dataset="cifar10", threat="Linf", model_dir=tmp_path, per_class=None,
                   out=tmp_path / "zoo")
+
+
+def test_the_leaderboard_quotes_each_of_our_numbers_with_its_interval(tmp_path):
+    """RobustBench's convention is a bare average: ours carry their 95 % intervals, from the per-image results."""
+    from fastfair.evaluation import intervals, per_image
+
+    labels = np.repeat(np.arange(10), 20)
+    for name, share in zip(SMALL, (0.5, 0.7)):
+        correct = np.random.default_rng(len(name)).random(200) < share
+        conf = np.zeros((10, 10), dtype=int)
+        np.add.at(conf, (labels, np.where(correct, labels, (labels + 1) % 10)), 1)
+        entry = {"per_class": measures.json_values(measures.per_class_accuracy(conf)),
+                 "summary": measures.summary_of_confusion(conf), "confusion": conf.tolist(),
+                 per_image.FIELD: per_image.pack(correct, labels)}
+        path = zoo.result_file(name, "cifar10", "Linf", tmp_path, None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"classes": [str(c) for c in range(10)], "images": 200,
+                                    "fingerprint": {"data": "a" * 64}, "results": {"clean": entry, "pgd2": entry},
+                                    "source": {"architecture": "x", "reported": None}}))
+    md = zoo.write(list(SMALL), dataset="cifar10", threat="Linf", model_dir=tmp_path, per_class=None,
+                   out=tmp_path / "zoo").read_text()
+    best = json.loads((tmp_path / "zoo" / "zoo.json").read_text())["models"][0]
+    correct, labels = per_image.unpack(json.loads(zoo.result_file(best["model"], "cifar10", "Linf", tmp_path, None)
+                                                  .read_text())["results"]["pgd2"])
+    boot = intervals.bootstrap_measures(correct, labels, 10)
+    assert best["intervals"]["worst"] == pytest.approx(boot["worst"][1:], abs=1e-4)
+    assert f"{best['worst']:.2f} [{boot['worst'][1]:.1f}, {boot['worst'][2]:.1f}]" in md
+    assert "each with its 95 % interval" in md and "bare as it reports them" in md

@@ -37,12 +37,12 @@ from fastfair.scaleout import distributed
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
               amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None,
               entropy: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None,
-              per_image: list | None = None) -> torch.Tensor:
+              scored: list | None = None) -> torch.Tensor:
     """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``. ``entropy``
     (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7); ``nonfinite``
     (one integer, on the device) counts the images whose logits hold a NaN or inf, whose argmax means nothing
-    (:func:`measures.check_finite` reads it once, after the loop); ``per_image`` gains each batch's (labels, correct)
-    of the images scored, in loader order.
+    (:func:`measures.check_finite` reads it once, after the loop); ``scored`` gains each batch's (labels, correct) of
+    the images scored, in loader order.
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``. ``progress``
@@ -54,14 +54,14 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     hook = model.register_forward_hook(meter) if meter is not None else None
     try:
         return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-                          nonfinite, per_image)
+                          nonfinite, scored)
     finally:
         if hook is not None:
             hook.remove()
 
 
 def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-               nonfinite, per_image) -> torch.Tensor:
+               nonfinite, scored) -> torch.Tensor:
     """:func:`confusion`'s loop; ``meter`` counts each batch's passes against :func:`planned_units`."""
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
@@ -82,8 +82,8 @@ def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, 
                     nonfinite += (~torch.isfinite(logits)).any(1).sum()
                 pred = logits.argmax(1)
                 conf.index_add_(0, y * num_classes + pred, torch.ones_like(y))
-                if per_image is not None:
-                    per_image.append((y, pred == y))
+                if scored is not None:
+                    scored.append((y, pred == y))
                 if entropy is not None:
                     p = logits.float().softmax(1)
                     entropy.index_add_(0, y, -(p * p.clamp_min(1e-30).log()).sum(1))

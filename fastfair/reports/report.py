@@ -622,8 +622,10 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
         shared = notes[0] if len(set(notes)) == 1 else ""  # every group the same quick run: the title says it
         series = {g.label + (" (quick run)" if n and not shared else ""): _bars(group_entry(recs[i], attack))
                   for i, (g, n) in enumerate(zip(groups, notes))}
-        seeds = max(len(g.runs) for g in groups)
-        errors = (_errors_legend(1) if seeds == 1 else f"{per_image.PERCENT} interval (Wilson; t over seeds)")
+        several = [len(g.runs) > 1 for g in groups]
+        errors = (f"{per_image.PERCENT} t interval over each group's seeds" if all(several) else
+                  _errors_legend(1) if not any(several) else
+                  f"{per_image.PERCENT} interval (Wilson for a single run, t over a group's seeds)")
         p = figures.per_class_bars(classes, series, f"per-class {attack} accuracy" + (f" ({shared})" if shared else ""),
                                    fig_dir / "compare-per-class.png", errors=errors)
         md.append(_figure_md(p, out, f"per-class {attack} accuracy of every group, with {errors}"))
@@ -659,7 +661,7 @@ def _group_section(i: int, g: Group, recs: list[dict], attack: str, classes: lis
               f"{one_based_epoch(recs[0])}){eps}, {seeds}; evaluations: "
               f"{', '.join(f'`{e}`' for e in recs[0].get('evaluations', []))}:\n")
     md.append(measures.markdown_table(table, classes) + "\n")
-    notes = group_notes(recs, attacks)
+    notes = group_notes(recs, attacks) + _elsewhere(g, recs)
     md += [line + "\n" for line in notes]
     tex.append(f"% per-class accuracy (%), {g.label}\n" + _per_class_latex(table, classes)
                + "".join(f"\n% {measures.latex_label(line)}" for line in notes))
@@ -749,6 +751,19 @@ def group_notes(recs: list[dict], attacks: list[str]) -> list[str]:
     for rec in recs:
         shown = per_image.with_intervals({n: rec["results"][n] for n in attacks})
         out += [line for line in per_image.table_notes(shown)[1:] if line not in out]
+    return out
+
+
+def _elsewhere(g: Group, recs: list[dict]) -> list[str]:
+    """A line per run naming its evaluations these tables leave out (another checkpoint, such as the averaged
+    model's, or another split), with their attacks, so none is left out without a word."""
+    out = []
+    for run, rec in zip(g.runs, recs):
+        shown = set(rec.get("evaluations", []))
+        rest = [f"`{stem}` ({', '.join(r['results'])})" for stem, r in run.evals.items() if stem not in shown]
+        if rest:
+            out.append(f"{run.path.name} also holds {', '.join(rest)}, not in these tables: `fastfair report` "
+                       "shows the checkpoint the run selects on the split asked for (--split)")
     return out
 
 

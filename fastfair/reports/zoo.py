@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fastfair import display
 from fastfair.errors import UserError
-from fastfair.evaluation import measures, robustbench as rb
+from fastfair.evaluation import measures, per_image, robustbench as rb
 from fastfair.reports import figures
 from fastfair.rundir import RunDir, Unchecked, read_json, write_json_atomic, write_text_atomic
 from fastfair.scaleout import jobs as grid_jobs
@@ -161,8 +161,10 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
     attack = _robust(records)
     rows = []
     for name, record in records.items():
-        res, rep = record["results"], record["source"].get("reported")
-        summary = res[attack]["summary"]
+        rep = record["source"].get("reported")
+        res = per_image.with_intervals({n: record["results"][n] for n in dict.fromkeys(("clean", attack))
+                                        if n in record["results"]})
+        summary, ci = res[attack]["summary"], res[attack]["summary_interval"]
         note = _comparable(record, dataset)
         if not note and rep and attack == "aa" and _differs(summary["overall"], rep["autoattack"], record["images"]):
             note = f"AutoAttack {summary['overall']:.2f} here, {rep['autoattack']:.2f} reported: beyond sampling error"
@@ -173,6 +175,10 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
                      "robust": summary["avg"], "worst_class": classes[summary["worst_class"]],
                      "worst": summary["worst"],
                      "cv": summary["cv"], "mcd": summary["mcd"], "per_class": res[attack]["per_class"],
+                     "intervals": {"clean": res["clean"]["summary_interval"]["avg"] if "clean" in res else None,
+                                   "robust": ci["avg"], "worst": ci["worst"], "cv": ci["cv"], "mcd": ci["mcd"],
+                                   "per_class": res[attack]["per_class_interval"]},
+                     "missing": per_image.missing_note(res),
                      "images": record["images"], "note": note,
                      "result": str(result_file(name, dataset, threat, model_dir, per_class))})
     rows.sort(key=lambda r: (-r["worst"], -r["robust"]))
@@ -181,21 +187,31 @@ def write(names: list[str], *, dataset: str, threat: str, model_dir: str | None,
     # numbers of a result read without a checksum (an older fastfair's) are not signed into it
     unchecked = any(isinstance(r, Unchecked) for r in records.values())
     write_json_atomic(Unchecked(board) if unchecked else board, out / "zoo.json")
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+
+    def fmt(r: dict, key: str | None = None, value=None) -> str:
+        """A number of ours with its interval (``key`` in the row's intervals), or a reported one bare."""
+        v = r[key] if key else value
+        return "-" if v is None else f"{v:.2f}" + (measures.interval_text(r["intervals"][key]) if key else "")
+
     lines = [f"# Worst-class leaderboard: RobustBench {dataset} {threat} models under {attack}", "",
-             f"Accuracies in %; ours are means of per-class accuracies under `{attack}` (eps 8/255), RobustBench's "
-             "are its reported clean and AutoAttack accuracy on the full test set. Sorted by the worst class.", "",
+             f"Accuracies in %; ours are means of per-class accuracies under `{attack}` (eps 8/255), each with its "
+             f"{per_image.PERCENT} interval (a stratified bootstrap over the test images; a class's: Wilson's), "
+             "RobustBench's are its reported clean and AutoAttack accuracy on the full test set, bare as it reports "
+             "them. Sorted by the worst class, whose interval is biased low (a resample's weakest class is weaker "
+             "than the class weakest on average).", "",
              "| # | model | architecture | reported clean | reported AA | clean | " + attack
              + " | worst class | CV (%²) | MCD | note |",
              "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for i, r in enumerate(rows, 1):
-        lines.append(f"| {i} | {r['model']} | {r['architecture']} | {fmt(r['reported_clean'])} | "
-                     f"{fmt(r['reported_autoattack'])} | {fmt(r['clean'])} | {r['robust']:.2f} | {r['worst_class']} "
-                     f"{r['worst']:.2f} | {r['cv']:.2f} | {r['mcd']:.2f} | {r['note']} |")
-    lines += ["", f"Per-class accuracy under `{attack}` (%):", "",
+        lines.append(f"| {i} | {r['model']} | {r['architecture']} | {fmt(r, value=r['reported_clean'])} | "
+                     f"{fmt(r, value=r['reported_autoattack'])} | {fmt(r, 'clean')} | {fmt(r, 'robust')} | "
+                     f"{r['worst_class']} {fmt(r, 'worst')} | {fmt(r, 'cv')} | {fmt(r, 'mcd')} | {r['note']} |")
+    lines += [f"{r['model']}: {r['missing']}." for r in rows if r["missing"]]
+    lines += ["", f"Per-class accuracy under `{attack}` (%), with its {per_image.PERCENT} interval (Wilson's):", "",
               "| model | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
-    lines += [f"| {r['model']} | " + " | ".join(measures.accuracy_cell(v, 1) for v in r["per_class"]) + " |"
-              for r in rows]
+    lines += [f"| {r['model']} | " + " | ".join(
+        measures.accuracy_cell(v, 1) + ("" if v is None else measures.interval_text(ci))
+        for v, ci in zip(r["per_class"], r["intervals"]["per_class"])) + " |" for r in rows]
     lines += ["", "![per-class accuracy of each model](zoo.png)", ""]
     path = out / "zoo.md"
     write_text_atomic("\n".join(lines), path)
