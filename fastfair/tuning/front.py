@@ -585,14 +585,14 @@ def _error_bars(ax, records: list[dict], key: str, attack: str, color: str, **st
         for stat, draw in (("avg", ax.hlines), ("worst", ax.vlines)):
             b = _bounds(r, stat, key, attack)
             if b:
-                draw(y if stat == "avg" else x, *b, color=color, lw=0.8, **style)
+                draw(y if stat == "avg" else x, *b, color=color, lw=0.7, **style)
 
 
 def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[str, list[dict]] | None,
                 path: Path, *, attack: str = "", rule: Rule | None = None) -> Path:
     """One PNG: average (x) vs worst-class (y) robust accuracy under ``attack`` (the validation's), one colour a
     contender; every complete trial a faint dot, its validation front a step line with each point's 95 % intervals,
-    the front's test points under the same attack filled (their intervals dotted), the ``rule``'s pick ringed, the
+    the front's test points under the same attack filled with theirs, the ``rule``'s pick ringed, the
     papers' reported points (``paper_points``: contender -> :func:`paper_points`; other attacks and models) numbered
     stars."""
     rule = rule or parse_rule(DEFAULT_RULE)
@@ -608,14 +608,14 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
             xs, ys = zip(*map(_point, front))
             # steps-pre: the boundary of what the front dominates (a point beyond a step would beat a front point)
             ax.plot(xs, ys, drawstyle="steps-pre", color=color, lw=1.6, zorder=3)
-            _error_bars(ax, front, "val", "", color, alpha=0.55, zorder=3)
+            _error_bars(ax, front, "val", "", color, alpha=0.3, zorder=3)
             ax.plot(xs, ys, ls="none", marker="o", ms=5, mfc="white", mec=color, mew=1.4, zorder=4)
         handles.append(matplotlib.lines.Line2D([], [], color=color, lw=1.6, marker="o", ms=5, mfc="white", mec=color,
                                                label=f"{contender}: front (validation)"))
         tested = [r for r in front if _point(r, "test", attack)]
         for r in tested:  # a thin line from the point that chose it to what the test set measured
             ax.plot(*zip(_point(r), _point(r, "test", attack)), color=color, lw=0.6, ls=":", alpha=0.6, zorder=2)
-        _error_bars(ax, tested, "test", attack, color, linestyles="dotted", alpha=0.8, zorder=4)
+        _error_bars(ax, tested, "test", attack, color, alpha=0.55, zorder=4)
         if tested:
             ax.plot(*zip(*(_point(r, "test", attack) for r in tested)), ls="none", marker="o", ms=6, color=color,
                     zorder=5)
@@ -645,10 +645,11 @@ def draw_fronts(records_by_contender: dict[str, list[dict]], paper_points: dict[
         ax.annotate(",".join(map(str, numbers)), (x, y), xytext=(6 if right else -6, 3), textcoords="offset points",
                     ha="left" if right else "right", va="bottom", fontsize=8, fontweight="bold", color="0.1",
                     zorder=8, bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75})
-    ax.set_xlabel(f"average robust accuracy (%){under}")
-    ax.set_ylabel(f"worst-class robust accuracy (%){under}")
+    ax.set_xlabel("average robust accuracy (%)")
+    ax.set_ylabel("worst-class robust accuracy (%)")
     ax.grid(alpha=0.3, lw=0.5)
-    ax.set_title(f"Fronts on the validation split{under}, their test points{under}", fontsize=11)
+    ax.set_title(f"Fronts (validation) and their test points{under}" + ("; stars: the papers' own attacks"
+                                                                           if stars else ""), fontsize=11)
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2, frameon=False)
     fig.tight_layout()
     return save_figure(fig, path)
