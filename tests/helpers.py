@@ -1,11 +1,14 @@
 """Shared test helpers: the real CIFAR-10 subset, cut small for fast CPU runs."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
+import io
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -225,3 +228,15 @@ def compile_cheaply(monkeypatch, backend: str = "aot_eager") -> None:
     compiles = build.compiles
     monkeypatch.setattr(build, "compiler", lambda cfg, dev, graphs=False:
                         (lambda fn: torch.compile(fn, backend=backend)) if compiles(cfg, dev) else None)
+
+
+def fastfair(*args: str) -> subprocess.CompletedProcess:
+    """``fastfair ARGS`` in this process (``cli.main``, what ``python -m fastfair`` calls): its exit code and what it
+    printed. A process of its own costs about 7 CPU s a command (an interpreter and torch's import): a test starts
+    one only where the process is what it tests (a signal sent to it, what it imports, a variable read at start)."""
+    from fastfair import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return subprocess.CompletedProcess(["fastfair", *map(str, args)], code, out.getvalue(), err.getvalue())

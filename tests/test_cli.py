@@ -1,8 +1,6 @@
 """The CLI as a user types it (real data): in this process through ``cli.main`` where what the command says and
 writes is the subject, in a process of its own where the process is (Ctrl-C sent to it, what it imports at start)."""
-import contextlib
 import importlib
-import io
 import json
 import re
 import os
@@ -18,18 +16,9 @@ import pytest
 from fastfair import cli
 from fastfair.methods import keys_markdown
 from fastfair.rundir import RunDir
-from helpers import cifar_subset_npz, needs_extra
+from helpers import cifar_subset_npz, fastfair, needs_extra
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def fastfair(*args) -> subprocess.CompletedProcess:
-    """``fastfair ARGS`` in this process (``cli.main``, what ``python -m fastfair`` calls): its exit code and what it
-    printed. A process of its own cost about 7 CPU s a command (an interpreter and torch's import)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(args))
-    return subprocess.CompletedProcess(["fastfair", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_listings_name_their_papers():

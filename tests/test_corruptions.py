@@ -1,8 +1,6 @@
 """CIFAR-10-C's corruptions (fastfair/attacks/corruptions.py): each against the authors' make_cifar_c.py on its own
 random numbers, the draws fastfair makes, the names, and per-class evaluation through the CLI."""
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.evaluation.per_class import check_attack_names, evaluate
 from evalreport_helpers import cifar_npz
+from helpers import fastfair
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
@@ -183,8 +182,7 @@ def _tiny_run(tmp_path: Path) -> Path:
 def test_per_class_accuracy_under_corruptions_through_the_cli(tmp_path, capsys):
     run = _tiny_run(tmp_path)
     attacks = "clean,corrupt:all@5,corrupt:saturate@2/2"
-    done = subprocess.run([sys.executable, "-m", "fastfair", "eval", str(run), "--attacks", attacks],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    done = fastfair("eval", run, "--attacks", attacks)
     assert done.returncode == 0, done.stderr
     assert "┃ corrupt:" in done.stdout and "under clean worst class" in done.stdout  # the headline names attacks only
     path = run / "eval" / "best_pgd-test.json"

@@ -4,7 +4,10 @@ stale.
 The convention a guide's author follows (docs/guides/8-contributing.md says it to contributors):
 
 - ```bash, ```sh and ```console blocks are shell commands; in ```console only the lines that start with ``$ `` are
-  commands (the others are what they print). ``fastfair`` in them is ``python -m fastfair`` of this checkout.
+  commands (the others are what they print). ``fastfair`` in them is ``python -m fastfair`` of this checkout. A
+  block of nothing but ``fastfair`` commands (words and quotes, no other shell syntax) runs them through
+  ``fastfair.cli.main`` in the test's process, with the shell's environment and the words bash would pass: the same
+  command without an interpreter and torch's import each (about 7 CPU s); any other block runs in bash.
 - ```python blocks run in-process; the Python blocks of one guide share one namespace.
 - ```text (what a command prints) and ```toml (a config shown whole) are shown, not run.
 - ``<!-- file: NAME -->`` on the line before a block writes the block to NAME in the guide's folder instead of
@@ -18,8 +21,11 @@ whose blocks name a subset that is absent is skipped from that block on, with th
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from fastfair import cli
 from fastfair.methods import METHODS
 from helpers import NO_REAL_DATA, SHARED
 
@@ -112,6 +119,58 @@ def shell_script(block: Block) -> str:
     return "\n".join(commands) + "\n"
 
 
+SHELL_SYNTAX = re.compile(r"[$`*?~{}]")  # what bash would expand, or may: such a block runs in bash
+
+
+def fastfair_commands(script: str) -> list[list[str]] | None:
+    """The argument lists of ``script``'s commands when each is ``fastfair`` with words and quotes alone (lines
+    continued with a backslash joined, ``#`` comments dropped); None when any line is something else."""
+    commands = []
+    for line in script.replace("\\\n", " ").splitlines():
+        if SHELL_SYNTAX.search(line):
+            return None
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        words = list(lexer)
+        if not words:
+            continue
+        if words[0] != "fastfair" or any(set(w) <= set(lexer.punctuation_chars) for w in words):
+            return None  # another program, or a pipe, list, redirection or subshell
+        commands.append(words[1:])
+    return commands or None
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """``os.environ`` as ``env`` for the block's in-process commands, then as it was."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_shell(block: Block, folder: Path, env: dict) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a shell block: its fastfair commands in this process when it holds nothing
+    else (:func:`fastfair_commands`), else bash's; the first command that fails ends it, as ``bash -e`` does."""
+    script = shell_script(block)
+    commands = fastfair_commands(script)
+    if commands is None:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=env, capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL)
+        return done.returncode, done.stdout, done.stderr
+    out, err = io.StringIO(), io.StringIO()
+    with environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for argv in commands:
+            code = cli.main(argv)
+            if code:
+                return code, out.getvalue(), err.getvalue()
+    return 0, out.getvalue(), err.getvalue()
+
+
 def shim(folder: Path) -> dict:
     """The environment of a guide's shell blocks: ``fastfair`` on PATH is ``python -m fastfair`` of this checkout."""
     bin_dir = folder / ".bin"
@@ -148,11 +207,10 @@ def run_guide(path: Path, folder: Path, namespace: dict | None = None) -> int:
             if block.lang == "python":
                 exec(compile(block.code, where, "exec"), namespace)
             else:
-                done = subprocess.run(["bash", "-euo", "pipefail", "-c", shell_script(block)], cwd=folder, env=env,
-                                      capture_output=True, text=True, stdin=subprocess.DEVNULL)
-                if done.returncode:
-                    raise GuideError(f"{where}: exit code {done.returncode}\n{block.code}\n--- stdout\n"
-                                     f"{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+                code, stdout, stderr = run_shell(block, folder, env)
+                if code:
+                    raise GuideError(f"{where}: exit code {code}\n{block.code}\n--- stdout\n{stdout[-3000:]}\n"
+                                     f"--- stderr\n{stderr[-3000:]}")
             ran += 1
     finally:
         os.chdir(cwd)
@@ -243,3 +301,24 @@ def test_fastfair_in_a_shell_block_is_this_checkout(tmp_path):
     assert "demo" in (tmp_path / "presets.txt").read_text()
     assert tmp_path in Path((tmp_path / "which.txt").read_text().strip()).parents
     assert (tmp_path / "where.txt").read_text().strip() == str(ROOT / "fastfair" / "__init__.py")
+
+
+def test_a_block_of_fastfair_commands_alone_runs_in_process_with_the_words_bash_passes(tmp_path):
+    script = ("fastfair train --config demo --out runs/a \\\n"
+              "    --set eval.attacks='[\"clean\",\"fgsm\"]'  # a comment\n"
+              "\nfastfair eval \"runs/a b\" --attacks clean,pgd20\n")
+    words = fastfair_commands(script)
+    # what bash passes the same lines: each command's arguments, NUL-separated
+    said = subprocess.run(["bash", "-c", "fastfair() { printf '%s\\0' \"$@\"; printf '\\n'; }\n" + script],
+                          capture_output=True, text=True, check=True).stdout
+    assert words == [line.split("\0")[:-1] for line in said.splitlines()]
+    assert words[0][-1] == 'eval.attacks=["clean","fgsm"]' and words[1][1] == "runs/a b"
+    for other in ("fastfair presets > p.txt", "fastfair eval $RUN", "ls\nfastfair presets", "fastfair a && fastfair b",
+                  "fastfair eval runs/*", "(fastfair presets)", "fastfair presets | head", "# nothing\n"):
+        assert fastfair_commands(other) is None, other
+
+
+def test_an_in_process_command_that_fails_fails_its_block(tmp_path):
+    with pytest.raises(GuideError, match="exit code 2(.|\n)*unknown method 'no-such-method'"):
+        run_guide(write(tmp_path, "```bash\nfastfair methods\nfastfair train --method no-such-method --out x\n"
+                                  "fastfair presets\n```\n"), tmp_path)

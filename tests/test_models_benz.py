@@ -9,11 +9,7 @@ from its reference name. Here the same named tensors are renamed by ``fastfair e
 (``AUTHORS_KEYS``, the documented mapping) and loaded strictly into fastfair's model, whose logits must match.
 """
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +21,9 @@ from fastfair import cli, config, models
 from fastfair.checks import check_config
 from fastfair.evaluation.foreign import AUTHORS_KEYS, rename
 from fastfair.rundir import RunDir, load_checkpoint
-from helpers import cifar_subset_npz
+from helpers import cifar_subset_npz, fastfair
 from model_weights import filled_state
 
-ROOT = Path(__file__).resolve().parents[1]
 BENZ = ["lenet", "vgg16", "vgg19", "resnet50-cifar", "densenet121", "densenet169", "googlenet", "inception-v3"]
 # a width per model small enough for CPU tests: the first convolution's channels (PAPER_WIDTH: the paper's)
 SMALL = {"lenet": 3, "vgg16": 8, "vgg19": 8, "resnet50-cifar": 8, "densenet121": 8, "densenet169": 8,
@@ -146,13 +141,10 @@ def test_forward_and_backward_compile_without_graph_breaks(name, size):
 def test_vgg16_trains_end_to_end_through_the_cli(tmp_path):
     npz = cifar_subset_npz(tmp_path, n_train=600, n_test=100)
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "fastfair", "train", "--method", "standard", "--dataset", "npz",
-                        "--data-dir", str(npz), "--model", "vgg16", "--set", "model.width=8", "--epochs", "3",
-                        "--out", str(out), "--set", "data.val_per_class=5", "--set", "data.batch_size=50",
-                        "--set", "train.lr_milestones=[]", "--set", "train.val_attack=pgd2",
-                        "--set", "eval.attacks=['clean']", "--set", "train.progress=false"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    r = fastfair("train", "--method", "standard", "--dataset", "npz", "--data-dir", npz, "--model", "vgg16",
+                 "--set", "model.width=8", "--epochs", "3", "--out", out, "--set", "data.val_per_class=5",
+                 "--set", "data.batch_size=50", "--set", "train.lr_milestones=[]", "--set", "train.val_attack=pgd2",
+                 "--set", "eval.attacks=['clean']", "--set", "train.progress=false")
     assert r.returncode == 0, r.stderr
     losses = [float(v) for v in re.findall(r"^epoch +\d+ +loss ([\d.]+)", (out / "train.log").read_text(), re.M)]
     assert len(losses) == 3 and losses[2] < losses[0] - 0.1, losses  # it learns: 2.77, 2.54, 2.36 when written

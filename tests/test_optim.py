@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +21,8 @@ from fastfair.checks import check_config
 from fastfair.rundir import load_checkpoint
 from fastfair.training import optim
 from fastfair.training.trainer import Trainer
-from helpers import cifar_subset_npz
+from helpers import cifar_subset_npz, fastfair
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_cfg(*sets: str, preset: str | None = None):
@@ -186,9 +181,7 @@ def test_adam_with_cosine_resumed_after_epoch_1_equals_an_uninterrupted_run(tmp_
 
 # ---- bad inputs -------------------------------------------------------------------------------------------------
 def test_a_misspelt_optimizer_from_the_command_line_is_one_error_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "fastfair", "train", "--config", "demo", "--out", str(tmp_path / "r"),
-                           "--set", "train.optimizer=adma"], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = fastfair("train", "--config", "demo", "--out", tmp_path / "r", "--set", "train.optimizer=adma")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == ["fastfair: error: train.optimizer='adma' is not one of adam, adamw, sgd. "
                                         "Did you mean adam, adamw?"]
@@ -239,13 +232,12 @@ def test_a_presets_keys_that_a_later_choice_does_not_read_are_a_warning():
 def test_adam_with_cosine_trains_on_real_cifar10_from_the_cli(tmp_path):
     npz = cifar_subset_npz(tmp_path, n_train=200, n_test=50)
     out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "fastfair", "train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", str(npz),
-         "--model", "tiny-cnn", "--epochs", "2", "--out", str(out), "--set", "model.width=8",
-         "--set", "train.optimizer=adam", "--set", "train.lr=0.003", "--set", "train.lr_schedule=cosine",
-         "--set", "train.lr_milestones=[]", "--set", "data.batch_size=64", "--set", "data.val_per_class=5",
-         "--set", "attack.steps=2", "--set", "train.val_attack=pgd2", "--set", 'eval.attacks=["clean", "pgd2"]'],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = fastfair(
+        "train", "--method", "pgd-at", "--dataset", "npz", "--data-dir", npz, "--model", "tiny-cnn", "--epochs", "2",
+        "--out", out, "--set", "model.width=8", "--set", "train.optimizer=adam", "--set", "train.lr=0.003",
+        "--set", "train.lr_schedule=cosine", "--set", "train.lr_milestones=[]", "--set", "data.batch_size=64",
+        "--set", "data.val_per_class=5", "--set", "attack.steps=2", "--set", "train.val_attack=pgd2",
+        "--set", 'eval.attacks=["clean", "pgd2"]')
     assert done.returncode == 0, done.stderr
     said = "optimizer adam (betas 0.9, 0.999, eps 1e-08, weight decay 0.0005 (L2)); lr_schedule cosine (0.003 down " \
            "to 0, per step)"
