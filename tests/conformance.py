@@ -774,10 +774,11 @@ def case_checks(name: str) -> tuple[list[Check], list[Check]]:
     return full, smoke
 
 
-def rows(name: str) -> list[tuple[str, str, str, str, str]]:
+def rows(name: str, checked: tuple[list[Check], list[Check]] | None = None) -> list[tuple[str, str, str, str, str]]:
     """The columns of case ``name``'s table that must not go stale: method, quantity, reference, the float64
-    tolerance and the float32 smoke tolerance (each: value, measure, how it was derived)."""
-    full, smoke = case_checks(name)
+    tolerance and the float32 smoke tolerance (each: value, measure, how it was derived). ``checked``: the case's
+    :func:`case_checks` where the caller has them already (each run of a case costs seconds to a minute)."""
+    full, smoke = checked or case_checks(name)
     return [(c.method, c.quantity, c.reference, _tol(full[i]), _tol(c))
             for i, c in enumerate(smoke)]
 
