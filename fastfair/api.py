@@ -156,6 +156,7 @@ def evaluate(model: torch.nn.Module | str | Path, data, *, attacks: str | Sequen
                                          amp_dtype=torch.bfloat16 if bf16 else None, progress=advance,
                                          state_prefix=out.with_suffix("") if out else None, aa_backend=aa_backend,
                                          seed=seed, log=prog.print, clip_start=clip_start, substitute=substitute)
+        results = per_image.with_intervals(results)
     finally:
         model.train(training)
     record = {"model": type(model).__name__, **({"source": source} if source else {}), "classes": classes,

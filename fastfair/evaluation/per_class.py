@@ -201,8 +201,10 @@ def aa_backend_for(attack_names: list[str], backend: str) -> str:
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
              log=None, clip_start: bool = True, substitute=None) -> dict[str, dict]:
-    """{attack: {per_class, summary, confusion, entropy}} with accuracies in percent and the mean prediction
-    entropy in nats (not for AutoAttack, whose final predictions are its own).
+    """{attack: {per_class, summary, confusion, per_image, entropy}} with accuracies in percent, each image's
+    correctness (:mod:`fastfair.evaluation.per_image`; a result's intervals come from it, added where it is kept:
+    :func:`per_image.with_intervals`) and the mean prediction entropy in nats (not for AutoAttack, whose final
+    predictions are its own).
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
@@ -247,7 +249,7 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
         entry = {"per_class": measures.json_values(measures.per_class_accuracy(conf.numpy())),
                  "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
                  per_image.FIELD: per_image.pack(_in_split_order(correct), _in_split_order(labels)), **extra}
-        out[name] = {**entry, **per_image.intervals_of(entry)}
+        out[name] = entry
     names.add_best(out, attack_names)
     for name in filter(names.is_corruption_group, attack_names):
         group = names.members(name)
@@ -256,7 +258,7 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
                  "summary": measures.summary_of_confusion(conf.numpy()), "confusion": conf.tolist(), "seed": seed,
                  "entropy": sum(out[m]["entropy"] for m in group) / len(group),  # each saw the same images
                  **({"images": out[group[0]]["images"]} if "images" in out[group[0]] else {}), "members": group}
-        out[name] = {**entry, **per_image.intervals_of(entry)}
+        out[name] = entry
     return out
 
 
@@ -371,6 +373,7 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
                            state_prefix=out.with_suffix(""), aa_backend=aa_backend, seed=seed, log=prog.print,
                            clip_start=cfg.eval.clip_start, substitute=sub_model)
         seconds = time.perf_counter() - t0
+    results = per_image.with_intervals(results)
     note = data_subset_note(cfg.data.dataset, cfg.data.train_per_class, cfg.data.test_per_class)  # "": all data
     dropped = list(cfg.data.drop_classes)  # named beside every table, so a dropped class's row is not read as a result
     record = {"checkpoint": str(path), **record, "split": split, "classes": bundle.classes,
