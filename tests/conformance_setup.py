@@ -270,7 +270,8 @@ def kept_epoch(name: str, results: np.ndarray, *sets: str) -> int:
     out = Path(scratch("select-"))
     run = RunDir(out)
     run.checkpoints.mkdir(parents=True)
-    fake = SimpleNamespace(cfg=cfg, best={}, spec={}, run=run)
+    # no run id: the checkpoints are written as an older fastfair's run writes them
+    fake = SimpleNamespace(cfg=cfg, best={}, spec={}, run=run, _identity=lambda key=None: {})
     model = torch.nn.Linear(1, 1)
     for epoch, per_class in enumerate(results):
         Trainer._keep_best(fake, model, epoch, summary((100 * per_class).tolist()))
