@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastfair import config
-from fastfair.rundir import load_checkpoint
+from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.training.selection import SELECTION
 from fastfair.training.trainer import Trainer, final_evaluation
 
@@ -33,8 +33,7 @@ def test_resume_continues_a_killed_run_exactly(tmp_path):
     killed.run_epoch(0)
     killed.run_epoch(1)
     # a kill after epoch 3's metrics line but before its checkpoint: --resume redoes epoch 3 only
-    with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"epoch": 3, "partial": True}) + "\n")
+    RunDir(tmp_path / "resumed").append_metrics({"epoch": 3, "partial": True})  # as run_epoch writes it
     del killed
     resumed = Trainer(cfg, tmp_path / "resumed", resume=True, quiet=True)
     assert resumed.start_epoch == 2
