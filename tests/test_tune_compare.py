@@ -94,3 +94,22 @@ def test_the_front_is_tested_per_image_named_and_compared_at_a_common_average(ru
     assert "## Worst class at a common average" in md and "under pgd2, trades+ccm minus trades: worst class" in md
     assert f"A = {val['avg'] - 1:.1f}" in md and "worst class at a common average" in text
     assert (tmp_path / "fronts.png").stat().st_size > 20_000
+
+
+def test_an_attack_run_by_fastfair_eval_gets_intervals_from_its_counts_and_no_pairs(runs):
+    # AutoAttack, a transfer attack, a grid or a capped NAME/N goes through fastfair eval, whose record keeps
+    # per-class counts; FGSM on the first 5 images of each class stands in for AutoAttack's minutes
+    from fastfair.tuning.front import common_slice
+    from fastfair.tuning.scoring import per_image, test_record
+
+    a, _ = runs
+    assert per_image("pgd20") and per_image("clean") and not per_image("aa") and not per_image("fgsm/5")
+    record = test_record(a / "checkpoints" / "best_pgd.pt", ["fgsm/5"], "cpu")
+    capped = record["attacks"]["fgsm/5"]
+    assert "correct" not in capped and capped["ci"]["avg"][0] <= capped["avg"] <= capped["ci"]["avg"][1]
+    evaluated = json.loads((a / "eval" / "best_pgd-test.json").read_text())["results"]["fgsm/5"]
+    assert capped["avg"] == pytest.approx(evaluated["summary"]["avg"])
+    point = {"contender": "x", "number": 0, "params": {}, "state": "complete", "run": "",
+             "val": {"avg": 50.0, "worst": 20.0, "attack": "fgsm"}, "test": record}
+    sl = common_slice({"x": [point], "y": [{**point, "contender": "y"}]})
+    assert sl.differences["y"]["fgsm/5"] == "no per-image record under this attack, so not paired"

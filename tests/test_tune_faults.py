@@ -39,7 +39,7 @@ def _perfect_trials(storage: str, name: str, epochs: int) -> None:
             params={"method.kl_weight": kl}, distributions={"method.kl_weight": KL}, values=[100.0, 100.0],
             user_attrs={"curve": [[100.0, 100.0]] * epochs, "run_number": n, "run": f"elsewhere/{n}",
                         "val": {"avg": 100.0, "worst": 100.0, "clean": 100.0}}))
-        study.set_user_attr(f"test/{n:04d}", {"avg": 99.0, "worst": 98.0, "clean": 100.0, "attack": "fgsm"})
+        study.set_user_attr(f"test/{n:04d}", {"clean": 100.0, "attacks": {"fgsm": {"avg": 99.0, "worst": 98.0}}})
 
 
 @pytest.mark.slow

@@ -159,8 +159,8 @@ FORMS = ('"worst@avg-D" (highest worst-class accuracy among points whose average
 DEFAULT_RULE = "worst@avg-1"
 _WITHIN = re.compile(r"(avg|worst)@(avg|worst)-(\d+(?:\.\d*)?|\.\d+)")
 NAMES = {"avg": "average", "worst": "worst-class", "sum": "average + worst-class"}
-# a tie on the rule's number is broken by the other number; a tie on the sum by the average, the number the
-# validation split measures best (all its images, against one class's for the worst)
+# the number that may decide between points tied on the rule's number; for the sum, the average, which the validation
+# split measures on all its images (the worst class on one class's)
 TIE_BREAK = {"avg": "worst", "worst": "avg", "sum": "avg"}
 
 
@@ -178,11 +178,12 @@ class Rule:
       5.1).
 
     Validation noise: the points whose rule's number differs from the best point's by less than chance gives
-    (:func:`same`) are tied with it, since the validation split cannot tell them apart; of the tied, the highest
-    other number wins (:data:`TIE_BREAK`: the average, measured on all the split's images, where the rule's number is
-    the worst class or the sum), then the rule's number, then the lowest trial number. Points without intervals tie
-    with none. ``floor`` (the
-    common-average slice) replaces "within D of the best" with "at least ``floor``".
+    (:func:`same`) are tied with it, since the validation split cannot tell them apart on that number. A tied point
+    is picked instead where its gain on the other number (:data:`TIE_BREAK`: the average where the rule's number is
+    the worst class or the sum) outweighs its loss on the rule's number, each counted in standard errors of the
+    difference (:func:`evidence`): the rule goes by whichever of the two differences the split measures more surely.
+    Points without intervals tie with none. ``floor`` (the common-average slice) replaces "within D of the best"
+    with "at least ``floor``".
     """
 
     text: str
@@ -225,10 +226,19 @@ class Rule:
 
     def pick(self, front: Iterable[dict], key: str = "val") -> dict | None:
         """The chosen record of ``front`` (records without both numbers on split ``key`` are skipped); None if none:
-        of the points tied with :meth:`leader` (:meth:`tied`), the best on the other number."""
-        second = TIE_BREAK[self.best]
-        return max(self.tied(front, key), key=lambda r: (self._value(r, second, key), self._value(r, self.best, key),
-                                                         -r["number"]), default=None)
+        :meth:`leader`, unless a point tied with it (:meth:`tied`) gains more on the other number than it loses on
+        the rule's, both in standard errors (:func:`evidence`); of several, the one of the largest net gain."""
+        lead, second = self.leader(front, key), TIE_BREAK[self.best]
+
+        def net(r: dict) -> float:
+            gain = evidence(_bounds(r, second, key), _bounds(lead, second, key),
+                            self._value(r, second, key) - self._value(lead, second, key))
+            loss = evidence(_bounds(r, self.best, key), _bounds(lead, self.best, key),
+                            self._value(lead, self.best, key) - self._value(r, self.best, key))
+            return gain - loss
+
+        return max(self.tied(front, key), key=lambda r: (0.0 if r is lead else net(r), r is lead, -r["number"]),
+                   default=None)
 
     def explain(self) -> str:
         """Two sentences for a reader of the comparison: what the rule picks, and how it weighs noise."""
@@ -244,24 +254,36 @@ class Rule:
             what = f"the front's point of highest {name[self.best]} accuracy" + (
                 " (CFA's checkpoint selection, Wei et al. 2023 Sec. 5.1)" if self.best == "sum" else "")
         return (f"rule {self.text}: {what}. Points whose validation {name[self.best]} accuracy differs from the "
-                f"best point's by less than chance gives (below 1.96 standard errors of the difference, from their "
-                f"95 % intervals) are tied with it: the validation split cannot tell them apart, and of those the "
-                f"highest {name[TIE_BREAK[self.best]]} accuracy wins.")
+                f"best point's by less than chance gives (1.96 standard errors of the difference, from their 95 % "
+                f"intervals) are tied with it, and a tied point is picked instead where its gain in "
+                f"{name[TIE_BREAK[self.best]]} accuracy outweighs its loss, both in standard errors.")
 
 
 Z95 = float(stats.norm.ppf(0.975))  # the two-sided 95 % quantile of the standard normal
 
 
-def same(a: tuple[float, float] | None, b: tuple[float, float] | None, difference: float) -> bool:
-    """Whether a difference of two estimates with 95 % intervals ``a`` and ``b`` is within what chance gives: below
-    1.96 times the standard error of the difference, each estimate's taken from its interval as (hi - lo) / (2 x
-    1.96) (Altman & Bland 2003, BMJ 326:219, "Interaction revisited: the difference between two estimates"). The
-    two are treated as independent: two models scored on the same images err together, so this overstates the
-    noise, which errs towards calling a tie. No tie without both intervals."""
+def standard_error(a: tuple[float, float] | None, b: tuple[float, float] | None) -> float | None:
+    """The standard error of the difference of two estimates with 95 % intervals ``a`` and ``b``: each estimate's
+    taken from its interval as (hi - lo) / (2 x 1.96), the two combined as independent (Altman & Bland 2003, BMJ
+    326:219, "Interaction revisited: the difference between two estimates"). Two models scored on the same images
+    err together, so this overstates the noise of their difference. None without both intervals."""
     if a is None or b is None:
-        return False
-    se = math.hypot(a[1] - a[0], b[1] - b[0]) / (2 * Z95)
-    return abs(difference) <= Z95 * se + FLOAT_SLACK
+        return None
+    return math.hypot(a[1] - a[0], b[1] - b[0]) / (2 * Z95)
+
+
+def same(a: tuple[float, float] | None, b: tuple[float, float] | None, difference: float) -> bool:
+    """Whether a difference of two estimates with 95 % intervals ``a`` and ``b`` is within what chance gives: at most
+    1.96 :func:`standard_error` (which errs towards a tie). No tie without both intervals."""
+    se = standard_error(a, b)
+    return se is not None and abs(difference) <= Z95 * se + FLOAT_SLACK
+
+
+def evidence(a: tuple[float, float] | None, b: tuple[float, float] | None, difference: float) -> float:
+    """A difference in standard errors (:func:`standard_error`); 0 where it has none or it is 0 (an interval of width
+    0, as a bootstrap gives a class all right or all wrong, measures no noise, so it weighs nothing)."""
+    se = standard_error(a, b)
+    return difference / se if se else 0.0
 
 
 def parse_rule(text: str = DEFAULT_RULE) -> Rule:
@@ -440,9 +462,9 @@ def _sections(records_by_contender: dict[str, list[dict]], rule: Rule, paper_poi
         tied = rule.tied(front)
         if len(tied) > 1:
             numbers = ", ".join(str(n) for n in sorted(r["number"] for r in tied))
-            notes.append(f"the validation split cannot tell trials {numbers} apart "
-                         f"on {NAMES[rule.best]} accuracy, so the pick is the one of highest "
-                         f"{NAMES[TIE_BREAK[rule.best]]} accuracy (the rule below)")
+            notes.append(f"the validation split cannot tell trials {numbers} apart on {NAMES[rule.best]} "
+                         f"accuracy: the pick weighs their {NAMES[TIE_BREAK[rule.best]]} accuracy too (the rule "
+                         f"below)")
         points = (paper_points or {}).get(contender, [])
         papers = [f"{p['label']}: avg {p['avg']:.1f}, worst {p['worst']:.1f} (test, "
                   f"{attack_name(p.get('attack', ''))}, {p.get('model', '?')})" for p in points if not p.get("differs")]
