@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastfair.rundir import load_checkpoint, save_atomic
+from fastfair.rundir import load_checkpoint, save_atomic, write_json_atomic
 from fastfair.tuning import study as tuning
 from fastfair.tuning.front import decode_bits, decode_labels
 from helpers import demo_train, needs_extra
@@ -82,7 +82,7 @@ def test_the_front_is_tested_per_image_named_and_compared_at_a_common_average(ru
     ostudy = study.optuna_study(ccm, storage)
     old = {"avg": 10.0, "worst": 0.0, "clean": 11.0, "attack": "pgd2"}
     ostudy.set_user_attr("test/0000", old)
-    (b / "tune-test.json").write_text(json.dumps({"test": old}))
+    write_json_atomic({"test": old}, b / "tune-test.json")  # an older fastfair signed its records too
     said.clear()
     tuning.evaluate_front(study, storage, said.append)
     assert len(said) == 2 and "trades+ccm #0: its test record predates intervals" in said[0]
