@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastfair import build, cli, config, models
-from fastfair.errors import WriteError
+from fastfair.errors import UserError, WriteError
 from fastfair.evaluation import diagnose, per_class
 from fastfair.preset_files import preset_names
 from fastfair.reports import figures
@@ -331,13 +331,14 @@ def test_a_measurement_is_kept_beside_its_run_and_reused_until_its_checkpoint_or
     os.utime(ck, ns=(stamp, stamp + 10**9))  # the checkpoint rewritten: a longer run's new best
     me.measured(runs, "x")
     assert len(calls) == 2
-    ckpt = load_checkpoint(ck)  # another test set in the same file, its mtime kept: still measured again
+    ckpt = load_checkpoint(ck)  # other settings in the same file, its mtime kept: another run's, refused unmeasured
     cfg = config.load_saved_text(ckpt["config"])
     ckpt["config"] = config.apply(cfg, {"data.test_per_class": 2}, "the test").to_toml()
     save_atomic(ckpt, ck)
     os.utime(ck, ns=(stamp, stamp + 10**9))
-    me.measured(runs, "x")
-    assert len(calls) == 3
+    with pytest.raises(UserError, match="another run's checkpoint"):  # issue 58: a checkpoint belongs to its run
+        me.measured(runs, "x")
+    assert len(calls) == 2
 
 
 def test_a_damaged_stored_measurement_is_measured_again_not_a_crash(monkeypatch, tmp_path, demo_run, capsys):

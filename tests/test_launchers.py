@@ -39,7 +39,9 @@ def test_submitit_local_mode_runs_a_two_run_grid(tmp_path):
         assert json.loads((out / run / "grid-state.json").read_text())["status"] == "done"
         assert config.load_saved(out / run / "config.toml")["train"]["epochs"] == 1  # the grid's --set went along
     table = (out / "results.md").read_text().splitlines()
-    (row,) = table[2:]  # one group: the two seeds folded by fastfair report's table
+    # one group: the two seeds folded by fastfair report's table
+    (row,) = [line for line in table[2:] if line.startswith("|")]
+    assert "Intervals (95 %)" in table[-1]  # what the table's intervals are, said below it
     assert row.split("|")[2].strip() == "2"
     again = []  # a second call finds both runs done and submits nothing
     assert run_grid(str(path), out=str(out), gpus="cpu", launcher="submitit", sets=["train.epochs=1"],
