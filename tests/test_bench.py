@@ -7,9 +7,21 @@ from torch import nn
 
 from bench import bench_mfu, bench_training, common, reference_loop
 from bench.investigations import check_bf16_robustness
+from fastfair.data import DATASETS
 from fastfair.models import MODELS
 
 C, D = 10, 12  # classes; features of the test model: 3 channels pooled to 2x2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registries_as_shipped():
+    """What this module registers (its test model, bench's synthetic data sets) is unregistered after it: a later test
+    in the same worker reads the registries as shipped (test_known compares them with fastfair/known.json)."""
+    before = set(MODELS), set(DATASETS)
+    yield
+    for registry, names in zip((MODELS, DATASETS), before):
+        for name in set(registry) - names:
+            registry.unregister(name)
 
 
 @pytest.fixture(scope="module")
