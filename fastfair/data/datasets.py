@@ -224,7 +224,11 @@ DATASETS.register("npz", "any .npz with uint8 x_train/x_test and int y_train/y_t
 )
 
 
-def _load_digits(_: Path | None) -> DataBundle:
+def _load_digits(data_dir: Path | None) -> DataBundle:
+    if data_dir is not None:  # a setting that would do nothing (a run's eval --data-dir among them, issue 58)
+        raise UserError(f"data set 'digits' ships inside scikit-learn and reads no files: --data-dir {data_dir} "
+                        "(data.data_dir) would change nothing; leave it out (a .npz file of your own is "
+                        "--dataset npz, to train on)")
     from sklearn.datasets import load_digits
 
     d = load_digits()

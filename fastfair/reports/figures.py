@@ -75,6 +75,20 @@ def _class_axis(ax, classes: list[str]) -> None:
                        rotation_mode="anchor" if slanted and not many else "default")
 
 
+ABSENT = "–"  # written where a class has no number (not in the test set, or no model scored it)
+
+
+def _mean_text(values) -> str:
+    """A series' mean over its classes for a legend, over the classes it has: ABSENT when it has none."""
+    v = np.asarray(values, dtype=float)
+    return f"{float(np.nanmean(v)):.1f}" if np.isfinite(v).any() else ABSENT
+
+
+def _cell_text(fmt: str, value: float) -> str:
+    """A matrix cell's value as written in it: ABSENT for a class with no number rather than "nan"."""
+    return fmt.format(value) if np.isfinite(value) else ABSENT
+
+
 def _zero_marks(ax, xs: np.ndarray, heights: np.ndarray, color, bar_pt: float) -> None:
     """A short thick line at 0 in the bar's colour, with the value, where a bar has height 0: "0 %" told from
     "not drawn", and not read as a 1 % bar."""
@@ -115,7 +129,7 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
         mean = np.asarray(mean, dtype=float)[order]
         lo, hi = _error_ends(mean, error, order, percent)
         color = f"C{i % 10}"
-        label = f"{name} (mean {float(np.nanmean(mean)):.1f})"
+        label = f"{name} (mean {_mean_text(mean)})"
         if many:
             ax.plot(x, mean, color=color, lw=0.6, alpha=0.35)  # faint: classes are categories, the dots carry it
             handle, = ax.plot(x, mean, color=color, marker="o", ms=3.5, ls="none", label=label)
@@ -128,7 +142,8 @@ def per_class_bars(classes: list[str], series: dict[str, tuple[list[float], list
                             error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
             if percent:  # a 0 % bar is told from "not drawn"; on another scale small values are not zeros
                 _zero_marks(ax, xs, mean, color, bar_pt)
-        ax.axhline(float(np.nanmean(mean)), color=color, ls="--", lw=1)
+        if np.isfinite(mean).any():
+            ax.axhline(float(np.nanmean(mean)), color=color, ls="--", lw=1)
         handles.append(handle)
     handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="mean over classes"))
     if errors:
@@ -181,17 +196,18 @@ def heatmap(matrix, classes: list[str], title: str, path: Path, fmt: str = "{:.0
     n = len(classes)
     side = min(0.55 * n + 2.5, 11.0)  # 100 classes: a readable page, not a poster
     fig, ax = plt.subplots(figsize=(side + (1.8 if blocks else 0), min(0.5 * n + 1.8, 10.0) + (0.8 if blocks else 0)))
-    im = ax.imshow(m, cmap="Blues")
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="Blues")
+    ax.set_facecolor("#f2f2f2")  # a class with no number (absent from the test set) reads as blank, not as 0
     if blocks:  # the super-classes' names take the right side: the colour bar goes below
         _blocks(ax, blocks)
         fig.colorbar(im, ax=ax, label=cbar, shrink=0.5, orientation="horizontal", pad=0.1, aspect=40)
     else:
         fig.colorbar(im, ax=ax, label=cbar, shrink=0.8)
     if n <= 20:
-        top = m.max() if m.size else 0
+        top = np.nanmax(m) if np.isfinite(m).any() else 0
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, fmt.format(m[i, j]), ha="center", va="center", fontsize=7,
+                ax.text(j, i, _cell_text(fmt, m[i, j]), ha="center", va="center", fontsize=7,
                         color="white" if top and m[i, j] > 0.6 * top else "black")
     if n > MANY_INDEXED:  # a thousand names are a blot: indices every few hundred, as Tian et al.'s ImageNet panel
         ticks = list(range(0, n, 200))
@@ -431,7 +447,7 @@ def discrepancy_grid(classes: list[str], series: dict[str, tuple[list[float], li
             ax = axes[r][c]
             for i, (name, pair) in enumerate(values.items()):
                 v, color = pair[r] - (np.nanmean(pair[r]) if centred else 0.0), f"C{i % 10}"
-                label = f"{name} (mean: clean {np.nanmean(pair[0]):.1f}, {robust_name} {np.nanmean(pair[1]):.1f})"
+                label = f"{name} (mean: clean {_mean_text(pair[0])}, {robust_name} {_mean_text(pair[1])})"
                 if many:
                     ax.plot(x, v, color=color, marker="o", ms=2.5, lw=0.5, label=label)
                 else:
@@ -545,22 +561,25 @@ def models_by_class(matrix, models: list[str], classes: list[str], averages: lis
     rows, n = m.shape
     width = min(0.62 * n + 0.09 * max(len(s) for s in models) + 2.5, 16.0)
     fig, ax = plt.subplots(figsize=(width, 0.42 * rows + 1.9))
-    im = ax.imshow(m, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_facecolor("#f2f2f2")  # a class a model has no number for reads as blank, not as 0
     fig.colorbar(im, ax=ax, label="accuracy (%)", shrink=0.9, pad=0.09)
     if n <= MANY_CLASSES:
         for i in range(rows):
             for j in range(n):
-                ax.text(j, i, f"{m[i, j]:.0f}", ha="center", va="center", fontsize=7,
-                        color="black" if m[i, j] > 60 else "white")
+                ax.text(j, i, _cell_text("{:.0f}", m[i, j]), ha="center", va="center", fontsize=7,
+                        color="white" if m[i, j] <= 60 else "black")
     for i in range(rows):
-        j = int(m[i].argmin())
+        if not np.isfinite(m[i]).any():
+            continue
+        j = int(np.nanargmin(m[i]))
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.8))
     _class_axis(ax, classes)
     ax.set_yticks(range(rows))
     ax.set_yticklabels(models, fontsize=8)
     right = ax.secondary_yaxis("right")
     right.set_yticks(range(rows))
-    right.set_yticklabels([f"{a:.1f}" for a in averages], fontsize=8)
+    right.set_yticklabels([_cell_text("{:.1f}", a) for a in averages], fontsize=8)
     right.set_ylabel("mean (%)")
     ax.set_xlabel("class (red box: the model's worst class)")
     _title(ax, title, width - 1.5)

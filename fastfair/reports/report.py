@@ -104,6 +104,7 @@ def load_run(path, label: str | None = None) -> Run:
 class Group:
     label: str
     runs: list[Run]
+    apart: str = ""  # why these runs are not in the group of another with the same config (:func:`group_runs`)
 
     @property
     def seeds(self) -> list[int]:
@@ -140,7 +141,7 @@ def _unique_labels(groups: list[Group]) -> None:
         same = [g for g in groups if g.label == label]
         if len(same) < 2:
             continue
-        if any(r.labelled for g in same for r in g.runs):
+        if any(r.labelled for g in same for r in g.runs) and not any(g.apart for g in same):
             shown, implied = differences(same)
             keys = ", ".join((shown + implied)[:4])
             raise UserError(f"--label {label!r} names runs whose configs differ in more than the seed ({keys}); "
@@ -152,14 +153,68 @@ def _unique_labels(groups: list[Group]) -> None:
                 g.label = f"{label} ({i})"
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs whose configs differ only in seed form one group, named by its runs' labels (unique)."""
-    keyed: dict[tuple, list[Run]] = {}
+def _images(run: Run, split: str) -> str | None:
+    """The data fingerprint of the images the run's evaluation on ``split`` scored (None: not evaluated)."""
+    found = run.evaluations(split)
+    return found[0][1].get("fingerprint", {}).get("data") if found else None
+
+
+def _run_id(run: Run) -> str | None:
+    return RunDir(run.path).saved_config().run_id
+
+
+def _scored(run: Run, split: str) -> str:
+    """What a run's evaluation on ``split`` scored, for the line that says why it stands apart."""
+    found = run.evaluations(split)
+    if not found:
+        return f"no {split} evaluation"
+    rec = found[0][1]
+    absent = rec.get("absent_classes") or []
+    return (f"{rec.get('images', '?')} {split} images" + (f" without classes {', '.join(map(str, absent))}"
+                                                           if absent else "")
+            + f" (data {str(rec.get('fingerprint', {}).get('data', '?'))[:8]})")
+
+
+def group_runs(runs: list[Run], split: str = "test") -> list[Group]:
+    """Runs whose configs differ only in seed form one group, named by its runs' labels (unique), when they were
+    scored on the same ``split`` images (their evaluation's data fingerprint) and each seed is in it once. A run of
+    the same config scored on other images, or repeating a seed (a copy of a run, or the same seed trained again,
+    which measures no spread between seeds), forms a group of its own whose ``apart`` says why."""
+    keyed: dict[tuple, list[list[Run]]] = {}
     for run in runs:
-        keyed.setdefault(_experiment(run), []).append(run)
-    groups = [Group(_group_label(members), members) for members in keyed.values()]
+        parts = keyed.setdefault(_experiment(run), [])
+        seed, images = run.config.get("train.seed", 0), _images(run, split)
+        home = next((p for p in parts if _images(p[0], split) == images
+                     and seed not in {r.config.get("train.seed", 0) for r in p}), None)
+        if home is None:
+            parts.append([run])
+        else:
+            home.append(run)
+    groups = []
+    for parts in keyed.values():
+        first = None
+        for members in parts:
+            group = Group(_group_label(members), members)
+            if first is not None:
+                group.apart = _apart(first, group, split)
+            first = first or group
+            groups.append(group)
     _unique_labels(groups)
     return groups
+
+
+def _apart(first: Group, group: Group, split: str) -> str:
+    """Why ``group`` (the same config as ``first``) is not in ``first``'s group."""
+    run, other = group.runs[0], first.runs[0]
+    if _images(run, split) != _images(other, split):
+        return (f"the same config as {first.label}, scored on other {split} images: {_scored(run, split)} where "
+                f"{first.label} has {_scored(other, split)}; kept apart, and their numbers do not compare row by row")
+    seed = run.config.get("train.seed", 0)
+    twin = next(r for r in first.runs if r.config.get("train.seed", 0) == seed)
+    same_id = _run_id(run) is not None and _run_id(run) == _run_id(twin)
+    what = f"a copy of {twin.path} (the same run id)" if same_id else f"the same seed as {twin.path}"
+    return (f"{what}: seed {seed} again is not another seed (it would count one model twice in the mean ± sd); "
+            "kept apart")
 
 
 def differences(groups: list[Group]) -> tuple[list[str], list[str]]:
@@ -388,13 +443,13 @@ def compare(run_dirs, baseline=None, attack: str | None = None, split: str = "te
     of the runs in ``run_dirs`` (named by ``labels``, else their folders), each number with its interval, seeds
     aggregated as mean ± sd with a t interval; Markdown, or LaTeX with ``latex``; the lines under it say what the
     intervals are."""
-    groups, base = _groups_with_baseline(run_dirs, baseline, labels)
+    groups, base = _groups_with_baseline(run_dirs, baseline, labels, split)
     attack, rows = comparison_rows(groups, attack, base, split)
     recs = _records(groups, split)
     classes = recs[0][0]["classes"]
     notes = interval_lines(groups, recs, attack)
     # a grid of re-trainings without a class each (tian-kdd-fig4-homing): their worst class is most likely that one
-    notes += [f"{g.label}: {note}." for g in groups if (note := _dropped_note(g.runs[0], classes))]
+    notes += [f"{g.label}: {note}." for g in groups for note in (g.apart, _dropped_note(g.runs[0], classes)) if note]
     notes += critical_lines(groups, recs, base, attack, classes)
     notes = [f"% {line}" if latex else line for line in notes]
     return "\n".join([_table(attack, rows, base, latex), *([""] + notes if notes else [])])
@@ -508,13 +563,14 @@ def _checked_labels(run_dirs, labels: list[str] | None) -> list[str | None]:
     return [label.strip() for label in labels]
 
 
-def _groups_with_baseline(run_dirs, baseline, labels: list[str] | None = None) -> tuple[list[Group], int | None]:
+def _groups_with_baseline(run_dirs, baseline, labels: list[str] | None = None,
+                          split: str = "test") -> tuple[list[Group], int | None]:
     named = dict(zip((Path(p).resolve() for p in run_dirs), _checked_labels(run_dirs, labels)))
     if baseline is not None and Path(baseline).resolve() not in named:
         named = {Path(baseline).resolve(): None, **named}
     if not named:
         raise UserError("fastfair report needs at least one RUN_DIR")
-    groups = group_runs([load_run(p, label) for p, label in named.items()])
+    groups = group_runs([load_run(p, label) for p, label in named.items()], split)
     if baseline is None:
         return groups, None
     target = Path(baseline).resolve()
@@ -568,10 +624,10 @@ def _figure_md(path: Path, out: Path, caption: str) -> str:
 
 
 def _subset_lines(groups: list[Group], classes: list[str]) -> list[str]:
-    """A line above the comparison for every group that is a quick run (part of its data set) or was trained
-    without some classes (its worst class is likely one of them)."""
+    """A line above the comparison for every group that is a quick run (part of its data set), was trained
+    without some classes (its worst class is likely one of them), or stands apart from runs of its config."""
     return [f"**{g.label}: {note}.**\n" for g in groups
-            for note in (_subset_note(g.runs[0]), _dropped_note(g.runs[0], classes)) if note]
+            for note in (g.apart, _subset_note(g.runs[0]), _dropped_note(g.runs[0], classes)) if note]
 
 
 def default_out(groups: list[Group]) -> Path:
@@ -594,7 +650,7 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
     """Write ``out/report.md``, ``out/tables.tex`` and ``out/figures/*.png`` (``out``: :func:`default_out`
     when not given); returns the report's path. The report names its files relative to itself, so its
     folder can move. ``echo`` hears the paired comparisons' verdicts (:func:`paired_section`)."""
-    groups, base = _groups_with_baseline(run_dirs, baseline, labels)
+    groups, base = _groups_with_baseline(run_dirs, baseline, labels, split)
     out = Path(out) if out else default_out(groups)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
