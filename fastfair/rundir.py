@@ -801,6 +801,23 @@ def writing(path: str | Path):
         raise _write_error(path, cause, existed) from None
 
 
+def check_writable(folder: str | Path, elsewhere: str) -> Path:
+    """``folder``, made with its parents where missing, checked to take new files before any long work: a read-only
+    filesystem or a folder without write permission is one :class:`WriteError` naming ``elsewhere`` (how to write
+    somewhere else), rather than a traceback from its first ``mkdir`` or a failed write after the work."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):  # access(2) says EROFS and missing permission alike, for root too
+            code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+            raise OSError(code, os.strerror(code))
+    except OSError as err:
+        why = _WHY.get(err.errno, ((err.strerror or str(err)).lower(), ""))[0]
+        raise WriteError(f"cannot write in {folder}: {why}; nothing was written; {elsewhere}, or make it writable") \
+            from None
+    return folder
+
+
 # what went wrong, and what the user does about it, by errno
 _WHY = {errno.ENOSPC: ("no space left on the device", "free some space"),
         errno.EDQUOT: ("the disk quota is used up", "free some space or raise the quota"),

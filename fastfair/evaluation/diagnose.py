@@ -18,7 +18,7 @@ from fastfair.evaluation import measures, seeds
 from fastfair.attacks import parse_attack, per_class
 from fastfair.errors import UserError
 from fastfair.reports import figures
-from fastfair.rundir import EPOCH_NUMBERING, RunDir, write_json_atomic
+from fastfair.rundir import EPOCH_NUMBERING, RunDir, check_writable, write_json_atomic
 
 
 @torch.no_grad()
@@ -124,6 +124,8 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
         raise UserError(f"diagnose takes an attack on the checkpoint itself over its whole split; {attack} "
                         f"{'needs a substitute model' if parsed.transfer else 'keeps N images a class'}: run it with "
                         "fastfair eval")
+    out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
+    check_writable(out.parent, "copy the run to a writable disk and diagnose the copy")  # before the work
     ck, cfg, dev, model, bundle, data = build.from_checkpoint(path, split=split, device_name=device, data_dir=data_dir,
                                                               batch_size=batch_size, channels_last_ok=False)
     loader = build.eval_loader(cfg, data, dev, False)
@@ -136,8 +138,6 @@ def diagnose_checkpoint(path, *, attack: str = "pgd20", split: str = "test", dat
               **summarise(data, model.head.weight, c, tsne_points, cfg.train.seed)}
     if "absent_classes" in record:  # by name, as an evaluation record names them
         record["absent_classes"] = [bundle.classes[k] for k in record["absent_classes"]]
-    out = RunDir.of_checkpoint(path).diagnostics_file(path, split, attack)
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(record, out)
     record["path"] = str(out)
     if "tsne" in record:  # the picture the numbers are for, beside the JSON

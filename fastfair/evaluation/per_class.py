@@ -29,8 +29,8 @@ from fastfair.data.subsets import dropped_note
 from fastfair.errors import UserError
 from fastfair.evaluation import measures, per_image, seeds
 from fastfair.progress import BACKWARD, FORWARD, PassMeter, Progress
-from fastfair.rundir import (EPOCH_NUMBERING, RunDir, Unchecked, read_json, state_sha256, write_bytes_atomic,
-                             write_json_atomic)
+from fastfair.rundir import (EPOCH_NUMBERING, RunDir, Unchecked, check_writable, read_json, state_sha256,
+                             write_bytes_atomic, write_json_atomic)
 from fastfair.scaleout import distributed
 
 
@@ -360,7 +360,8 @@ def evaluate_loaded(path: Path, model, cfg, dev, bundle, data, *, attacks: list[
     run = RunDir.of_checkpoint(path)
     cap = cfg.data.test_per_class if split == "test" else 0  # first N test images of each class; 0: all
     out = run.eval_file(path, split, cap if cap != own_test_per_class else 0)
-    out.parent.mkdir(parents=True, exist_ok=True)  # AutoAttack's resume file goes here before the JSON
+    # before any attack: AutoAttack's resume file goes here before the JSON, and a run on a read-only disk says so
+    check_writable(out.parent, f"copy the run to a writable disk and evaluate the copy ({path} is not written)")
     settings = settings_of(eps=cfg.eval.eps, alpha=cfg.eval.alpha, cw_kappa=cfg.eval.cw_kappa, amp=amp, seed=seed,
                            clip_start=cfg.eval.clip_start, test_per_class=cap, substitute=sub_model)
     fp = fingerprint(model, data, settings)

@@ -25,7 +25,7 @@ from fastfair.data.superclasses import superclass_order
 from fastfair.evaluation import intervals, measures, per_image
 from fastfair.methods import METHODS
 from fastfair.reports import figures
-from fastfair.rundir import RunDir, notice, one_based_epoch, read_json, write_text_atomic
+from fastfair.rundir import RunDir, check_writable, notice, one_based_epoch, read_json, write_text_atomic
 
 # Keys that differ between seeds of one experiment, or between machines, without changing it.
 NOT_THE_EXPERIMENT = ("train.seed", "train.device", "train.progress", "preset")
@@ -652,8 +652,10 @@ def write_report(run_dirs, out=None, baseline=None, attack: str | None = None, s
     folder can move. ``echo`` hears the paired comparisons' verdicts (:func:`paired_section`)."""
     groups, base = _groups_with_baseline(run_dirs, baseline, labels, split)
     out = Path(out) if out else default_out(groups)
-    fig_dir = out / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; a report is a folder (report.md, tables.tex, figures/): give a "
+                        f"folder's path, e.g. --out {out.with_suffix('')}-report")
+    fig_dir = check_writable(out / "figures", "write the report elsewhere: --out DIR")
     attack, rows = comparison_rows(groups, attack, base, split)
     recs = _records(groups, split)
     classes = recs[0][0]["classes"]
