@@ -41,8 +41,8 @@ from typing import Any
 
 from fastfair import config
 from fastfair.errors import UserError, WriteError
-from fastfair.rundir import (RunDir, load_checkpoint, read_json, read_toml, write_json_atomic, write_text_atomic,
-                             write_toml)
+from fastfair.rundir import (RunDir, free_space, load_checkpoint, read_json, read_toml, write_json_atomic,
+                             write_text_atomic, write_toml)
 from fastfair.scaleout.grid import Grid, toml_value, check_data, prepare
 from fastfair.scaleout.jobs import Job, read_state, run_job, stop_children
 from fastfair.scaleout.launchers import parse_gpus, slot_envs
@@ -163,7 +163,42 @@ class Study:
             return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
         # SQLite: several worker processes write one file; wait for its lock rather than fail at once
         kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        # one process at a time makes the storage's tables: two starting a new study at once both created them, and
+        # the second failed on a duplicate alembic_version row (an IntegrityError of 90 lines)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".storage.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+    @contextlib.contextmanager
+    def storage_errors(self):
+        """The storage failing (SQLAlchemy's errors: a damaged, full or failing study.db) as one line naming the file
+        and what to do, where it was 100 lines of SQLAlchemy's traceback."""
+        try:
+            yield
+        except Exception as err:
+            exc = sys.modules.get("sqlalchemy.exc")
+            # Optuna raises some of them as its StorageInternalError, over SQLAlchemy's
+            cause = next((e for e in (err, err.__cause__) if exc and isinstance(e, exc.SQLAlchemyError)), None)
+            if cause is None:
+                raise
+            raise self._storage_error(str(getattr(cause, "orig", None) or cause).splitlines()[0]) from None
+
+    def _storage_error(self, why: str) -> UserError:
+        url = self.storage_url()
+        db = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        where = str(db) if db else url
+        low = why.lower()
+        if db and ("full" in low or "i/o" in low):
+            return WriteError(f"cannot write {db}: {'no space left on the device' if 'full' in low else why} "
+                              f"({free_space(db)}); the study's finished trials are kept in it; "
+                              f"{'free some space' if 'full' in low else 'fix the disk'}")
+        if "not a database" in low or "malformed" in low:
+            return UserError(f"{where} is damaged ({why}): Optuna cannot read the study from it; restore it from a "
+                             "copy (SQLite keeps no backup of its own), or start the study again in another folder "
+                             "(--out); a study on --storage journal:FILE, an append-only log, loses at most its last "
+                             "line to a torn write")
+        return UserError(f"the study's storage {where} failed: {why}")
 
     def optuna_study(self, contender: Contender, storage, sampler=None):
         """The contender's Optuna study, its objectives named (``metric_names``: what optuna-dashboard and
@@ -649,6 +684,13 @@ def tune(study_dir: str | None = None, *, methods: str | None = None, out: str |
     if not str(root) or str(root) == ".":
         raise UserError("give --methods for a new study, or the study folder to continue or --show one")
     study = open_study(root, given, space)
+    with study.storage_errors():
+        return _tune(study, root, rule=rule, at_avg=at_avg, envs=envs, show=show, worker=worker, say=say, echo=echo)
+
+
+def _tune(study: Study, root: Path, *, rule: str, at_avg: float | None, envs: list[dict],
+          show: bool, worker: bool, say, echo) -> Path:
+    """:func:`tune` once its study is open: show it, or work its trials, evaluate its fronts and compare."""
     if show:
         if not (root / "study.toml").is_file():
             raise UserError(f"{root} holds no study yet (no study.toml)")
