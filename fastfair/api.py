@@ -7,6 +7,8 @@ logits (the convention of torchattacks and RobustBench), with the same seeds, fi
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -265,7 +267,7 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
     from fastfair.training.trainer import Trainer, final_evaluation
 
     trainer = None
-    training = True
+    training, complete = True, False
     try:
         with stopping.handled():  # Python callers too; under the CLI its handler is in place already
             distributed.init(cfg)  # under torchrun: join the process group (fastfair/distributed.py)
@@ -275,6 +277,8 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
                 trainer.fit()
                 training = False
                 final_evaluation(out, cfg, quiet=quiet)
+                complete = True
+                distributed.say_complete()
             # torchrun: no rank leaves the process group (finally: shutdown) while rank 0 still writes the results
             distributed.barrier()
     except WriteError as err:  # the run is as it was before the write: whole files, resumable once it has a config
@@ -287,6 +291,12 @@ def fit(cfg, out: Path, resume: bool, quiet: bool) -> None:
         raise said from None
     except KeyboardInterrupt as err:
         signum = stopping.signum_of(err)
+        if complete:  # the run and its final result are whole: the signal stopped nothing (issue 58, item 9)
+            if distributed.current().is_main:
+                name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+                print(f"fastfair: {name} came after the run was complete (its final result is written); nothing was "
+                      "stopped", file=sys.stderr)
+            return
         said = _stopped_line(out, cfg, trainer.kept if trainer else None, training, stopping.said_by(signum))
         main = distributed.current().is_main
         if main:  # the run's log tells how it ended, as the console did

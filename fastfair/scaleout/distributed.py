@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastfair.errors import UserError
+from fastfair.scaleout import torchrun
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,13 @@ def shutdown() -> None:
         gc.collect()
         dist.destroy_process_group()
         _ctx = Context()
+
+
+def say_complete() -> None:
+    """Rank 0 tells the launcher the run is complete, its final result written: a stop signal to fastfair-torchrun
+    from now on stops nothing, and it exits 0 (:mod:`fastfair.scaleout.torchrun`)."""
+    if _ctx.rank == 0 and os.environ.get(torchrun.COMPLETE):
+        Path(os.environ[torchrun.COMPLETE]).touch()
 
 
 def barrier() -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 NAME = "fastfair-torchrun"
 LAUNCHER = "FASTFAIR_LAUNCHER"  # set for the ranks: the command their continue line names
+COMPLETE = "FASTFAIR_COMPLETE"  # the file rank 0 makes once the run is complete (distributed.say_complete)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,11 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in list(logging.root.manager.loggerDict):  # torch sets each module's level as it creates its logger
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        run.main(argv)
-    except SignalException as err:
-        # the agent stopped the ranks, whose line said what was kept and how to go on
-        return 128 + int(err.sigval)
+    with tempfile.TemporaryDirectory(prefix="fastfair-torchrun-") as folder:
+        complete = Path(folder) / "complete"
+        os.environ[COMPLETE] = str(complete)  # rank 0 makes it once the run's final result is written
+        try:
+            run.main(argv)
+        except SignalException as err:
+            # a signal after the run was complete stopped nothing, as rank 0 said; before, the agent stopped the
+            # ranks, whose line said what was kept and how to go on
+            return 0 if complete.exists() else 128 + int(err.sigval)
     return 0
 
 
