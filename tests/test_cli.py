@@ -168,8 +168,9 @@ def _as_from_a_terminal():
 @pytest.mark.slow
 def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
-    train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--set", "model.width=4",
-             "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+    train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--quick", "10",
+             "--quick-test", "2", "--set", "model.width=4", "--set", "attack.steps=1", "--set",
+             "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
     proc = subprocess.Popen([sys.executable, "-m", "fastfair", *train], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     metrics = out / "metrics.jsonl"
