@@ -100,7 +100,8 @@ def test_me_trades_end_to_end_on_real_cifar10(tmp_path):
     npz = cifar_subset_npz(tmp_path, n_train=600, n_test=200)
     out = tmp_path / "run"
     r = fastfair("train", "--method", "me-trades", "--dataset", "npz", "--data-dir", str(npz), "--model", "tiny-cnn",
-                 "--epochs", "2", "--out", str(out), "--set", "data.val_per_class=10", "--set", "data.batch_size=50",
+                 "--epochs", "2", "--out", str(out), "--set", "model.width=8",  # the plumbing, not the learning
+                 "--set", "data.val_per_class=10", "--set", "data.batch_size=50",
                  "--set", "attack.steps=3", "--set", "train.lr_milestones=[1]",
                  "--set", "eval.attacks=['clean','pgd5']")
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import tomllib
 import warnings
@@ -69,12 +68,16 @@ def test_resume_accepts_what_the_run_was_warned_about_and_refuses_what_it_sets_a
 
 # ---- item 7: the Python API ends on a stop signal as the CLI does ---------------------------------------------
 
-API_SCRIPT = """
-import sys, torch, fastfair
-from fastfair.errors import Interrupted
+# the model and images of the call, made alike in the process signalled and in this one (its rerun)
+API_SETUP = """
+import torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10))
 x, y = torch.rand(20, 3, 4, 4), torch.arange(20) % 10
+"""
+API_SCRIPT = API_SETUP + """
+import sys, fastfair
+from fastfair.errors import Interrupted
 try:
     result = fastfair.evaluate(model, (x, y), attacks="clean,aa", eps=0.05, out=sys.argv[1], progress=False)
 except Interrupted as err:
@@ -85,7 +88,7 @@ else:
 
 
 @pytest.mark.fault
-def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_autoattack(tmp_path):
+def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_autoattack(tmp_path, capsys):
     out = tmp_path / "eval.json"
     env, markers = held(tmp_path, "fastfair.attacks.autoattack:Flags.save", 2)  # after AutoAttack's first sub-attack
     proc = start([sys.executable, "-c", API_SCRIPT, str(out)], env)
@@ -98,10 +101,13 @@ def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_au
     assert not out.exists() and out.with_suffix(".aa.npz").is_file()  # AutoAttack's first sub-attack, whole
 
     release(markers)
-    again = subprocess.run([sys.executable, "-c", API_SCRIPT.replace("progress=False", "progress=True"), str(out)],
-                           env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.strip().endswith(f"done {out}"), again.stderr
-    assert f"AutoAttack: resuming {out.with_suffix('.aa.npz')}" in again.stdout + again.stderr
+    made = {}
+    exec(API_SETUP, made)  # the same call, in this process
+    again = fastfair.evaluate(made["model"], (made["x"], made["y"]), attacks="clean,aa", eps=0.05, out=str(out),
+                              progress=True)
+    assert again.record.get("path") == str(out)
+    printed = capsys.readouterr()
+    assert f"AutoAttack: resuming {out.with_suffix('.aa.npz')}" in printed.out + printed.err
 
 
 # ---- item 8: messages a user can act on ------------------------------------------------------------------------

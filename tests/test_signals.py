@@ -559,7 +559,8 @@ def test_sigterm_in_eval_and_diagnose_is_one_line_and_the_rerun_writes(command, 
     assert r.returncode == 0 and (run / wrote).is_file(), r.stderr
 
 
-# TRAIN's run as a grid's base and settings (the same weights as TRAIN's, seed 0)
+# TRAIN's run as a grid's base and settings (the same weights as TRAIN's, seed 0); a grid's runs share a robust
+# attack in their final evaluation
 SETTINGS = """base = "demo"
 [set]
 "model.width" = 4
@@ -570,7 +571,7 @@ SETTINGS = """base = "demo"
 "train.device" = "cpu"
 "attack.steps" = 1
 "train.val_attack" = "fgsm"
-"eval.attacks" = ["clean"]
+"eval.attacks" = ["clean", "fgsm"]
 """
 GRID = SETTINGS + """[[axes]]
 key = "train.seed"
@@ -620,7 +621,8 @@ def test_sigterm_to_reproduce_stops_its_run_at_a_step_and_the_rerun_resumes_it(t
              x_test=rng.integers(0, 256, (50, 3, 32, 32), dtype=np.uint8), y_test=np.arange(50) % 10)
     out = tmp_path / "out"
     table = ["reproduce", "dafa-t1", "--scale", "subset", "--data-dir", str(npz), "--gpus", "cpu", "--out", str(out),
-             "--set", "train.epochs=2", "--set", "data.batch_size=16"]  # epochs of several steps
+             "--set", "train.epochs=2", "--set", "data.batch_size=16",  # epochs of several steps
+             "--set", "model.width=4", "--set", "attack.steps=1"]  # the plumbing: no ResNet trained on a CPU
     env, markers = held(tmp_path, STEP, 2)
     proc = start([sys.executable, "-m", "fastfair", *table], env)
     (pid,) = wait_held(markers, proc)
