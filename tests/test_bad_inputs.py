@@ -28,7 +28,7 @@ from fastfair import cli, config
 from fastfair.errors import UserError
 from fastfair.rundir import RunDir, new_run_id
 from fastfair.scaleout import grid as grid_module
-from helpers import DEMO_FAST, DEMO_TRAIN, NPZ_TRAIN as NPZ, demo_train, small_npz, trained_demo
+from helpers import DEMO_FAST, DEMO_TRAIN, NPZ_TRAIN as NPZ, demo_train, fastfair, small_npz, trained_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = DEMO_TRAIN
@@ -433,8 +433,7 @@ def test_kill_9_mid_run_then_resume_continues_where_the_checkpoint_left(tmp_path
     proc.kill()
     proc.wait()
     kept = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["epoch"]
-    resumed = subprocess.run([*cmd, "--resume"], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
+    resumed = fastfair(*cmd[3:], "--resume")  # in this process: the kill is the process boundary, not the resume
     assert resumed.returncode == 0, resumed.stderr
     assert "taking over the lock" in resumed.stderr  # the killed process's lock was stale
     assert [r["epoch"] for r in RunDir(out).read_metrics()] == [1, 2, 3]  # none twice, none lost

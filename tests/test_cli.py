@@ -100,7 +100,8 @@ def test_me_trades_end_to_end_on_real_cifar10(tmp_path):
     npz = cifar_subset_npz(tmp_path, n_train=600, n_test=200)
     out = tmp_path / "run"
     r = fastfair("train", "--method", "me-trades", "--dataset", "npz", "--data-dir", str(npz), "--model", "tiny-cnn",
-                 "--epochs", "2", "--out", str(out), "--set", "data.val_per_class=10", "--set", "data.batch_size=50",
+                 "--epochs", "2", "--out", str(out), "--set", "model.width=8",  # the plumbing, not the learning
+                 "--set", "data.val_per_class=10", "--set", "data.batch_size=50",
                  "--set", "attack.steps=3", "--set", "train.lr_milestones=[1]",
                  "--set", "eval.attacks=['clean','pgd5']")
     assert r.returncode == 0, r.stderr
@@ -168,8 +169,9 @@ def _as_from_a_terminal():
 @pytest.mark.slow
 def test_ctrl_c_stops_training_in_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
-    train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--set", "model.width=4",
-             "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+    train = ["train", "--config", "demo", "--epochs", "50", "--out", str(out), "--quiet", "--quick", "10",
+             "--quick-test", "2", "--set", "model.width=4", "--set", "attack.steps=1", "--set",
+             "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
     proc = subprocess.Popen([sys.executable, "-m", "fastfair", *train], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     metrics = out / "metrics.jsonl"

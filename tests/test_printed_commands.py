@@ -1,19 +1,15 @@
 """Every command fastfair prints works as printed (issue 49, items 5-8): the ``continue with:`` line after each kind
 of stop (SIGTERM, SIGUSR1, a full disk) of a run shortened with ``--epochs``, and the ``next:`` lines the resumed run
-ends with, each run as a user would paste it.
+ends with, each run as a user would paste it (the signals' cases in test_signals, which stops real processes).
 
-Each run is the demo preset (learning-rate milestones at epochs 10 and 13) cut to 2 epochs of 4 steps: the
-milestones lie past its end, a warning when it starts, and ``--resume`` (which takes every setting from the run
-folder) must not refuse what its start accepted.
+Each run is test_signals' TRAIN: the demo preset (learning-rate milestones at epochs 10 and 13) cut to 2 epochs of
+4 steps: the milestones lie past its end, a warning when it starts, and ``--resume`` (which takes every setting from
+the run folder) must not refuse what its start accepted.
 """
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import tomllib
 import warnings
@@ -31,80 +27,25 @@ from fastfair.errors import UserError
 from fastfair.rundir import RunDir
 from helpers import trained_demo
 from test_reliability import fail_writes
-from test_signals import STEP, ended, held, release, start, wait_held
+from test_signals import TRAIN, as_printed, continue_with, ended, held, release, start, wait_held
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["train", "--config", "demo", "--epochs", "2", "--quick", "10", "--quick-test", "2", "--device", "cpu",
-         "--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
-         "--set", "eval.attacks=['clean']", "--set", "data.batch_size=25"]
-
-
-def _as_printed(command: str, env: dict) -> subprocess.CompletedProcess:
-    """``command`` (``fastfair ...``, as fastfair printed it) run as a user's shell would run it."""
-    argv = shlex.split(command)
-    assert argv[0] == "fastfair", command
-    return subprocess.run([sys.executable, "-m", "fastfair", *argv[1:]], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-
-
-def _continue_with(err: str) -> str:
-    """The command of the one ``continue with:`` line fastfair printed."""
-    found = re.findall(r"continue with: (fastfair .+)$", err, re.M)
-    assert len(found) == 1, err
-    return found[0]
-
-
-def _stopped(kind: str, out: Path, tmp_path: Path, monkeypatch, capsys) -> tuple[str, dict]:
-    """(what a run stopped by ``kind`` printed on stderr, the environment its continuation runs in)."""
-    if kind == "disk full":  # no last.pt can be written: epoch 1 ends without its checkpoint
-        fail_writes(monkeypatch, which=lambda path: path.name.startswith(".last.pt."))
-        assert cli.main([*TRAIN, "--out", str(out)]) == 74
-        monkeypatch.undo()  # space was freed
-        return capsys.readouterr().err, {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env, markers = held(tmp_path, STEP, 6)  # epoch 2's second step
-    proc = start([sys.executable, "-m", "fastfair", *TRAIN, "--out", str(out)], env)
-    (pid,) = wait_held(markers, proc)
-    sig = signal.Signals[kind]
-    os.kill(pid, sig)
-    code, _, err = ended(proc)
-    assert code == 128 + sig, err
-    release(markers)  # the continuation goes through
-    return err, env
-
-
-def _next(printed: str) -> list[str]:
-    """The commands of the ``next:`` lines a command ended with."""
-    return re.findall(r"^  (fastfair .+?)\s+# ", printed.split("\nnext:\n")[-1], re.M) if "\nnext:\n" in printed else []
 
 
 @pytest.mark.fault
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["SIGTERM", "SIGUSR1", "disk full"])
-def test_the_continue_with_line_of_a_stopped_shortened_run_works_as_printed(kind, tmp_path, monkeypatch, capsys):
+def test_the_continue_with_line_of_a_run_stopped_by_a_full_disk_works_as_printed(tmp_path, monkeypatch, capsys):
+    """No last.pt can be written: epoch 1 ends without its checkpoint; once space is freed, the continue with: line,
+    pasted as printed, finishes the shortened run, the milestones' warning said again. The same line after SIGTERM
+    and SIGUSR1, and the next: lines the resumed run ends with: test_signals, where those signals stop a real
+    process."""
     out = tmp_path / "run"
-    err, env = _stopped(kind, out, tmp_path, monkeypatch, capsys)
-    resumed = _as_printed(_continue_with(err), env)
+    fail_writes(monkeypatch, which=lambda path: path.name.startswith(".last.pt."))
+    assert cli.main([*TRAIN, "--out", str(out)]) == 74
+    monkeypatch.undo()  # space was freed
+    resumed = as_printed(continue_with(capsys.readouterr().err))
     assert resumed.returncode == 0, resumed.stderr
     assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]  # the run ended as started: 2 epochs
     assert "(the saved run's value; to see it act: --set train.lr_milestones=[1])" in resumed.stderr  # still said
-    if kind != "SIGTERM":
-        return  # the next: lines do not depend on how the run stopped: followed once
-
-    # the next: lines it ends with, each as printed, then those each of them ends with (OTHER_RUN: a copy of it)
-    todo, ran = _next(resumed.stdout), []
-    while todo:
-        command = todo.pop(0)
-        if command in ran:
-            continue
-        ran.append(command)
-        other = tmp_path / "other"
-        if "OTHER_RUN" in command and not other.exists():
-            shutil.copytree(out, other)
-        done = _as_printed(command.replace("OTHER_RUN", str(other)), env)
-        assert done.returncode == 0, (command, done.stderr)
-        todo += _next(done.stdout)
-    assert ran == [f"fastfair eval {out} --attacks aa --per-class 2", f"fastfair report {out}",
-                   f"fastfair report {out} OTHER_RUN"]
 
 
 def test_resume_accepts_what_the_run_was_warned_about_and_refuses_what_it_sets_anew():
@@ -127,12 +68,16 @@ def test_resume_accepts_what_the_run_was_warned_about_and_refuses_what_it_sets_a
 
 # ---- item 7: the Python API ends on a stop signal as the CLI does ---------------------------------------------
 
-API_SCRIPT = """
-import sys, torch, fastfair
-from fastfair.errors import Interrupted
+# the model and images of the call, made alike in the process signalled and in this one (its rerun)
+API_SETUP = """
+import torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10))
 x, y = torch.rand(20, 3, 4, 4), torch.arange(20) % 10
+"""
+API_SCRIPT = API_SETUP + """
+import sys, fastfair
+from fastfair.errors import Interrupted
 try:
     result = fastfair.evaluate(model, (x, y), attacks="clean,aa", eps=0.05, out=sys.argv[1], progress=False)
 except Interrupted as err:
@@ -143,7 +88,7 @@ else:
 
 
 @pytest.mark.fault
-def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_autoattack(tmp_path):
+def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_autoattack(tmp_path, capsys):
     out = tmp_path / "eval.json"
     env, markers = held(tmp_path, "fastfair.attacks.autoattack:Flags.save", 2)  # after AutoAttack's first sub-attack
     proc = start([sys.executable, "-c", API_SCRIPT, str(out)], env)
@@ -156,10 +101,13 @@ def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_au
     assert not out.exists() and out.with_suffix(".aa.npz").is_file()  # AutoAttack's first sub-attack, whole
 
     release(markers)
-    again = subprocess.run([sys.executable, "-c", API_SCRIPT.replace("progress=False", "progress=True"), str(out)],
-                           env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.strip().endswith(f"done {out}"), again.stderr
-    assert f"AutoAttack: resuming {out.with_suffix('.aa.npz')}" in again.stdout + again.stderr
+    made = {}
+    exec(API_SETUP, made)  # the same call, in this process
+    again = fastfair.evaluate(made["model"], (made["x"], made["y"]), attacks="clean,aa", eps=0.05, out=str(out),
+                              progress=True)
+    assert again.record.get("path") == str(out)
+    printed = capsys.readouterr()
+    assert f"AutoAttack: resuming {out.with_suffix('.aa.npz')}" in printed.out + printed.err
 
 
 # ---- item 8: messages a user can act on ------------------------------------------------------------------------
@@ -210,60 +158,6 @@ def test_a_checkpoint_the_disk_refused_leaves_no_metrics_line_and_its_error_is_i
     assert len(error) == 1 and "continue with: fastfair train" in error[0], error
     assert RunDir(out).metrics.read_text() == ""  # epoch 1's line went with its checkpoint
     assert RunDir(out).train_log.read_text().splitlines()[-1] == error[0]  # the log says how the run ended
-
-
-@pytest.mark.fault
-@pytest.mark.slow
-def test_sigterm_to_torchrun_names_the_torchrun_command_once_and_it_continues_as_printed(tmp_path):
-    """The continue with: line of a 2-rank run stopped by SIGTERM to torchrun is torchrun's own command, said once
-    (rank 0), and pasted as printed it resumes both ranks. torchrun's launcher then ends with a traceback and exit
-    code 1 whatever its ranks do (it raises SignalException out of its main; fastfair runs nothing in that process):
-    asserted too, so that docs/reliability.md, which says so, hears of a torch that changes it."""
-    env, markers = held(tmp_path, STEP, 2)  # both ranks wait before their second step
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # torchrun, as torch installs it
-    args = [*TRAIN, "--set", "data.batch_size=20"]  # the global batch divides by the 2 ranks
-    out = tmp_path / "run"
-    proc = start(["torchrun", "--nproc-per-node", "2", "-m", "fastfair", *args, "--out", str(out)], env)
-    wait_held(markers, proc, count=2)
-    proc.send_signal(signal.SIGTERM)  # to torchrun, as SLURM, docker stop or kill would: it passes it to the ranks
-    code, _, err = ended(proc)
-    said = [line for line in err.splitlines() if line.startswith("fastfair: interrupted")]
-    go_on = f"torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume"
-    assert said == [f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (3 of 5 steps saved); torchrun's own report "
-                    f"after this line (exit code 1) is how it ends on a signal (fastfair-torchrun ends here); continue "
-                    f"with: {go_on}"], err[-3000:]
-    assert RunDir(out).train_log.read_text().splitlines()[-1] == said[0]
-    assert code == 1 and err.rstrip().endswith("SignalException: Process %d got signal: 15" % proc.pid), err[-3000:]
-    assert "FutureWarning" not in err  # nor torch's notice about DDP's broadcast_buffers, on every run
-
-    release(markers)
-    resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
-
-
-@pytest.mark.fault
-@pytest.mark.slow
-def test_sigterm_to_fastfair_torchrun_is_one_line_exit_143_and_it_continues_as_printed(tmp_path):
-    """fastfair-torchrun is torchrun ending on a stop signal as a one-process run does: the ranks' one line naming
-    fastfair-torchrun's command, no traceback after it, exit 128 + 15; pasted as printed, it resumes both ranks."""
-    env, markers = held(tmp_path, STEP, 2)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # fastfair-torchrun, as pip installs it
-    out = tmp_path / "run"
-    proc = start(["fastfair-torchrun", "--nproc-per-node", "2", "-m", "fastfair", *TRAIN, "--set",
-                  "data.batch_size=20", "--out", str(out)], env)
-    wait_held(markers, proc, count=2)
-    proc.send_signal(signal.SIGTERM)
-    code, _, err = ended(proc)
-    go_on = f"fastfair-torchrun --nproc-per-node 2 -m fastfair train --out {out} --resume"
-    said = [line for line in err.splitlines() if line.startswith("fastfair: interrupted")]
-    assert said == [f"fastfair: interrupted by SIGTERM in epoch 1 of 2 (3 of 5 steps saved); continue with: {go_on}"]
-    assert [line for line in err.splitlines() if "warning: train.lr_milestones" not in line] == said, err[-3000:]
-    assert code == 143 and "Traceback" not in err and "SignalException" not in err, err[-3000:]
-    release(markers)
-    resumed = subprocess.run(shlex.split(go_on), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [m["epoch"] for m in RunDir(out).read_metrics()] == [1, 2]
 
 
 @pytest.mark.parametrize("protocol", [3, 4])

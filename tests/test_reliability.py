@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,10 +29,9 @@ from fastfair.reports.report import load_run
 from fastfair.rundir import (RunDir, append_jsonl, append_text, load_checkpoint, save_atomic, write_json_atomic,
                              write_npz_atomic)
 from fastfair.scaleout import jobs
-from helpers import demo_train, trained_demo
+from helpers import demo_train, fastfair, trained_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 _train = demo_train
 
 
@@ -279,8 +277,8 @@ def test_on_a_real_full_filesystem_train_and_eval_fail_in_one_line_and_the_run_r
     kept = {p: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     result = (run / "eval" / "best_pgd-test.json").read_bytes()
     _fill(small_disk, leave=4 * 4096)  # room for epoch 2's metrics line and a best checkpoint, not for last.pt
-    train = subprocess.run([sys.executable, "-m", "fastfair", *_train(run, "--resume", "--epochs", "2")], env=ENV,
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    # in this process: the filesystem is real, what a process adds is its imports
+    train = fastfair(*_train(run, "--resume", "--epochs", "2"))
     assert train.returncode == 74, train.stderr
     line = _one_error(train.stderr)
     assert re.fullmatch(rf"cannot write {run}/\S+: no space left on the device \([\d.]+ k?B free on {small_disk}\); "
@@ -290,8 +288,7 @@ def test_on_a_real_full_filesystem_train_and_eval_fail_in_one_line_and_the_run_r
     assert (run / "checkpoints" / "last.pt").read_bytes() == kept[run / "checkpoints" / "last.pt"]  # epoch 1
 
     _fill(small_disk, leave=0)
-    ev = subprocess.run([sys.executable, "-m", "fastfair", "eval", str(run), "--attacks", "clean", "--quiet"],
-                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    ev = fastfair("eval", run, "--attacks", "clean", "--quiet")
     assert ev.returncode == 74, ev.stderr
     # best_pgd.pt may hold epoch 2's weights now: the earlier result is copied to eval/previous/ first, so either
     # write may be the one refused
