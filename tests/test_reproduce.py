@@ -20,6 +20,7 @@ from fastfair.rundir import RunDir
 from fastfair.preset_files import preset_names
 
 from helpers import CIFAR10, CIFAR_SUBSET, TINY_SUBSET, real_data
+from reproduce_inline import runs_inline
 
 
 @pytest.mark.parametrize("preset", [p for p in preset_names() if p != "demo"])
@@ -162,8 +163,9 @@ def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
         "transfer:cwinf20/5"
 
 
-def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
+def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path, monkeypatch):
     real_data()
+    runs_inline(monkeypatch)
     out = tmp_path / "t2"
     assert reproduce("tian-iclr-t2", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu",
                      per_gpu=2, sets=TINY_SUBSET, echo=lambda line: None) == 0
