@@ -4,8 +4,8 @@ A grid job is ``python -m fastfair train ...`` in a child process (:mod:`fastfai
 torch's import, about 5 CPU s a run before it trains anything, where a subset-scale run of these tests trains and
 scores in one or two. :func:`runs_inline` keeps everything of the grid but the process: the launcher's slots, echo
 lines and done/failed bookkeeping (``run_job``, ``run_concurrently``) are the real ones, and the child's command is
-the one ``cli.main`` runs here, its output into the run's ``train.log``. One test keeps the child processes
-(test_reproduce.py's subset table, which also re-runs it and skips its done runs)."""
+the one ``cli.main`` runs here, its output into the run's ``train.log``. One test keeps the child process
+(test_figures_cfa.py's benz-f1, a single run through the CLI)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +15,8 @@ import types
 
 from fastfair import cli
 from fastfair.scaleout import jobs, launchers
+
+from helpers import TINY_SUBSET
 
 
 class _Here:
@@ -63,3 +65,8 @@ def runs_inline(monkeypatch) -> None:
     """The local launcher's jobs run one at a time in this process (see the module's doc)."""
     monkeypatch.setattr(jobs, "subprocess", types.SimpleNamespace(Popen=_Here, STDOUT=subprocess.STDOUT))
     monkeypatch.setattr(launchers, "ThreadPoolExecutor", _OneAtATime)
+
+
+def tiny(*sets: str) -> list[str]:
+    """``--set`` arguments for ``fastfair reproduce``: :data:`helpers.TINY_SUBSET`, then ``sets`` (which win)."""
+    return [a for s in (*TINY_SUBSET, *sets) for a in ("--set", s)]
