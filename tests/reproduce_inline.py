@@ -1,11 +1,12 @@
 """What the end-to-end ``fastfair reproduce`` tests share: a grid whose runs train in this process.
 
-A grid job is ``python -m fastfair train ...`` in a child process (:mod:`fastfair.scaleout.jobs`): an interpreter and
-torch's import, about 5 CPU s a run before it trains anything, where a subset-scale run of these tests trains and
-scores in one or two. :func:`runs_inline` keeps everything of the grid but the process: the launcher's slots, echo
-lines and done/failed bookkeeping (``run_job``, ``run_concurrently``) are the real ones, and the child's command is
-the one ``cli.main`` runs here, its output into the run's ``train.log``. One test keeps the child process
-(test_figures_cfa.py's benz-f1, a single run through the CLI)."""
+A grid job is ``python -m fastfair train ...`` in a child process (:mod:`fastfair.scaleout.jobs`): an interpreter,
+torch, fastfair's training modules and Dynamo imported again, some 12 CPU s a run (Tian et al.'s Table 2, 4 runs: 89
+CPU s in children, 41 in the test's process), where a run of these tests trains and scores in a few.
+:func:`runs_inline` keeps everything of the grid but the process: the launcher's slots, echo lines and done/failed
+bookkeeping (``run_job``, ``run_concurrently``) are the real ones, and the child's command is the one ``cli.main``
+runs here, its output into the run's ``train.log``. One test keeps the child process (test_figures_cfa.py's benz-f1,
+a single run through the CLI)."""
 from __future__ import annotations
 
 import contextlib
