@@ -35,8 +35,10 @@ CIFAR_SUBSET = SHARED / "cifar10-subset.npz"
 # Every skip for want of the real data says this first; conftest counts them into one line after the run.
 NO_REAL_DATA = "no real data"
 # what an end-to-end `reproduce --scale subset` test trains and scores: the plumbing, not the learning (one epoch of
-# a width-4 model, 20 training and 10 test images a class, where the subset scale's own is 100 and 50)
-TINY_SUBSET = ["train.epochs=1", "model.width=4", "data.train_per_class=20", "data.test_per_class=10"]
+# a width-4 model, 10 training and 5 test images a class, where the subset scale's own are 100 and 50, in two
+# batches; 5 is also what a NAME/N attack scores at that scale)
+TINY_SUBSET = ["train.epochs=1", "model.width=4", "data.train_per_class=10", "data.test_per_class=5",
+               "data.batch_size=50"]
 
 
 def real_data(name: str = "cifar10-subset.npz") -> Path:

@@ -12,6 +12,7 @@ from fastfair.rundir import RunDir
 from fastfair.scaleout.grid import prepare
 
 from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
+from reproduce_inline import runs_inline
 
 PAPER = '[paper]\nsource = "benz"\nrow = "R"\nfollows = "paper"\nselection = "last"\n'
 
@@ -57,9 +58,10 @@ def test_a_protocol_row_runs_its_presets_attacks_and_keeps_its_architecture_wher
     assert kept[data.rows[0].preset]["model.name"] == config.resolve(data.rows[0].preset).model.name
 
 
-def test_a_section_end_to_end_at_subset_scale(tmp_path):
+def test_a_section_end_to_end_at_subset_scale(tmp_path, monkeypatch):
     """The data-set section on the two subsets this machine has: per data set and attack a per-class table and
     heatmap, no verdicts, the study's report per data set, and the rows without data named."""
+    runs_inline(monkeypatch)
     real_data()
     folder = tmp_path / "data"
     folder.mkdir()

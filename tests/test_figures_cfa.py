@@ -13,6 +13,7 @@ from fastfair.reproduce.figures import benz, cfa, registry
 from fastfair.reproduce.figures.registry import FIGURES, INVENTORY, FigureRuns
 
 from helpers import CIFAR10, real_data
+from reproduce_inline import runs_inline, tiny
 
 EPOCHS = 5
 
@@ -255,11 +256,13 @@ def test_benz_figures_draw_the_2x2_discrepancy_grid_of_their_protocol_run(tmp_pa
 
 
 def test_benz_fig1_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
-    """The CI smoke of these modules: one protocol run (standard training, one epoch) and its drawer, via the CLI."""
+    """The CI smoke of these modules: one protocol run (standard training, one epoch) and its drawer, via the CLI;
+    the one end-to-end reproduce test whose run trains in a child process, as a user's does (the others train in
+    the test's, tests/reproduce_inline.py)."""
     data = real_data()
     out = tmp_path / "benz-f1"
     assert cli.main(["reproduce", "benz-f1", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
-                     "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+                     "--gpus", "cpu", *tiny()]) == 0
     md = (out / "benz-f1.md").read_text()
     assert "![Fig. 1, benz-f1](benz-f1.png)" in md and "| done | last.pt |" in md
     assert (out / "benz-f1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -274,14 +277,14 @@ def test_a_figure_lacks_only_what_its_own_rows_lack_and_lists_its_plotted_rows(c
 
 
 
-def test_cfa_fig4_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
-    """CFA's CI smoke: Fig. 4's two rows (AT and AT + FAWA; two epochs, a narrow CNN, evaluated clean only, since
-    AutoAttack on CPU would take minutes and the figure reads the per-epoch curves), drawn via the CLI."""
+def test_cfa_fig4_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys, monkeypatch):
+    """CFA's CI smoke: Fig. 4's two rows (AT and AT + FAWA; two epochs, a narrow CNN, a few images, evaluated clean
+    only, since AutoAttack on CPU would take minutes and the figure reads the per-epoch curves), drawn via the CLI."""
+    runs_inline(monkeypatch)
     data = real_data()
     out = tmp_path / "cfa-f4"
     assert cli.main(["reproduce", "cfa-f4", "--scale", "subset", "--data-dir", str(data), "--out", str(out),
-                     "--gpus", "cpu", "--set", "train.epochs=2", "--set", "model.width=4",
-                     "--set", 'eval.attacks=["clean"]']) == 0
+                     "--gpus", "cpu", *tiny("train.epochs=2", 'eval.attacks=["clean"]')]) == 0
     md = (out / "cfa-f4.md").read_text()
     assert md.count("| done |") == 2
     for panel in "ab":

@@ -23,6 +23,7 @@ from fastfair.reproduce.paper import load
 from fastfair.rundir import load_checkpoint, read_json, save_atomic, write_json_atomic
 
 from helpers import CIFAR10, NPZ_TRAIN, demo_train, real_data, small_npz
+from reproduce_inline import runs_inline, tiny
 
 C = len(CIFAR10)
 
@@ -262,14 +263,15 @@ def test_fig7_draws_each_epochs_entropy_clean_and_adversarial_from_the_runs_metr
 
 
 def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path, monkeypatch):
-    """The CI smoke of the ME figures: me-f3's two single-AT rows trained (one epoch, a 4-channel tiny-cnn), their
-    numbers compared, then the drawer measures both checkpoints' features and draws the errors (the runs'
-    evaluation records', exactly: a measurement of its own differed by an image or two a class) and the 2-D
-    features."""
+    """The CI smoke of the ME figures: me-f3's two single-AT rows trained (helpers.TINY_SUBSET: one epoch of a
+    4-channel tiny-cnn on a few images a class), their numbers compared, then the drawer measures both checkpoints'
+    features and draws the errors (the runs' evaluation records', exactly: a measurement of its own differed by an
+    image or two a class) and the 2-D features."""
+    runs_inline(monkeypatch)
     data = real_data()
     out = tmp_path / "f3"
     argv = ["reproduce", "me-f3", "--scale", "subset", "--data-dir", str(data), "--out", str(out), "--gpus", "cpu",
-            "--per-gpu", "2", "--set", "train.epochs=1", "--set", "model.width=4"]
+            "--per-gpu", "2", *tiny()]
     assert cli.main(argv) == 0
     md = (out / "me-f3.md").read_text()
     for panel in ("errors", "features"):
@@ -277,7 +279,7 @@ def test_fig3_end_to_end_at_subset_scale_through_the_cli(tmp_path, monkeypatch):
     assert "| single AT of class 3 (cat) | `me-fig3-single-at-cat` | clean | cat | 7.03 (1) |" in md
     run = out / "runs" / "me-fig3-single-at-cat-s0"
     (got,) = me.measured(FigureRuns("me-f3", out, "subset", False, CIFAR10, {"x": [run]}, {}, gpus="cpu"), "x")
-    assert got.features.shape == (500, 2) and got.classes == CIFAR10  # 50 test images a class, 2-D features
+    assert got.features.shape == (50, 2) and got.classes == CIFAR10  # 5 test images a class, 2-D features
     # the record is what the drawer reads: numbers no measurement would give show up as they are
     path = run / "eval" / "best_pgd-test.json"
     record = read_json(path)

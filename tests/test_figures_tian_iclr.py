@@ -22,6 +22,7 @@ from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.reproduce.runs import plan
 
 from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
+from reproduce_inline import runs_inline
 
 C10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 DIGITS = [str(k) for k in range(10)]
@@ -327,9 +328,10 @@ def test_fig8_draws_the_diagnosis_tsne(tmp_path, drawn, monkeypatch):
 
 
 @pytest.mark.slow  # about 60 CPU seconds: a training run, its diagnosis and a t-SNE
-def test_fig8_end_to_end_at_subset_scale(tmp_path):
+def test_fig8_end_to_end_at_subset_scale(tmp_path, monkeypatch):
     """`fastfair reproduce tian-iclr-f8` on the real CIFAR-10 subset: the row trains (one epoch, a narrow CNN), is
     evaluated every epoch on the test set, diagnosed once, and the figure lands in its report."""
+    runs_inline(monkeypatch)
     real_data()
     out, said = tmp_path / "f8", []
     assert reproduce("tian-iclr-f8", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=1,

@@ -14,6 +14,7 @@ from fastfair.reproduce.figures.registry import FigureRuns
 from fastfair.rundir import RunDir, read_json
 
 from helpers import real_data
+from reproduce_inline import runs_inline, tiny
 
 # the demo preset (scikit-learn digits, 10 classes) cut to seconds, as tests/test_tian_sec6.py trains it
 FAST = ["--quiet", "--set", "model.width=4", "--set", "attack.steps=1", "--set", "train.val_attack=fgsm",
@@ -189,13 +190,14 @@ def test_fig5_draws_the_images_and_both_confusion_matrices_under_the_presets_att
 
 # ---- end to end, the CLI on the real CIFAR-10 subset --------------------------------------------------------
 
-def test_fig2_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys):
+def test_fig2_end_to_end_at_subset_scale_through_the_cli(tmp_path, capsys, monkeypatch):
+    runs_inline(monkeypatch)
     folder = tmp_path / "data"  # the CIFAR-10 subset alone: Fig. 2's other data sets are left out, and said so
     folder.mkdir()
     (folder / "cifar10-subset.npz").symlink_to(real_data())
     out = tmp_path / "f2"
     assert cli.main(["reproduce", "tian-kdd-f2", "--scale", "subset", "--data-dir", str(folder), "--out", str(out),
-                     "--gpus", "cpu", "--set", "train.epochs=1", "--set", "model.width=4"]) == 0
+                     "--gpus", "cpu", *tiny()]) == 0
     said = capsys.readouterr().out
     assert "not run at this scale: tian-kdd-t5-mnist-madry" in said
     md = (out / "tian-kdd-f2.md").read_text()

@@ -20,6 +20,7 @@ from fastfair.rundir import RunDir
 from fastfair.preset_files import preset_names
 
 from helpers import CIFAR10, CIFAR_SUBSET, TINY_SUBSET, real_data
+from reproduce_inline import runs_inline
 
 
 @pytest.mark.parametrize("preset", [p for p in preset_names() if p != "demo"])
@@ -162,8 +163,9 @@ def test_transfer_rows_run_after_and_attack_through_their_substitute(tmp_path):
         "transfer:cwinf20/5"
 
 
-def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path):
+def test_a_per_class_table_end_to_end_with_its_transfer_substitute(tmp_path, monkeypatch):
     real_data()
+    runs_inline(monkeypatch)
     out = tmp_path / "t2"
     assert reproduce("tian-iclr-t2", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu",
                      per_gpu=2, sets=TINY_SUBSET, echo=lambda line: None) == 0
@@ -207,7 +209,8 @@ def _png_ok(path) -> bool:
     return kind == b"IHDR" and zlib.crc32(data[12:16 + length]) == crc
 
 
-def test_subset_table_end_to_end_then_skips_done_runs(tmp_path):
+def test_subset_table_end_to_end_then_skips_done_runs(tmp_path, monkeypatch):
+    runs_inline(monkeypatch)
     real_data()
     out, lines = tmp_path / "t5", []
     args = dict(scale="subset", data_dir=str(CIFAR_SUBSET), out=str(out), gpus="cpu", per_gpu=3,
@@ -405,9 +408,10 @@ def test_class_wise_spread_numbers_their_verdicts_and_bad_values(tmp_path, monke
             paper.load("x")
 
 
-def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_path):
+def test_a_table_over_several_data_sets_runs_the_rows_whose_subset_is_there(tmp_path, monkeypatch):
     """KDD Table 5 trains on six data sets: at subset scale --data-dir is a folder of <dataset>-subset.npz files;
     the MNIST and CIFAR-10 rows run on theirs, the others are named as not run, and one file is refused."""
+    runs_inline(monkeypatch)
     real_data()
     with pytest.raises(UserError, match="FOLDER holding cifar10-subset.npz, cifar100-subset.npz"):
         reproduce("tian-kdd-t5", scale="subset", data_dir=str(CIFAR_SUBSET), out=str(tmp_path / "one"))

@@ -13,6 +13,7 @@ from fastfair.reproduce.figures.registry import FigureSpec
 from fastfair.reproduce.runs import SUBSET_VAL_PER_CLASS
 
 from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
+from reproduce_inline import runs_inline
 
 
 def test_keys_of_items_and_panels():
@@ -104,6 +105,7 @@ def test_the_docs_coverage_table_is_the_generated_one():
 
 
 def test_a_figure_end_to_end_at_subset_scale_with_its_drawer(tmp_path, monkeypatch):
+    runs_inline(monkeypatch)
     real_data()
     seen, evaluated, asked = {}, [], ["fgsm"]  # attacks the row was not evaluated under
     spy = registry.evaluate_checkpoint

@@ -208,10 +208,14 @@ def per_class_figure(table: Table, comparisons: list[Comparison], path: Path, sc
             ax.errorbar(xs, [c.paper for c in mine], yerr=[c.margin for c in mine], fmt="none", ecolor="0.8",
                         elinewidth=4, zorder=1)
             ax.plot(xs, [c.paper for c in mine], "-o", color="black", mfc="white", lw=0.6, ms=4, zorder=3)
-            for x, c in zip(xs, mine):
-                if c.mean is not None:
-                    colour, marker = STYLE[c.verdict]
-                    ax.errorbar(x, c.mean, yerr=_half(c), fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
+            # ours, one errorbar a verdict: a call a number made a panel's artists many times over, and a table of
+            # a dozen rows and attacks took most of its report's time to lay out and save
+            ours = [(x, c) for x, c in zip(xs, mine) if c.mean is not None]
+            for verdict in dict.fromkeys(c.verdict for _, c in ours):
+                colour, marker = STYLE[verdict]
+                alike = [(x, c) for x, c in ours if c.verdict == verdict]
+                ax.errorbar([x for x, _ in alike], [c.mean for _, c in alike], yerr=[_half(c) for _, c in alike],
+                            fmt=marker, color=colour, ms=4, capsize=1.5, zorder=4)
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy (%)", fontsize=7)
     for ax in axes.flat:
