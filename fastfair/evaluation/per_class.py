@@ -206,10 +206,11 @@ def aa_backend_for(attack_names: list[str], backend: str) -> str:
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
              log=None, clip_start: bool = True, substitute=None) -> dict[str, dict]:
-    """{attack: {per_class, summary, confusion, per_image, entropy}} with accuracies in percent, each image's
-    correctness (:mod:`fastfair.evaluation.per_image`; a result's intervals come from it, added where it is kept:
-    :func:`per_image.with_intervals`) and the mean prediction entropy in nats (not for AutoAttack, whose final
-    predictions are its own).
+    """{attack: {per_class, summary, confusion, per_image, entropy, gradient_masked}} with accuracies in percent, each
+    image's correctness (:mod:`fastfair.evaluation.per_image`; a result's intervals come from it, added where it is
+    kept: :func:`per_image.with_intervals`), the mean prediction entropy in nats (not for AutoAttack, whose final
+    predictions are its own) and, for an attack that takes input gradients, how many images had a non-finite one
+    (:data:`measures.MASKED`).
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
