@@ -42,7 +42,8 @@ _DISTINCT = Range(lambda v: all(c >= 0 for c in v) and len(set(v)) == len(v), "d
 # key -> its rule (fastfair.rules); a key whose method does not attack skips attack.*
 RANGES: dict[str, Range] = {
     "attack.eps": IMAGE_RANGE, "attack.alpha": IMAGE_RANGE, "attack.steps": STEPS,
-    "eval.eps": IMAGE_RANGE, "eval.alpha": IMAGE_RANGE, "eval.cw_kappa": at_least(0),
+    "eval.eps": IMAGE_RANGE, "eval.alpha": IMAGE_RANGE,
+    "eval.cw_kappa": at_least(0, infinite=True),  # inf: the CW margin unclamped
     "train.epochs": at_least(1), "train.lr": ABOVE_0, "train.momentum": within(0, 1),
     "train.weight_decay": at_least(0), "train.lr_gamma": ABOVE_0,
     "train.lr_milestones": Range(lambda v: all(m >= 1 for m in v), "a list of epochs, each at least 1"),
@@ -56,7 +57,6 @@ RANGES: dict[str, Range] = {
     "data.batch_size": at_least(1), "data.eval_batch_size": at_least(1), "data.val_per_class": at_least(1),
     "data.crop_padding": at_least(0), "data.image_size": at_least(16), "data.workers": at_least(0),
     "model.width": at_least(0), "model.feature_dim": at_least(0), "model.head_scale": ABOVE_0,
-    "he.pmax_epoch": at_least(1),
     "data.classes": _DISTINCT, "data.drop_classes": _DISTINCT,
 }
 
@@ -93,6 +93,19 @@ EPOCHS: dict[str, Epochs] = {
 }
 
 
+def valid_range(key: str, method: str) -> Range | None:
+    """The rule a value of ``key`` obeys in a run of ``method``: a core key's row of :data:`RANGES`, a method's or an
+    option's ``Key(valid=...)`` declared beside its code (None: any value of its type)."""
+    section, _, name = key.partition(".")
+    if section == "method":
+        declared = METHODS.get(method).keys_all().get(name)
+    elif section in OPTIONS:
+        declared = OPTIONS.get(section).keys.get(name)
+    else:
+        return RANGES.get(key)
+    return declared.valid if declared is not None else None
+
+
 def check_value(key: str, value: Any) -> Any:
     """A core config key's value given from Python (``fastfair.evaluate(eps=...)``) checked as a config's is: read
     as the key's type, then its row of :data:`RANGES` or :data:`NAMES`, with the same message; eps and alpha
@@ -113,6 +126,12 @@ def check_config(cfg) -> list[str]:
         rules.check_range(key, value_of(cfg, key), rule)
     for key, names in NAMES.items():
         rules.check_name(key, value_of(cfg, key), names)
+    # the method's keys and every option's (one switched off holds its defaults, in range, unless a value was set)
+    declared = [f"method.{k}" for k in method.keys_all()] + [f"{o}.{k}" for o in OPTIONS for k in OPTIONS.get(o).keys]
+    for key in declared:
+        rule = valid_range(key, cfg.method.name)
+        if rule is not None:
+            rules.check_range(key, value_of(cfg, key), rule)
     build.check_device_name(cfg.train.device)
     try:
         val = parse_attack(cfg.train.val_attack)

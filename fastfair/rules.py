@@ -7,6 +7,7 @@ imports nothing of fastfair's beyond the error and the suggestions, so the attac
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -23,15 +24,27 @@ class Range:
     good: str
 
 
-def within(lo: float, hi: float) -> Range:
+def within(lo: float, hi: float, below_hi: bool = False) -> Range:
+    """[lo, hi], or [lo, hi) with ``below_hi``."""
+    if below_hi:
+        return Range(lambda v: lo <= v < hi, f"within [{lo:g}, {hi:g})")
     return Range(lambda v: lo <= v <= hi, f"within [{lo:g}, {hi:g}]")
 
 
-def at_least(lo: float) -> Range:
-    return Range(lambda v: v >= lo, f"at least {lo:g}")
+def each(rule: Range) -> Range:
+    """``rule`` for every value of a list (one per class)."""
+    return Range(lambda v: all(rule.ok(x) for x in v), f"a list of values, each {rule.good}")
 
 
-ABOVE_0 = Range(lambda v: v > 0, "above 0")
+def at_least(lo: float, infinite: bool = False) -> Range:
+    """``lo`` or more, and finite unless ``infinite`` says what inf means for the key: ``--set train.lr=inf`` reads
+    as a number and would pass ``lr >= lo``, then train nothing but NaN (issue 58)."""
+    if infinite:
+        return Range(lambda v: v >= lo, f"at least {lo:g}")
+    return Range(lambda v: lo <= v < math.inf, f"at least {lo:g} and finite")
+
+
+ABOVE_0 = Range(lambda v: 0 < v < math.inf, "above 0 and finite")
 # a radius or step: one value, or (from Python) one per class
 IMAGE_RANGE = Range(lambda v: all(0 <= x <= 1 for x in (v if isinstance(v, list) else [v])),
                     "within [0, 1] (images are in [0, 1]: 8/255 is 0.0314)")

@@ -73,13 +73,17 @@ class Tune:
 @dataclass(frozen=True)
 class Key:
     """One config key: its default, a one-line doc naming its paper, and its type (inferred from a scalar default);
-    ``epochs`` when it names an epoch (:class:`Epochs`); ``tune`` when ``fastfair tune`` searches it (:class:`Tune`)."""
+    ``epochs`` when it names an epoch (:class:`Epochs`); ``tune`` when ``fastfair tune`` searches it (:class:`Tune`);
+    ``valid``: the rule every value obeys (a :class:`fastfair.rules.Range`), checked wherever a value arrives
+    (``--set``, a config file, the Python API: :func:`fastfair.checks.check_config`; a tune range's bounds and
+    choices: :func:`fastfair.tuning.space.checked`)."""
 
     default: Any
     doc: str
     type: Any = None
     epochs: Epochs | None = None
     tune: Tune | None = None
+    valid: Any = None
 
     @property
     def annotation(self) -> Any:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fastfair import display
-from fastfair.attacks.pgd import attack_mode
+from fastfair.attacks.pgd import attack_mode, flag_masked
 from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.progress import BACKWARD, FORWARD, PassMeter, Ticks, hms
@@ -409,6 +409,7 @@ def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, s
             flags = Flags(broken, pred.cpu().numpy(), np.zeros((len(SUBATTACKS), n), bool), clean.copy(), fp)
             if path:
                 flags.save(path)
+        masked = masked_at_start(model, x, y, batch)
         left = _left(flags, plan, batch)
         if left:
             first, points = next(iter(left)), int(((flags.broken_by == ROBUST) & ~flags.tried.all(0)).sum())
@@ -457,8 +458,27 @@ def _evaluate_split(model, x, y, batch, eps, num_classes, state_path, backend, s
     conf.index_add_(0, y.cpu() * num_classes + torch.from_numpy(flags.pred), torch.ones(n, dtype=torch.long))
     record = {"version": "standard", "norm": "Linf", "eps": float(eps), "backend": bk.name,
               "backend_version": bk.version, "seed": bk.seed, "precision": "fp32", "settings": bk.settings,
-              "robust_after": after, "recheck": checked, "seconds_this_call": seconds, "resumed": resumed}
+              "robust_after": after, "recheck": checked, "seconds_this_call": seconds, "resumed": resumed,
+              measures.MASKED: masked, "gradient_check": GRADIENT_CHECK}
     return conf.view(num_classes, num_classes), record, flags.pred == y_np
+
+
+GRADIENT_CHECK = ("one input gradient of the cross-entropy at each clean image, before AutoAttack ran: its own steps "
+                  "run inside the package, whose gradients fastfair does not see")
+
+
+def masked_at_start(model, x: torch.Tensor, y: torch.Tensor, batch: int) -> int:
+    """How many images have an input gradient of the cross-entropy holding a NaN or inf at the clean image
+    (:data:`GRADIENT_CHECK`): one backward a batch, counted on the device and read once. AutoAttack's APGD steps
+    along such gradients as PGD does, and stalls where they are not finite (issue 58)."""
+    masked = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+    with torch.enable_grad():
+        for i in range(0, len(x), batch):
+            xb = x[i:i + batch].clone().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy(model(xb).float(), y[i:i + batch], reduction="sum")
+            (grad,) = torch.autograd.grad(loss, xb)
+            flag_masked(masked[i:i + batch], grad)
+    return int(masked.sum())
 
 
 def _todo(flags: Flags, k: int) -> np.ndarray:

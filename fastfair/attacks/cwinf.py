@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fastfair.attacks.pgd import attack_mode
+from fastfair.attacks.pgd import attack_mode, flag_masked
 from fastfair.ops.losses import widened
 
 _TANH_EDGE = 1 - 1e-6  # atanh(+-1) is infinite: images are shrunk by this factor into (-1, 1) first
@@ -74,22 +74,25 @@ class CWInf:
     tau_min: float = 1 / 256  # the reference's last tau: one grey level
     kappa: float = 0.0
 
-    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c=None) -> torch.Tensor:
-        """The closest misclassified iterate where it lies within ``eps_c[y]``, else ``x`` (module docstring)."""
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c=None,
+                 masked: torch.Tensor | None = None) -> torch.Tensor:
+        """The closest misclassified iterate where it lies within ``eps_c[y]``, else ``x`` (module docstring);
+        ``masked`` ((N,) bool) gains the images whose gradient was not finite at some iteration."""
         x = widened(x)  # float32 at least; a float64 model's (the conformance checks') search stays float64
         eps = eps_c[y].to(x.dtype)
-        best, dist = self.distances(model, x, y, stop_at=eps)
+        best, dist = self.distances(model, x, y, stop_at=eps, masked=masked)
         shape = (-1,) + (1,) * (x.dim() - 1)
         return torch.where((dist <= eps).view(shape), best, x)
 
     def distances(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                  stop_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  stop_at: torch.Tensor | None = None, masked: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """(closest misclassified iterate, its L-inf distance to x; inf where none), per image; an image stops
         once its distance is <= ``stop_at`` (None: the whole search). Clean-misclassified images: (x, 0)."""
         with attack_mode(model, "eval"), torch.enable_grad():
-            return self._search(model, widened(x.detach()), y, stop_at)
+            return self._search(model, widened(x.detach()), y, stop_at, masked)
 
-    def _search(self, model, x, y, stop_at):
+    def _search(self, model, x, y, stop_at, masked):
         n, dev = len(x), x.device
         shape = (-1,) + (1,) * (x.dim() - 1)
         w_clean = from_box(x)
@@ -118,6 +121,10 @@ class CWInf:
             penalty = ((xa - x_ref[i]).abs() - tau[i].view(shape)).clamp_min(0).flatten(1).sum(1)
             loss = penalty + c[i].to(x.dtype) * hinge
             (g,) = torch.autograd.grad(loss.sum(), w)
+            if masked is not None:  # the rows still searching: their flags, set on the device
+                sub = masked[i]
+                flag_masked(sub, g)
+                masked[i] = sub
             with torch.no_grad():
                 xa = xa.detach()
                 sub_best, sub_d = best[i], best_d[i]

@@ -73,17 +73,27 @@ class EvalAttack:
         ``transfer:pgd20`` with the target as substitute is ``pgd20``, image by image."""
         return self.name[len(TRANSFER):] if self.transfer else self.name
 
-    def __call__(self, model, x, y, eps_c, alpha_c, substitute=None):
+    @property
+    def differentiates(self) -> bool:
+        """Whether it steps along input gradients (PGD's forms, CW-inf), whose non-finite entries it counts
+        (:func:`fastfair.attacks.pgd.flag_masked`); clean, NATTACK (queries alone) and corruptions take none."""
+        return self.pgd is not None or isinstance(self.search, CWInf)
+
+    def __call__(self, model, x, y, eps_c, alpha_c, substitute=None, masked=None):
+        """Its points for ``(x, y)``; ``masked`` ((N,) bool, on the device) gains the images whose input gradient was
+        not finite at some step, where it :attr:`differentiates` (a transfer attack's: the substitute's)."""
         if self.transfer:
             if substitute is None:
                 raise UserError(f"{self.name} makes its examples on a substitute model; give one with --substitute "
                                 "RUN_DIR|CHECKPOINT (eval.substitute)")
             model = substitute
+        if isinstance(self.search, CWInf):
+            return self.search(model, x, y, eps_c, masked=masked)
         if self.search is not None:
             return self.search(model, x, y, eps_c)
         if self.pgd is None:
             return x
-        return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c)
+        return self.pgd(model, x, y, eps_c, eps_c if self.step_is_eps else alpha_c, masked=masked)
 
 
 def parses(name: str) -> bool:

@@ -88,10 +88,20 @@ def steps_back(stop: StopRule | None) -> bool:
     return bool(getattr(stop, "back", False))
 
 
+def flag_masked(masked: torch.Tensor | None, grad: torch.Tensor) -> None:
+    """Set, in ``masked`` (one bool per image, on the device), the images whose input gradient ``grad`` holds a NaN or
+    an inf: the step cannot follow such a gradient, so the attack stalls there and the accuracy it leaves reads as
+    robustness (issue 58: ``net(x) + 0 * sqrt(x)``, finite outputs, NaN gradients at the zero pixels). In place, on
+    the device: no host sync per step; the caller reads the flags once, after its batch or its whole split."""
+    if masked is not None:
+        masked |= ~torch.isfinite(grad).flatten(1).all(1)
+
+
 def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
             x_adv: torch.Tensor, target: torch.Tensor | None = None,
             toward: torch.Tensor | None = None, noise: torch.Tensor | None = None,
-            reference: torch.Tensor | None = None, origin: torch.Tensor | None = None) -> torch.Tensor:
+            reference: torch.Tensor | None = None, origin: torch.Tensor | None = None,
+            masked: torch.Tensor | None = None) -> torch.Tensor:
     """``attack.steps`` sign-gradient steps from ``x_adv`` (Madry et al. 2018, Eq. 2), in ``attack_mode``.
 
     With ``target`` and the bool mask ``toward`` (both (N,)), the rows where ``toward`` holds ascend
@@ -99,7 +109,8 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
     the attack's objective: one loss, selected per row with ``torch.where``, so no host sync.
     ``noise`` ((K, *x.shape), drawn by the caller) is added to step k before the projection (FAT's omega).
     ``reference`` ((N, C) logits) replaces the model's clean logits as p in the ``kl`` objective KL(p || p(x'))
-    (ABSLD: the teacher's temperature-scaled logits).
+    (ABSLD: the teacher's temperature-scaled logits). ``masked`` ((N,) bool) gains every image whose input gradient
+    was not finite at some step (:func:`flag_masked`).
 
     The whole descent -- the natural forward of the KL objective, K forwards, K input gradients,
     the steps and an early-stop rule -- is one function, so :func:`compile_descent` can capture
@@ -132,6 +143,7 @@ def descend(attack: "PGD", model: nn.Module, x: torch.Tensor, y: torch.Tensor, e
         if toward is not None:
             rows = torch.where(toward, -o.row_loss(None, z_adv, target, ce_adv=1.0), rows)
         (grad,) = torch.autograd.grad(rows.sum(), x_in)
+        flag_masked(masked, grad)
         base = x_adv if noise is None else x_adv + noise[k]
         stepped = o.pgd_step(base, grad, x, y, eps_c, alpha_c)
         if attack.stop:
@@ -202,10 +214,10 @@ def compile_descent(compiler: Callable[[Callable], Callable], descent: Callable 
     """
     compiled = compiler(descent)
 
-    def run(attack, model, x, *rest):
+    def run(attack, model, x, *rest, **masked):
         # set at every call, not once: Dynamo reads it when it traces, which a new shape can trigger
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return compiled(attack, model, x, *rest, origin=grad_origin(x))
+            return compiled(attack, model, x, *rest, origin=grad_origin(x), **masked)
 
     return run
 
@@ -234,7 +246,7 @@ class PGD:
         for name, (key, typ, rule) in CHECKED.items():
             rules.check(key, getattr(self, name), typ, rule)
 
-    def _run(self, model, x, y, eps_c, alpha_c, targeting, reference):
+    def _run(self, model, x, y, eps_c, alpha_c, targeting, reference, masked):
         # The random start is drawn here, eagerly, from torch's seeded generator: a compiled
         # descent then sees the same start as an eager one, and --resume stays exact (Inductor
         # draws random numbers its own way).
@@ -244,25 +256,28 @@ class PGD:
         if self.noise:
             noise = self.noise * torch.randn((self.steps, *x.shape), device=x.device, dtype=x.dtype)
         target, toward = targeting or (None, None)
-        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, target, toward, noise, reference)
+        # handed on only when asked for, so the training step's compiled descent keeps its one signature
+        flags = {} if masked is None else {"masked": masked}
+        return self.descend(self, model, x, y, eps_c, alpha_c, x_start, target, toward, noise, reference, **flags)
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps_c, alpha_c,
                  target: torch.Tensor | None = None, toward: torch.Tensor | None = None,
-                 reference: torch.Tensor | None = None) -> torch.Tensor:
+                 reference: torch.Tensor | None = None, masked: torch.Tensor | None = None) -> torch.Tensor:
         """Adversarial examples for ``(x, y)`` within the per-class ball ``eps_c[y]``; rows where the
         bool mask ``toward`` holds step towards ``target`` instead; ``reference``: the ``kl`` objective's first
-        distribution's logits instead of the model's on x (see :func:`descend`)."""
+        distribution's logits instead of the model's on x (see :func:`descend`); ``masked`` ((N,) bool, on the
+        device) gains the images whose input gradient was not finite at any step of any restart."""
         if (target is None) != (toward is None):
             raise UserError("a targeted PGD needs both target and toward (or neither)")
         if reference is not None and self.objective != "kl":
             raise UserError(f"reference logits are read by the kl objective only; this attack's is {self.objective}")
         targeting = () if target is None else (target, toward)
         with attack_mode(model, self.bn_mode), torch.enable_grad():
-            best = self._run(model, x, y, eps_c, alpha_c, targeting, reference)
+            best = self._run(model, x, y, eps_c, alpha_c, targeting, reference, masked)
             for _ in range(self.restarts - 1):
                 with torch.no_grad():
                     robust = model(best).argmax(1) == y
-                cand = self._run(model, x, y, eps_c, alpha_c, targeting, reference)
+                cand = self._run(model, x, y, eps_c, alpha_c, targeting, reference, masked)
                 best = torch.where(robust.view((-1,) + (1,) * (x.dim() - 1)), cand, best)
         return best
 

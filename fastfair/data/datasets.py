@@ -200,13 +200,28 @@ def _load_npz(path: Path | None) -> DataBundle:
         raise UserError(f"{path}: x_train images are {tuple(x_train.shape[1:])} and x_test images "
                         f"{tuple(x_test.shape[1:])}; both splits need one image shape")
     y_train = _npz_labels(path, "y_train", arrays["y_train"], len(x_train), len(names) if names else None)
-    count = int(y_train.max()) + 1 if len(y_train) else 0
+    count = len(names) if names else int(y_train.max()) + 1 if len(y_train) else 0
+    _check_every_class(path, y_train, count)
     # without class_names, tables and figures say "class 3" rather than a bare "3" that reads as a value
     classes = names or _known_names(Path(path), tuple(x_train.shape[1:]), count) or [f"class {i}" for i in range(count)]
     y_test = _npz_labels(path, "y_test", arrays["y_test"], len(x_test), len(classes))
     if not len(y_train) or not len(y_test):
         raise UserError(f"{path}: a split is empty; it needs {NPZ_FORMAT}")
     return DataBundle(Path(path).stem, x_train, y_train, x_test, y_test, classes)
+
+
+def _check_every_class(path: Path, y_train: torch.Tensor, count: int) -> None:
+    """Every class 0..count-1 has training images. Labels {0..8, 12} would build a 13-way model whose classes 9-11 no
+    image teaches and whose tables hold three rows of nothing: refused rather than warned, since the one meant use
+    of an untaught class (a model that never saw it, Tian et al. KDD 2021 Sec. 6.1) keeps its images in the file and
+    names it in data.drop_classes, so that every table says so."""
+    missing = sorted(set(range(count)) - set(y_train.unique().tolist()))
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise UserError(f"{path}: y_train has no image of class {shown} of {count} (labels 0..{count - 1}), so "
+                        f"{len(missing)} of the model's outputs would be taught by no image; number both splits' "
+                        f"labels 0..{count - len(missing) - 1} without gaps, or, to train without a class on purpose, "
+                        "keep its images and name it in --set data.drop_classes=[...]")
 
 
 def _known_names(path: Path, shape: tuple[int, ...], count: int) -> list[str] | None:

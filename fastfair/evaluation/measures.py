@@ -112,6 +112,28 @@ def check_finite(nonfinite: int, images: int, attack: str) -> None:
                         "forward pass on these images", nonfinite, images, attack)
 
 
+# An attack's entry key: how many images had an input gradient holding a NaN or inf at some step of the attack
+# (fastfair.attacks.pgd.flag_masked; AutoAttack: at the clean image, fastfair.attacks.autoattack.masked_at_start).
+# Flagged, not refused: the number stays an upper bound of the robust accuracy, and the table says beside it that it
+# may be far above the model's (docs/reliability.md).
+MASKED = "gradient_masked"
+
+
+def masked_column(name: str, entry: dict) -> str:
+    """An attack's column header: its name, and ``[gradient masked: N]`` where N > 0 images stalled it."""
+    n = entry.get(MASKED)
+    return f"{name} [gradient masked: {n}]" if n else name
+
+
+def masked_notes(results: dict[str, dict]) -> list[str]:
+    """A line under a table per attack whose gradients were masked on some images (none where no attack's were)."""
+    return [f"{name}: gradient masked on {e[MASKED]} of {int(np.asarray(e['confusion']).sum())} images: their input "
+            "gradient held NaN or inf, which no step can follow, so the attack stalled there and this accuracy may be "
+            "far above the model's robustness (obfuscated gradients); check the model's forward for a NaN path "
+            "(sqrt, log, division at 0) or attack it without gradients (nattack)"
+            for name, e in results.items() if e.get(MASKED) and "confusion" in e]
+
+
 def share_correct(confusion) -> float:
     """Share of all images classified correctly, trace / sum in percent: the papers' "accuracy" over a test set."""
     m = np.asarray(confusion, dtype=np.float64)
@@ -192,7 +214,7 @@ def table_rows(results: dict[str, dict], classes: list[str]) -> tuple[list[str],
     names = list(results)
     rows = [([cname, *(class_cell(results[n], c) for n in names)], False) for c, cname in enumerate(classes)]
     rows += [([label, *summary_cells(results, names, key)], key in HEADLINE_ROWS) for key, label in SUMMARY_ROWS]
-    return ["class", *names], rows
+    return ["class", *(masked_column(n, results[n]) for n in names)], rows
 
 
 def table_absent(results: dict[str, dict], classes: list[str]) -> list[str]:

@@ -37,12 +37,14 @@ from fastfair.scaleout import distributed
 def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: int,
               amp_dtype: torch.dtype | None = None, progress=None, seed: int = 0, substitute=None,
               entropy: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None,
-              scored: list | None = None) -> torch.Tensor:
+              scored: list | None = None, masked: torch.Tensor | None = None) -> torch.Tensor:
     """(C, C) counts, rows true class, columns prediction after ``attack``; fp32 unless ``amp_dtype``. ``entropy``
     (one float per class) gains each image's prediction entropy H(p) at its class (ME paper Fig. 7); ``nonfinite``
     (one integer, on the device) counts the images whose logits hold a NaN or inf, whose argmax means nothing
     (:func:`measures.check_finite` reads it once, after the loop); ``scored`` gains each batch's (labels, correct) of
-    the images scored, in loader order.
+    the images scored, in loader order; ``masked`` (one integer, on the device) counts the images whose input gradient
+    was not finite at some step of the attack (:func:`fastfair.attacks.pgd.flag_masked`), summed on the device batch
+    by batch, so the caller reads it once, after the loop, as ``nonfinite``.
 
     Batch ``i`` is attacked under the seed ``seeds.derive(seed, attack.seed_name, i)``. A ``NAME/N`` attack sees the
     first N images of each class in the loader's order; ``transfer:`` attacks are made on ``substitute``. ``progress``
@@ -54,14 +56,14 @@ def confusion(model, loader, attack: EvalAttack, eps_c, alpha_c, num_classes: in
     hook = model.register_forward_hook(meter) if meter is not None else None
     try:
         return _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-                          nonfinite, scored)
+                          nonfinite, scored, masked)
     finally:
         if hook is not None:
             hook.remove()
 
 
 def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, seed, substitute, entropy,
-               nonfinite, scored) -> torch.Tensor:
+               nonfinite, scored, masked) -> torch.Tensor:
     """:func:`confusion`'s loop; ``meter`` counts each batch's passes against :func:`planned_units`."""
     dev = eps_c.device
     conf = torch.zeros(num_classes * num_classes, dtype=torch.long, device=dev)
@@ -71,10 +73,13 @@ def _confusion(model, loader, attack, eps_c, alpha_c, num_classes, cast, meter, 
             if attack.per_class:
                 x, y, seen = _first_of_each_class(x, y, seen, attack.per_class)
             if len(y):
+                flags = torch.zeros(len(y), dtype=torch.bool, device=dev) if masked is not None else None
                 with cast, seeds.seeded(seed, attack.seed_name, i, device=dev):
-                    x_adv = attack(model, x, y, eps_c, alpha_c, substitute)
+                    x_adv = attack(model, x, y, eps_c, alpha_c, substitute, masked=flags)
                     with torch.no_grad():
                         logits = model(x_adv)
+                if masked is not None:
+                    masked += flags.sum()
                 if logits.shape[1] != num_classes:  # a prediction past C would land in the next row's cells
                     raise UserError(f"the model returns {logits.shape[1]} logits per image and the data has "
                                     f"{num_classes} classes; evaluate it on the data set it was trained for")
@@ -201,10 +206,11 @@ def aa_backend_for(attack_names: list[str], backend: str) -> str:
 def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: list[str], cw_kappa: float = 50.0,
              amp_dtype=None, progress=None, state_prefix=None, aa_backend: str = "auto", seed: int = 0,
              log=None, clip_start: bool = True, substitute=None) -> dict[str, dict]:
-    """{attack: {per_class, summary, confusion, per_image, entropy}} with accuracies in percent, each image's
-    correctness (:mod:`fastfair.evaluation.per_image`; a result's intervals come from it, added where it is kept:
-    :func:`per_image.with_intervals`) and the mean prediction entropy in nats (not for AutoAttack, whose final
-    predictions are its own).
+    """{attack: {per_class, summary, confusion, per_image, entropy, gradient_masked}} with accuracies in percent, each
+    image's correctness (:mod:`fastfair.evaluation.per_image`; a result's intervals come from it, added where it is
+    kept: :func:`per_image.with_intervals`), the mean prediction entropy in nats (not for AutoAttack, whose final
+    predictions are its own) and, for an attack that takes input gradients, how many images had a non-finite one
+    (:data:`measures.MASKED`).
 
     ``aa`` (AutoAttack, always fp32) adds its record under ``autoattack`` and keeps its per-sample
     flags in ``<state_prefix>.aa.npz`` to resume; ``tpgdK@grid`` runs Tian et al.'s 1/T grid.
@@ -226,21 +232,27 @@ def evaluate(model, loader, attack_names: list[str], *, eps, alpha, classes: lis
             conf, extra["autoattack"], correct = autoattack.evaluate_split(
                 model, loader, eps=autoattack.uniform_eps(eps_c), num_classes=c, state_path=state,
                 backend=aa_backend, seed=seed, progress=progress, log=log, classes=classes)
+            # its own steps are the package's: one input gradient at each clean image, checked before it ran
+            extra[measures.MASKED] = int(distributed.all_reduce_sum(
+                torch.tensor(extra["autoattack"].pop(measures.MASKED), device=dev)))
             labels = torch.cat([y for _, y in loader]).to(dev)
             correct = torch.from_numpy(correct).to(dev)
         else:
             attack = parse_attack(name, cw_kappa, clip_start)
             entropy = torch.zeros(c, device=dev)
             nonfinite = torch.zeros((), dtype=torch.long, device=dev)
+            masked = torch.zeros((), dtype=torch.long, device=dev) if attack.differentiates else None
             scored = []
             conf = confusion(model, loader, attack, eps_c, alpha_c, c, amp_dtype, progress, seed, substitute, entropy,
-                             nonfinite, scored)
+                             nonfinite, scored, masked)
             labels = torch.cat([y for y, _ in scored]) if scored else torch.zeros(0, dtype=torch.long, device=dev)
             correct = torch.cat([k for _, k in scored]) if scored else torch.zeros(0, dtype=torch.bool, device=dev)
             entropy = distributed.all_reduce_sum(entropy)
             nonfinite = distributed.all_reduce_sum(nonfinite)
             if attack.per_class:
                 extra["images"] = int(conf.sum())
+            if masked is not None:  # read once per attack: the steps summed it on the device
+                extra[measures.MASKED] = int(distributed.all_reduce_sum(masked))
         conf = distributed.all_reduce_sum(conf.to(eps_c.device)).cpu()  # torchrun: each rank saw its shard
         if name != autoattack.NAME:  # AutoAttack checks its own passes (autoattack.evaluate_split)
             measures.check_finite(int(nonfinite), int(conf.sum()), name)

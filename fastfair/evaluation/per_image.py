@@ -22,7 +22,7 @@ import numpy as np
 
 from fastfair.errors import UserError
 from fastfair.evaluation import intervals
-from fastfair.evaluation.measures import present
+from fastfair.evaluation.measures import masked_notes, present
 
 FIELD = "per_image"
 SUMMARY_KEYS = ("avg", "overall", "worst", "cv", "mcd")
@@ -108,8 +108,9 @@ SEEDS_NOTE = (f"mean ± sd over seeds [lo, hi]: Student's t {PERCENT} interval o
 
 def table_notes(results: dict[str, dict]) -> list[str]:
     """The lines under a per-class table of a record's entries (with their intervals): what the intervals are, which
-    entries lack some and why, and which have bootstrap intervals narrower than their images support."""
-    return [INTERVAL_NOTE, *filter(None, (missing_note(results), flat_note(results)))]
+    entries lack some and why, which have bootstrap intervals narrower than their images support, and which attacks
+    stalled on masked gradients (:func:`fastfair.evaluation.measures.masked_notes`)."""
+    return [INTERVAL_NOTE, *filter(None, (missing_note(results), flat_note(results))), *masked_notes(results)]
 
 
 FLAT_WIDTH = 5.0  # points: a class at 0 % or 100 % whose Wilson interval is wider holds too few images to be sure

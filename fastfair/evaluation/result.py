@@ -84,6 +84,12 @@ class Result:
         """Best minus worst class accuracy, percent (Tian et al.'s MCD)."""
         return self._entry(attack)["summary"]["mcd"]
 
+    def gradient_masked(self, attack: str) -> int | None:
+        """How many images had an input gradient holding a NaN or inf at some step of ``attack`` (AutoAttack: at the
+        clean image, before it ran), which stalls it there, so that its accuracy may overstate the robustness; None
+        where the attack takes no gradient (clean, nattack, corruptions) or the record predates the count."""
+        return self._entry(attack).get(measures.MASKED)
+
     def interval(self, attack: str, measure: str) -> tuple[float, float] | None:
         """(lo, hi) in percent (CV: %²) of ``measure`` under ``attack``: ``avg``, ``overall``, ``worst``, ``cv``,
         ``mcd`` (a stratified bootstrap over the images), or a class's name (Wilson's interval of its counts), at
@@ -118,5 +124,7 @@ class Result:
         return "\n\n".join([measures.markdown_table(results, self.classes), *per_image.table_notes(results)])
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{a} {self.avg(a):.2f} (worst {self.worst(a)[1]:.2f})" for a in self.attacks)
+        parts = ", ".join(f"{a} {self.avg(a):.2f} (worst {self.worst(a)[1]:.2f}"
+                          + (f", gradient masked on {self.gradient_masked(a)} images)" if self.gradient_masked(a)
+                             else ")") for a in self.attacks)
         return f"<fastfair Result: {self.record.get('images', '?')} images, {len(self.classes)} classes; {parts}>"

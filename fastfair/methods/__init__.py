@@ -48,14 +48,25 @@ def untuned() -> list[tuple[str, str]]:
     return [(name, METHODS.get(name).why_untuned()) for name in METHODS if not METHODS.get(name).tunes()]
 
 
+def _valid(owner: str, key: str) -> str:
+    """The valid range a key declares (``Key(valid=...)``), as its refusal says it; '' for any value of its type."""
+    section, _, name = key.partition(".")
+    declared = METHODS.get(owner).keys_all() if section == "method" else OPTIONS.get(owner).keys
+    rule = declared[name].valid
+    return rule.good if rule is not None else ""
+
+
 def keys_markdown() -> str:
     """``docs/keys.md``: every declared key, generated from the registries (tests/test_extension_points.py)."""
     lines = ["# Config keys of methods and options", "",
              "Generated from the registries by `fastfair methods --markdown`; each key is declared beside the code "
              "that reads it (`fastfair/methods/`). A key with a tune range is a knob `fastfair tune` searches by "
-             "default, over that range (`--space FILE.toml` overrides it).", "",
-             "| method or option | key | default | tune | what it is |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {owner} | `{key}` | `{default!r}` | {f'{tune.span}: {tune.source}' if tune else ''} | {doc} |"
+             "default, over that range (`--space FILE.toml` overrides it). A key with a valid range is refused "
+             "outside it wherever a value arrives (`--set`, a config file, the Python API, a tune space).", "",
+             "| method or option | key | default | valid | tune | what it is |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {owner} | `{key}` | `{default!r}` | {_valid(owner, key)} | "
+              f"{f'{tune.span}: {tune.source}' if tune else ''} | {doc} |"
               for owner, key, default, doc, tune in declared_keys()]
     lines += ["", "## Methods without a default search space", ""]
     lines += [f"- {name}: {why}" for name, why in untuned()]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, Method
 from fastfair.methods.teacher import KEYS as TEACHER_KEYS
@@ -73,13 +74,13 @@ class ABSLD(Method):
     keys = {
         **TEACHER_KEYS,
         "adv_weight": Key(5 / 6, "ABSLD: weight a of the adversarial KL term; the natural term has 1 - a (code: "
-                                 "5/6 and 1/6)"),
+                                 "5/6 and 1/6)", valid=rules.within(0, 1)),
         "temp_rate": Key(0.1, "ABSLD: step r of the temperature update, decayed as the learning rate is (code "
                               "class_labels_temp_rate 0.1, x0.1 with the lr)",
                          tune=Tune(0.025, 0.4, "log", source="no ablation read here; x/4 .. 4x around the code's "
-                                                             "0.1")),
-        "temp_min": Key(0.5, "ABSLD: lower clip of the class temperatures (code temp_min)"),
-        "temp_max": Key(5.0, "ABSLD: upper clip of the class temperatures (code temp_max)"),
+                                                             "0.1"), valid=rules.at_least(0)),
+        "temp_min": Key(0.5, "ABSLD: lower clip of the class temperatures (code temp_min)", valid=rules.ABOVE_0),
+        "temp_max": Key(5.0, "ABSLD: upper clip of the class temperatures (code temp_max)", valid=rules.ABOVE_0),
         "teacher_scaling": Key("product", "ABSLD soft labels: product = both terms' teacher logits over "
                                           "tau_adv[y] tau_nat[y] (the code's in-place division of one tensor under "
                                           "two names) | separate = each term over its own temperature"),

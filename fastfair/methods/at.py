@@ -1,6 +1,7 @@
 """PGD-AT (Madry et al. 2018) and ME-AT (ME paper, Sec. 3.2.1): CE(f(x'), y) - beta H(p(x'))."""
 import dataclasses
 
+from fastfair import rules
 from fastfair.methods.base import METHODS, SMOOTHING, Method
 from fastfair.schema import Key, Tune
 
@@ -13,7 +14,8 @@ class PGDAT(Method):
     """CE(f(x'), y) - entropy_weight * H(p(x')) (Madry et al. 2018, Eq. 2.1; ME paper, L_ME-AT)."""
 
     keys = {**SMOOTHING,
-            "entropy_weight": Key(0.0, "ME-AT beta: weight of the entropy bonus H(p(x')) (ME paper, Sec. 3.2.1)")}
+            "entropy_weight": Key(0.0, "ME-AT beta: weight of the entropy bonus H(p(x')) (ME paper, Sec. 3.2.1)",
+                                  valid=rules.at_least(0))}
     defaults = {**AT_ATTACK, "method.entropy_weight": 0.0}
     uses_ce_logits = True
     untuned = ("its loss has no knob of its own: the entropy bonus and label smoothing make it ME-AT (tune me-at) and "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from fastfair import rules
 from fastfair import ops, schema
 from fastfair.attacks.pgd import PGD, descend
 from fastfair.methods.options import OPTIONS
@@ -34,7 +35,8 @@ METHODS: Registry[type["Method"]] = Registry("method")
 CODE_PGD10 = {"attack.eps": 0.031, "attack.alpha": 0.007, "attack.steps": 10}
 
 SMOOTHING = {
-    "smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)"),
+    "smoothing": Key(0.0, "label smoothing alpha of the CE terms (Szegedy et al. 2016; ME paper Table 1: 0.1)",
+                     valid=rules.within(0, 1, below_hi=True)),
 }
 
 

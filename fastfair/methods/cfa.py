@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.methods.options import Option, register, train_robust_fraction
 from fastfair.schema import Epochs, Key, Tune
 
@@ -54,8 +55,8 @@ class CCM(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated margin on (--ccm)"),
             "lambda_1": Key(0.5, "CFA lambda_1: 0.5 AT, 0.3 TRADES, 0.7 FAT (Wei et al. 2023, Sec. 5.1)",
                             tune=Tune(0.3, 0.7, source="CFA Fig. 5(a): base perturbation budget lambda_1 0.3 to 0.7 "
-                                                       "(AT + CCM)")),
-            "begin": Key(10, BEGIN, epochs=_begin("CCM's calibrated eps_k", "ccm.enabled"))}
+                                                       "(AT + CCM)"), valid=rules.at_least(0)),
+            "begin": Key(10, BEGIN, epochs=_begin("CCM's calibrated eps_k", "ccm.enabled"), valid=rules.at_least(0))}
     vector, factor = "eps", "eps_ccm"
 
     def calibrated(self, train_robust):
@@ -67,8 +68,9 @@ class CCR(Calibration):
     keys = {"enabled": Key(False, "switch CFA's class-wise calibrated TRADES regularisation on (--ccr)"),
             "lambda_2": Key(0.5, "CFA lambda_2 (Wei et al. 2023, Sec. 5.1)",
                             tune=Tune(0.3, 0.7, source="CFA Fig. 7(a), App. C.3: base regularisation budget lambda_2 "
-                                                       "0.3 to 0.7 (TRADES + CCM + CCR)")),
-            "begin": Key(10, BEGIN, epochs=_begin("CCR's calibrated TRADES beta_k", "ccr.enabled"))}
+                                                       "0.3 to 0.7 (TRADES + CCM + CCR)"), valid=rules.at_least(0)),
+            "begin": Key(10, BEGIN, epochs=_begin("CCR's calibrated TRADES beta_k", "ccr.enabled"),
+                         valid=rules.at_least(0))}
     defaults = {"method.normalize": True}  # Eq. 8 divides the calibrated loss by (1 + beta_y)
     vector, factor = "kl_weight", "kl_weight_ccr"
 

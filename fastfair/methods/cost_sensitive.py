@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.methods.options import Option, register, train_robust_fraction
 from fastfair.schema import Key
@@ -35,7 +36,8 @@ def critical_weights(num_classes: int, critical: int, weight: float) -> list[flo
 @register("cost_sensitive", "per-class loss weights w_y: given, from class robust error, or one critical class "
                             "(Benz et al. 2021)")
 class CostSensitive(Option):
-    keys = {"weights": Key([], "per-class loss weights w_y, one per class (Benz et al. 2021, Sec. 3.3)", list[float]),
+    keys = {"weights": Key([], "per-class loss weights w_y, one per class (Benz et al. 2021, Sec. 3.3)", list[float],
+                           valid=rules.each(rules.at_least(0))),
             "auto": Key(False, "derive w_k from the train robust accuracy after each epoch (fastfair's rule, "
                                "docs/methods.md)"),
             "critical": Key(NO_CRITICAL, "the critical class k (index among the run's classes) whose loss weighs "

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.attacks.pgd import attack_mode
 from fastfair.errors import UserError
 from fastfair.methods.at import PGDAT
@@ -67,7 +68,8 @@ class DAFA(Method):
         "dafa_lambda": Key(1.0, "DAFA scale lambda of Algorithm 2 (code --dafa_lambda: CIFAR-10 1.0, "
                                 "CIFAR-100 and STL-10 1.5)",
                            tune=Tune(0.25, 4.0, "log", source="no ablation read here; x/4 .. 4x around the code's "
-                                                              "1.0 (CIFAR-10), 1.5 beside it")),
+                                                              "1.0 (CIFAR-10), 1.5 beside it"),
+                           valid=rules.at_least(0)),
         "warmup": Key(70, "DAFA tau: epochs of plain training; W comes from epoch tau's training adversarial "
                           "examples and is used from epoch tau + 1 on (Algorithm 1; code --dafa_warmup 70)",
                    epochs=Epochs("DAFA's class weights", switch="method.name", first=never_at_0)),

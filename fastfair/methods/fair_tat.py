@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.methods.at import AT_ATTACK, PGDAT
 from fastfair.methods.base import METHODS
@@ -99,7 +100,8 @@ class FAIRTAT(PGDAT):
         "fp_scale": Key(2.0, "FAIR-TAT: the target draw's softmax scores are fp_scale x F_c, F_c the class's share "
                              "of the last epoch's training adversarial misclassifications (code: "
                              "robust_cw_cfps_gt * 2)",
-                        tune=Tune(0.5, 8.0, "log", source="no ablation read here; x/4 .. 4x around the code's 2")),
+                        tune=Tune(0.5, 8.0, "log", source="no ablation read here; x/4 .. 4x around the code's 2"),
+                        valid=rules.at_least(0)),
     }
     # the README's command: --mode AT --ccm --adaptive_eps G-rob --lambda-r 0.5; --begin 1 is the code's default
     defaults = {**AT_ATTACK, "method.entropy_weight": 0.0, "ccm.enabled": True, "ccm.lambda_1": 0.5, "ccm.begin": 1}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.methods.at import AT_ATTACK, PGDAT
 from fastfair.methods.base import METHODS
@@ -76,7 +77,7 @@ class FAT(PGDAT):
 
     keys = {"tau": Key(0, "FAT tau: misclassified PGD steps a sample may take before it stops (Zhang et al. 2020)",
                        tune=Tune(0, 3, "int", source="no ablation read here; 0 .. 3 around the code's 0 (rising to "
-                                                     "2 by tau_milestones)")),
+                                                     "2 by tau_milestones)"), valid=rules.at_least(0)),
             "tau_milestones": Key([], "FAT dynamic tau: +1 after each of these epochs, from epoch m + 1 on (FAT code: "
                                       "50, 90)", list[int],
                                   epochs=Epochs("FAT's tau increase")),
@@ -84,7 +85,8 @@ class FAT(PGDAT):
                                     "(FAT code earlystop.py, Alg. 1); 'cfa' = it steps only while its budget is "
                                     "positive, so tau 0 never moves (CFA code attack.py fat_loss)"),
             "omega": Key(0.001, "std of the N(0, I) noise added to each early-stopped PGD step before the "
-                                "projection (FAT code FAT.py --omega 0.001, earlystop.py); CFA's code adds none")}
+                                "projection (FAT code FAT.py --omega 0.001, earlystop.py); CFA's code adds none",
+                         valid=rules.at_least(0))}
     # FAT's code attacks in eval mode from a uniform start; CFA's lambda_1 for FAT is 0.7 (Sec. 5.1).
     defaults = {**AT_ATTACK, "attack.bn_mode": "eval", "ccm.lambda_1": 0.7,
                 "method.tau": 0, "method.tau_milestones": [50, 90], "method.stop_rule": "fat", "method.omega": 0.001}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.evaluation import measures
 from fastfair.methods.base import METHODS, Method
@@ -76,18 +77,20 @@ class FRLBase(Method):
 
     keys = {
         "kl_weight": Key(1.5, "TRADES beta of the fine-tuning loss (FRL code: beta 1.5 in frlrw.py and frlrmrw.py)",
-                         tune=Tune(0.375, 6.0, "log", source="no ablation read here; x/4 .. 4x around the code's 1.5")),
+                         tune=Tune(0.375, 6.0, "log", source="no ablation read here; x/4 .. 4x around the code's 1.5"),
+                         valid=rules.at_least(0)),
         "bound": Key(0.07, "FRL tolerance tau of a class's error above the average "
                            "(code: bound0 = bound1 = 0.07 in frlrmrw.py, 0.1 in frlrw.py)",
                      tune=Tune(0.02, 0.3, "log", source="no ablation read here; 0.02 .. 0.3 around the code's "
-                                                        "0.07 and 0.1")),
+                                                        "0.07 and 0.1"), valid=rules.at_least(0)),
         "rate_weight": Key(0.05, "FRL multiplier step of the reweight terms (code: rate1 0.05)",
                            tune=Tune(0.0125, 0.2, "log", source="no ablation read here; x/4 .. 4x around the code's "
-                                                                "0.05")),
+                                                                "0.05"), valid=rules.at_least(0)),
         "rate_margin": Key(0.2, "FRL multiplier step of the remargin term (code: rate2 0.2 in frlrmrw.py)",
                            tune=Tune(0.05, 0.8, "log", source="no ablation read here; x/4 .. 4x around the code's "
-                                                              "0.2")),
-        "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda; lim 0.5)"),
+                                                              "0.2"), valid=rules.at_least(0)),
+        "lim": Key(0.5, "FRL: reweight multipliers are rescaled to sum <= lim (code's normalize_lambda; lim 0.5)",
+                   valid=rules.ABOVE_0),
         "halve_every": Key(40, "FRL code halves rate1 in each epoch whose number (from 1) this divides (0: never)",
                            epochs=Epochs("FRL's halving of rate_weight", active=lambda cfg: cfg.method.halve_every != 0,
                                          first=lambda n: n)),

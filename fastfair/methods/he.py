@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.ops.losses import label_mask, widened
 from fastfair.registry import Registry
@@ -89,15 +90,16 @@ def _cmp(cfg, epoch, head):
 @register("he", "HE: cosine head with scale s and margin m (Pang et al. 2020); LIS/CMP schedules for s (Tian et al.)")
 class HE(Option):
     keys = {
-        "margin": Key(0.0, "HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = cosine"),
+        "margin": Key(0.0, "HE angular margin m on the CE terms (Pang et al. 2020: 0.2); needs model.head = cosine",
+                      valid=rules.at_least(0)),
         "schedule": Key("fixed", "HE scale schedule: fixed | lis | cmp (Tian et al., ICLR sub., App. G)"),
-        "scale_end": Key(75.0, "LIS: 1/T at the last epoch (Tian: 1 -> 75)"),
-        "pmax_start": Key(0.2, "CMP: controlled maximum probability in epoch 1 (Tian: 0.2)"),
-        "pmax_end": Key(1.0, "CMP: ... reached in epoch pmax_epoch + 1 (Tian: 1)"),
+        "scale_end": Key(75.0, "LIS: 1/T at the last epoch (Tian: 1 -> 75)", valid=rules.ABOVE_0),
+        "pmax_start": Key(0.2, "CMP: controlled maximum probability in epoch 1 (Tian: 0.2)", valid=rules.within(0, 1)),
+        "pmax_end": Key(1.0, "CMP: ... reached in epoch pmax_epoch + 1 (Tian: 1)", valid=rules.within(0, 1)),
         "pmax_epoch": Key(90, "CMP: epochs of the interpolation; pmax_end from epoch pmax_epoch + 1 on (Tian: 90 of "
                               "100)", epochs=Epochs("HE-CMP's rise of the maximum probability to he.pmax_end",
                                                     switch="he.schedule", active=lambda cfg: cfg.he.schedule == "cmp",
-                                                    cut_short=True)),
+                                                    cut_short=True), valid=rules.at_least(1)),
         "weight_norm": Key("graph", "WN of the class weights: graph = W / norm(W) in the forward, gradient through it "
                                     "(Pang et al. 2020, Eq. 4); data = gradient at the unit rows, rows renormalised "
                                     "after each step (their code: models/wideresnet.py overwrites fc.weight.data)"),

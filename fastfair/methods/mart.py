@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fastfair import rules
 from fastfair.methods.base import CODE_PGD10, METHODS, Method
 from fastfair.ops.losses import label_mask, widened
 from fastfair.schema import Key, Tune
@@ -25,7 +26,7 @@ class MART(Method):
 
     keys = {"kl_weight": Key(6.0, "MART beta: weight of the misclassification-aware KL term (Wang et al. 2020)",
                              tune=Tune(1.5, 24.0, "log", source="no ablation read here; x/4 .. 4x around the "
-                                                                "paper's 6"))}
+                                                                "paper's 6"), valid=rules.at_least(0))}
     # MART's code: CE-PGD from x + 0.001 N(0, I), model in eval mode while attacking.
     defaults = {"attack.objective": "ce", "attack.init": "normal", "attack.bn_mode": "eval", **CODE_PGD10,
                 "method.kl_weight": 6.0}

@@ -6,6 +6,7 @@ et al. KDD 2021), times any factor an option adds (CFA's CCR, :mod:`.cfa`).
 """
 import dataclasses
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.methods.base import METHODS, SMOOTHING, Method
 from fastfair.schema import Key, Tune
@@ -24,10 +25,13 @@ class TRADES(Method):
         "kl_weight": Key(6.0, "TRADES regulariser weight: beta in TRADES/CFA, lambda in the ME paper "
                               "(Zhang et al. 2019, Eq. 5)",
                          tune=Tune(1.0, 15.0, "log", source="ME paper Sec. 3.2.2: TRADES at lambda 1, 6, 12 (Fig. 9) "
-                                                            "and 6 to 15 (Table 2, AA best at 6)")),
-        "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)"),
+                                                            "and 6 to 15 (Table 2, AA best at 6)"),
+                         valid=rules.at_least(0)),
+        "entropy_weight": Key(0.0, "ME-TRADES beta: weight of the entropy bonus H(p(x)) (ME paper, Sec. 3.2.1)",
+                              valid=rules.at_least(0)),
         "kl_weight_per_class": Key([], "class-wise beta_k, one per class; empty: kl_weight for all "
-                                       "(Tian et al. KDD 2021, Eq. 5)", list[float]),
+                                       "(Tian et al. KDD 2021, Eq. 5)", list[float],
+                                   valid=rules.each(rules.at_least(0))),
         "normalize": Key(False, "divide each row by (1 + beta_y) (CFA Eq. 8; CFA's code does it even without CCR)"),
     }
     defaults = {**TRADES_ATTACK, "method.kl_weight": 6.0, "method.entropy_weight": 0.0}

@@ -44,6 +44,7 @@ import math
 import torch
 from torch import nn
 
+from fastfair import rules
 from fastfair.errors import UserError
 from fastfair.evaluation import seeds
 from fastfair.methods.base import CODE_PGD10, METHODS
@@ -82,7 +83,8 @@ class WAT(TRADES):
     keys = {
         "eta": Key(0.1, "WAT Hedge step: weights are exp(eta x each class's cumulative validation TRADES loss), "
                         "normalised (WAT code --eta; Li & Liu 2023)",
-                   tune=Tune(0.025, 0.4, "log", source="no ablation read here; x/4 .. 4x around the code's 0.1")),
+                   tune=Tune(0.025, 0.4, "log", source="no ablation read here; x/4 .. 4x around the code's 0.1"),
+                   valid=rules.ABOVE_0),
         "average_expert": Key(True, "WAT: the all-class mean validation loss is a (K+1)-th Hedge entry whose weight "
                                     "scales every class (WAT code: 'expected loss in the decision set')"),
         "val_divisor": Key("batches", "WAT per-class validation loss: batches = class sum x K / (batches x "

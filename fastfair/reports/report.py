@@ -791,7 +791,10 @@ def group_entry(recs: list[dict], attack: str) -> dict:
             "per_class_interval": [None if np.isnan(lo) else [lo, hi] for _, _, lo, hi in per_class],
             "summary": {k: v[0] for k, v in summary.items()}, "summary_sd": {k: v[1] for k, v in summary.items()},
             "summary_interval": {k: [v[2], v[3]] for k, v in summary.items()},
-            **({"subset": entries[0]["subset"]} if "subset" in entries[0] else {})}
+            **({"subset": entries[0]["subset"]} if "subset" in entries[0] else {}),
+            # the header's flag: images whose gradients stalled the attack, over the seeds
+            **({measures.MASKED: sum(e.get(measures.MASKED, 0) for e in entries)}
+               if any(e.get(measures.MASKED) for e in entries) else {})}
 
 
 def _column(name: str, entry: dict) -> str:

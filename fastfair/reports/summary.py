@@ -24,11 +24,13 @@ def robust_attack(results: dict[str, dict]) -> str | None:
 
 def headline(record: dict) -> str:
     """``clean 95.2 % [94.8, 95.6], pgd20 60.1 % [59.1, 61.0] (mean of per-class accuracies); under pgd20 worst
-    class: cat 21.3 % [18.1, 23.9]``, each with its 95 % interval (:mod:`fastfair.evaluation.per_image`)."""
+    class: cat 21.3 % [18.1, 23.9]``, each with its 95 % interval (:mod:`fastfair.evaluation.per_image`), and an
+    attack's masked gradients beside its number (:data:`fastfair.evaluation.measures.MASKED`)."""
     results, classes = record["results"], record["classes"]
     attack = robust_attack(results)
     shown = {n: per_image.with_intervals({n: results[n]})[n] for n in ("clean", attack) if n in results}
     numbers = ", ".join(f"{n} {e['summary']['avg']:.1f} %{measures.interval_text(e['summary_interval']['avg'])}"
+                        + (f" (gradient masked on {e[measures.MASKED]} images)" if e.get(measures.MASKED) else "")
                         for n, e in shown.items())
     entry = shown[attack or "clean"]
     worst = entry["summary"]

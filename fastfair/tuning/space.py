@@ -20,6 +20,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from fastfair import schema
+from fastfair.checks import RANGES
 from fastfair.config import CORE
 from fastfair.errors import UserError
 from fastfair.methods import METHODS, OPTIONS
@@ -42,6 +43,7 @@ FORM = ('a space file holds tables such as [space."method.kl_weight"] low = 1 hi
 class _Readable(typing.NamedTuple):
     tune: Tune | None  # the declared range, None where the key declares none
     type: Any
+    valid: Any  # the rule every value obeys (fastfair.checks.valid_range), None for any value of its type
     default: Any  # the value a run of this contender starts from (the method's defaults applied)
 
 
@@ -49,7 +51,7 @@ def _readable(method: str, options: Sequence[str]) -> dict[str, _Readable]:
     """Every key the method and the enabled options read, by full key."""
     cls = METHODS.get(method)
     types = schema.field_types(cls.section())
-    out = {f"method.{k}": _Readable(key.tune, types[k], cls.defaults.get(f"method.{k}", key.default))
+    out = {f"method.{k}": _Readable(key.tune, types[k], key.valid, cls.defaults.get(f"method.{k}", key.default))
            for k, key in cls.keys_all().items()}
     # an option the method's own defaults switch on (FAIR-TAT's CCM) is read without its flag
     on = [o for o in OPTIONS if cls.defaults.get(f"{o}.enabled") is True and o not in options]
@@ -57,11 +59,13 @@ def _readable(method: str, options: Sequence[str]) -> dict[str, _Readable]:
         if name in OPTIONS:
             option = OPTIONS.get(name)
             types = schema.field_types(option.section())
-            out.update({f"{name}.{k}": _Readable(key.tune, types[k], cls.defaults.get(f"{name}.{k}", key.default))
+            out.update({f"{name}.{k}": _Readable(key.tune, types[k], key.valid,
+                                                 cls.defaults.get(f"{name}.{k}", key.default))
                         for k, key in option.keys.items()})
         elif name in AVERAGING_KEYS:
             train, types = CORE["train"](), schema.field_types(CORE["train"])
-            out.update({key: _Readable(None, types[key[6:]], getattr(train, key[6:])) for key in AVERAGING_KEYS[name]})
+            out.update({key: _Readable(None, types[key[6:]], RANGES.get(key), getattr(train, key[6:]))
+                        for key in AVERAGING_KEYS[name]})
         else:
             raise UserError(f"unknown option {name!r} in the contender {_label(method, options)}."
                             f"{hint(name, _flags())} Options: {', '.join(_flags())}")
@@ -132,14 +136,16 @@ def load_space(path: str | Path, method: str, options: Sequence[str] = ()) -> di
         if "choices" in entry:
             if not isinstance(entry["choices"], list):
                 raise UserError(f"{where}: choices takes a list, for example choices = [1, 2]")
-            tune = Tune(choices=tuple(entry["choices"]), scale=entry.get("scale", "choice"))
+            # low and high kept, so that checked() refuses them beside choices rather than dropping the range
+            tune = Tune(entry.get("low"), entry.get("high"), choices=tuple(entry["choices"]),
+                        scale=entry.get("scale", "choice"))
         else:
             base = space.get(key) or Tune()
             base = Tune() if base.scale == "choice" else base
             tune = Tune(entry.get("low", base.low), entry.get("high", base.high), entry.get("scale", base.scale))
         source = entry.get("source", f"space file {path}")
         space[key] = checked(where, Tune(tune.low, tune.high, tune.scale, tune.choices, str(source)),
-                             readable[key].type)
+                             readable[key].type, readable[key].valid)
     if not space:
         raise UserError(_no_space(method, options))
     return space
@@ -170,8 +176,10 @@ def _owner(key: str) -> str:
     return section if section in OPTIONS else next(f for f, keys in AVERAGING_KEYS.items() if key in keys)
 
 
-def checked(where: str, tune: Tune, typ: Any) -> Tune:
-    """``tune`` with its bounds in the key's type, or a UserError naming the fix (``where``: the file and key)."""
+def checked(where: str, tune: Tune, typ: Any, valid=None) -> Tune:
+    """``tune`` with its bounds in the key's type and, each of them and each choice, within the key's rule ``valid``
+    (:func:`fastfair.checks.valid_range`: a trial's value is checked as ``--set`` checks it), or a UserError naming
+    the fix (``where``: the file and key)."""
     if tune.scale not in SCALES:
         raise UserError(f"{where}: unknown scale {tune.scale!r}; scale is one of {', '.join(SCALES)}")
     if typing.get_origin(typ) is list:
@@ -183,10 +191,11 @@ def checked(where: str, tune: Tune, typ: Any) -> Tune:
             raise UserError(f"{where}: choices needs at least 2 different values; got {list(tune.choices)} "
                             "(to fix a key, --set it on the command)")
         try:
-            return Tune(choices=tuple(schema.coerce(where, v, typ) for v in tune.choices), scale="choice",
-                        source=tune.source)
+            choices = tuple(schema.coerce(where, v, typ) for v in tune.choices)
         except UserError as err:
             raise UserError(f"{err} (in choices)") from None
+        _within(where, [("a choice", v) for v in choices], valid)
+        return Tune(choices=choices, scale="choice", source=tune.source)
     if tune.choices:
         raise UserError(f'{where}: choices go with scale = "choice" (or leave scale out)')
     if typ is bool or typ is str:
@@ -206,8 +215,18 @@ def checked(where: str, tune: Tune, typ: Any) -> Tune:
         raise UserError(f"{where}: low {tune.low!r} must be below high {tune.high!r}")
     if tune.scale == "log" and tune.low <= 0:
         raise UserError(f'{where}: scale = "log" needs low > 0; got {tune.low!r} (or use scale = "linear")')
+    _within(where, [("low", tune.low), ("high", tune.high)], valid)
     cast = int if typ is int else float
     return Tune(cast(tune.low), cast(tune.high), tune.scale, (), tune.source)
+
+
+def _within(where: str, named: list[tuple[str, Any]], valid) -> None:
+    """Every (name, value) of a range within the key's rule, as each trial's value will be checked: otherwise the
+    trials on that side would fail (or worse, train: a negative TRADES weight)."""
+    bad = [(what, v) for what, v in named if valid is not None and not valid.ok(v)]
+    if bad:
+        what, v = bad[0]
+        raise UserError(f"{where}: {what} {v!r} is out of the key's range: it must be {valid.good}")
 
 
 def suggest(trial, space: dict[str, Tune]) -> dict[str, Any]:
