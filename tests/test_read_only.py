@@ -62,6 +62,7 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, capsys):
     out = tmp_path / "report.md"
     out.write_text("mine\n")
     assert main(["report", str(run), "--out", str(out)]) == 2
+    fix = f"e.g. --out {tmp_path / 'report'}-report"
     assert _one_line(capsys) == (f"fastfair: error: --out {out} is a file; a report is a folder (report.md, "
-                                 f"tables.tex, figures/): give a folder's path, e.g. --out {tmp_path / 'report'}-report")
+                                 f"tables.tex, figures/): give a folder's path, {fix}")
     assert out.read_text() == "mine\n" and sorted(Path(tmp_path).iterdir()) == [out]
