@@ -202,8 +202,9 @@ def test_compiled_step_tracks_eager_and_its_cpp_wrapper_equals_its_python_wrappe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,amp,tolerance", [("me-trades", "off", 1e-4), ("pgd-at", "bf16", 0.25)])
-def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch, method, amp, tolerance):
+@pytest.mark.parametrize("method,amp,tolerance,sizes", [("me-trades", "off", 1e-4, TINY), ("pgd-at", "bf16", 0.25, ())],
+                         ids=["me-trades-fp32", "pgd-at-bf16"])
+def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch, method, amp, tolerance, sizes):
     """The CUDA defaults' other paths on a CPU, together: channels_last, fused SGD (CUDA's choice in
     optim.implementation; torch runs it on CPU too), the compiled step with the compiled attack, and bf16
     autocast or not; three steps from the same weights and seeds against the fp32 eager step (foreach SGD).
@@ -213,15 +214,17 @@ def test_cuda_defaults_together_on_a_cpu_track_fp32_eager(tmp_path, monkeypatch,
 
     Measure: per parameter tensor, |w_fast - w_eager| / |w_eager - w_start| (L2 norms), the error
     relative to the three steps' update. Without bf16 the paths compute the same fp32 sums in other
-    orders: 1e-4 (measured below 5e-6). With bf16, 0.25 (measured 0.13 on torch 2.13): bf16 keeps
+    orders: 1e-4 (measured below 5e-6; 2.3e-6 on TINY). With bf16, 0.25 (measured 0.13 on torch 2.13): bf16 keeps
     8 significant bits, so input gradients carry ~1% noise, the attack's sign steps flip wherever a
     pixel's gradient lies within that noise of 0 (those pixels move 2 alpha apart), and the training
     gradients follow. A path that broke (no update, a wrong layout, an unscaled step) is off by the
-    whole update (1.0) or more.
+    whole update (1.0) or more. The bf16 bound holds for the demo's model and batch (width 32, 32 images), where
+    bf16 is compared: on TINY a BN bias of its two channels measured 0.26, the update of so few pixels and weights
+    that one flipped sign step weighs more. fp32 compares on TINY: the compile, what this test pays, is the same.
     """
     # TRADES' own start, x + 0.001 N(0, I), is where the KL's input gradient is ~0 and its sign rounding noise that
     # differs between any two implementations: a uniform start keeps the comparison about the step
-    sets = [*TINY, "attack.init=uniform"]
+    sets = [*sizes, "attack.init=uniform"]
     eager = trainer(tmp_path, method, "off", *sets, "train.amp=off", "model.channels_last=off")
     assert eager.opt.defaults["foreach"]
     monkeypatch.setattr(optim, "implementation", lambda dev: {"fused": True})
