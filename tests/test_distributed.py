@@ -1,5 +1,9 @@
 """torchrun DDP with gloo on CPU: 2 processes give what 1 process gives on the same global batch, and each
-rank ends its process group before its interpreter exits."""
+rank ends its process group before its interpreter exits.
+
+A torchrun costs its launcher's and each rank's interpreter and torch import (about 5 CPU s a process), which is
+what these tests pay; the training is the demo's cut to 20 images a class (a few steps a rank), the one-process
+run in this process (helpers.fastfair): the process boundary is what the torchrun side tests."""
 import json
 import os
 import re
@@ -10,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import fastfair
+
 ROOT = Path(__file__).parents[1]
 # No BN (per-rank batch statistics would differ; SyncBatchNorm needs CUDA) and no random PGD start
 # (ranks draw their own streams): what is left must match up to float summation order, so fp32 (bf16
@@ -17,7 +23,7 @@ ROOT = Path(__file__).parents[1]
 ARGS = ["train", "--config", "demo", "--method", "pgd-at", "--device", "cpu", "--quiet", "--set", "train.amp=off",
         "--set", "train.epochs=2", "--set", "model.norm=none", "--set", "model.width=8",
         "--set", "attack.init=none", "--set", "attack.steps=2", "--set", "train.val_attack=fgsm",
-        "--set", 'eval.attacks=["clean", "fgsm"]']
+        "--set", 'eval.attacks=["clean", "fgsm"]', "--set", "data.train_per_class=20"]
 
 
 def _env():
@@ -40,7 +46,8 @@ def _metrics(run):
 @pytest.mark.fault
 def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "fastfair", *ARGS, "--out", str(one)], check=True, env=_env(), cwd=ROOT)
+    done = fastfair(*ARGS, "--out", one)
+    assert done.returncode == 0, done.stderr[-3000:]
     proc = subprocess.run([*_torchrun(), str(ROOT / "tests" / "torchrun_rank.py"), *ARGS, "--out", str(two)],
                           env=_env(), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -72,7 +79,8 @@ def test_a_loss_with_two_forwards_through_batchnorm_trains_under_torchrun(tmp_pa
     into every rank's at each forward, the second broadcast changed what the first forward saved for its backward,
     and torch 2.11 stopped the run ("modified by an inplace operation"; .ci/run runs this file on 2.11 too)."""
     args = ["train", "--config", "demo", "--epochs", "1", "--device", "cpu", "--quiet", "--set", "model.width=4",
-            "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']"]
+            "--set", "attack.steps=1", "--set", "train.val_attack=fgsm", "--set", "eval.attacks=['clean']",
+            "--set", "data.train_per_class=20"]
     proc = subprocess.run([*_torchrun(), "-m", "fastfair", *args, "--out", str(tmp_path / "run")], env=_env(),
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,9 +6,11 @@ wrapper types the same argument ``fp64`` (``signature_of(SizeArg(name, value))``
 compiled kernel computes in fp64 (sm_90: 160 registers instead of 63). The kernel casts its nine
 floats to fp32 first, so both specialisations run the same fp32 arithmetic: checked here on the
 PTX for sm_90, compiled ahead of time without a GPU (Triton's bundled ptxas), in a subprocess,
-because under ``TRITON_INTERPRET=1`` the kernels are not compilable ``JITFunction`` objects.
+because under ``TRITON_INTERPRET=1`` the kernels are not compilable ``JITFunction`` objects; one subprocess for both
+typings (an interpreter and torch's import cost more than a compile).
 
-Run as a script (``python tests/test_kernel_scalars.py fp64``) it prints that PTX.
+Run as a script (``python tests/test_kernel_scalars.py fp64``) it prints that PTX (given both typings, each in
+turn, a line ``NEXT`` between them).
 """
 from __future__ import annotations
 
@@ -51,12 +53,18 @@ def test_the_launches_type_the_floats_differently():
     assert {mangle_type(0.5)} == {"fp32"}
 
 
-def _ptx(float_type: str) -> str:
+NEXT = "\nNEXT\n"  # between two PTX listings on the script's output (no PTX line is NEXT)
+
+
+def _ptx(*float_types: str) -> list[str]:
+    """The kernel's PTX with its floats typed as each of ``float_types``, compiled in one subprocess."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, __file__, float_type], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, __file__, *float_types], env=env, capture_output=True, text=True,
                           cwd=HERE.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    listings = done.stdout.split(NEXT)
+    assert len(listings) == len(float_types), done.stdout[-3000:]
+    return listings
 
 
 def _instructions(ptx: str) -> collections.Counter:
@@ -69,7 +77,7 @@ def _instructions(ptx: str) -> collections.Counter:
 def test_inductor_and_eager_launches_compute_in_fp32():
     """All six terms with both gradients (training TRADES-like rows), C = 10, compiled for sm_90 with the
     floats typed as each launch types them: the same instructions but for the nine fp64 loads and conversions."""
-    eager, inductor = _ptx("fp32"), _ptx("fp64")
+    eager, inductor = _ptx("fp32", "fp64")
     assert ".f64" not in eager
     f64 = [line.strip() for line in inductor.splitlines() if ".f64" in line]
     arithmetic = [line for line in f64 if not line.startswith((".param .f64", "cvt.rn.f32.f64"))]
@@ -107,4 +115,4 @@ if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     import conftest  # noqa: F401  (this checkout's fastfair.kernels; TRITON_INTERPRET=0 from the caller)
 
-    print(_compile(sys.argv[1]))
+    print(NEXT.join(_compile(float_type) for float_type in sys.argv[1:]))
