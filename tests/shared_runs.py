@@ -6,6 +6,7 @@ import fcntl
 import functools
 import pickle
 
+import numpy as np
 import torch
 
 from evalreport_helpers import _shared
@@ -66,3 +67,23 @@ def trials_in_process(monkeypatch) -> None:
         return state["status"]
 
     monkeypatch.setattr(study, "run_job", run_here)
+
+
+def figures_unrendered(monkeypatch) -> None:
+    """fastfair report's figures are made as the report makes them, titles and all, and written as a 1x1 PNG instead
+    of laid out and rendered (most of a report's CPU time, ~1-2 s a figure): for the tests of what a report says and
+    where its files go. test_report's figure tests and test_report_of_a_real_cifar10_run render theirs."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from fastfair.reports import figures
+
+    def save(fig, path):
+        plt.close(fig)
+        buf = io.BytesIO()
+        plt.imsave(buf, np.zeros((1, 1, 3)), format="png")
+        path.write_bytes(buf.getvalue())
+        return path
+    monkeypatch.setattr(figures, "_save", save)
+    monkeypatch.setattr(figures, "save_figure", save)
