@@ -182,14 +182,12 @@ def test_import_is_light():
 def test_autoattack_from_python_is_the_cli_s(tmp_path):
     """``aa`` through fastfair.evaluate: the official AutoAttack, its re-check, and its resume file beside ``out``;
     the same confusion as fastfair eval's evaluation of the same model and images."""
-    from fastfair.evaluation.per_class import evaluate as cli_evaluate
-    from test_autoattack import _tiny_linear_case
+    from shared_runs import TINY_AA, tiny_linear_aa, tiny_linear_case
 
-    model, x, y, loader = _tiny_linear_case()
-    classes = [str(c) for c in range(10)]
-    r = fastfair.evaluate(model, (x.float() / 255, y), attacks=["aa"], eps=0.02, alpha=0.01, batch_size=len(y),
-                          out=tmp_path / "aa.json")
-    want = cli_evaluate(model, loader, ["aa"], eps=0.02, alpha=0.01, classes=classes)["aa"]
+    model, x, y, _ = tiny_linear_case()
+    r = fastfair.evaluate(model, (x.float() / 255, y), attacks=["aa"], eps=TINY_AA["eps"], alpha=TINY_AA["alpha"],
+                          batch_size=len(y), out=tmp_path / "aa.json")
+    want, _ = tiny_linear_aa()  # fastfair eval's evaluation, shared with test_autoattack
     assert r.record["results"]["aa"]["confusion"] == want["confusion"]
     assert r.record["results"]["aa"]["autoattack"]["recheck"]["prediction_mismatches"] == 0
     assert (tmp_path / "aa.aa.npz").is_file() and 0 < r.avg("aa") < 100

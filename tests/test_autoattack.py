@@ -6,6 +6,7 @@ import pytest
 import torch
 from evalreport_helpers import cheap_aa_backend, digits_run
 from helpers import needs_extra
+from shared_runs import TINY_AA, tiny_linear_aa, tiny_linear_case
 
 from fastfair import build, data
 from fastfair.attacks import autoattack
@@ -127,30 +128,17 @@ def test_worst_class_after_counts_points_no_sub_attack_so_far_broke():
     assert autoattack._worst_class_after(broken_by[:4], y[:4], 1, 4) == (0, 50.0)  # the second broke one of 0's
 
 
-def _tiny_linear_case(n=10):
-    """A 10-class linear model on 3x4x4 images with a few clean mistakes; one batch holds every image."""
-    from fastfair.data import DeviceLoader
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10)).eval()
-    x = torch.randint(0, 256, (n, 3, 4, 4), dtype=torch.uint8)
-    with torch.no_grad():
-        y = model(x.float() / 255).argmax(1)
-    y[::5] = (y[::5] + 1) % 10
-    return model, x, y, DeviceLoader(x, y, n, device="cpu", train=False)
-
-
 @pytest.mark.slow
-def test_matches_the_official_package_exactly_per_class_and_per_image(tmp_path):
-    model, x, y, loader = _tiny_linear_case()
-    eps, classes = 0.02, [str(c) for c in range(10)]
-    res = evaluate(model, loader, ["aa"], eps=eps, alpha=0.01, classes=classes, state_prefix=tmp_path / "ff")["aa"]
+def test_matches_the_official_package_exactly_per_class_and_per_image():
+    model, x, y, _ = tiny_linear_case()
+    eps = TINY_AA["eps"]
+    res, prefix = tiny_linear_aa()  # fastfair eval's, shared with test_api
     official = pyautoattack.AutoAttack(model, norm="Linf", eps=eps, version="standard", seed=0, device="cpu")
     x_adv, y_adv = official.run_standard_evaluation(x.float() / 255, y, batch_size=len(y))
     want = np.bincount(y.numpy() * 10 + y_adv.numpy(), minlength=100).reshape(10, 10)
     assert np.array_equal(np.array(res["confusion"]), want)
     assert 0 < res["summary"]["avg"] < res["autoattack"]["robust_after"]["clean"]  # AA broke some, not all
-    with np.load(tmp_path / "ff.aa.npz") as f:  # the same images, bit for bit
+    with np.load(f"{prefix}.aa.npz") as f:  # the same images, bit for bit
         assert np.array_equal(f["pred"], y_adv.numpy())
         assert torch.equal(torch.from_numpy(f["adv"]), x_adv[f["adv_index"]])
     rec = res["autoattack"]
@@ -192,7 +180,7 @@ def _flags_after(model, x, eps):
 def test_recheck_passes_a_consistent_result_and_refuses_a_disagreement():
     from fastfair.errors import UserError
 
-    model, x, y, _ = _tiny_linear_case()
+    model, x, y, _ = tiny_linear_case()
     xf, flags = _flags_after(model, x, 0.02)
     assert autoattack.recheck(model, xf, flags, 0.02, 4)["prediction_mismatches"] == 0
     flags.pred[3] = (flags.pred[3] + 1) % 10  # a flag that a clean pass does not reproduce

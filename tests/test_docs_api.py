@@ -9,6 +9,7 @@ import pytest
 
 from fastfair.methods import METHODS, Method
 from helpers import EXTRAS, extra_installed, install_line
+from shared_runs import trials_in_process
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
@@ -21,8 +22,10 @@ def blocks() -> list[str]:
 def test_every_example_runs(tmp_path, monkeypatch, capsys):
     """A block that starts ``# needs: PACKAGE`` (a package of an optional extra) is left out when the package is not
     installed; the rest run and are checked, and the test then skips with the install line, so that the run with
-    the extras (.ci/run's second leg) runs it whole."""
+    the extras (.ci/run's second leg) runs it whole. The tune example's trials train in this process (what a study
+    computes is this test's; tests/test_tune.py runs trials as the processes they are)."""
     monkeypatch.chdir(tmp_path)
+    trials_in_process(monkeypatch)
     namespace: dict = {}
     ran, missing = 0, set()
     for code in blocks():

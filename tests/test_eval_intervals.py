@@ -5,6 +5,7 @@ import shutil
 import numpy as np
 import pytest
 from evalreport_helpers import cheap_aa_backend, digits_run
+from shared_runs import figures_unrendered
 
 from fastfair import cli
 from fastfair.attacks import autoattack
@@ -12,6 +13,11 @@ from fastfair.errors import UserError
 from fastfair.evaluation import intervals, per_image
 from fastfair.evaluation.result import Result
 from fastfair.rundir import read_json, read_toml, write_json_atomic, write_toml
+
+
+@pytest.fixture(autouse=True)
+def unrendered(monkeypatch):
+    figures_unrendered(monkeypatch)  # these tests read what the report says; test_report renders figures
 
 
 def _copy(tmp_path, name="run"):

@@ -141,12 +141,13 @@ labels = ["a", "b", "c"]
 
 
 @pytest.mark.slow
-def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
-    path, bad = _grid_with_a_bad_run(tmp_path, TINY)
+def test_killed_grid_resumes_and_skips_done_runs(tmp_path):
+    # seeds a and b train (a failed run's record: test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows)
+    path = _write(tmp_path, TINY + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\nlabels = ["a", "b"]\n')
     out = tmp_path / "out"
     proc = subprocess.Popen(_grid_cmd(path, out), env=_env(), cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
+    deadline = time.time() + 900  # a bound for a hang only: a grid that ended is what poll() catches
     while not (out / "b" / "checkpoints" / "last.pt").is_file():  # run b has finished its first epoch
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
@@ -159,21 +160,17 @@ def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
     while _alive(child):  # the child dies with the grid: no orphan keeps training
         assert time.time() < deadline, "the grid's training child outlived it"
         time.sleep(0.05)
-    assert not (out / "c").exists()
     a_ckpt = (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns
 
     lines = []
-    assert run_grid(str(path), out=str(out), gpus="cpu", echo=lines.append) == 1  # c failed, and the grid says so
+    assert run_grid(str(path), out=str(out), gpus="cpu", echo=lines.append) == 0
     assert state("a")["attempt"] == 1  # done: not re-run
     assert (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns == a_ckpt
     assert state("b")["status"] == "done" and state("b")["attempt"] == 2
     assert "--resume" in state("b")["command"]
     epochs = [json.loads(l)["epoch"] for l in (out / "b" / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]  # resumed after epoch 1, no epoch logged twice
-    assert state("c")["status"] == "failed" and state("c")["returncode"] == 2
-    assert "is not a checkpoint" in (out / "c" / "train.log").read_text()
-    said = "\n".join(lines).splitlines()
-    assert said[-3] == "2 of 3 runs finished, 1 failed" and said[-2].startswith(f"  c: fastfair: error: {bad}")
+    assert "\n".join(lines).splitlines()[-1] == "2 of 2 runs finished, 0 failed"
 
     table = (out / "results.md").read_text().splitlines()
     assert table[0].startswith("| run | seeds | clean avg | clean worst | fgsm avg")  # fastfair report's table
@@ -184,11 +181,6 @@ def test_killed_grid_resumes_skips_done_runs_and_records_failures(tmp_path):
     mean, sd, lo, hi = intervals.seed_interval(evals)
     assert row.split("|")[3].strip() == f"{mean:.2f} ± {sd:.2f} [{max(lo, 0):.1f}, {min(hi, 100):.1f}]"
     assert any(l.startswith("Intervals (95 %): a group of seeds: mean ± sd over its seeds") for l in table)
-
-    lines = []
-    run_grid(str(path), out=str(out), dry_run=True, echo=lines.append)
-    assert "2 done" in lines[0] and "failed" in lines[-2] and "first command:" in lines[-1]
-    assert state("c")["attempt"] == 1  # a dry run runs nothing
 
 
 GRIDS = ROOT / "configs" / "grids"
@@ -327,6 +319,13 @@ def test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows(tmp_pa
     assert lines[-3:] == ["2 of 3 runs finished, 1 failed",  # ... and in the summary
                           "  " + failed[len("failed "):],
                           "fix the cause and run the same command again: done runs are skipped, the others resume"]
+    state = read_state(out / "c")
+    assert state["status"] == "failed" and state["returncode"] == 2 and state["attempt"] == 1
+    assert "is not a checkpoint" in (out / "c" / "train.log").read_text()
+    _, said, _ = _cli(capsys, path, "--out", out, "--gpus", "cpu", "--per-gpu", 3, "--data-dir", npz, "--set",
+                      "train.epochs=1", "--set", "batch_size=16", "--dry-run")  # the same command, a dry run
+    assert "2 done" in said[0] and "failed" in said[-2] and "first command:" in said[-1]
+    assert read_state(out / "c")["attempt"] == 1  # a dry run runs nothing
 
 
 def test_a_crashed_childs_last_traceback_line_is_its_error(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from evalreport_helpers import cifar_run
+from shared_runs import figures_unrendered
 from fastfair.evaluation import intervals, measures
 from fastfair.cli import main
 from fastfair.config import Config
@@ -48,6 +49,11 @@ def fake_runs(tmp_path):
     ]
 
 
+@pytest.fixture
+def unrendered(monkeypatch):
+    figures_unrendered(monkeypatch)  # for the tests of what a report says; the figure tests below render theirs
+
+
 def test_runs_differing_only_in_seed_form_one_group(fake_runs):
     groups = group_runs([load_run(p) for p in fake_runs])
     assert [(g.label, g.seeds) for g in groups] == [("at", [0, 1]), ("trades-s0", [0])]  # folders, seed tag gone
@@ -83,13 +89,13 @@ def test_compare_names_a_missing_attack(fake_runs):
         compare(fake_runs, attack="aa")
 
 
-def test_runs_from_before_the_one_based_numbering_report_their_epochs_one_based(fake_runs, tmp_path):
+def test_runs_from_before_the_one_based_numbering_report_their_epochs_one_based(fake_runs, tmp_path, unrendered):
     write_report(fake_runs[:1], tmp_path / "r")
     assert "(epoch 2)" in (tmp_path / "r" / "report.md").read_text()  # saved 0-based as 1: the second epoch
     assert [e["epoch"] for e in load_run(fake_runs[0]).epochs] == [1, 2]
 
 
-def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path):
+def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path, unrendered):
     run = fake_runs[0]
     cfg = Config()
     cfg.method.name, cfg.data.train_per_class = "pgd-at", 100
@@ -101,7 +107,7 @@ def test_a_quick_run_is_named_above_every_table(fake_runs, tmp_path):
     assert note in (tmp_path / "r" / "tables.tex").read_text()
 
 
-def test_every_figure_of_a_quick_run_says_so_in_its_title(fake_runs, tmp_path, monkeypatch):
+def test_every_figure_of_a_quick_run_says_so_in_its_title(fake_runs, tmp_path, monkeypatch, unrendered):
     titles, legends = {}, []
     for name in ("per_class_bars", "heatmap", "curves", "per_class_curves", "scatter_rank", "tsne"):
         draw = getattr(report_module.figures, name)
@@ -123,14 +129,14 @@ def test_every_figure_of_a_quick_run_says_so_in_its_title(fake_runs, tmp_path, m
     assert legends[0] == ["at-s0 (quick run)", "at-s1", "trades-s0"]  # one quick group of three
 
 
-def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path):
+def test_report_draws_per_class_vectors_that_change(fake_runs, tmp_path, unrendered):
     write_report(fake_runs, tmp_path / "rep", baseline=fake_runs[0])
     figs = {p.name for p in (tmp_path / "rep" / "figures").iterdir()}
     assert "g1-vector-eps.png" in figs and "g0-vector-eps.png" not in figs  # only trades' eps varies
     assert "g1-vector-alpha.png" not in figs and "compare-per-class.png" in figs
 
 
-def test_report_names_groups_by_folder_or_label_as_a_user_types_them(fake_runs, tmp_path, capsys):
+def test_report_names_groups_by_folder_or_label_as_a_user_types_them(fake_runs, tmp_path, capsys, unrendered):
     out = tmp_path / "r"
     assert main(["report", *map(str, fake_runs), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
@@ -164,7 +170,7 @@ def test_two_runs_in_folders_of_one_name_are_told_apart_by_their_parent(tmp_path
     assert [g.label for g in group_runs([load_run(a), load_run(b)])] == ["a/run", "b/run"]
 
 
-def test_the_config_differences_are_a_table_under_the_comparison_figure(fake_runs, tmp_path):
+def test_the_config_differences_are_a_table_under_the_comparison_figure(fake_runs, tmp_path, unrendered):
     from fastfair import config
 
     for run, method in zip(fake_runs, ("pgd-at", "pgd-at", "trades")):  # configs as train writes them
@@ -184,7 +190,7 @@ def test_the_config_differences_are_a_table_under_the_comparison_figure(fake_run
     assert "% Also different, as each method's defaults set them: attack.bn\\_mode" in tex
 
 
-def test_report_paths_are_relative_so_its_folder_can_move(fake_runs, tmp_path):
+def test_report_paths_are_relative_so_its_folder_can_move(fake_runs, tmp_path, unrendered):
     out = tmp_path / "reports" / "cmp"
     write_report(fake_runs, out)
     md = (out / "report.md").read_text()
@@ -198,7 +204,7 @@ def test_report_paths_are_relative_so_its_folder_can_move(fake_runs, tmp_path):
 
 
 def test_the_report_goes_in_the_run_or_beside_the_runs_when_no_out_is_given(fake_runs, tmp_path, monkeypatch,
-                                                                            capsys):
+                                                                            capsys, unrendered):
     monkeypatch.chdir(tmp_path)
     assert main(["report", "at-s0"]) == 0
     assert capsys.readouterr().out.startswith("written: at-s0/report/report.md (figures in at-s0/report/figures")
@@ -288,7 +294,7 @@ def test_report_of_a_real_cifar10_run(tmp_path):
     assert main(["report", str(tmp_path / "nothing-here")]) == 2
 
 
-def test_rho_says_why_it_has_no_number(tmp_path, capsys):
+def test_rho_says_why_it_has_no_number(tmp_path, capsys, unrendered):
     base = _fake_run(tmp_path / "base", 0, "pgd-at", [80, 60], [50, 0])  # the baseline's worst class: 0 %
     other = _fake_run(tmp_path / "other", 0, "trades", [70, 70], [48, 40])
     assert main(["report", str(base), str(other), "--baseline", str(base), "--out", str(tmp_path / "r")]) == 0

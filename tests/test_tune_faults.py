@@ -12,7 +12,7 @@ import pytest
 from fastfair import cli
 from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.scaleout.jobs import read_state
-from helpers import needs_extra
+from helpers import fastfair, needs_extra
 
 optuna = needs_extra("tune", "optuna")
 
@@ -24,9 +24,12 @@ TINY = ["--config", "demo", "--quick", "10", "--set", "model.width=4", "--set", 
 KL = optuna.distributions.FloatDistribution(1.0, 15.0, log=True)  # trades' declared method.kl_weight range
 
 
-def _tune(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastfair", "tune", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+def _tune(monkeypatch, *args, env=None) -> subprocess.CompletedProcess:
+    """``fastfair tune ARGS`` in this process (a process of its own costs ~7 CPU s), its trials in processes of their
+    own as always, with ``env`` (and PYTHONPATH, to find this fastfair) in their environment."""
+    for name, value in {"PYTHONPATH": str(ROOT), **(env or {})}.items():
+        monkeypatch.setenv(name, value)
+    return fastfair("tune", *args)
 
 
 def _perfect_trials(storage: str, name: str, epochs: int) -> None:
@@ -43,11 +46,11 @@ def _perfect_trials(storage: str, name: str, epochs: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_hopeless_trial_is_stopped_while_it_trains_and_its_run_folder_can_resume(tmp_path):
+def test_a_hopeless_trial_is_stopped_while_it_trains_and_its_run_folder_can_resume(tmp_path, monkeypatch):
     out = tmp_path / "s"
     out.mkdir()
     _perfect_trials(f"sqlite:///{out / 'study.db'}", "s:trades", 20)
-    done = _tune("--methods", "trades", "--trials", 4, "--prune-after", 1, "--out", out, *TINY,
+    done = _tune(monkeypatch, "--methods", "trades", "--trials", 4, "--prune-after", 1, "--out", out, *TINY,
                  "--set", "train.epochs=20")
     assert done.returncode == 0, done.stderr
     (trial,) = [t for t in optuna.load_study(study_name="s:trades", storage=f"sqlite:///{out / 'study.db'}")
@@ -83,29 +86,31 @@ rundir._open = _open
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_a_full_disk_under_a_trial_stops_the_study_in_one_line_and_the_rerun_resumes_the_trial(tmp_path):
+def test_a_full_disk_under_a_trial_stops_the_study_in_one_line_and_the_rerun_resumes_the_trial(tmp_path,
+                                                                                                 monkeypatch):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(FULL_DISK)
     out = tmp_path / "s"
-    args = ["--methods", "trades", "--trials", 2, "--out", out, *TINY, "--set", "train.epochs=1", "--quiet"]
-    full = _tune(*args, env={"PYTHONPATH": f"{hook}{os.pathsep}{ROOT}",
-                             "FULL_UNDER": str(out / "trials" / "trades" / "0001" / "checkpoints")})
+    args = ["--methods", "trades", "--trials", 1, "--out", out, *TINY, "--set", "train.epochs=1", "--quiet"]
+    full = _tune(monkeypatch, *args, env={"PYTHONPATH": f"{hook}{os.pathsep}{ROOT}",
+                                          "FULL_UNDER": str(out / "trials" / "trades" / "0000" / "checkpoints")})
     assert full.returncode == 74, full.stderr
     (line,) = full.stderr.strip().splitlines()
-    assert line.startswith("fastfair: error: trial trades #1 stopped: cannot write ") and "no space left" in line
+    assert line.startswith("fastfair: error: trial trades #0 stopped: cannot write ") and "no space left" in line
     assert line.endswith(f"free some space, then continue with: fastfair tune {out}")
     storage = f"sqlite:///{out / 'study.db'}"
     trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
     # neither a result nor a failure: the trial waits for the re-run, which resumes it
-    assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
-    assert read_state(out / "trials" / "trades" / "0001")["returncode"] == 74
-    again = _tune(out, "--quiet")  # the disk has room again
+    assert [t.state.name for t in trials] == ["RUNNING"]
+    assert read_state(out / "trials" / "trades" / "0000")["returncode"] == 74
+    monkeypatch.delenv("FULL_UNDER")  # the disk has room again
+    again = _tune(monkeypatch, out, "--quiet")
     assert again.returncode == 0, again.stderr
     trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
-    assert trials[2].params == trials[1].params and trials[2].user_attrs["run_number"] == 1
-    state = read_state(out / "trials" / "trades" / "0001")
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert trials[1].params == trials[0].params and trials[1].user_attrs["run_number"] == 0
+    state = read_state(out / "trials" / "trades" / "0000")
     assert state["status"] == "done" and state["attempt"] == 2 and "--resume" in state["command"]
 
 
@@ -120,7 +125,7 @@ def test_without_optuna_the_command_is_one_line_naming_the_extra_before_any_fold
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_sigterm_to_a_study_saves_its_trial_at_a_step_and_the_rerun_resumes_it_counted_once(tmp_path):
+def test_sigterm_to_a_study_saves_its_trial_at_a_step_and_the_rerun_resumes_it_counted_once(tmp_path, monkeypatch):
     out = tmp_path / "s"
     args = ["--methods", "trades", "--trials", 1, "--out", out, *TINY, "--set", "train.epochs=4", "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "fastfair", "tune", *map(str, args)], cwd=ROOT, text=True,
@@ -138,7 +143,7 @@ def test_sigterm_to_a_study_saves_its_trial_at_a_step_and_the_rerun_resumes_it_c
     assert [t.state.name for t in optuna.load_study(study_name="s:trades", storage=storage).get_trials()] == [
         "RUNNING"]  # neither a result nor a failure
     assert read_state(run.path)["status"] == "interrupted"  # the trial's train saved where the signal found it
-    again = _tune(out, "--quiet")
+    again = _tune(monkeypatch, out, "--quiet")
     assert again.returncode == 0, again.stderr
     trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].user_attrs["run_number"] == 0
