@@ -740,6 +740,9 @@ def load_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
+COMPILED: dict[str, dict] = {}  # main's counts per graph identity, by the settings it ran with
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -786,7 +789,9 @@ def main(argv=None) -> int:
         todo = []
     else:
         todo = grid
-    compiled: dict = {}  # graph identity -> its counts: graphs shared by configurations are compiled once
+    # graph identity -> its counts: graphs shared by configurations are compiled once, in this process (several runs
+    # of main, as tests/test_gpu_codegen.py makes, share those compiled with the same changed settings and wrapper)
+    compiled = COMPILED.setdefault(repr(sorted(named.items())), {})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # Inductor writes each graph's module here; read back, dropped
         for config in todo:
