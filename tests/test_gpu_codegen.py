@@ -24,7 +24,10 @@ RUNS = {"smoke": (), "extrapolated": ("--kernels", "torch", "--steps-from", "2",
 def runs(tmp_path_factory) -> dict[str, tuple[dict, str]]:
     """{run: (its JSON record, its Markdown)} of ``gpu_codegen.py --smoke ARGS`` for each of RUNS, made in one process
     of its own (the script sets TRITON_INTERPRET=0 for itself); the process fails if a run's main returns non-zero."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # one thread: the recorded steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
+    # nothing (tests/test_bench_smoke.py's ONE_THREAD; Inductor compiles in one thread here anyway)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     out = tmp_path_factory.mktemp("codegen")
     argvs = {name: ["--smoke", "--out", str(out / name), *args] for name, args in RUNS.items()}
     code = ("import sys; from bench.lease import gpu_codegen as g; "

@@ -34,7 +34,10 @@ REGENERATE = "run `python bench/lease/kernels_aot.py` and commit bench/results/k
 def smoke(tmp_path_factory):
     """(the --smoke process, its record)."""
     out = tmp_path_factory.mktemp("aot")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # one thread: the traced steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
+    # nothing (tests/test_bench_smoke.py's ONE_THREAD)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     script = ROOT / "bench" / "lease" / "kernels_aot.py"
     proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], env=env,
                           capture_output=True, text=True, timeout=1200)
