@@ -3,6 +3,8 @@ each of them is marked slow, every test file keeps a test in the loop, and the l
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,14 +89,19 @@ def _burn_suite(tmp_path: Path, limit: float = 0.3, suite_budget: float | None =
     return tmp_path
 
 
+# The tiny suites' pytest loads only the plugins they use: the venv's other entry-point plugins take 2 CPU s to load
+# in each process (the controller and each xdist worker), 4 times what the three tests take.
+INNER_PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist"]
+INNER_ENV = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
 def test_a_test_outside_the_slow_tier_over_its_cpu_budget_fails_the_session_by_name(tmp_path, workers):
     import subprocess
-    import sys
 
     suite = _burn_suite(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(suite)],
-                          cwd=suite, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*INNER_PYTEST, *workers, str(suite)], cwd=suite, env=INNER_ENV, capture_output=True,
+                          text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "3 passed" in out  # every test passed: the budget alone failed the session
@@ -105,11 +112,10 @@ def test_a_test_outside_the_slow_tier_over_its_cpu_budget_fails_the_session_by_n
 @pytest.mark.parametrize("budget, fails", [(0.5, True), (60.0, False)])
 def test_a_whole_suite_over_its_cpu_budget_fails_the_session_and_one_within_says_its_share(tmp_path, budget, fails):
     import subprocess
-    import sys
 
     suite = _burn_suite(tmp_path, limit=60.0, suite_budget=budget)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(suite)],
-                          cwd=suite, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*INNER_PYTEST, "-n", "2", str(suite)], cwd=suite, env=INNER_ENV, capture_output=True,
+                          text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == (1 if fails else 0), out
     assert "3 passed" in out

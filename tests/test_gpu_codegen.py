@@ -12,16 +12,35 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def generate(out: Path, *args: str) -> tuple[dict, str]:
-    """bench/lease/gpu_codegen.py --smoke ARGS run in its own process (it sets TRITON_INTERPRET=0 for itself)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = ROOT / "bench" / "lease" / "gpu_codegen.py"
-    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out), *args],
-                          env=env, capture_output=True, text=True, timeout=900)
+# The three runs the tests read, in one process (bench/lease/gpu_codegen.py's main, each with its arguments after
+# --smoke): one start of torch, Inductor and Triton, not three, and a graph compiled once (the update graphs of K = 2,
+# 4, 6 are the same; the smoke run's K = 2 graphs are the extrapolation's basis)
+RUNS = {"smoke": (), "extrapolated": ("--kernels", "torch", "--steps-from", "2", "4", "--attack-steps", "6",
+                                      "--validate"),
+        "cpp": ("--kernels", "torch", "--cpp-wrapper")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[dict, str]]:
+    """{run: (its JSON record, its Markdown)} of ``gpu_codegen.py --smoke ARGS`` for each of RUNS, made in one process
+    of its own (the script sets TRITON_INTERPRET=0 for itself); the process fails if a run's main returns non-zero."""
+    # one thread: the recorded steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
+    # nothing (tests/test_bench_smoke.py's ONE_THREAD; Inductor compiles in one thread here anyway)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    out = tmp_path_factory.mktemp("codegen")
+    argvs = {name: ["--smoke", "--out", str(out / name), *args] for name, args in RUNS.items()}
+    code = ("import sys; from bench.lease import gpu_codegen as g; "
+            f"sys.exit(max(g.main(a) for a in {list(argvs.values())!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (md,) = out.glob("gpu-codegen-predicted-smoke-*.md")
-    (js,) = out.glob("gpu-codegen-predicted-smoke-*.json")
-    return json.loads(js.read_text()), md.read_text()
+    done = {}
+    for name in RUNS:
+        (md,) = (out / name).glob("gpu-codegen-predicted-smoke-*.md")
+        (js,) = (out / name).glob("gpu-codegen-predicted-smoke-*.json")
+        done[name] = json.loads(js.read_text()), md.read_text()
+    return done
 
 
 def refusals(record: dict) -> list[str]:
@@ -38,8 +57,8 @@ def refusals(record: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return generate(tmp_path_factory.mktemp("codegen"))
+def smoke(runs):
+    return runs["smoke"]
 
 
 def test_results_are_labelled_predictions(smoke):
@@ -70,10 +89,10 @@ def test_the_step_is_compiled_for_cuda_and_counted(smoke):
     assert rows["triton"]["eager_ops"].get("fastfair::random_start (eager, one kernel)") == 1
 
 
-def test_counts_extrapolated_in_attack_steps_equal_the_generated_ones(tmp_path):
+def test_counts_extrapolated_in_attack_steps_equal_the_generated_ones(runs):
     # the full grid's rows at PGD-10 are extrapolated from K = 2 and 4: generated at K = 6 too, the launch counts
     # must equal the extrapolation exactly (Inductor's bytes within BYTES_RTOL); the script fails otherwise
-    record, _ = generate(tmp_path, "--kernels", "torch", "--steps-from", "2", "4", "--attack-steps", "6", "--validate")
+    record, _ = runs["extrapolated"]
     (check,) = record["validation"]
     assert check["differences"] == {} and check["extrapolated"] == "extrapolated from K=2,4"
     rows = {r["source"]: r for r in record["rows"]}
@@ -103,11 +122,11 @@ def test_no_committed_configuration_has_a_region_inductor_would_not_graph():
                                 f"{row['graph_detail'][1]['kind']} graph: mutated inputs (1 instances)"]
 
 
-def test_the_cpp_wrapper_for_cuda_is_generated_without_a_gpu(smoke, tmp_path):
+def test_the_cpp_wrapper_for_cuda_is_generated_without_a_gpu(smoke, runs):
     """--cpp-wrapper: Inductor's C++ wrapper for CUDA, as train.cpp_wrapper=on with CUDA graphs compiles it, written
     on a CPU (torch 2.13; torch 2.11 tunes every Triton kernel on the device while writing it). It calls the same
     kernels as the Python wrapper, so the same launches, now from C++; no region is refused a CUDA graph."""
-    record, md = generate(tmp_path, "--kernels", "torch", "--cpp-wrapper")
+    record, md = runs["cpp"]
     (cpp,) = record["rows"]
     (python,) = [r for r in smoke[0]["rows"] if r["kernels"] == "torch"]
     assert cpp["wrapper"] == "C++" and python["wrapper"] == "Python" and "| C++ |" in md

@@ -1,9 +1,12 @@
 """bench/lease/kernels_aot.py: every kernel specialisation the wrappers launch compiles for sm_80 and sm_90 (no GPU),
 within the register ceiling, and the enumeration covers what a real training step launches.
 
-The script runs once (about 90 s on 2 cores: 68 compiles) in a subprocess without the Triton interpreter;
-the coverage test runs real training steps here, under the interpreter, and compares the kernels' own
-launch arguments with the compiled specialisations.
+The script's --smoke runs once in a subprocess without the Triton interpreter: it enumerates every specialisation
+from the training steps but compiles one per kernel (6 compiles, not 68: 70 CPU s less). Every specialisation's
+compile, registers and spills are the committed results' (bench/results/kernels-aot-triton<version>.json), checked
+here to be today's: the same kernels' sources, the same specialisations, the same registers for the sample compiled
+now. The coverage test runs real training steps here, under the interpreter, and compares the kernels' own launch
+arguments with the compiled specialisations.
 """
 import json
 import os
@@ -24,29 +27,61 @@ pytestmark = pytest.mark.slow
 
 BLOCKS = ("BLOCK_R", "BLOCK_C")  # tile sizes: the interpreter picks bigger tiles than a GPU (kernels/fused_loss.py)
 SMS = {"sm_80": 108, "sm_90": 132}  # A100, H100 SXM
+REGENERATE = "run `python bench/lease/kernels_aot.py` and commit bench/results/kernels-aot-triton*"
 
 
 @pytest.fixture(scope="module")
-def aot(tmp_path_factory):
+def smoke(tmp_path_factory):
+    """(the --smoke process, its record)."""
     out = tmp_path_factory.mktemp("aot")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # one thread: the traced steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
+    # nothing (tests/test_bench_smoke.py's ONE_THREAD)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     script = ROOT / "bench" / "lease" / "kernels_aot.py"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], env=env,
                           capture_output=True, text=True, timeout=1200)
-    files = list(out.glob("kernels-aot-triton*.json"))
+    files = list(out.glob("kernels-aot-smoke-triton*.json"))
     assert files, proc.stdout + proc.stderr
     return proc, json.loads(files[0].read_text())
 
 
-def test_every_specialisation_compiles_for_both_targets(aot):
-    proc, record = aot
+@pytest.fixture(scope="module")
+def aot(smoke):
+    """The committed results of every specialisation, for this triton; the smoke process and record checked first."""
+    proc, record = smoke
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not [r for r in record["rows"] if "error" in r]
+    triton = record["header"]["triton"]
+    path = ROOT / "bench" / "results" / f"kernels-aot-triton{triton}.json"
+    assert path.is_file(), f"no committed results for triton {triton}: {REGENERATE}"
+    return json.loads(path.read_text())
+
+
+def test_the_committed_results_are_todays(smoke, aot):
+    """The committed rows hold for today's kernels: every specialisation's registers and spills follow from the
+    kernel's source (its JIT cache key: its jitted callees too), the specialisation (signature, constexprs, alignment,
+    warps, stages), the target and triton's version (ptxas is triton's own)."""
+    _, record = smoke
+    assert aot.get("kernel_sources") == record["kernel_sources"], f"a kernel changed: {REGENERATE}"
+    assert aot.get("specialisations") == record["specialisations"], f"the launches changed: {REGENERATE}"
+    assert aot["derived"]["row_loss"] == record["derived"]["row_loss"]
+    # the sample compiled now: one specialisation of each kernel for both targets, as committed
+    usage = ("registers", "spill_stores", "spill_loads", "stack_frame", "shared_bytes", "num_warps", "constexprs")
+    committed = {(r["specialisation"], r["target"]): {k: r[k] for k in usage} for r in aot["rows"]}
+    now = {(r["specialisation"], r["target"]): {k: r[k] for k in usage} for r in record["rows"]}
+    assert {r["kernel"] for r in record["rows"]} == {"_row_loss_kernel", "_pgd_step_kernel", "_random_start_kernel"}
+    assert len(now) == 6 and all(committed[key] == value for key, value in now.items()), now
+
+
+def test_every_specialisation_compiles_for_both_targets(aot):
+    assert not [r for r in aot["rows"] if "error" in r]
     targets = {}
-    for r in record["rows"]:
+    for r in aot["rows"]:
         targets.setdefault(r["specialisation"], set()).add(r["target"])
     assert set(map(frozenset, targets.values())) == {frozenset({"sm_80", "sm_90"})}
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert record["header"]["device"].startswith("none")
+    assert sorted(targets) == list(range(len(aot["specialisations"])))  # every one enumerated today
+    assert aot["header"]["device"].startswith("none")
 
 
 def ceiling(target, warps, ctas):
@@ -66,13 +101,14 @@ def failures(record):
     return out
 
 
-def test_the_script_applies_the_stated_ceiling(aot):
-    assert all(r["ceiling"] == ceiling(r["target"], r["num_warps"], r["ctas"]) for r in aot[1]["rows"])
-    assert len(aot[1]["failures"]) == len(failures(aot[1]))
+def test_the_script_applies_the_stated_ceiling(aot, smoke):
+    for record in (aot, smoke[1]):
+        assert all(r["ceiling"] == ceiling(r["target"], r["num_warps"], r["ctas"]) for r in record["rows"])
+        assert len(record["failures"]) == len(failures(record))
 
 
 def test_no_spills_and_registers_within_the_ceiling(aot):
-    assert not failures(aot[1])
+    assert not failures(aot)
 
 
 @pytest.fixture
@@ -103,7 +139,7 @@ def launched(monkeypatch):
 def test_enumeration_covers_what_training_launches(aot, launched, tmp_path):
     """Real training steps of every method (and PGD-AT with every attack objective) launch only compiled
     specialisations: their constexprs, tiles aside, are those of a row the script compiled."""
-    compiled = [(r["kernel"], r["constexprs"]) for r in aot[1]["rows"]]
+    compiled = [(r["kernel"], r["constexprs"]) for r in aot["rows"]]
     runs = [(m, []) for m in METHODS] + [("pgd-at", [f"attack.objective={o}"]) for o in OBJECTIVES]
     for i, (method, sets) in enumerate(runs):
         if method.startswith("frl"):

@@ -483,9 +483,41 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     """One configuration's step (fastfair settings ``overrides`` on top of the CUDA defaults): its graphs
     recorded, compiled for an H100 (once per ``graph_identity`` in ``compiled``; with Inductor's C++ wrapper where
     ``cpp_wrapper``) and counted per graph; the ATen ops it runs outside them."""
+    compiled = {} if compiled is None else compiled
+    t0 = time.perf_counter()
+    key = repr((method, model, batch, kernels, attack_steps, width, sorted((overrides or {}).items()),
+                sorted(inductor_config.save_config_portable().items())))
+    if key not in TRACED:
+        TRACED[key] = record_step(method, model, batch, kernels, attack_steps, width, overrides)
+        while len(TRACED) > 4:
+            TRACED.pop(next(iter(TRACED)))
+    recorded, eager = TRACED[key]
+    t_trace = time.perf_counter() - t0
+    graphs = []
+    for g in recorded:
+        key = graph_identity(g)
+        if key not in compiled:
+            out = compile_for_h100(g, cpp_wrapper)
+            module = Path(_OUTPUT_PATH.search(out["code"]).group(1)).read_text()
+            counted = count_cpp_code(module) if cpp_wrapper else count_code(module)
+            compiled[key] = {"kind": g["kind"], **counted, "cudagraph_refused": out["cudagraph_refused"],
+                             "partitions": out["partitions"]}
+        graphs.append(compiled[key])
+    return {"attack_steps": attack_steps, "graph_detail": graphs, "eager_ops": eager,
+            "seconds": {"trace": round(t_trace, 1), "compile": round(time.perf_counter() - t0 - t_trace, 1)}}
+
+
+# the last steps recorded, by configuration and Inductor's settings: the same step counted again (at another K's
+# basis, with the C++ wrapper: several runs of main in one process) is not traced again; a few, as graphs take memory
+TRACED: dict[str, tuple[list[dict], dict[str, int]]] = {}
+
+
+def record_step(method: str, model: str, batch: int, kernels: str, attack_steps: int, width: int,
+                overrides: dict | None) -> tuple[list[dict], dict[str, int]]:
+    """One configuration's training step on the CPU: (its graphs as the recorder kept them, the ATen ops it runs
+    outside them)."""
     from fastfair.training import optim
 
-    compiled = {} if compiled is None else compiled
     rec = Recorder()
     eager_launch = [False]  # the second step: the fused ops' wrappers take the kernel path eagerly too
 
@@ -498,7 +530,6 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
     # The CUDA defaults a CPU allows: compiled step and attack, bf16 autocast, channels_last, fused SGD.
     cuda_defaults = {"train.compile": "on", "train.amp": "bf16", "model.channels_last": "on", "train.kernels": kernels,
                      **(overrides or {})}
-    t0 = time.perf_counter()
     # The trainer asks whether the descent compiles as one graph by tracing it once with torch.compile
     # (cached per process): ask now, before torch.compile is the recorder's, so the answer is this torch's.
     can_compile_descent()
@@ -517,19 +548,7 @@ def generate(method: str, model: str, batch: int, kernels: str, attack_steps: in
         eager = eager_launches(prof.events())
         if len(rec.graphs) != recorded:
             raise RuntimeError(f"the second step compiled {len(rec.graphs) - recorded} more graphs")
-    t_trace = time.perf_counter() - t0
-    graphs = []
-    for g in rec.graphs:
-        key = graph_identity(g)
-        if key not in compiled:
-            out = compile_for_h100(g, cpp_wrapper)
-            module = Path(_OUTPUT_PATH.search(out["code"]).group(1)).read_text()
-            counted = count_cpp_code(module) if cpp_wrapper else count_code(module)
-            compiled[key] = {"kind": g["kind"], **counted, "cudagraph_refused": out["cudagraph_refused"],
-                             "partitions": out["partitions"]}
-        graphs.append(compiled[key])
-    return {"attack_steps": attack_steps, "graph_detail": graphs, "eager_ops": eager,
-            "seconds": {"trace": round(t_trace, 1), "compile": round(time.perf_counter() - t0 - t_trace, 1)}}
+    return rec.graphs, eager
 
 
 COUNTS = ("triton", "user_triton", "extern", "aten", "bytes", "conv_nchw")  # per graph; affine in the attack steps
@@ -740,6 +759,9 @@ def load_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
+COMPILED: dict[str, dict] = {}  # main's counts per graph identity, by the settings it ran with
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -786,7 +808,9 @@ def main(argv=None) -> int:
         todo = []
     else:
         todo = grid
-    compiled: dict = {}  # graph identity -> its counts: graphs shared by configurations are compiled once
+    # graph identity -> its counts: graphs shared by configurations are compiled once, in this process (several runs
+    # of main, as tests/test_gpu_codegen.py makes, share those compiled with the same changed settings and wrapper)
+    compiled = COMPILED.setdefault(repr(sorted(named.items())), {})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # Inductor writes each graph's module here; read back, dropped
         for config in todo:

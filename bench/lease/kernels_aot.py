@@ -2,7 +2,11 @@
 
     python bench/lease/kernels_aot.py    # exit 1 on a compile error, a spill, or registers above the ceiling
 
-About 80 s on 2 CPU cores (68 compiles); tests/test_kernels_aot.py runs it whole in CI.
+84 compiles of the 250 configurations' launches: 150 CPU s on a loaded 2-core machine. ``--smoke`` enumerates every
+specialisation but compiles one per kernel (6 compiles): tests/test_kernels_aot.py runs it in CI and checks the
+committed results (``bench/results/kernels-aot-triton<version>.json``) against it: the same kernels' sources and
+specialisations (so they hold today; run this script and commit its results after a kernel or a wrapper changes) and
+the same registers for the sample.
 
 What is compiled: exactly what the wrappers launch. The loss-row term sets come from the code, not a
 list: one training step of every registered method and every shipped preset (tiny CNN, CPU, the
@@ -335,7 +339,13 @@ def spec_id(launch: Launch) -> str:
                        sorted((str(k), str(v)) for k, v in attrs.items()), options.num_warps, options.num_stages])
 
 
-def run(launches: list[Launch]) -> tuple[list[dict], list[str]]:
+def sample(launches: list[Launch]) -> list[Launch]:
+    """One launch per kernel: its last (N 512, C 100, bf16: the widest tiles)."""
+    return list({la.kernel.__name__: la for la in launches}.values())
+
+
+def run(launches: list[Launch], specs: list[str]) -> tuple[list[dict], list[str]]:
+    """Each launch compiled for each target (once per specialisation); its rows number it by its place in ``specs``."""
     rows, failures, done = [], [], {}
     with knobs.compilation.scope(), knobs.nvidia.scope(), tempfile.TemporaryDirectory() as cache:
         knobs.compilation.always_compile = True  # ptxas runs (and reports) for every specialisation
@@ -350,12 +360,20 @@ def run(launches: list[Launch]) -> tuple[list[dict], list[str]]:
                         done[sid, tname] = compile_one(la, target)
                     except Exception as e:  # noqa: BLE001 -- a compile error is a result, and fails the run
                         done[sid, tname] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                row.update(done[sid, tname], specialisation=list(dict.fromkeys(s for s, _ in done)).index(sid))
+                row.update(done[sid, tname], specialisation=specs.index(sid))
                 if "num_warps" in row:
                     row["ceiling"] = ceiling(tname, row["num_warps"], la.ctas)
                 rows.append(row)
                 failures += check(row)
     return rows, failures
+
+
+def identity(launches: list[Launch]) -> dict:
+    """What a specialisation's registers and spills follow from, besides triton's version (in the results' name): each
+    kernel's source with the jitted functions it calls (its JIT cache key) and every specialisation the wrappers
+    launch (:func:`spec_id`). Results whose identity is today's hold for today's kernels (tests/test_kernels_aot.py)."""
+    return {"kernel_sources": {la.kernel.__name__: la.kernel.cache_key for la in launches},
+            "specialisations": list(dict.fromkeys(spec_id(la) for la in launches))}
 
 
 def check(row: dict) -> list[str]:
@@ -385,13 +403,16 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=common.RESULTS, help="folder for the JSON and Markdown results")
+    p.add_argument("--smoke", action="store_true", help="every specialisation enumerated, one per kernel compiled (CI: "
+                                                        "the rest are the committed results', see identity)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     configs = training_configs()
     found, unrunnable = launched_by_training(configs)
     t_trace = time.perf_counter() - t0
     launches = enumerate_launches(found)
-    rows, failures = run(launches)
+    ident = identity(launches)
+    rows, failures = run(sample(launches) if args.smoke else launches, ident["specialisations"])
     elapsed = time.perf_counter() - t0
     head = common.header(torch.device("cpu"))
     head.update(device="none (ahead-of-time compile on a CPU; nothing ran on a GPU)", device_type="none")
@@ -403,12 +424,13 @@ def main(argv=None) -> int:
         "derived": {"row_loss": [dataclasses.asdict(k) | {"label": k.label()} for k in sorted(found["row_loss"])],
                     "pgd_step": bool(found["pgd_step"]), "random_start_normal": sorted(found["random_start"]),
                     "configs_traced": len(configs), "configs_not_run": unrunnable},
+        "smoke": args.smoke, **ident,
         "unique_specialisations": len({r["specialisation"] for r in rows}),
         "compiles": len({(r["specialisation"], r["target"]) for r in rows}),
         "seconds": {"trace": round(t_trace, 1), "total": round(elapsed, 1)},
         "failures": failures, "rows": rows,
     }
-    stem = f"kernels-aot-triton{triton.__version__}"
+    stem = f"kernels-aot-{'smoke-' if args.smoke else ''}triton{triton.__version__}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
     md = ["# Triton kernels compiled ahead of time for sm_80 and sm_90", "",
