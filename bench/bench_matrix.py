@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     # ResNet-18 for the matrix and TRADES, WRN-34-10 (a step about 10x longer: 4 steps a window)
     args.models = ["tiny-cnn"] * 3 if args.smoke else ["resnet18", "resnet18", "wrn-34-10"]
     args.big_model_steps = args.steps if args.smoke else 4
-    args.batches = [16] if args.smoke else [128, 512]  # a smoke run: one process less (a second batch adds no path)
+    args.batches = [16, 32] if args.smoke else [128, 512]
     args.width, args.workers = (8, 1) if args.smoke else (0, 4)
     args.image_shape = [3, 16, 16] if args.smoke else [3, 32, 32]
     args.train_images = 256 if args.smoke else common.CIFAR10_EPOCH
