@@ -108,7 +108,7 @@ class Group:
 
     @property
     def seeds(self) -> list[int]:
-        return [r.config.get("train.seed", 0) for r in self.runs]
+        return [_seed(r) for r in self.runs]
 
     @property
     def config(self) -> dict:
@@ -153,6 +153,10 @@ def _unique_labels(groups: list[Group]) -> None:
                 g.label = f"{label} ({i})"
 
 
+def _seed(run: Run) -> int:
+    return run.config.get("train.seed", 0)
+
+
 def _images(run: Run, split: str) -> str | None:
     """The data fingerprint of the images the run's evaluation on ``split`` scored (None: not evaluated)."""
     found = run.evaluations(split)
@@ -180,12 +184,11 @@ def group_runs(runs: list[Run], split: str = "test") -> list[Group]:
     scored on the same ``split`` images (their evaluation's data fingerprint) and each seed is in it once. A run of
     the same config scored on other images, or repeating a seed (a copy of a run, or the same seed trained again,
     which measures no spread between seeds), forms a group of its own whose ``apart`` says why."""
+    images = {id(run): _images(run, split) for run in runs}
     keyed: dict[tuple, list[list[Run]]] = {}
     for run in runs:
         parts = keyed.setdefault(_experiment(run), [])
-        seed, images = run.config.get("train.seed", 0), _images(run, split)
-        home = next((p for p in parts if _images(p[0], split) == images
-                     and seed not in {r.config.get("train.seed", 0) for r in p}), None)
+        home = next((p for p in parts if images[id(p[0])] == images[id(run)] and _seed(run) not in map(_seed, p)), None)
         if home is None:
             parts.append([run])
         else:
@@ -209,8 +212,8 @@ def _apart(first: Group, group: Group, split: str) -> str:
     if _images(run, split) != _images(other, split):
         return (f"the same config as {first.label}, scored on other {split} images: {_scored(run, split)} where "
                 f"{first.label} has {_scored(other, split)}; kept apart, and their numbers do not compare row by row")
-    seed = run.config.get("train.seed", 0)
-    twin = next(r for r in first.runs if r.config.get("train.seed", 0) == seed)
+    seed = _seed(run)
+    twin = next(r for r in first.runs if _seed(r) == seed)
     same_id = _run_id(run) is not None and _run_id(run) == _run_id(twin)
     what = f"a copy of {twin.path} (the same run id)" if same_id else f"the same seed as {twin.path}"
     return (f"{what}: seed {seed} again is not another seed (it would count one model twice in the mean ± sd); "
