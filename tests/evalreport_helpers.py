@@ -6,16 +6,13 @@ asks first (the others wait on its lock, then read it): its users read it or cop
 """
 from __future__ import annotations
 
-import fcntl
 import functools
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from helpers import CIFAR10, real_data
+from helpers import CIFAR10, once_per_run, real_data
 
 
 def _train(out: Path, sets: list[str], flags: dict):
@@ -36,17 +33,6 @@ def _train(out: Path, sets: list[str], flags: dict):
     return cfg
 
 
-def _shared(name: str) -> Path:
-    """A folder every worker of this pytest run sees under one name (xdist gives its workers one run id); without
-    xdist a new one of this process's own, so a recycled process id never finds an older run's files."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run_id:
-        return Path(tempfile.mkdtemp(prefix=f"fastfair-tests-{name}-"))
-    folder = Path(tempfile.gettempdir()) / f"fastfair-tests-{run_id}" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 @functools.lru_cache(maxsize=1)
 def digits_run():
     """(run dir, config): tiny-cnn, PGD-AT on scikit-learn's digits, 4 epochs at eps 0.1; trained once a test run."""
@@ -55,13 +41,7 @@ def digits_run():
     sets = ["attack.eps=0.1", "attack.alpha=0.025", "attack.steps=5", "eval.eps=0.1", "eval.alpha=0.01",
             "train.lr=0.05", "train.lr_milestones=[3]", "data.batch_size=64", "eval.attacks=['clean']"]
     flags = {"method.name": "pgd-at", "data.dataset": "digits", "model.name": "tiny-cnn", "train.epochs": 4}
-    folder = _shared("digits")
-    out, done = folder / "run", folder / "done"
-    with open(folder / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker trains; the others wait here, then find it done
-        if not done.is_file():
-            _train(out, sets, flags)
-            done.touch()
+    out = once_per_run("digits", lambda folder: _train(folder / "run", sets, flags)) / "run"
     return out, config.resolve(None, flags, ["train.progress=false", "train.device='cpu'", *sets])
 
 

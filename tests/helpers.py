@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib
 import importlib.metadata
 import io
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -129,14 +132,15 @@ NPZ_TRAIN = ["--dataset", "npz", "--data-dir", "{tmp}/data.npz", "--set", "data.
              "--set", "data.batch_size=32", "--model", "tiny-cnn"]
 
 
-def trained_demo(tmp_path_factory) -> Path:
-    """A finished one-epoch demo run (checkpoints, metrics, the final evaluation's JSON), for a module's tests to
-    copy."""
+def trained_demo() -> Path:
+    """A finished one-epoch demo run (checkpoints, metrics, the final evaluation's JSON), trained once per test run
+    (:func:`once_per_run`) for the tests to read or copy, never to write into."""
     from fastfair import cli
 
-    out = tmp_path_factory.mktemp("trained") / "run"
-    assert cli.main(demo_train(out)) == 0
-    return out
+    def train(folder):
+        assert cli.main(demo_train(folder / "run")) == 0
+
+    return once_per_run("trained-demo", train) / "run"
 
 
 # a training run on the CIFAR-10 subset cut to seconds: a tiny CNN, 2 PGD steps, 5 validation images per class
@@ -242,3 +246,35 @@ def fastfair(*args: str) -> subprocess.CompletedProcess:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main([str(a) for a in args])
     return subprocess.CompletedProcess(["fastfair", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+def shared_folder(name: str) -> Path:
+    """A folder every worker of this pytest run sees under one name (xdist gives its workers one run id); without
+    xdist a new one of this process's own, so a recycled process id never finds an older run's files."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        return Path(tempfile.mkdtemp(prefix=f"fastfair-tests-{name}-"))
+    folder = Path(tempfile.gettempdir()) / f"fastfair-tests-{run_id}" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+_ONCE: dict[str, Path] = {}
+
+
+def once_per_run(name: str, make) -> Path:
+    """The folder that ``make(folder)`` fills, made once per pytest run by whichever xdist worker asks first (the
+    others wait on its lock, then find it done): its users read it or copy it, never write into it. A worker whose
+    ``make`` raised leaves no mark, so the next one tries again (and fails the same way, in its own test)."""
+    if name not in _ONCE:
+        folder = shared_folder(name)
+        out, done = folder / "out", folder / "done"
+        with open(folder / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.is_file():
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                make(out)
+                done.touch()
+        _ONCE[name] = out
+    return _ONCE[name]

@@ -2,14 +2,13 @@
 others wait on its lock, then read it): their users read them, never write into them."""
 from __future__ import annotations
 
-import fcntl
 import functools
 import pickle
 
 import numpy as np
 import torch
 
-from evalreport_helpers import _shared
+from helpers import once_per_run
 
 
 def tiny_linear_case(n=10):
@@ -36,13 +35,13 @@ def tiny_linear_aa():
     (test_autoattack) and ``fastfair.evaluate`` (test_api) are compared with; an AutoAttack costs ~10 CPU s."""
     from fastfair.evaluation.per_class import evaluate
 
-    folder = _shared("tiny-linear-aa")
+    def make(folder):
+        model, _, _, loader = tiny_linear_case()
+        result = evaluate(model, loader, ["aa"], state_prefix=folder / "ff", **TINY_AA)["aa"]
+        (folder / "result.pkl").write_bytes(pickle.dumps(result))
+
+    folder = once_per_run("tiny-linear-aa", make)
     prefix, saved = folder / "ff", folder / "result.pkl"
-    with open(folder / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not saved.is_file():
-            model, _, _, loader = tiny_linear_case()
-            saved.write_bytes(pickle.dumps(evaluate(model, loader, ["aa"], state_prefix=prefix, **TINY_AA)["aa"]))
     return pickle.loads(saved.read_bytes()), prefix
 
 

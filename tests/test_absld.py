@@ -21,8 +21,8 @@ ABSLD = ["--method", "absld", "--epochs", "2", "--set", "train.lr_milestones=[1]
 
 
 @pytest.fixture(scope="module")
-def teacher_run(tmp_path_factory):
-    return trained_demo(tmp_path_factory)
+def teacher_run():
+    return trained_demo()
 
 
 def one_error(capsys, says: str) -> str:

@@ -2,7 +2,7 @@
 ``fastfair: error: ...`` line naming the fix and exit code 2, and writes, mixes or loses nothing.
 
 The table runs ``fastfair.cli.main`` in-process on the demo preset; cases that need a finished run
-copy one trained once per module. ``fresh`` cases must leave their ``--out`` absent; ``run`` cases
+copy one trained once per test run. ``fresh`` cases must leave their ``--out`` absent; ``run`` cases
 must leave the copied run byte for byte as it was.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ _train = demo_train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return trained_demo(tmp_path_factory)
+def trained() -> Path:
+    return trained_demo()
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -30,8 +30,8 @@ from helpers import demo_train, trained_demo
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return trained_demo(tmp_path_factory)
+def trained() -> Path:
+    return trained_demo()
 
 
 @pytest.fixture

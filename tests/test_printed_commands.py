@@ -113,8 +113,8 @@ def test_sigterm_during_evaluate_raises_interrupted_and_the_same_call_resumes_au
 # ---- item 8: messages a user can act on ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return trained_demo(tmp_path_factory)
+def trained() -> Path:
+    return trained_demo()
 
 
 def test_evaluate_takes_a_run_folder_or_checkpoint_as_fastfair_eval_does(trained):

@@ -36,8 +36,8 @@ _train = demo_train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return trained_demo(tmp_path_factory)
+def trained() -> Path:
+    return trained_demo()
 
 
 def _copy(trained: Path, to: Path) -> Path:
