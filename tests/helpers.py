@@ -278,3 +278,53 @@ def once_per_run(name: str, make) -> Path:
                 done.touch()
         _ONCE[name] = out
     return _ONCE[name]
+
+
+def jobs_in_process(monkeypatch, where) -> None:
+    """``where.run_job`` (``fastfair.scaleout.launchers`` for grid's runs, ``fastfair.tuning.study`` for tune's trials)
+    runs a job's fastfair command through ``cli.main`` in this process instead of a child process (~7 CPU s of
+    interpreter and imports each), one job at a time, its output in its train.log and its state (attempt, command,
+    status, return code, error line) as :func:`fastfair.scaleout.jobs.run_job` records a child's: for the tests of
+    what a grid or study does with its runs, not of the children's processes (no process to signal or kill)."""
+    import threading
+    import traceback
+
+    from fastfair import cli
+    from fastfair.rundir import RunDir, append_text
+    from fastfair.scaleout import jobs
+
+    lock, mine = threading.Lock(), threading.local()
+
+    class Split:  # this thread's writes go to its job's log while it runs one; the others' where they went
+        def __init__(self, other):
+            self.other = other
+
+        def __getattr__(self, name):
+            return getattr(getattr(mine, "log", None) or self.other, name)
+
+    def run_here(job, env=None, ignored=()):
+        run = RunDir(job.run_dir)
+        run.path.mkdir(parents=True, exist_ok=True)
+        command = job.command()
+        state = {"status": "running", "attempt": jobs.read_state(run.path).get("attempt", 0) + 1, "command": command}
+        jobs._write_state(run.path, state)
+        append_text(f"\n# attempt {state['attempt']}: {' '.join(command)}\n", run.train_log)
+        with lock, open(run.train_log, "a") as log:
+            start, streams, mine.log = log.tell(), (sys.stdout, sys.stderr), log
+            sys.stdout, sys.stderr = Split(streams[0]), Split(streams[1])
+            try:
+                code = cli.main(command[3:])  # after [python, -m, fastfair]
+            except Exception:  # noqa: BLE001 -- a crash: its traceback and exit code 1, as a process ends
+                traceback.print_exc(file=log)
+                code = 1
+            finally:
+                sys.stdout, sys.stderr = streams
+                mine.log = None
+        state.update(status="done" if code == 0 else "interrupted" if code in jobs._STOPPED_CODES else "failed",
+                     returncode=code)
+        if code:
+            state["error"] = jobs._why(run.train_log, start, code)
+        jobs._write_state(run.path, state)
+        return state["status"]
+
+    monkeypatch.setattr(where, "run_job", run_here)

@@ -15,7 +15,9 @@ from fastfair.evaluation import intervals
 from fastfair.errors import UserError
 from fastfair.scaleout.grid import load, run_grid
 from fastfair.scaleout.jobs import Job, outcome, read_state, run_job
+from fastfair.scaleout import launchers
 from fastfair.scaleout.launchers import slot_envs
+from helpers import jobs_in_process
 
 ROOT = Path(__file__).parents[1]
 
@@ -141,7 +143,7 @@ labels = ["a", "b", "c"]
 
 
 @pytest.mark.slow
-def test_killed_grid_resumes_and_skips_done_runs(tmp_path):
+def test_killed_grid_resumes_and_skips_done_runs(tmp_path, monkeypatch):
     # seeds a and b train (a failed run's record: test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows)
     path = _write(tmp_path, TINY + '[[axes]]\nkey = "train.seed"\nvalues = [0, 1]\nlabels = ["a", "b"]\n')
     out = tmp_path / "out"
@@ -163,6 +165,7 @@ def test_killed_grid_resumes_and_skips_done_runs(tmp_path):
     a_ckpt = (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns
 
     lines = []
+    jobs_in_process(monkeypatch, launchers)  # the re-run's resume in this process: the kill above was the processes'
     assert run_grid(str(path), out=str(out), gpus="cpu", echo=lines.append) == 0
     assert state("a")["attempt"] == 1  # done: not re-run
     assert (out / "a" / "checkpoints" / "last.pt").stat().st_mtime_ns == a_ckpt
@@ -302,7 +305,7 @@ values = ["a.npz"]
 
 @pytest.mark.slow
 def test_data_dir_and_set_reach_every_run_and_a_failed_childs_error_shows(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the children import this checkout
+    jobs_in_process(monkeypatch, launchers)  # what reaches the runs and what a failed one said: no process needed
     npz = _npz(tmp_path)
     path, bad = _grid_with_a_bad_run(tmp_path, NPZ_GRID)
     out = tmp_path / "out"
