@@ -14,6 +14,7 @@ import pytest
 from fastfair import cli
 from fastfair.tuning.study import Settings, hopeless, running
 from helpers import fastfair, needs_extra
+from shared_runs import trials_in_process
 
 optuna = needs_extra("tune", "optuna")
 
@@ -135,6 +136,7 @@ def test_prune_after_and_at_avg_are_checked(capsys):
 @pytest.mark.fault
 def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(tmp_path, monkeypatch):
     out = tmp_path / "s"
+    trials_in_process(monkeypatch)  # this worker's trials; the second worker is a process, with its trials its own
     # a trial each: the second worker, once started, finds the first contender's trial taken and takes the other's
     done = _tune(monkeypatch, "--methods", "trades,mart", "--trials", 1, "--workers", 2, "--out", out, *TINY)
     assert done.returncode == 0, done.stderr
@@ -168,6 +170,7 @@ def test_a_worker_killed_mid_trial_and_run_again_gives_the_uninterrupted_trials_
                                                                                                     monkeypatch):
     # two trials: the first finishes, the second is killed as it starts (both of the sampler's seeded random start)
     whole = tmp_path / "whole"
+    trials_in_process(monkeypatch)  # the uninterrupted study and the re-run; the killed worker is a real process
     done = _tune(monkeypatch, "--methods", "trades", "--trials", 2, "--seed", 7, "--out", whole,
                  "--storage", f"journal:{tmp_path / 'whole.log'}", *TINY)
     assert done.returncode == 0, done.stderr

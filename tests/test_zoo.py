@@ -14,7 +14,7 @@ from fastfair import cli
 from fastfair.evaluation import measures, robustbench as rb
 from fastfair.reports import zoo
 from fastfair.scaleout import launchers
-from helpers import block_network, cifar_layout_npz, needs_extra, write_model
+from helpers import block_network, cifar_layout_npz, jobs_in_process, needs_extra, write_model
 
 needs_extra("robustbench")  # its package __init__ needs what fastfair does not: no import
 
@@ -44,6 +44,7 @@ def test_listing_shows_reported_numbers_and_what_is_here(tmp_path, capsys):
 @pytest.mark.slow
 def test_run_writes_the_worst_class_leaderboard_and_resumes(tmp_path, capsys, monkeypatch):
     models, out, npz = tmp_path / "models", tmp_path / "zoo", cifar_layout_npz(tmp_path)
+    jobs_in_process(monkeypatch, launchers)  # each model's `fastfair eval` child through cli.main, in this process
     write_model(models, "Ding2020MMA")
     broken = rb.model_file("Wong2020Fast", model_dir=models)
     torch.save({"state_dict": {"conv1.weight": torch.zeros(1)}}, broken)  # does not fit its architecture
