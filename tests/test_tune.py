@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fastfair import cli
+from fastfair.tuning import study as tuning
 from fastfair.tuning.study import Settings, hopeless, running
 from helpers import fastfair, needs_extra
 from shared_runs import trials_in_process
@@ -137,6 +138,17 @@ def test_prune_after_and_at_avg_are_checked(capsys):
 def test_two_methods_two_workers_on_sqlite_then_the_front_alone_on_the_test_set(tmp_path, monkeypatch):
     out = tmp_path / "s"
     trials_in_process(monkeypatch)  # this worker's trials; the second worker is a process, with its trials its own
+    in_process = tuning.run_job
+
+    def after_the_other_worker_claims(job, *args, **kw):
+        # a trial here takes a second, the second worker's start several: this worker's trades trial waits for the
+        # second worker's claim on mart's, as the trial's own process outlasted that start
+        deadline = time.time() + 300
+        while not (out / "claims" / "mart" / "0").is_file() and time.time() < deadline:
+            time.sleep(0.1)
+        return in_process(job, *args, **kw)
+
+    monkeypatch.setattr(tuning, "run_job", after_the_other_worker_claims)
     # a trial each: the second worker, once started, finds the first contender's trial taken and takes the other's
     done = _tune(monkeypatch, "--methods", "trades,mart", "--trials", 1, "--workers", 2, "--out", out, *TINY)
     assert done.returncode == 0, done.stderr
