@@ -1,5 +1,6 @@
 """fastfair tune under what stops a trial: the early stop of a hopeless trial while it trains, a full disk under a
 trial, and Optuna missing."""
+import errno
 import os
 import signal
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 from fastfair import cli
 from fastfair.rundir import RunDir, load_checkpoint
 from fastfair.scaleout.jobs import read_state
-from helpers import fastfair, needs_extra
+from fastfair.tuning import study as tuning
+from helpers import fastfair, jobs_in_process, needs_extra
 
 optuna = needs_extra("tune", "optuna")
 
@@ -69,32 +71,31 @@ def test_a_hopeless_trial_is_stopped_while_it_trains_and_its_run_folder_can_resu
         [r["val"]["fgsm"]["avg"], r["val"]["fgsm"]["worst"]] for r in run.read_metrics()]
 
 
-# the full disk of tests/test_reliability.py's fail_writes, in the trials' own processes: rundir's lowest layer refuses
-# every write under the given part of a path
-FULL_DISK = '''
-import errno, io, os
-from fastfair import rundir
+def _full_disk(monkeypatch) -> None:
+    """The full disk of tests/test_reliability.py's fail_writes: rundir's lowest layer refuses every write under
+    $FULL_UNDER (a part of a path), while it is set."""
+    from fastfair import rundir
 
-def _open(path, mode):
-    if os.environ["FULL_UNDER"] in str(path):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return io.FileIO(path, mode)
+    open_ = rundir._open
 
-rundir._open = _open
-'''
+    def _open(path, mode):
+        if os.environ.get("FULL_UNDER") and os.environ["FULL_UNDER"] in str(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return open_(path, mode)
+
+    monkeypatch.setattr(rundir, "_open", _open)
 
 
 @pytest.mark.slow
 @pytest.mark.fault
 def test_a_full_disk_under_a_trial_stops_the_study_in_one_line_and_the_rerun_resumes_the_trial(tmp_path,
                                                                                                  monkeypatch):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(FULL_DISK)
+    # the trial in this process (what the study does with its error line, not its process), on a full disk
+    jobs_in_process(monkeypatch, tuning)
+    _full_disk(monkeypatch)
     out = tmp_path / "s"
     args = ["--methods", "trades", "--trials", 1, "--out", out, *TINY, "--set", "train.epochs=1", "--quiet"]
-    full = _tune(monkeypatch, *args, env={"PYTHONPATH": f"{hook}{os.pathsep}{ROOT}",
-                                          "FULL_UNDER": str(out / "trials" / "trades" / "0000" / "checkpoints")})
+    full = _tune(monkeypatch, *args, env={"FULL_UNDER": str(out / "trials" / "trades" / "0000" / "checkpoints")})
     assert full.returncode == 74, full.stderr
     (line,) = full.stderr.strip().splitlines()
     assert line.startswith("fastfair: error: trial trades #0 stopped: cannot write ") and "no space left" in line
@@ -143,6 +144,7 @@ def test_sigterm_to_a_study_saves_its_trial_at_a_step_and_the_rerun_resumes_it_c
     assert [t.state.name for t in optuna.load_study(study_name="s:trades", storage=storage).get_trials()] == [
         "RUNNING"]  # neither a result nor a failure
     assert read_state(run.path)["status"] == "interrupted"  # the trial's train saved where the signal found it
+    jobs_in_process(monkeypatch, tuning)  # the re-run's trial in this process: the signal above was the processes'
     again = _tune(monkeypatch, out, "--quiet")
     assert again.returncode == 0, again.stderr
     trials = optuna.load_study(study_name="s:trades", storage=storage).get_trials()
