@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision import transforms
 
 from fastfair.errors import UserError
 
@@ -28,6 +27,8 @@ class TorchvisionStyleDataset(Dataset):
     """uint8 images kept as HWC numpy and turned into a PIL image per sample, as torchvision.datasets.CIFAR10 does."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, padding: int, flip: bool):
+        from torchvision import transforms  # here, not at the top: 2.4 CPU s that importing bench's modules skips
+
         self.images = x.permute(0, 2, 3, 1).numpy()
         self.labels = y.tolist()
         steps = [transforms.RandomCrop(self.images.shape[1], padding=padding)] if padding else []

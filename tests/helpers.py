@@ -328,3 +328,30 @@ def jobs_in_process(monkeypatch, where) -> None:
         return state["status"]
 
     monkeypatch.setattr(where, "run_job", run_here)
+
+
+def gpu_suite_smoke_command(out: Path, pack: Path) -> tuple[list[str], dict]:
+    """``bench/lease/gpu_suite.py --smoke --out OUT --pack PACK`` and its environment: no GPU, one thread (OpenMP,
+    MKL, Inductor's compilation: threads that spin on a shared 2-core machine burn CPU for nothing), the real CIFAR-10
+    subset found where the tests find it."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "TORCHINDUCTOR_COMPILE_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "FASTFAIR_SHARED_DATA": str(SHARED)}
+    return [sys.executable, str(root / "bench" / "lease" / "gpu_suite.py"), "--smoke", "--out", str(out),
+            "--pack", str(pack)], env
+
+
+def gpu_suite_smoke() -> tuple[Path, subprocess.CompletedProcess]:
+    """One GPU suite --smoke per pytest run (every bench part at tiny sizes; tests/test_gpu_suite.py and
+    tests/test_bench_smoke.py read its files): (its --out folder, the process). Its --pack folder is beside --out."""
+    import json
+
+    def make(folder: Path) -> None:
+        cmd, env = gpu_suite_smoke_command(folder / "r", folder / "packed")
+        proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                              timeout=1800)
+        (folder / "proc.json").write_text(json.dumps({"args": cmd, "returncode": proc.returncode,
+                                                      "stdout": proc.stdout, "stderr": proc.stderr}))
+
+    folder = once_per_run("gpu-suite-smoke", make)
+    return folder / "r", subprocess.CompletedProcess(**json.loads((folder / "proc.json").read_text()))

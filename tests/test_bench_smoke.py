@@ -1,5 +1,7 @@
 """Every bench runs end to end in --smoke mode (tiny sizes, any device) and writes its JSON and
-Markdown. Not timed: the numbers of a smoke run mean nothing."""
+Markdown. Not timed: the numbers of a smoke run mean nothing. The benches that are parts of the GPU suite (training,
+host, MFU, bf16) are read from this pytest run's one suite --smoke (helpers.gpu_suite_smoke: no GPU, one thread),
+eval and CPU layout run in this process, the stop vote (its processes are what it measures) in one of its own."""
 import json
 import os
 import subprocess
@@ -7,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
+import torch
 
 from bench.bench_host import category, merged_us
-from helpers import real_data
+from helpers import gpu_suite_smoke, real_data
 
 ROOT = Path(__file__).resolve().parents[1]
 # One thread per process, Inductor's compilation included (its pool would start a process per core): these runs
@@ -32,15 +34,34 @@ def smoke(script: str, out: Path, *extra: str, cpu_s: float) -> subprocess.Compl
     return proc
 
 
+def in_process(main, out: Path, *extra: str) -> None:
+    """bench MAIN(["--smoke", "--out", OUT, *EXTRA]) in this process, in one thread (ONE_THREAD's; torch's count is
+    restored after): a process of its own costs the start of an interpreter and torch, where no process is tested."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["--smoke", "--out", str(out), *extra]) in (None, 0)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def results(out: Path, name: str) -> tuple[dict, str]:
     record = json.loads((out / f"{name}-smoke-cpu.json").read_text())
     assert record["smoke"] and record["header"]["torch"] and record["header"]["device"].startswith("CPU")
     return record, (out / f"{name}-smoke-cpu.md").read_text()
 
 
-def test_training_smoke(tmp_path):
-    smoke("bench_training.py", tmp_path, "--device", "cpu", cpu_s=9)
-    record, md = results(tmp_path, "training")
+def from_suite(part: str, name: str) -> tuple[dict, str]:
+    """The results of the GPU suite's smoke PART, whose bench (on the CPU) ran to the end and wrote NAME's files
+    (``<bench>-<tag>``: the suite tags its parts'); the suite runs once per pytest run."""
+    out, _ = gpu_suite_smoke()
+    rec = json.loads((out / "gpu-suite" / f"{part}-smoke.json").read_text())
+    assert rec["status"] == "ok", rec.get("output_tail", "")[-3000:]
+    return results(out, name)
+
+
+def test_training_smoke():
+    record, md = from_suite("rn18-ladder", "training-rn18-ladder")
     rows = {(r["method"], r["batch"], r["rung"]): r for r in record["rows"]}
     for method in ("pgd-at", "trades"):
         for rung in ("reference", "+ data on device", "fastfair fp32", "+ channels_last", "+ bf16 autocast"):
@@ -54,9 +75,8 @@ def test_training_smoke(tmp_path):
 
 
 @pytest.mark.slow  # it compiles a training step: 60 CPU s of Inductor and C++ compilers on a cold cache
-def test_host_smoke(tmp_path):
-    smoke("bench_host.py", tmp_path, "--device", "cpu", cpu_s=60)
-    record, md = results(tmp_path, "host")
+def test_host_smoke():
+    record, md = from_suite("host-profile", "host-rn18")
     (r,) = record["rows"]
     assert r["compiled"] and r["launch_api_calls_per_step"] is None  # no CUDA API on a CPU
     split = r["split_ms_per_step"]
@@ -76,9 +96,8 @@ def test_host_split_counts_overlapping_time_once():
             "Dynamo (frame, guards)"]
 
 
-def test_mfu_smoke(tmp_path):
-    smoke("bench_mfu.py", tmp_path, "--device", "cpu", cpu_s=7)
-    record, md = results(tmp_path, "mfu")
+def test_mfu_smoke():
+    record, md = from_suite("mfu", "mfu-rn18")
     for r in record["rows"]:
         assert r["images_per_s"] > 0 and r["mfu_percent"] is None
         assert r["step_gflop"] < r["reference_gflop"]
@@ -92,7 +111,9 @@ def test_mfu_smoke(tmp_path):
 
 
 def test_eval_smoke(tmp_path):
-    smoke("bench_eval.py", tmp_path, "--device", "cpu", cpu_s=18)
+    from bench import bench_eval
+
+    in_process(bench_eval.main, tmp_path, "--device", "cpu")
     record, md = results(tmp_path, "eval")
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
         [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64),
@@ -108,10 +129,9 @@ def test_eval_smoke(tmp_path):
     assert min(low, high) <= predicted <= max(low, high) and "PREDICTED" in md
 
 
-def test_bf16_check_smoke(tmp_path):
-    subset = real_data()
-    smoke("investigations/check_bf16_robustness.py", tmp_path, "--device", "cpu", "--data", str(subset), cpu_s=8)
-    record, md = results(tmp_path, "bf16-robustness")
+def test_bf16_check_smoke():
+    real_data()  # the suite's bf16 part trains on it
+    record, md = from_suite("bf16", "bf16-robustness")
     assert [r["train_amp"] for r in record["rows"]] == ["off", "bf16"]
     assert "within noise" in md or "OUTSIDE noise" in md
 
@@ -127,7 +147,9 @@ def test_stop_vote_smoke(tmp_path):
 
 
 def test_cpu_layout_smoke(tmp_path):
-    smoke("investigations/cpu_layout.py", tmp_path, cpu_s=10)
+    from bench.investigations import cpu_layout
+
+    in_process(cpu_layout.main, tmp_path)
     record, md = results(tmp_path, "cpu-layout")
     assert sorted((r["amp"], r["layout"]) for r in record["rows"]) == [
         ("bf16", "NCHW"), ("bf16", "channels_last"), ("fp32", "NCHW"), ("fp32", "channels_last")]

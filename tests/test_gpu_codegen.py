@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import once_per_run
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -21,20 +23,26 @@ RUNS = {"smoke": (), "extrapolated": ("--kernels", "torch", "--steps-from", "2",
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[dict, str]]:
-    """{run: (its JSON record, its Markdown)} of ``gpu_codegen.py --smoke ARGS`` for each of RUNS, made in one process
-    of its own (the script sets TRITON_INTERPRET=0 for itself); the process fails if a run's main returns non-zero."""
-    # one thread: the recorded steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
-    # nothing (tests/test_bench_smoke.py's ONE_THREAD; Inductor compiles in one thread here anyway)
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    out = tmp_path_factory.mktemp("codegen")
-    argvs = {name: ["--smoke", "--out", str(out / name), *args] for name, args in RUNS.items()}
-    code = ("import sys; from bench.lease import gpu_codegen as g; "
-            f"sys.exit(max(g.main(a) for a in {list(argvs.values())!r}))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def runs() -> dict[str, tuple[dict, str]]:
+    """{run: (its JSON record, its Markdown)} of ``gpu_codegen.py --smoke ARGS`` for each of RUNS, made once per pytest
+    run (helpers.once_per_run) in one process of its own (the script sets TRITON_INTERPRET=0 for itself); the process
+    fails if a run's main returns non-zero."""
+    def make(out: Path) -> None:
+        # one thread: the recorded steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU
+        # for nothing (tests/test_bench_smoke.py's ONE_THREAD; Inductor compiles in one thread here anyway)
+        env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
+        argvs = {name: ["--smoke", "--out", str(out / name), *args] for name, args in RUNS.items()}
+        code = ("import sys; from bench.lease import gpu_codegen as g; "
+                f"sys.exit(max(g.main(a) for a in {list(argvs.values())!r}))")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=1800)
+        (out / "proc.json").write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                                   "stderr": proc.stderr}))
+
+    out = once_per_run("gpu-codegen-smoke", make)
+    proc = json.loads((out / "proc.json").read_text())
+    assert proc["returncode"] == 0, proc["stdout"][-3000:] + proc["stderr"][-3000:]
     done = {}
     for name in RUNS:
         (md,) = (out / name).glob("gpu-codegen-predicted-smoke-*.md")

@@ -1,9 +1,8 @@
 """bench/lease/gpu_suite.py: every part runs in --smoke on a CPU; the suite keeps to its time, records
 failures and resumes where it stopped."""
 import json
-import os
+import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -11,33 +10,34 @@ import pytest
 
 from bench.lease import gpu_suite
 
-from helpers import real_data
+from helpers import gpu_suite_smoke, gpu_suite_smoke_command, real_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_every_part_runs_in_smoke_and_a_rerun_skips_them(tmp_path):
-    # the bf16 and real-epoch parts train on the real CIFAR-10 subset, found where the tests found it
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "FASTFAIR_SHARED_DATA": str(real_data().parent)}
-    cmd = [sys.executable, str(ROOT / "bench" / "lease" / "gpu_suite.py"), "--smoke", "--out", str(tmp_path / "r"),
-           "--pack", str(tmp_path / "packed")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # the bf16 and real-epoch parts train on the real CIFAR-10 subset, found where the tests found it; the smoke run
+    # is the one of this pytest run (tests/test_bench_smoke.py checks its benches' results)
+    real_data()
+    out, proc = gpu_suite_smoke()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "r" / "gpu-suite").glob("*.json")}
+    records = {p.name: json.loads(p.read_text()) for p in (out / "gpu-suite").glob("*.json")}
     assert sorted(records) == sorted(f"{part.name}-smoke.json" for part in gpu_suite.PARTS)
     assert all(r["status"] == "ok" for r in records.values()), {k: r["status"] for k, r in records.items()}
     assert records["env-smoke.json"]["result"]["header"]["torch"]
     epoch = records["real-epoch-smoke.json"]["result"]
     assert len(epoch["epoch_train_s"]) == 2 and epoch["wall_s"] > sum(epoch["epoch_train_s"])
-    with tarfile.open(tmp_path / "packed" / "gpu-suite.tar.gz") as tar:
+    with tarfile.open(out.parent / "packed" / "gpu-suite.tar.gz") as tar:
         names = tar.getnames()
     assert {"gpu-suite/plan-training-smoke.json", "training-plan-smoke-cpu.md", "concurrency-smoke-cpu.json",
             "eval-aa-10k-smoke-cpu.md", "gpu-suite/gpu-tests-junit.xml"} <= set(names)
-    plan = json.loads((tmp_path / "r" / "training-plan-smoke-cpu.json").read_text())["rows"]
+    plan = json.loads((out / "training-plan-smoke-cpu.json").read_text())["rows"]
     assert {r["loop"] for r in plan} == {"reference", "fastfair"}  # both loops, in each configuration's process
     assert not any("/work/" in n or n.startswith("gpu-suite/work") for n in names)  # no run folders
+    # the rerun in a copy: the shared run's files are read, never written
+    shutil.copytree(out, tmp_path / "r")
+    cmd, env = gpu_suite_smoke_command(tmp_path / "r", tmp_path / "packed")
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     ran = [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("== ")]
     assert again.returncode == 0 and set(ran) == {"== env"}  # nothing left but the machine's own record

@@ -21,6 +21,7 @@ from fastfair import config
 from fastfair.attacks.pgd import OBJECTIVES
 from fastfair.methods import METHODS
 from fastfair.training.trainer import Trainer
+from helpers import once_per_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -31,16 +32,21 @@ REGENERATE = "run `python bench/lease/kernels_aot.py` and commit bench/results/k
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """(the --smoke process, its record)."""
-    out = tmp_path_factory.mktemp("aot")
-    # one thread: the traced steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
-    # nothing (tests/test_bench_smoke.py's ONE_THREAD)
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    script = ROOT / "bench" / "lease" / "kernels_aot.py"
-    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=1200)
+def smoke():
+    """(the --smoke process, its record), made once per pytest run (helpers.once_per_run)."""
+    def make(out: Path) -> None:
+        # one thread: the traced steps are a tiny CNN's, and OpenMP threads that spin on a shared machine burn CPU for
+        # nothing (tests/test_bench_smoke.py's ONE_THREAD)
+        env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
+        script = ROOT / "bench" / "lease" / "kernels_aot.py"
+        proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], env=env,
+                              capture_output=True, text=True, timeout=1200)
+        (out / "proc.json").write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
+                                                   "stdout": proc.stdout, "stderr": proc.stderr}))
+
+    out = once_per_run("kernels-aot-smoke", make)
+    proc = subprocess.CompletedProcess(**json.loads((out / "proc.json").read_text()))
     files = list(out.glob("kernels-aot-smoke-triton*.json"))
     assert files, proc.stdout + proc.stderr
     return proc, json.loads(files[0].read_text())

@@ -159,16 +159,18 @@ PARTS = (
          args=lambda a: ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--continue-on-collection-errors",
                          f"--junitxml={a.out / SUITE_DIR / 'gpu-tests-junit.xml'}",
                          str(common.ROOT / "tests" / ("test_kernels.py" if a.smoke else ""))]),
+    # (a smoke run's host-profile, mfu, rn18-ladder, bf16 are what tests/test_bench_smoke.py checks: both methods where
+    # it checks both)
     # the host's 46.8 ms per step, split: Dynamo, AOTAutograd, Inductor's wrapper, Triton's launcher, the CUDA API,
     # fastfair's Python; and the launches the GPU saw against gpu_codegen's count
     Part("host-profile", "where the host's time goes in the default step (ResNet-18 PGD-AT and TRADES, batch 128)",
          120, args=bench("bench_host.py", *RN18, smoke=("--device", "cpu"), tag="rn18")),
     Part("mfu", "model FLOP utilisation of fastfair's default step (counted FLOPs / time / peak)", 180,
          args=bench("bench_mfu.py", "--methods", "pgd-at", "trades", *RN18, "--steps", "10",
-                    smoke=("--methods", "pgd-at"), tag="rn18")),
+                    smoke=("--methods", "pgd-at", "trades"), tag="rn18")),
     Part("rn18-ladder", "ResNet-18 PGD-10 AT: every rung of the ladder at batch 128, the default at 512", 480,
          args=bench("bench_training.py", "--methods", "pgd-at", *RN18, "--sweep", "512", "--steps", "10",
-                    "--warmup", "3", smoke=("--methods", "pgd-at"), tag="rn18-ladder")),
+                    "--warmup", "3", smoke=("--methods", "pgd-at", "trades"), tag="rn18-ladder")),
     Part("real-epoch", "fastfair train on real data: epoch wall time with validation, checkpoint, compilation", 300,
          run=real_epoch_part),
     Part("kernels", "fused Triton kernels against eager and Inductor's code for the same maths", 240,
