@@ -68,21 +68,30 @@ def trials_in_process(monkeypatch) -> None:
     monkeypatch.setattr(study, "run_job", run_here)
 
 
-def figures_unrendered(monkeypatch) -> None:
+def figures_unrendered(monkeypatch, render=()) -> None:
     """fastfair report's figures are made as the report makes them, titles and all, and written as a 1x1 PNG instead
     of laid out and rendered (most of a report's CPU time, ~1-2 s a figure): for the tests of what a report says and
-    where its files go. test_report's figure tests and test_report_of_a_real_cifar10_run render theirs."""
+    where its files go. The files named in ``render`` (the figures a test checks) are laid out and rendered still.
+    test_report's figure tests and test_report_of_a_real_cifar10_run render theirs."""
     import io
+    from pathlib import Path
 
     import matplotlib.pyplot as plt
 
     from fastfair.reports import figures
 
-    def save(fig, path):
-        plt.close(fig)
-        buf = io.BytesIO()
-        plt.imsave(buf, np.zeros((1, 1, 3)), format="png")
-        path.write_bytes(buf.getvalue())
-        return path
-    monkeypatch.setattr(figures, "_save", save)
-    monkeypatch.setattr(figures, "save_figure", save)
+    real = {"_save": figures._save, "save_figure": figures.save_figure}
+    render = set(render)
+
+    def unrendered(name):
+        def save(fig, path):
+            if Path(path).name in render:
+                return real[name](fig, path)
+            plt.close(fig)
+            buf = io.BytesIO()
+            plt.imsave(buf, np.zeros((1, 1, 3)), format="png")
+            Path(path).write_bytes(buf.getvalue())
+            return path
+        return save
+    monkeypatch.setattr(figures, "_save", unrendered("_save"))
+    monkeypatch.setattr(figures, "save_figure", unrendered("save_figure"))

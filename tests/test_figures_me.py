@@ -24,6 +24,7 @@ from fastfair.rundir import load_checkpoint, read_json, save_atomic, write_json_
 
 from helpers import CIFAR10, NPZ_TRAIN, demo_train, real_data, small_npz
 from reproduce_inline import runs_inline, tiny
+from shared_runs import figures_unrendered
 
 C = len(CIFAR10)
 
@@ -50,7 +51,9 @@ def finished(runs: FigureRuns, preset: str, natural=None, pgd10=None, classes=CI
 @pytest.fixture
 def drawn(monkeypatch, tmp_path):
     """(FigureRuns over ``tmp_path`` whose presets are measured by ``measures[preset]``, the panels each
-    class_lines call drew)."""
+    class_lines call drew). The drawers' PNGs are written unrendered: these tests read the panels and that each
+    file is there (the end-to-end test below renders its figure)."""
+    figures_unrendered(monkeypatch)
     measures: dict[str, list[me.Measured]] = {}
     monkeypatch.setattr(me, "measured", lambda runs, preset: measures.get(preset, []))
     panels, draw = [], figures.class_lines

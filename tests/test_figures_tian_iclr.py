@@ -23,6 +23,7 @@ from fastfair.reproduce.runs import plan
 
 from helpers import CIFAR_SUBSET, TINY_SUBSET, real_data
 from reproduce_inline import runs_inline
+from shared_runs import figures_unrendered
 
 C10 = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 DIGITS = [str(k) for k in range(10)]
@@ -64,7 +65,11 @@ def figure_runs(tmp_path: Path, key: str, records: dict[str, list[dict]],
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """PNG name -> the titles of its figure and axes, for every PNG the drawers save."""
+    """PNG name -> the titles of its figure and axes, for every PNG the drawers save. Each is laid out as the
+    drawer lays it out, and written unrendered but the one whose pixels a test reads (tian-iclr-f1-b.png)."""
+    laid_out = figures._save  # tight_layout, then save_figure: the spy below
+    figures_unrendered(monkeypatch, render=["tian-iclr-f1-b.png"])
+    monkeypatch.setattr(figures, "_save", laid_out)
     got, save = {}, figures.save_figure
 
     def spy(fig, path):
