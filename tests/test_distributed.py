@@ -51,13 +51,17 @@ TRADES_BN = ["train", "--config", "demo", "--epochs", "1", "--device", "cpu", "-
 
 def launched() -> tuple[subprocess.CompletedProcess, Path]:
     """(the torchrun launch of both tests' runs, as finished, the folder holding them): ARGS into ``two``, then
-    TRADES_BN into ``run``, in the same two ranks; launched once per test run (helpers.once_per_run), its exit
-    code and stderr kept for each test to check."""
+    TRADES_BN into ``run``, then test_signals' RANKS into ``one-go`` (the 2-rank run trained in one go that its
+    torchrun test's stopped and resumed one must end as), in the same two ranks; launched once per test run
+    (helpers.once_per_run), its exit code and stderr kept for each test to check."""
     def launch(folder: Path) -> None:
+        from test_signals import RANKS
+
         proc = subprocess.run([*_torchrun(), str(ROOT / "tests" / "torchrun_rank.py"), *ARGS, "--out",
-                               str(folder / "two"), "--then", *TRADES_BN, "--out", str(folder / "run")],
-                              env={**_env(), "FASTFAIR_TEST_PORTS": str(_port())}, cwd=ROOT, capture_output=True,
-                              text=True)
+                               str(folder / "two"), "--then", *TRADES_BN, "--out", str(folder / "run"), "--then",
+                               *RANKS, "--out", str(folder / "one-go")],
+                              env={**_env(), "FASTFAIR_TEST_PORTS": f"{_port()} {_port()}"}, cwd=ROOT,
+                              capture_output=True, text=True)
         (folder / "returncode").write_text(str(proc.returncode))
         (folder / "stderr").write_text(proc.stderr)
 
