@@ -50,7 +50,7 @@ TRADES_BN = ["train", "--config", "demo", "--epochs", "1", "--device", "cpu", "-
 
 
 def launched() -> tuple[subprocess.CompletedProcess, Path]:
-    """(the torchrun launch of both tests' runs, as finished, the folder holding them): ARGS into ``two``, then
+    """(the one torchrun launch of these tests, as finished, the folder holding its runs): ARGS into ``two``, then
     TRADES_BN into ``run``, then test_signals' RANKS into ``one-go`` (the 2-rank run trained in one go that its
     torchrun test's stopped and resumed one must end as), in the same two ranks; launched once per test run
     (helpers.once_per_run), its exit code and stderr kept for each test to check."""
@@ -65,7 +65,7 @@ def launched() -> tuple[subprocess.CompletedProcess, Path]:
         (folder / "returncode").write_text(str(proc.returncode))
         (folder / "stderr").write_text(proc.stderr)
 
-    folder = once_per_run("torchrun-two-runs", launch)
+    folder = once_per_run("torchrun-launch", launch)
     return subprocess.CompletedProcess("torchrun", int((folder / "returncode").read_text()), "",
                                        (folder / "stderr").read_text()), folder
 
