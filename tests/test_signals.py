@@ -32,7 +32,9 @@ from fastfair.scaleout.grid import run_grid
 from fastfair.scaleout.jobs import read_state
 import helpers
 from helpers import needs_extra
+from shared_runs import figures_unrendered
 
+from test_distributed import launched
 from test_grid import _alive
 
 ROOT = Path(__file__).parents[1]
@@ -266,7 +268,8 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 @pytest.mark.fault
 @pytest.mark.slow
-def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted):
+def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_weights(tmp_path, uninterrupted,
+                                                                                        monkeypatch):
     """A run shortened with --epochs (its milestones past its end) stopped by SIGTERM mid-epoch: its continue with:
     line, pasted as printed, finishes it to the uninterrupted weights, the milestones' warning said again; then each
     next: command it ends with, and theirs, works as printed (issue 49, items 5-8)."""
@@ -295,7 +298,9 @@ def test_sigterm_mid_epoch_saves_at_the_step_and_resume_gives_the_uninterrupted_
     got = weights(out)
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
     assert metrics(out) == metrics(uninterrupted)  # the interrupted epoch's loss and counts too
-    # the next: lines do not depend on how the run stopped (SIGUSR1 and a full disk: test_printed_commands)
+    # the next: lines do not depend on how the run stopped (SIGUSR1 and a full disk: test_printed_commands); their
+    # reports' figures are made, not rendered: that the commands work as printed is the subject (test_report renders)
+    figures_unrendered(monkeypatch)
     assert follow_next(r.stdout, out, tmp_path / "other") == [
         f"fastfair eval {out} --attacks aa --per-class 2", f"fastfair report {out}", f"fastfair report {out} OTHER_RUN"]
 
@@ -458,10 +463,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_u
     printed command's arguments, the last as printed on each node, and the run ends with the weights of the same
     run trained in one go (issue 40; issue 49, item 6)."""
     path = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # the launchers
-    one_go = subprocess.run(["fastfair-torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                             "fastfair", *RANKS, "--out", str(tmp_path / "one-go")],
-                            env={**path, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    one_go, runs = launched()  # RANKS trained in one go on 2 ranks, in test_distributed's launch (once per test run)
     assert one_go.returncode == 0, one_go.stderr[-3000:]
     out = tmp_path / "run"
 
@@ -526,10 +528,10 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resume_gives_the_u
         assert proc.returncode == 0 and "taking over" not in node_err, node_err[-3000:]
     assert [(h["event"], h["epoch"], h.get("step")) for h in RunDir(out).read_history()] == [
         ("start", 1, None), ("resume", 1, 2), ("resume", 1, 4), ("resume", 2, 2)]
-    expected = weights(tmp_path / "one-go")
+    expected = weights(runs / "one-go")
     got = weights(out)
     assert all(torch.equal(got[k], expected[k]) for k in expected)  # bit for bit
-    assert metrics(out) == metrics(tmp_path / "one-go")
+    assert metrics(out) == metrics(runs / "one-go")
 
 
 # ---- eval, diagnose, grid, reproduce -----------------------------------------------------------------
