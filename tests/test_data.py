@@ -74,3 +74,21 @@ def test_device_loader_drop_last_and_reseeding(tmp_path):
     assert x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
     test = data.DeviceLoader(b.x_test, b.y_test, 4, device="cpu", train=False)
     assert len(test) == 3 and sum(len(yb) for _, yb in test) == 10
+
+
+def test_digits_are_scikit_learns_load_digits_with_or_without_its_data_file(monkeypatch):
+    """datasets._digits reads scikit-learn's digits.csv.gz without importing scikit-learn (a process's 2 CPU s):
+    the same images and labels as load_digits, and load_digits itself where the file is not found."""
+    import importlib.util
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from fastfair.data import datasets
+
+    want = load_digits()
+    for find in (importlib.util.find_spec, lambda name: None):  # the file read; then no package found: load_digits
+        monkeypatch.setattr(importlib.util, "find_spec", find)
+        images, target = datasets._digits()
+        np.testing.assert_array_equal(images, want.images)
+        np.testing.assert_array_equal(target, want.target)
