@@ -1,7 +1,7 @@
 """Every bench runs end to end in --smoke mode (tiny sizes, any device) and writes its JSON and
 Markdown. Not timed: the numbers of a smoke run mean nothing. The benches that are parts of the GPU suite (training,
-host, MFU, bf16) are read from this pytest run's one suite --smoke (helpers.gpu_suite_smoke: no GPU, one thread),
-eval and CPU layout run in this process, the stop vote (its processes are what it measures) in one of its own."""
+host, MFU, bf16, eval) are read from this pytest run's one suite --smoke (helpers.gpu_suite_smoke: no GPU, one
+thread), CPU layout runs in this process, the stop vote (its processes are what it measures) in one of its own."""
 import json
 import os
 import subprocess
@@ -110,14 +110,11 @@ def test_mfu_smoke():
     assert "MFU" in md
 
 
-def test_eval_smoke(tmp_path):
-    from bench import bench_eval
-
-    in_process(bench_eval.main, tmp_path, "--device", "cpu")
-    record, md = results(tmp_path, "eval")
+def test_eval_smoke():
+    record, md = from_suite("aa-10k", "eval-aa-10k")  # bench_eval --smoke, its ceiling on 4 images
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
         [("clean", "fp32", 64), ("pgd20", "fp32", 64), ("cw20", "fp32", 64),
-         ("aa (random weights)", "fp32", 8), ("aa (ceiling)", "fp32", 8),
+         ("aa (random weights)", "fp32", 8), ("aa (ceiling)", "fp32", 4),
          ("aa (robust model, 50% robust: PREDICTED from the two rows above)", "fp32", 10_000)]
     assert "| tiny-cnn | pgd20 | fp32 |" in md
     aa = {r["attack"]: r for r in record["rows"] if r["attack"].startswith("aa")}

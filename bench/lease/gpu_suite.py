@@ -147,11 +147,12 @@ PARTS = (
     Part("concurrency", "aggregate img/s of K = 1, 2, 4, 8 concurrent ResNet-18 PGD-10 AT runs on the GPU", 70,
          args=bench("bench_concurrency.py", "--compile-deadline", "50")),
     # 90 s: standard AutoAttack over 10k images where APGD-CE breaks nearly all of them (its 100 iterations on every
-    # image: about 50 s for ResNet-18 in fp32), then the ceiling (every sub-attack on every image) on 100 images
+    # image: about 50 s for ResNet-18 in fp32), then the ceiling (every sub-attack on every image) on 100 images. A
+    # smoke run is bench_eval's whole smoke, its PGD-family rows too (tests/test_bench_smoke.py reads it)
     Part("aa-10k", "standard AutoAttack (official pyautoattack) on 10k test images of ResNet-18: the two bounds "
          "and a robust model's time predicted from them", 90,
          args=bench("bench_eval.py", *RN18, "--attacks", "--aa", "--aa-images", "10000", "--aa-ceiling-images",
-                    "100", smoke=("--attacks", "--aa-ceiling-images", "4"), tag="aa-10k")),
+                    "100", smoke=("--aa-ceiling-images", "4"), tag="aa-10k")),
     # ---- after the plan: for the next leases
     Part(GPU_TESTS, "pytest -m gpu: the compiled + Triton step against eager on CUDA, CUDA graphs against none", 240,
          # a test file that imports what the image lacks holds no GPU test; the JUnit file says which tests passed
