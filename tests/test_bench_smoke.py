@@ -51,6 +51,11 @@ def results(out: Path, name: str) -> tuple[dict, str]:
     return record, (out / f"{name}-smoke-cpu.md").read_text()
 
 
+# Each test that reads the GPU suite's smoke run is slow, whatever its own checks cost: the run (~200 CPU s, every part
+# a process of its own) is paid by whichever reader runs first, in the contributor's loop as in the whole suite.
+reads_the_suite = pytest.mark.slow
+
+
 def from_suite(part: str, name: str) -> tuple[dict, str]:
     """The results of the GPU suite's smoke PART, whose bench (on the CPU) ran to the end and wrote NAME's files
     (``<bench>-<tag>``: the suite tags its parts'); the suite runs once per pytest run."""
@@ -60,6 +65,7 @@ def from_suite(part: str, name: str) -> tuple[dict, str]:
     return results(out, name)
 
 
+@reads_the_suite
 def test_training_smoke():
     record, md = from_suite("rn18-ladder", "training-rn18-ladder")
     rows = {(r["method"], r["batch"], r["rung"]): r for r in record["rows"]}
@@ -74,7 +80,7 @@ def test_training_smoke():
     assert "## Headline" in md and "fastfair / reference" in md
 
 
-@pytest.mark.slow  # it compiles a training step: 60 CPU s of Inductor and C++ compilers on a cold cache
+@reads_the_suite  # its part compiles a training step: 60 CPU s of Inductor and C++ compilers on a cold cache
 def test_host_smoke():
     record, md = from_suite("host-profile", "host-rn18")
     (r,) = record["rows"]
@@ -96,6 +102,7 @@ def test_host_split_counts_overlapping_time_once():
             "Dynamo (frame, guards)"]
 
 
+@reads_the_suite
 def test_mfu_smoke():
     record, md = from_suite("mfu", "mfu-rn18")
     for r in record["rows"]:
@@ -110,6 +117,7 @@ def test_mfu_smoke():
     assert "MFU" in md
 
 
+@reads_the_suite
 def test_eval_smoke():
     record, md = from_suite("aa-10k", "eval-aa-10k")  # bench_eval --smoke, its ceiling on 4 images
     assert [(r["attack"], r["precision"], r["images"]) for r in record["rows"]] == \
@@ -126,6 +134,7 @@ def test_eval_smoke():
     assert min(low, high) <= predicted <= max(low, high) and "PREDICTED" in md
 
 
+@reads_the_suite
 def test_bf16_check_smoke():
     real_data()  # the suite's bf16 part trains on it
     record, md = from_suite("bf16", "bf16-robustness")
