@@ -345,6 +345,22 @@ ctypes.CDLL(None).pthread_mutex_lock(mutex)
 """
 
 
+def _wait_until_stuck(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the process's main thread sleeps in the kernel on a futex (STUCK's second lock), seen twice 0.1 s apart:
+    a signal sent after the marker file but before that finds the step still in Python, whose handler takes it (no
+    notice then; the test waited for one in vain on a loaded machine). A GIL wait is a futex too, hence twice."""
+    deadline, seen = time.time() + timeout, 0
+    while seen < 2:
+        assert proc.poll() is None and time.time() < deadline, "the step never blocked in native code"
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            blocked = state == "S" and "futex" in Path(f"/proc/{proc.pid}/wchan").read_text()
+        except OSError:
+            blocked = False
+        seen = seen + 1 if blocked else 0
+        time.sleep(0.1)
+
+
 def _stderr_lines(path: Path, want: int, proc: subprocess.Popen, timeout: float = 60) -> list[str]:
     """stderr's lines (written to ``path``) once it has ``want``; the process must not end meanwhile."""
     deadline = time.time() + timeout
@@ -379,7 +395,7 @@ def test_a_second_ctrl_c_ends_a_block_stuck_in_native_code_and_says_what_was_kep
         while not marker.exists():
             assert proc.poll() is None, err.read_text()
             time.sleep(0.02)
-        time.sleep(0.2)  # into the native call
+        _wait_until_stuck(proc)  # into the native call
         proc.send_signal(signal.SIGINT)  # the first Ctrl-C: said once the block has not ended within a second
         assert _stderr_lines(err, 1, proc) == [stopping.NOTICE]
         proc.send_signal(signal.SIGTERM)
@@ -419,6 +435,7 @@ def test_a_training_step_stuck_in_native_code_ends_on_a_second_ctrl_c_naming_the
         while not marker.exists():
             assert proc.poll() is None and time.time() < deadline, err.read_text()
             time.sleep(0.05)
+        _wait_until_stuck(proc)
         proc.send_signal(signal.SIGINT)
         _stderr_lines(err, len(err.read_text().splitlines()) + 1, proc)  # the notice
         proc.send_signal(signal.SIGINT)
