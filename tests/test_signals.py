@@ -345,6 +345,9 @@ ctypes.CDLL(None).pthread_mutex_lock(mutex)
 """
 
 
+FUTEX = {"x86_64": "202", "aarch64": "98"}  # the futex system call's number
+
+
 def _wait_until_stuck(proc: subprocess.Popen, timeout: float = 60) -> None:
     """Until the process's main thread sleeps in the kernel on a futex (STUCK's second lock), seen twice 0.1 s apart:
     a signal sent after the marker file but before that finds the step still in Python, whose handler takes it (no
@@ -354,7 +357,9 @@ def _wait_until_stuck(proc: subprocess.Popen, timeout: float = 60) -> None:
         assert proc.poll() is None and time.time() < deadline, "the step never blocked in native code"
         try:
             state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            blocked = state == "S" and "futex" in Path(f"/proc/{proc.pid}/wchan").read_text()
+            wchan = Path(f"/proc/{proc.pid}/wchan").read_text()  # "0" where the kernel hides it: the syscall's number
+            blocked = state == "S" and ("futex" in wchan or (wchan == "0" and Path(
+                f"/proc/{proc.pid}/syscall").read_text().split()[0] == FUTEX.get(os.uname().machine)))
         except OSError:
             blocked = False
         seen = seen + 1 if blocked else 0
