@@ -14,13 +14,14 @@ USR1 warning, then a grid's SIGTERM to its children), and only a person pressing
 Python runs a handler only when the main thread is back in Python, and a training step can sit in native code that
 never returns (oneDNN's AVX2 1x1-convolution weight gradient spun forever in torch 2.13, docs/reliability.md): a
 :func:`deferred` block given ``at_once`` (the trainer's) has a watcher thread that sees each signal as it lands,
-through the file descriptor CPython's own C handler writes every signal's number to. A first Ctrl-C Python's
-handler has not taken within a second (the step is in native code) is answered with a line saying the run stops
-after the step; a second one it has not taken within a second ends the process at once, exit 130, with the line
-``at_once()`` returns (the last whole checkpoint and how to go on). A step that returns to Python stops as before.
-SIGTERM twice does not: two often come from two senders at once (SLURM signals every process of a job step while a
-grid or torchrun forwards its own), and a cluster's SIGKILL follows anyway. A native call that holds the GIL keeps
-the watcher out too; only SIGKILL ends such a process.
+through the file descriptor CPython's own C handler writes every signal's number to. A first Ctrl-C the caller has
+not been told of within a second (by :func:`requested`, at its next boundary: the step is in native code, or still
+running, or validation is) is answered with a line saying the run stops when that work ends; a second one Python's
+handler has not taken within a second ends the process at once, exit 130, with the line ``at_once()`` returns (the
+last whole checkpoint and how to go on). SIGTERM twice does not: two often come from two senders at once (SLURM
+signals every process of a job step while a grid or torchrun forwards its own), and a cluster's SIGKILL follows
+anyway. A native call that holds the GIL keeps the watcher out too; only SIGKILL ends such a process. A caller that
+reaches its boundary within the second stops as before, with nothing more said.
 
 :func:`says` is every command's and every API entry point's way to end on one: the handler installed, a stop
 turned into :class:`~fastfair.errors.Interrupted` with the line saying what was kept.
@@ -56,6 +57,7 @@ class Stopped(KeyboardInterrupt):
 
 
 _received: list[int] = []  # the signals since the outermost handled() began, in order
+_told = False  # whether requested() has returned a signal since handled() began: the caller is stopping
 _blocks: list[str] = []  # the open blocks, innermost last: "held" or "deferred"
 
 
@@ -75,8 +77,12 @@ def said_by(signum: int) -> str:
 
 
 def requested() -> int:
-    """The first stop signal received since :func:`handled` began (0: none)."""
-    return _received[0] if _received else 0
+    """The first stop signal received since :func:`handled` began (0: none); the caller's look at a boundary where
+    it can stop, which the watcher waits a second for before it says the run is stopping."""
+    global _told
+    signum = _received[0] if _received else 0
+    _told = _told or bool(signum)
+    return signum
 
 
 def _handler(signum: int, frame) -> None:
@@ -93,6 +99,7 @@ def _handler(signum: int, frame) -> None:
 def handled():
     """Stop on SIGINT, SIGTERM and SIGUSR1 as this module says, for the block's duration; nested, or off the main
     thread (where Python cannot install handlers), it changes nothing."""
+    global _told
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -102,6 +109,7 @@ def handled():
         yield
         return
     _received.clear()
+    _told = False
     for s in mine:
         signal.signal(s, _handler)
     try:
@@ -110,11 +118,12 @@ def handled():
         for s in mine:
             signal.signal(s, previous[s])
         _received.clear()  # what was received is this block's: a later train() in the process starts afresh
+        _told = False
 
 
-GRACE_S = 1.0  # how long a signal waits for Python's handler before the watcher speaks or ends the process
-NOTICE = ("fastfair: stopping after the step now running, which has not returned for a second; Ctrl-C again stops "
-          "at once, losing the step")
+GRACE_S = 1.0  # how long the watcher waits (for the caller's look, or Python's handler) before it speaks or acts
+NOTICE = ("fastfair: stopping once the step or validation now running ends (it has not for a second); Ctrl-C again "
+          "stops at once, losing the work since the last checkpoint")
 
 
 class _Watcher:
@@ -148,7 +157,9 @@ class _Watcher:
             stuck = len(_received) - self.base < arrived  # Python's handler has not got to every signal yet
             if notice_at is not None and now >= notice_at:
                 notice_at = None
-                if stuck:
+                # not "stuck": a Ctrl-C that Python's handler took just before the step blocked in native code, or
+                # during a long step or validation, would leave the run silent for as long as that takes
+                if not _told:
                     print(NOTICE, file=sys.stderr, flush=True)
             if end_at is not None and now >= end_at:
                 end_at = None

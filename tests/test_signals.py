@@ -380,11 +380,29 @@ def test_a_block_that_returns_to_python_stops_as_before_with_nothing_more_said(f
     with stopping.handled(), pytest.raises(stopping.Stopped) as stop:
         with stopping.deferred(at_once=lambda: "never said"):
             _send(signal.SIGINT)
-            time.sleep(3 * stopping.GRACE_S)  # Python's handler took it: the watcher neither speaks nor ends
-            assert stopping.requested() == signal.SIGINT
+            assert stopping.requested() == signal.SIGINT  # the caller's next boundary: it knows, and is stopping
+            time.sleep(3 * stopping.GRACE_S)  # (its checkpoint's write) the watcher neither speaks nor ends
             _send(signal.SIGINT)  # the handler raises it, as without the watcher
     assert stop.value.signum == signal.SIGINT and capfd.readouterr().err == ""
     assert not [t for t in threading.enumerate() if t.name == "fastfair-stop-watcher"]  # ended with its block
+
+
+@pytest.mark.fault
+def test_a_ctrl_c_python_took_but_no_boundary_saw_for_a_second_is_answered(fresh_handlers, capfd):
+    """The race a stuck step's first Ctrl-C can lose: Python's handler takes it just before the step blocks in native
+    code (or the step, or validation, is merely long), and no boundary looks for a while. The watcher says so after
+    a second, once, whether or not the handler took it; the caller stops at its boundary as before."""
+    with stopping.handled(), pytest.raises(stopping.Stopped) as stop:
+        with stopping.deferred(at_once=lambda: "never said"):
+            _send(signal.SIGINT)
+            time.sleep(0.1)
+            assert stopping._received == [signal.SIGINT]  # Python's handler took it at once
+            time.sleep(3 * stopping.GRACE_S)  # the step that blocked: no boundary asks
+            assert capfd.readouterr().err.splitlines() == [stopping.NOTICE]
+            assert stopping.requested() == signal.SIGINT
+            time.sleep(2 * stopping.GRACE_S)
+            _send(signal.SIGINT)
+    assert stop.value.signum == signal.SIGINT and capfd.readouterr().err == ""  # said once
 
 
 @pytest.mark.fault
