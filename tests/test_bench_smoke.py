@@ -90,7 +90,10 @@ def test_host_smoke():
     for part in ("Dynamo (frame, guards)", "AOTAutograd wrappers", "Inductor's wrapper", "ATen ops", "optimizer",
                  "outside any profiled region (fastfair's Python)"):
         assert split[part] > 0, part
-    assert sum(split.values()) == pytest.approx(r["profiled_ms_per_step"], rel=0.1)
+    # the steps' own time, not their wall time: between two steps the OS may give a loaded machine's core away (CI10:
+    # 6 ms of a 22 ms window, where the split summed to the steps' 16)
+    assert sum(split.values()) == pytest.approx(r["marked_ms_per_step"], rel=0.01)
+    assert r["marked_ms_per_step"] <= r["profiled_ms_per_step"]
     assert "Host milliseconds per step" in md
 
 
