@@ -107,8 +107,10 @@ def test_an_attack_run_by_fastfair_eval_gets_intervals_from_its_counts_and_no_pa
     record = test_record(a / "checkpoints" / "best_pgd.pt", ["fgsm/5"], "cpu")
     capped = record["attacks"]["fgsm/5"]
     assert "correct" not in capped and capped["ci"]["avg"][0] <= capped["avg"] <= capped["ci"]["avg"][1]
-    evaluated = json.loads((a / "eval" / "best_pgd-test.json").read_text())["results"]["fgsm/5"]
-    assert capped["avg"] == pytest.approx(evaluated["summary"]["avg"])
+    results = json.loads((a / "eval" / "best_pgd-test.json").read_text())["results"]
+    assert capped["avg"] == pytest.approx(results["fgsm/5"]["summary"]["avg"])
+    # the clean pass, image by image (scoring's own run of eval's confusion loop), gives eval's number
+    assert record["clean"] == pytest.approx(results["clean"]["summary"]["avg"])
     point = {"contender": "x", "number": 0, "params": {}, "state": "complete", "run": "",
              "val": {"avg": 50.0, "worst": 20.0, "attack": "fgsm"}, "test": record}
     sl = common_slice({"x": [point], "y": [{**point, "contender": "y"}]})

@@ -19,8 +19,8 @@ from fastfair import build
 from fastfair.attacks import names
 from fastfair.attacks.names import parse_attack
 from fastfair.attacks.pgd import per_class
-from fastfair.evaluation import measures, seeds
-from fastfair.evaluation.per_class import evaluate_checkpoint
+from fastfair.evaluation import measures
+from fastfair.evaluation.per_class import confusion, evaluate_checkpoint
 from fastfair.tuning.front import encode_bits, encode_labels, images_of_counts, summarize
 
 
@@ -32,21 +32,14 @@ def per_image(name: str) -> bool:
 
 
 def _correct(model, loader, name: str, eps_c, alpha_c, cfg) -> tuple[np.ndarray, np.ndarray]:
-    """(correctness, label) of each image under ``name`` in loader order, batch ``i`` attacked under the seed
-    ``seeds.derive(eval.seed, attack, i)``, as :func:`fastfair.evaluation.per_class.confusion` attacks it."""
-    attack = parse_attack(name, cfg.eval.cw_kappa, cfg.eval.clip_start)
-    out, labels, nonfinite = [], [], 0
-    model.eval()
-    for i, (x, y) in enumerate(loader):
-        with seeds.seeded(cfg.eval.seed, attack.seed_name, i, device=eps_c.device):
-            x_adv = attack(model, x, y, eps_c, alpha_c)
-            with torch.no_grad():
-                logits = model(x_adv)
-        nonfinite += int((~torch.isfinite(logits)).any(1).sum())
-        out.append((logits.argmax(1) == y).cpu().numpy())
-        labels.append(y.cpu().numpy())
-    measures.check_finite(nonfinite, sum(map(len, out)), name)
-    return np.concatenate(out), np.concatenate(labels)
+    """(correctness, label) of each image under ``name`` in loader order: ``fastfair eval``'s own pass
+    (:func:`fastfair.evaluation.per_class.confusion`, batch ``i`` under the seed ``seeds.derive(eval.seed, attack,
+    i)``), keeping each batch's scored images."""
+    nonfinite, scored = torch.zeros((), dtype=torch.long, device=eps_c.device), []
+    conf = confusion(model, loader, parse_attack(name, cfg.eval.cw_kappa, cfg.eval.clip_start), eps_c, alpha_c,
+                     len(eps_c), seed=cfg.eval.seed, nonfinite=nonfinite, scored=scored)
+    measures.check_finite(int(nonfinite), int(conf.sum()), name)
+    return torch.cat([k for _, k in scored]).cpu().numpy(), torch.cat([y for y, _ in scored]).cpu().numpy()
 
 
 def test_record(checkpoint: Path, attacks: list[str], device: str) -> dict:
