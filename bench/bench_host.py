@@ -72,11 +72,16 @@ def merged_us(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def host_events(events) -> list:
+    """The profile's host events (a CUDA profile also lists each marker as a GPU annotation: not host time)."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async]
+
+
 def split(events) -> dict[str, float]:
     """Host microseconds by category: each event's self time to its category; the self time of the steps'
     markers (main thread, in no other event), less the time other threads' top-level events cover
     (autograd's device thread while the main one waits in backward), to ``OUTSIDE``."""
-    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async]
+    cpu = host_events(events)
     out: dict[str, float] = {}
     for e in cpu:
         if e.name != MARK:
@@ -111,7 +116,7 @@ def measure(method: str, model: str, dataset: str, args, dev: torch.device, over
             wall_us = (time.perf_counter() - t0) * 1e6
         events = prof.events()
         parts = split(events)
-        marked_us = sum(e.time_range.end - e.time_range.start for e in events if e.name == MARK)
+        marked_us = sum(e.time_range.end - e.time_range.start for e in host_events(events) if e.name == MARK)
     launches = sum(1 for e in events if LAUNCH.match(e.name))
     n = args.steps
     return {"model": model, "method": method, "batch": args.batch, "attack_steps": args.attack_steps,

@@ -31,13 +31,13 @@ def per_image(name: str) -> bool:
     return not parse_attack(name).per_class
 
 
-def _correct(model, loader, name: str, eps_c, alpha_c, cfg) -> tuple[np.ndarray, np.ndarray]:
+def _correct(model, loader, name: str, eps_c, alpha_c, classes: int, cfg) -> tuple[np.ndarray, np.ndarray]:
     """(correctness, label) of each image under ``name`` in loader order: ``fastfair eval``'s own pass
     (:func:`fastfair.evaluation.per_class.confusion`, batch ``i`` under the seed ``seeds.derive(eval.seed, attack,
     i)``), keeping each batch's scored images."""
     nonfinite, scored = torch.zeros((), dtype=torch.long, device=eps_c.device), []
     conf = confusion(model, loader, parse_attack(name, cfg.eval.cw_kappa, cfg.eval.clip_start), eps_c, alpha_c,
-                     len(eps_c), seed=cfg.eval.seed, nonfinite=nonfinite, scored=scored)
+                     classes, seed=cfg.eval.seed, nonfinite=nonfinite, scored=scored)
     measures.check_finite(int(nonfinite), int(conf.sum()), name)
     return torch.cat([k for _, k in scored]).cpu().numpy(), torch.cat([y for y, _ in scored]).cpu().numpy()
 
@@ -57,7 +57,7 @@ def test_record(checkpoint: Path, attacks: list[str], device: str) -> dict:
     record: dict = {"classes": c, "attacks": {}}
     for name in wanted:  # clean first: its pass gives the labels in the loader's order
         if per_image(name):
-            correct, labels = _correct(model, loader, name, eps_c, alpha_c, cfg)
+            correct, labels = _correct(model, loader, name, eps_c, alpha_c, c, cfg)
             if name == "clean":
                 sizes = np.bincount(labels, minlength=c)
                 record.update(images=len(labels), per_class=[int(sizes[sizes > 0].min()), int(sizes.max())],
